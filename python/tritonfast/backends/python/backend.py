@@ -1,0 +1,193 @@
+"""The Python backend: runs a Triton ``model.py`` (``class TritonPythonModel``) in-process.
+
+Triton starts a stub process per instance and copies tensors through shared memory; here
+``execute`` receives the numpy arrays the codec decoded, without a copy, on the instance's
+own thread.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.backends.base import Backend, Result
+from tritonfast.backends.python import pb_utils
+from tritonfast.config.jsonform import config_to_json, json_to_config
+from tritonfast.errors import InternalError, InvalidArgumentError, TritonError, error_for
+from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
+
+DEFAULT_MODEL_FILE = "model.py"
+MODEL_CLASS = "TritonPythonModel"
+
+_module_ids = itertools.count()
+
+
+def _install_pb_utils() -> None:
+    """Make ``import triton_python_backend_utils`` in model.py find our module."""
+    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+
+
+def model_file(config: model_config_pb2.ModelConfig, version_dir: Path) -> Path:
+    return version_dir / (config.default_model_filename or DEFAULT_MODEL_FILE)
+
+
+def load_model_class(path: Path, model_name: str) -> type:
+    """Import ``path`` as a fresh module and return its TritonPythonModel class."""
+    if not path.is_file():
+        raise InvalidArgumentError(f"unable to find the Python model file '{path}'")
+    _install_pb_utils()
+    module_name = f"_tritonfast_model_{next(_module_ids)}_{model_name}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise InvalidArgumentError(f"unable to import the Python model file '{path}'")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    # Models import helpers that sit next to model.py, as they can under Triton.
+    model_dir = str(path.parent)
+    if model_dir not in sys.path:
+        sys.path.insert(0, model_dir)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise InvalidArgumentError(
+            f"failed to load the Python model file '{path}': {_describe(exc)}"
+        ) from exc
+    model_class = getattr(module, MODEL_CLASS, None)
+    if not isinstance(model_class, type):
+        raise InvalidArgumentError(f"'{path}' does not define class {MODEL_CLASS}")
+    return model_class
+
+
+def auto_complete(model_class: type, config: model_config_pb2.ModelConfig) -> None:
+    """Let the model fill in its configuration (``auto_complete_config``), in place."""
+    hook = getattr(model_class, "auto_complete_config", None)
+    if hook is None:
+        return
+    wrapper = pb_utils.ModelConfig(config_to_json(config))
+    try:
+        completed = hook(wrapper)
+    except Exception as exc:
+        raise InvalidArgumentError(
+            f"auto_complete_config failed for model '{config.name}': {_describe(exc)}"
+        ) from exc
+    result = completed.as_dict() if isinstance(completed, pb_utils.ModelConfig) else wrapper.as_dict()
+    fresh = model_config_pb2.ModelConfig()
+    json_to_config(result, fresh)
+    config.CopyFrom(fresh)
+
+
+class PythonInstance(Backend):
+    """One instance of a Python model: its own TritonPythonModel object."""
+
+    def __init__(
+        self,
+        model_class: type,
+        config: model_config_pb2.ModelConfig,
+        *,
+        instance_name: str,
+        repository_path: Path,
+        version: int,
+        device_id: int = 0,
+    ) -> None:
+        self._config = config
+        self._instance_name = instance_name
+        self._output_names = [o.name for o in config.output]
+        self._model = model_class()
+        initialize = getattr(self._model, "initialize", None)
+        if initialize is not None:
+            args = {
+                "model_config": json.dumps(config_to_json(config)),
+                "model_instance_kind": "CPU",
+                "model_instance_name": instance_name,
+                "model_instance_device_id": str(device_id),
+                "model_repository": str(repository_path),
+                "model_version": str(version),
+                "model_name": config.name,
+            }
+            try:
+                initialize(args)
+            except Exception as exc:
+                raise InternalError(
+                    f"Failed to initialize model instance '{instance_name}': {_describe(exc)}"
+                ) from exc
+
+    def execute(self, requests: list[InferRequest]) -> list[Result]:
+        pb_requests = [self._to_pb(r) for r in requests]
+        try:
+            responses = self._model.execute(pb_requests)
+        except Exception as exc:
+            error = InternalError(
+                f"Failed to process the request(s) for model instance '{self._instance_name}',"
+                f" message: {_describe(exc)}"
+            )
+            return [error] * len(requests)
+        if not isinstance(responses, list) or len(responses) != len(requests):
+            count = len(responses) if isinstance(responses, list) else "no"
+            error = InternalError(
+                f"model instance '{self._instance_name}' returned {count} responses for"
+                f" {len(requests)} requests: execute() must return one response per request"
+            )
+            return [error] * len(requests)
+        return [self._from_pb(req, resp) for req, resp in zip(requests, responses)]
+
+    def finalize(self) -> None:
+        finalize = getattr(self._model, "finalize", None)
+        if finalize is not None:
+            finalize()
+
+    def _to_pb(self, request: InferRequest) -> pb_utils.InferenceRequest:
+        wanted = (
+            [o.name for o in request.outputs] if request.outputs is not None else self._output_names
+        )
+        params = request.parameters
+        return pb_utils.InferenceRequest(
+            model_name=request.model_name,
+            requested_output_names=wanted,
+            inputs=[pb_utils.Tensor._wrap(t.name, t.data, t.datatype) for t in request.inputs],
+            request_id=request.id,
+            correlation_id=params.get("sequence_id", 0),
+            parameters=params,
+        )
+
+    def _from_pb(self, request: InferRequest, response: Any) -> Result:
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return InternalError(
+                f"model instance '{self._instance_name}' returned {type(response).__name__},"
+                " expected pb_utils.InferenceResponse"
+            )
+        if response.has_error():
+            error = response.error()
+            assert error is not None
+            code = pb_utils.ERROR_CODES.get(error.code(), pb_utils.ERROR_CODES[pb_utils.TritonError.INTERNAL])
+            return error_for(code, error.message())
+        wanted = None if request.outputs is None else {o.name for o in request.outputs}
+        outputs = []
+        for tensor in response.output_tensors():
+            if wanted is not None and tensor.name() not in wanted:
+                continue
+            array = tensor.as_numpy()
+            outputs.append(OutputTensor(tensor.name(), tensor.wire_datatype, array.shape, array))
+        return InferResponse(
+            model_name=request.model_name,
+            model_version=str(request.model_version),
+            id=request.id,
+            outputs=outputs,
+            parameters=response.parameter_dict,
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` plus the innermost frame, the part a model author needs."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    if isinstance(exc, pb_utils.TritonModelException):
+        return f"{exc.message()}{where}"
+    if isinstance(exc, TritonError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}{where}"

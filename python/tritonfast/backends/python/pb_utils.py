@@ -1,0 +1,530 @@
+"""``triton_python_backend_utils`` for models that run inside tritonfast.
+
+Triton's Python backend gives ``model.py`` a module named ``triton_python_backend_utils``;
+tritonfast registers this module under that name before it imports a model, so existing
+models run unchanged. Models run in-process: a request's tensors are the numpy arrays the
+codec decoded (views of the request body where the protocol allows), never copies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from typing import Any
+
+import numpy as np
+
+from tritonfast.errors import Code
+
+# Flags Triton exposes to models.
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+
+# Config data type name -> numpy type (as the Python backend documents it).
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+# The numeric TRITONSERVER_DataType values the Python backend's dtype helpers use.
+_TRITON_ENUM_TO_NUMPY: dict[int, Any] = {
+    1: np.bool_,
+    2: np.uint8,
+    3: np.uint16,
+    4: np.uint32,
+    5: np.uint64,
+    6: np.int8,
+    7: np.int16,
+    8: np.int32,
+    9: np.int64,
+    10: np.float16,
+    11: np.float32,
+    12: np.float64,
+    13: np.object_,
+}
+_NUMPY_TO_TRITON_ENUM: dict[Any, int] = {
+    np.dtype(t) if t is not np.object_ else np.dtype(object): n
+    for n, t in _TRITON_ENUM_TO_NUMPY.items()
+}
+# The same enum values by wire name, used to give each Tensor its triton_dtype().
+_WIRE_TO_TRITON_ENUM: dict[str, int] = {
+    "BOOL": 1,
+    "UINT8": 2,
+    "UINT16": 3,
+    "UINT32": 4,
+    "UINT64": 5,
+    "INT8": 6,
+    "INT16": 7,
+    "INT32": 8,
+    "INT64": 9,
+    "FP16": 10,
+    "FP32": 11,
+    "FP64": 12,
+    "BYTES": 13,
+    "BF16": 14,
+}
+_TRITON_ENUM_TO_WIRE: dict[int, str] = {v: k for k, v in _WIRE_TO_TRITON_ENUM.items()}
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _TRITON_ENUM_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    if data_type is np.bytes_ or data_type is np.object_:
+        return 13
+    try:
+        dtype = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dtype.kind in ("S", "O"):
+        return 13
+    return _NUMPY_TO_TRITON_ENUM.get(dtype)
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
+    """Flatten a bytes/object tensor into Triton's length-prefixed layout (uint8 array)."""
+    if input_tensor.size == 0:
+        return np.empty(0, dtype=np.uint8)
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
+        raise TritonModelException("cannot serialize bytes tensor: invalid datatype")
+    parts: list[bytes] = []
+    for item in input_tensor.flat:
+        if isinstance(item, bytes):
+            raw = item
+        elif isinstance(item, np.bytes_):
+            raw = bytes(item)
+        else:
+            raw = str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(raw)))
+        parts.append(raw)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
+    """The inverse of :func:`serialize_byte_tensor`: a 1-D object array of bytes."""
+    buf = memoryview(encoded_tensor).cast("B")
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(buf):
+        (length,) = struct.unpack_from("<I", buf, offset)
+        offset += 4
+        items.append(bytes(buf[offset : offset + length]))
+        offset += length
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    return array
+
+
+class TritonError:
+    """An error a model attaches to a response (or raises as TritonModelException)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+# pb_utils.TritonError code -> the server's neutral Code.
+ERROR_CODES: dict[int, Code] = {
+    TritonError.UNKNOWN: Code.UNKNOWN,
+    TritonError.INTERNAL: Code.INTERNAL,
+    TritonError.NOT_FOUND: Code.NOT_FOUND,
+    TritonError.INVALID_ARG: Code.INVALID_ARG,
+    TritonError.UNAVAILABLE: Code.UNAVAILABLE,
+    TritonError.UNSUPPORTED: Code.UNSUPPORTED,
+    TritonError.ALREADY_EXISTS: Code.ALREADY_EXISTS,
+    TritonError.CANCELLED: Code.CANCELLED,
+}
+
+
+class TritonModelException(Exception):
+    """Raised by models (and by this module) to report a failure."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self._msg = msg
+
+    def message(self) -> str:
+        return self._msg
+
+
+class Tensor:
+    """A named tensor: a request input or a response output."""
+
+    __slots__ = ("_array", "_name", "_wire_dtype")
+
+    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | str | None = None) -> None:
+        array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+        if array.dtype.type is np.str_ or array.dtype.kind == "V":
+            raise TritonModelException(
+                "Tensor dtype used for numpy_array is not supported by Python backend."
+                " Please use np.object_ instead."
+            )
+        wire: str | None
+        if triton_dtype is None:
+            enum = numpy_to_triton_type(array.dtype)
+            if enum is None:
+                raise TritonModelException(f"unsupported numpy dtype {array.dtype} for tensor '{name}'")
+            wire = _TRITON_ENUM_TO_WIRE[enum]
+        else:
+            wire = triton_dtype if isinstance(triton_dtype, str) else _TRITON_ENUM_TO_WIRE.get(triton_dtype)
+            if wire is None:
+                raise TritonModelException(f"unknown triton dtype {triton_dtype!r}")
+            numpy_type = triton_to_numpy_type(_WIRE_TO_TRITON_ENUM[wire]) or np.uint16
+            if wire != "BYTES" and array.dtype != np.dtype(numpy_type):
+                array = array.view(numpy_type)  # reinterpret, as the Python backend does
+        self._name = name
+        self._array = array
+        self._wire_dtype = wire
+
+    @classmethod
+    def _wrap(cls, name: str, array: np.ndarray, wire_dtype: str) -> Tensor:
+        """Wrap a decoded input without re-deriving its datatype (hot path)."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._wire_dtype = wire_dtype
+        return tensor
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        return _WIRE_TO_TRITON_ENUM[self._wire_dtype]
+
+    @property
+    def wire_datatype(self) -> str:
+        """The protocol datatype name (tritonfast extension)."""
+        return self._wire_dtype
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        if self._wire_dtype == "BYTES":
+            raise TritonModelException("BYTES tensors cannot be exported with DLPack")
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+    @classmethod
+    def from_dlpack(cls, name: str, capsule: Any) -> Tensor:
+        """A tensor over DLPack memory (an object with __dlpack__, or a raw capsule)."""
+        if hasattr(capsule, "__dlpack__"):
+            array = np.from_dlpack(capsule)
+        else:
+            array = np.from_dlpack(_CapsuleHolder(capsule))
+        return cls(name, array)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, {self._wire_dtype}, shape={list(self._array.shape)})"
+
+
+class _CapsuleHolder:
+    """Adapts a bare DLPack capsule to numpy's __dlpack__ protocol (CPU memory only)."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **_kwargs: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+class InferenceRequest:
+    """A request as ``execute`` sees it.
+
+    Built by the backend for each incoming request. Constructing one in a model (for BLS)
+    is accepted, but ``exec``/``async_exec`` are not available yet.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "",
+        requested_output_names: list[str] | None = None,
+        inputs: list[Tensor] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        timeout: int = 0,
+        model_version: int = -1,
+        parameters: dict[str, Any] | str | None = None,
+        **_ignored: Any,
+    ) -> None:
+        self._model_name = model_name
+        self._model_version = model_version
+        self._requested_output_names = list(requested_output_names or [])
+        self._inputs = list(inputs or [])
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._timeout = timeout
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters: dict[str, Any] = parameters or {}
+        self._cancelled = False
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def parameters(self) -> str:
+        """The request parameters as a JSON string (as in Triton)."""
+        return json.dumps(self._parameters)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    def set_cancelled(self) -> None:
+        self._cancelled = True
+
+    def exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
+        raise TritonModelException("BLS exec() is not supported by tritonfast yet")
+
+    async def async_exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
+        raise TritonModelException("BLS async_exec() is not supported by tritonfast yet")
+
+
+class InferenceResponse:
+    """A model's answer to one request: output tensors, or an error."""
+
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list):
+            raise TritonModelException('"output_tensors" must be a list.')
+        self._output_tensors = output_tensors
+        self._error = error
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters: dict[str, Any] = parameters or {}
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    @property
+    def parameter_dict(self) -> dict[str, Any]:
+        return self._parameters
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for entry in model_config.get("input", []):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for entry in model_config.get("output", []):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+class ModelConfig:
+    """The configuration handed to ``auto_complete_config``; models fill in what is missing."""
+
+    def __init__(self, model_config: dict[str, Any]) -> None:
+        self._config = model_config
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._config
+
+    def max_batch_size(self) -> int:
+        return int(self._config.get("max_batch_size", 0))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        if not isinstance(max_batch_size, int) or max_batch_size < 0:
+            raise ValueError("max_batch_size must be a non-negative integer")
+        current = int(self._config.get("max_batch_size", 0))
+        if current != 0 and current != max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config"
+                f" function for model '{self._config.get('name', '')}' specified max_batch_size"
+                f" {max_batch_size}"
+            )
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(f"model transaction property '{key}' is not supported")
+        policy = self._config.setdefault("model_transaction_policy", {})
+        policy.update(transaction_policy_dict)
+
+    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's parameter name
+        self._add_tensor("input", input)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add_tensor("output", output)
+
+    def _add_tensor(self, kind: str, tensor: dict[str, Any]) -> None:
+        if not isinstance(tensor, dict):
+            raise ValueError(f"{kind} for model must be a dict")
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(f"{kind} '{tensor.get('name', '')}' is missing the '{key}' property")
+        entries = self._config.setdefault(kind, [])
+        for existing in entries:
+            if existing.get("name") != tensor["name"]:
+                continue
+            # Already in config.pbtxt: the two must agree on whatever both specify.
+            for key in ("data_type", "dims"):
+                if key in existing and _norm(existing[key]) != _norm(tensor[key]):
+                    raise ValueError(
+                        f"unable to add {kind} '{tensor['name']}': configuration specified"
+                        f" {key} {existing[key]}, auto-complete-config specified {tensor[key]}"
+                    )
+            existing.update({k: v for k, v in tensor.items() if k not in existing})
+            return
+        entries.append(dict(tensor))
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return value
+
+
+class LogLevel:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+class Logger:
+    """Model logging routed into the server's log (``pb_utils.Logger.log_info(...)``)."""
+
+    _log = logging.getLogger("tritonfast.model")
+
+    @classmethod
+    def log(cls, message: str, level: int = LogLevel.INFO) -> None:
+        python_level = {
+            LogLevel.INFO: logging.INFO,
+            LogLevel.WARNING: logging.WARNING,
+            LogLevel.ERROR: logging.ERROR,
+            LogLevel.VERBOSE: logging.DEBUG,
+        }.get(level, logging.INFO)
+        cls._log.log(python_level, "%s", message)
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls.log(message, LogLevel.INFO)
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls.log(message, LogLevel.WARNING)
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls.log(message, LogLevel.ERROR)
+
+    @classmethod
+    def log_verbose(cls, message: str) -> None:
+        cls.log(message, LogLevel.VERBOSE)

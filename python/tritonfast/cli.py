@@ -1,0 +1,115 @@
+"""Command line: ``tritonfast serve`` with ``tritonserver``'s flags where they apply."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXAMPLE_REPOSITORY = Path(__file__).parent / "examples" / "models"
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _flag_bool(text: str) -> bool:
+    """tritonserver spells booleans ``--flag=true|false`` (and 1/0)."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+@dataclass
+class ServeOptions:
+    model_repositories: list[Path] = field(default_factory=list)
+    using_example_repository: bool = False
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    http_address: str = "0.0.0.0"
+    grpc_address: str = "0.0.0.0"
+    metrics_address: str = "0.0.0.0"
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    strict_model_config: bool = False
+    exit_on_error: bool = True
+    exit_timeout_secs: int = 30
+    log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    server_id: str = "triton"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tritonfast",
+        description="A Triton-compatible inference server. Flags follow tritonserver's.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC")
+    bool_arg = {"type": _flag_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
+    serve.add_argument(
+        "--model-repository",
+        "--model-store",
+        dest="model_repositories",
+        action="append",
+        type=Path,
+        metavar="PATH",
+        help="model repository path (repeatable); default: the bundled example repository",
+    )
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--http-address", default="0.0.0.0")
+    serve.add_argument("--grpc-address", default="0.0.0.0")
+    serve.add_argument("--metrics-address", default="0.0.0.0")
+    serve.add_argument("--allow-http", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument("--allow-grpc", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument("--allow-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument(
+        "--strict-model-config",
+        default=False,
+        help="require a complete config.pbtxt (no auto-complete)",
+        **bool_arg,  # type: ignore[arg-type]
+    )
+    serve.add_argument(
+        "--disable-auto-complete-config",
+        dest="strict_model_config",
+        action="store_true",
+        help="same as --strict-model-config=true",
+    )
+    serve.add_argument(
+        "--exit-on-error",
+        default=True,
+        help="refuse to start when a model fails to load (default true)",
+        **bool_arg,  # type: ignore[arg-type]
+    )
+    serve.add_argument("--exit-timeout-secs", type=int, default=30)
+    serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--log-info", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument("--log-warning", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument("--log-error", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument("--id", dest="server_id", default="triton")
+    return parser
+
+
+def parse_serve_args(argv: list[str]) -> ServeOptions:
+    """Parse a command line. ``serve`` may be left out, as with ``tritonserver``."""
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["serve", *argv]
+    args = build_parser().parse_args(argv)
+    values = vars(args)
+    values.pop("command")
+    repositories = values.pop("model_repositories") or []
+    options = ServeOptions(**values)
+    if repositories:
+        options.model_repositories = repositories
+    else:
+        options.model_repositories = [EXAMPLE_REPOSITORY]
+        options.using_example_repository = True
+    return options

@@ -1,0 +1,114 @@
+"""Read a model's ``config.pbtxt`` into ``inference.ModelConfig`` and check it.
+
+Parsing uses protobuf's own text-format parser (never a hand-written one); a syntax error
+is reported with the file, line and column the parser names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.errors import InvalidArgumentError
+
+CONFIG_FILE = "config.pbtxt"
+
+ModelConfig = model_config_pb2.ModelConfig
+DataType = model_config_pb2.DataType
+
+# Files that identify a backend when config.pbtxt names none (Triton's default file names).
+_BACKEND_BY_FILE = (
+    ("model.py", "python"),
+    ("model.onnx", "onnxruntime"),
+    ("model.plan", "tensorrt"),
+)
+
+
+def read_config(model_dir: Path, *, required: bool = False) -> ModelConfig:
+    """Parse ``model_dir/config.pbtxt``; an absent file gives an empty config unless required."""
+    path = model_dir / CONFIG_FILE
+    config = ModelConfig()
+    if not path.exists():
+        if required:
+            raise InvalidArgumentError(f"model configuration file '{path}' does not exist")
+        return config
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"failed to read '{path}': {exc}") from exc
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        # ParseError text is "LINE:COL : message"; keep it whole and name the file.
+        raise InvalidArgumentError(f"failed to parse model configuration '{path}': {exc}") from exc
+    return config
+
+
+def fill_defaults(config: ModelConfig, model_dir: Path) -> None:
+    """Defaults Triton applies before validation: the name and the backend."""
+    if not config.name:
+        config.name = model_dir.name
+    if not config.backend and not config.platform:
+        for version_dir in _version_dirs(model_dir):
+            for file_name, backend in _BACKEND_BY_FILE:
+                if (version_dir / (config.default_model_filename or file_name)).exists():
+                    config.backend = backend
+                    break
+            if config.backend:
+                break
+
+
+def validate(config: ModelConfig, model_dir: Path) -> None:
+    """Reject configurations Triton would reject, with a message that names the problem."""
+    where = f"model '{config.name}'"
+    if config.name != model_dir.name:
+        raise InvalidArgumentError(
+            f"unexpected directory name '{model_dir.name}' for model '{config.name}',"
+            " directory name must equal model name"
+        )
+    if config.max_batch_size < 0:
+        raise InvalidArgumentError(f"{where}: max_batch_size must be >= 0")
+    if not config.backend and not config.platform:
+        raise InvalidArgumentError(
+            f"unexpected platform type '' for {config.name}: set 'backend' in {CONFIG_FILE}"
+        )
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for tensor in tensors:
+            if not tensor.name:
+                raise InvalidArgumentError(f"{where}: {kind} must specify 'name'")
+            if tensor.name in seen:
+                raise InvalidArgumentError(f"{where}: duplicate {kind} name '{tensor.name}'")
+            seen.add(tensor.name)
+            if tensor.data_type == DataType.TYPE_INVALID:
+                raise InvalidArgumentError(
+                    f"{where}: {kind} '{tensor.name}' must specify 'data_type'"
+                )
+            has_dims = len(tensor.dims) > 0 or tensor.HasField("reshape")
+            if not has_dims and config.max_batch_size == 0:
+                raise InvalidArgumentError(f"{where}: {kind} '{tensor.name}' must specify 'dims'")
+            for dim in tensor.dims:
+                if dim < -1 or dim == 0:
+                    raise InvalidArgumentError(
+                        f"{where}: {kind} '{tensor.name}' dimension must be integer >= 1,"
+                        f" or -1 to indicate a variable-size dimension"
+                    )
+    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
+        # Triton warns and ignores the batcher in this case rather than failing.
+        config.ClearField("dynamic_batching")
+    for preferred in config.dynamic_batching.preferred_batch_size:
+        if preferred < 1 or preferred > config.max_batch_size:
+            raise InvalidArgumentError(
+                f"{where}: dynamic batching preferred size must be positive and <="
+                f" max batch size {config.max_batch_size}"
+            )
+
+
+def _version_dirs(model_dir: Path) -> list[Path]:
+    return sorted(
+        (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+        key=lambda p: int(p.name),
+        reverse=True,
+    )

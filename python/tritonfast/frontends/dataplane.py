@@ -1,0 +1,77 @@
+"""The one protocol-neutral server API that both network frontends call.
+
+A frontend decodes its wire format into plain Python values and
+:class:`~tritonfast.runtime.types.InferRequest` objects, calls one method here, and encodes
+the result (or the :class:`~tritonfast.errors.TritonError` raised) back onto the wire. No
+HTTP or gRPC type crosses this boundary, and nothing here imports a frontend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tritonfast import __version__
+from tritonfast.config.jsonform import config_to_json
+from tritonfast.runtime.types import InferRequest, InferResponse
+
+if TYPE_CHECKING:
+    from tritonfast._proto import model_config_pb2
+    from tritonfast.repository.manager import ModelRepository
+
+# Protocol extensions this server implements (reported in server metadata).
+EXTENSIONS: tuple[str, ...] = (
+    "binary_tensor_data",
+    "parameters",
+    "model_configuration",
+)
+
+
+class DataPlane:
+    def __init__(self, repository: ModelRepository, *, server_id: str = "triton") -> None:
+        self._repository = repository
+        self._server_id = server_id
+        self._live = True
+
+    @property
+    def repository(self) -> ModelRepository:
+        return self._repository
+
+    # -- health ---------------------------------------------------------------------------
+    def live(self) -> bool:
+        return self._live
+
+    def ready(self) -> bool:
+        return self._live and self._repository.all_ready()
+
+    def shutting_down(self) -> None:
+        """Called when the server begins to stop: readiness goes false at once."""
+        self._live = False
+
+    # -- metadata ---------------------------------------------------------------------------
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self._server_id, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self._repository.is_ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """KServe v2 model metadata: name, versions, platform, inputs and outputs."""
+        model = self._repository.get(name, version)
+        return model.metadata()
+
+    def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
+        return self._repository.get(name, version).config
+
+    def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
+        """The model configuration in the JSON form Triton's HTTP endpoint returns."""
+        return config_to_json(self.model_config(name, version))
+
+    # -- inference --------------------------------------------------------------------------
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate ``request`` against its model, queue it, and await the response.
+
+        Raises :class:`~tritonfast.errors.TritonError` with Triton's code and message for
+        every failure (unknown model, bad input, model error).
+        """
+        model = self._repository.get(request.model_name, request.model_version)
+        return await model.infer(request)

@@ -1,0 +1,219 @@
+"""The model repository: find models on disk, load their versions, answer who is servable.
+
+A model is a directory holding ``config.pbtxt`` and numbered version directories. A model
+that fails to load (bad config, missing model file, exception while initializing) is kept
+as UNAVAILABLE with its reason; the others serve normally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.backends.python import backend as python_backend
+from tritonfast.config import load as config_load
+from tritonfast.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    TritonError,
+    UnavailableError,
+    UnsupportedError,
+)
+from tritonfast.repository.model import ModelVersion
+from tritonfast.runtime.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass
+class ModelEntry:
+    """What the repository knows about one model directory."""
+
+    name: str
+    path: Path
+    state: str = UNAVAILABLE
+    reason: str = ""
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    config: model_config_pb2.ModelConfig | None = None
+
+    @property
+    def default_version(self) -> ModelVersion | None:
+        return self.versions[max(self.versions)] if self.versions else None
+
+
+class ModelRepository:
+    def __init__(
+        self,
+        paths: list[Path],
+        loop: asyncio.AbstractEventLoop,
+        *,
+        strict_config: bool = False,
+    ) -> None:
+        self._paths = paths
+        self._loop = loop
+        self._strict_config = strict_config
+        self._models: dict[str, ModelEntry] = {}
+
+    # -- loading ------------------------------------------------------------------------
+    def discover(self) -> list[Path]:
+        """Model directories in every repository path (first path wins on a name clash)."""
+        found: dict[str, Path] = {}
+        for root in self._paths:
+            if not root.is_dir():
+                raise InvalidArgumentError(f"failed to stat file {root}")
+            for child in sorted(root.iterdir()):
+                if child.is_dir() and not child.name.startswith("."):
+                    if child.name in found:
+                        raise InvalidArgumentError(
+                            f"model '{child.name}' appears in multiple repositories"
+                        )
+                    found[child.name] = child
+        return list(found.values())
+
+    def load_all(self) -> list[ModelEntry]:
+        for model_dir in self.discover():
+            self.load(model_dir)
+        return self.entries()
+
+    def load(self, model_dir: Path) -> ModelEntry:
+        entry = ModelEntry(name=model_dir.name, path=model_dir)
+        self._models[entry.name] = entry
+        try:
+            self._load_versions(entry)
+            entry.state = READY
+            log.info("successfully loaded '%s' version(s) %s", entry.name, sorted(entry.versions))
+        except TritonError as exc:
+            self._stop_versions(entry)
+            entry.state, entry.reason = UNAVAILABLE, exc.message
+            log.error("failed to load '%s': %s", entry.name, exc.message)
+        return entry
+
+    def _load_versions(self, entry: ModelEntry) -> None:
+        model_dir = entry.path
+        config = config_load.read_config(model_dir, required=self._strict_config)
+        config_load.fill_defaults(config, model_dir)
+        versions = _select_versions(config, model_dir)
+        if config.backend != "python":
+            raise UnsupportedError(
+                f"backend '{config.backend or config.platform}' of model '{config.name}' is not"
+                " supported by tritonfast yet"
+            )
+        newest_dir = model_dir / str(max(versions))
+        model_class = python_backend.load_model_class(
+            python_backend.model_file(config, newest_dir), config.name
+        )
+        if not self._strict_config:
+            python_backend.auto_complete(model_class, config)
+        config_load.validate(config, model_dir)
+        entry.config = config
+        for version in versions:
+            version_class = (
+                model_class
+                if version == max(versions)
+                else python_backend.load_model_class(
+                    python_backend.model_file(config, model_dir / str(version)), config.name
+                )
+            )
+            entry.versions[version] = self._start_version(config, version, version_class, versions)
+
+    def _start_version(
+        self,
+        config: model_config_pb2.ModelConfig,
+        version: int,
+        model_class: type,
+        served: list[int],
+    ) -> ModelVersion:
+        instances = []
+        for group_index, group in enumerate(_instance_groups(config)):
+            for index in range(group.count or 1):
+                instances.append(
+                    python_backend.PythonInstance(
+                        model_class,
+                        config,
+                        instance_name=f"{group.name or config.name + '_' + str(group_index)}_{index}",
+                        repository_path=self._entry_path(config.name),
+                        version=version,
+                    )
+                )
+        scheduler = Scheduler(f"{config.name}_{version}", config, instances, self._loop)
+        return ModelVersion(config, version, scheduler, served)
+
+    def _entry_path(self, name: str) -> Path:
+        return self._models[name].path
+
+    # -- queries ------------------------------------------------------------------------
+    def entries(self) -> list[ModelEntry]:
+        return sorted(self._models.values(), key=lambda e: e.name)
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        entry = self._models.get(name)
+        if entry is None:
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        if entry.state != READY:
+            raise UnavailableError(f"Request for unknown model: '{name}' is not found")
+        if not version:
+            chosen = entry.default_version
+        else:
+            chosen = entry.versions.get(int(version)) if version.isdigit() else None
+        if chosen is None:
+            raise NotFoundError(
+                f"Request for unknown model: '{name}' version {version} is not found"
+            )
+        return chosen
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except TritonError:
+            return False
+        return True
+
+    def all_ready(self) -> bool:
+        return all(e.state == READY for e in self._models.values())
+
+    # -- shutdown -----------------------------------------------------------------------
+    def stop(self, timeout: float) -> None:
+        for entry in self._models.values():
+            self._stop_versions(entry, timeout)
+
+    def _stop_versions(self, entry: ModelEntry, timeout: float = 5.0) -> None:
+        for version in entry.versions.values():
+            version.stop(timeout)
+        entry.versions.clear()
+
+
+def _version_numbers(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def _select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> list[int]:
+    """The versions the model's version_policy serves (latest 1 by default)."""
+    available = _version_numbers(model_dir)
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        chosen = available
+    elif which == "specific":
+        chosen = [v for v in available if v in set(policy.specific.versions)]
+    else:
+        count = policy.latest.num_versions if which == "latest" else 1
+        chosen = available[-max(count, 1) :]
+    if not chosen:
+        raise InvalidArgumentError(
+            f"at least one version must be available under the version policy of model"
+            f" '{config.name}'"
+        )
+    return chosen
+
+
+def _instance_groups(
+    config: model_config_pb2.ModelConfig,
+) -> list[model_config_pb2.ModelInstanceGroup]:
+    groups = list(config.instance_group)
+    return groups or [model_config_pb2.ModelInstanceGroup(count=1)]

@@ -1,0 +1,58 @@
+"""A loaded, servable model version: its config, validator, scheduler and metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.runtime.scheduler import Scheduler
+from tritonfast.runtime.types import InferRequest, InferResponse
+from tritonfast.runtime.validate import RequestValidator
+
+
+class ModelVersion:
+    def __init__(
+        self,
+        config: model_config_pb2.ModelConfig,
+        version: int,
+        scheduler: Scheduler,
+        served_versions: list[int],
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.version = version
+        self._version_text = str(version)
+        self._scheduler = scheduler
+        self._validator = RequestValidator(config)
+        self._metadata = _metadata(config, self._validator, served_versions)
+
+    def metadata(self) -> dict[str, Any]:
+        return self._metadata
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        batch_size = self._validator.check(request)
+        request.model_version = self._version_text
+        return await self._scheduler.submit(request, batch_size)
+
+    def stop(self, timeout: float) -> None:
+        self._scheduler.stop(timeout)
+
+
+def _metadata(
+    config: model_config_pb2.ModelConfig, validator: RequestValidator, versions: list[int]
+) -> dict[str, Any]:
+    batch = [-1] if config.max_batch_size > 0 else []
+
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [
+            {"name": s.name, "datatype": s.datatype, "shape": batch + list(s.dims)}
+            for s in specs.values()
+        ]
+
+    return {
+        "name": config.name,
+        "versions": [str(v) for v in sorted(versions)],
+        "platform": config.platform or config.backend,
+        "inputs": tensors(validator.inputs),
+        "outputs": tensors(validator.outputs),
+    }

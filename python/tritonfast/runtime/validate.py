@@ -1,0 +1,142 @@
+"""Check an inference request against its model's configuration before it is queued.
+
+The checks and messages follow Triton's request normalisation, so a client sees the same
+error from tritonfast as from Triton. The per-model tables are built once at load time;
+checking a request is a few dict look-ups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.errors import InvalidArgumentError
+from tritonfast.runtime.types import InferRequest
+
+# Config DataType enum -> wire datatype name.
+WIRE_DATATYPES: dict[int, str] = {
+    model_config_pb2.TYPE_BOOL: "BOOL",
+    model_config_pb2.TYPE_UINT8: "UINT8",
+    model_config_pb2.TYPE_UINT16: "UINT16",
+    model_config_pb2.TYPE_UINT32: "UINT32",
+    model_config_pb2.TYPE_UINT64: "UINT64",
+    model_config_pb2.TYPE_INT8: "INT8",
+    model_config_pb2.TYPE_INT16: "INT16",
+    model_config_pb2.TYPE_INT32: "INT32",
+    model_config_pb2.TYPE_INT64: "INT64",
+    model_config_pb2.TYPE_FP16: "FP16",
+    model_config_pb2.TYPE_FP32: "FP32",
+    model_config_pb2.TYPE_FP64: "FP64",
+    model_config_pb2.TYPE_STRING: "BYTES",
+    model_config_pb2.TYPE_BF16: "BF16",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dimension
+    optional: bool = False
+
+
+def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+class RequestValidator:
+    """Knows one model's inputs and outputs and checks requests against them."""
+
+    def __init__(self, config: model_config_pb2.ModelConfig) -> None:
+        self.model_name = config.name
+        self.max_batch_size = config.max_batch_size
+        self.inputs = {t.name: _spec(t) for t in config.input}
+        self.outputs = {t.name: _spec(t) for t in config.output}
+        self._required = [s.name for s in self.inputs.values() if not s.optional]
+
+    def check(self, request: InferRequest) -> int:
+        """Raise InvalidArgumentError for a bad request; return its batch size (1 if none)."""
+        model = self.model_name
+        prefix = f"[request id: {request.id or '<id_unknown>'}] "
+        batch_size = 1
+        seen: set[str] = set()
+        for tensor in request.inputs:
+            spec = self.inputs.get(tensor.name)
+            if spec is None:
+                raise InvalidArgumentError(
+                    f"{prefix}unexpected inference input '{tensor.name}' for model '{model}'"
+                )
+            if tensor.name in seen:
+                raise InvalidArgumentError(
+                    f"{prefix}input '{tensor.name}' is specified more than once for model"
+                    f" '{model}'"
+                )
+            seen.add(tensor.name)
+            if tensor.datatype != spec.datatype:
+                raise InvalidArgumentError(
+                    f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}',"
+                    f" but model '{model}' expects '{spec.datatype}'"
+                )
+            shape = tensor.shape
+            if self.max_batch_size > 0:
+                if len(shape) == 0:
+                    raise InvalidArgumentError(
+                        f"{prefix}input '{tensor.name}' has no shape but model '{model}' requires"
+                        " a batch dimension"
+                    )
+                this_batch = shape[0]
+                if this_batch > self.max_batch_size:
+                    raise InvalidArgumentError(
+                        f"{prefix}inference request batch-size must be <= {self.max_batch_size}"
+                        f" for '{model}'"
+                    )
+                if seen and len(seen) > 1 and this_batch != batch_size:
+                    raise InvalidArgumentError(
+                        f"{prefix}input '{tensor.name}' batch size does not match other inputs"
+                        f" for '{model}'"
+                    )
+                batch_size = this_batch
+                shape = shape[1:]
+            if not _shape_matches(shape, spec.dims):
+                expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
+                raise InvalidArgumentError(
+                    f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'."
+                    f" Expected {_shape_text(expected)}, got {_shape_text(tensor.shape)}. "
+                )
+        if len(seen) < len(self._required) or any(n not in seen for n in self._required):
+            missing = [n for n in self._required if n not in seen]
+            if missing:
+                raise InvalidArgumentError(
+                    f"{prefix}expected {len(self.inputs)} inputs but got {len(seen)} inputs for"
+                    f" model '{model}'. Got input(s) {_name_list(seen, request)}, but missing"
+                    f" required input(s) {_name_list(missing)}. Please provide all required"
+                    " input(s)."
+                )
+        if request.outputs is not None:
+            for output in request.outputs:
+                if output.name not in self.outputs:
+                    raise InvalidArgumentError(
+                        f"{prefix}unexpected inference output '{output.name}' for model"
+                        f" '{model}'"
+                    )
+        return batch_size
+
+
+def _spec(tensor: model_config_pb2.ModelInput | model_config_pb2.ModelOutput) -> TensorSpec:
+    return TensorSpec(
+        name=tensor.name,
+        datatype=WIRE_DATATYPES.get(tensor.data_type, "INVALID"),
+        dims=tuple(int(d) for d in tensor.dims),
+        optional=bool(getattr(tensor, "optional", False)),
+    )
+
+
+def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    if len(shape) != len(dims):
+        return False
+    return all(d == -1 or d == s for s, d in zip(shape, dims))
+
+
+def _name_list(names: object, request: InferRequest | None = None) -> str:
+    ordered = [t.name for t in request.inputs] if request is not None else list(names)  # type: ignore[call-overload]
+    return "[" + ", ".join(f"'{n}'" for n in ordered) + "]"

@@ -1,0 +1,139 @@
+"""Start-up and shutdown: load the repository, start the frontends, stop on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from tritonfast import __version__
+from tritonfast.cli import ServeOptions
+from tritonfast.frontends.dataplane import DataPlane
+from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
+
+log = logging.getLogger("tritonfast")
+
+
+def configure_logging(options: ServeOptions) -> None:
+    if options.log_verbose > 0:
+        level = logging.DEBUG
+    elif options.log_info:
+        level = logging.INFO
+    elif options.log_warning:
+        level = logging.WARNING
+    elif options.log_error:
+        level = logging.ERROR
+    else:
+        level = logging.CRITICAL + 1
+    logging.basicConfig(
+        level=level,
+        format="%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(name)s] %(message)s",
+        datefmt="%m%d %H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def model_table(entries: list[ModelEntry]) -> str:
+    """The start-up table of models, in tritonserver's layout."""
+    rows = []
+    for entry in entries:
+        versions = sorted(entry.versions) or [None]
+        for version in versions:
+            status = entry.state if entry.state != READY else "READY"
+            if entry.reason:
+                status = f"{entry.state}: {entry.reason}"
+            rows.append((entry.name, "" if version is None else str(version), status))
+    header = ("Model", "Version", "Status")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def fmt(row: tuple[str, str, str]) -> str:
+        return "|" + "|".join(f" {cell:<{w}} " for cell, w in zip(row, widths)) + "|"
+
+    return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])
+
+
+async def serve(options: ServeOptions) -> int:
+    loop = asyncio.get_running_loop()
+    if options.using_example_repository:
+        print(
+            f"No --model-repository given: serving the bundled example repository"
+            f" {options.model_repositories[0]}",
+            flush=True,
+        )
+    repository = ModelRepository(
+        options.model_repositories, loop, strict_config=options.strict_model_config
+    )
+    try:
+        entries = await asyncio.to_thread(repository.load_all)
+    except Exception as exc:
+        log.error("failed to load the model repository: %s", exc)
+        return 1
+    print(model_table(entries), flush=True)
+    failed = [e for e in entries if e.state != READY]
+    if failed and options.exit_on_error:
+        log.error("exiting: %d model(s) failed to load (use --exit-on-error=false to serve the rest)", len(failed))
+        await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
+        return 1
+
+    dataplane = DataPlane(repository, server_id=options.server_id)
+    stoppers: list[Any] = []
+    try:
+        await _start_frontends(options, dataplane, stoppers)
+    except OSError as exc:
+        log.error("failed to start a frontend: %s", exc)
+        await _stop(stoppers, repository, options)
+        return 1
+    print(f"tritonfast {__version__} ready", flush=True)
+
+    stop_event = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_event.set)
+    await stop_event.wait()
+    log.info("shutting down")
+    dataplane.shutting_down()
+    await _stop(stoppers, repository, options)
+    return 0
+
+
+async def _start_frontends(options: ServeOptions, dataplane: DataPlane, stoppers: list[Any]) -> None:
+    if options.allow_grpc:
+        from tritonfast.frontends.grpc.servicer import start_grpc_server
+
+        grpc_server = await start_grpc_server(dataplane, options.grpc_address, options.grpc_port)
+        stoppers.append(lambda: grpc_server.stop(options.exit_timeout_secs))
+        print(f"Started GRPCInferenceService at {options.grpc_address}:{options.grpc_port}", flush=True)
+    if options.allow_http:
+        from tritonfast.frontends.http.app import start_http_server
+
+        http_runner = await start_http_server(dataplane, options.http_address, options.http_port)
+        stoppers.append(http_runner.cleanup)
+        print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)
+    if options.allow_metrics:
+        from tritonfast.metrics import start_metrics_server
+
+        metrics_runner = await start_metrics_server(options.metrics_address, options.metrics_port)
+        stoppers.append(metrics_runner.cleanup)
+        print(f"Started Metrics Service at {options.metrics_address}:{options.metrics_port}", flush=True)
+
+
+async def _stop(stoppers: list[Any], repository: ModelRepository, options: ServeOptions) -> None:
+    for stop in stoppers:
+        try:
+            await asyncio.wait_for(stop(), timeout=options.exit_timeout_secs)
+        except Exception:
+            log.exception("error while stopping a frontend")
+    await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
+
+
+def run(options: ServeOptions) -> int:
+    configure_logging(options)
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # uvloop is optional (e.g. Windows)
+        runner = asyncio.run
+    return int(runner(serve(options)))

@@ -1,0 +1,104 @@
+"""Shared fixtures: a real tritonfast server process on free ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "python" / "tritonfast" / "examples" / "models"
+TEST_MODELS = ROOT / "tests" / "models"
+BROKEN_MODELS = ROOT / "tests" / "models_broken"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    proc: subprocess.Popen[str]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"127.0.0.1:{self.metrics_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+def start_server(
+    repositories: list[Path], log_path: Path, *extra: str, wait_ready: bool = True
+) -> RunningServer:
+    """Start ``python -m tritonfast serve`` and wait (bounded) until it answers /v2/health/live."""
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    cmd = [sys.executable, "-m", "tritonfast", "serve"]
+    for repo in repositories:
+        cmd += ["--model-repository", str(repo)]
+    cmd += [
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        *extra,
+    ]
+    log_file = log_path.open("w")
+    proc = subprocess.Popen(
+        cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=os.environ.copy()
+    )
+    server = RunningServer(proc, http, grpc, metrics, log_path)
+    if wait_ready:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+            try:
+                with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=1):
+                    break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() > deadline:
+                    server.stop()
+                    raise RuntimeError(f"server did not come up:\n{server.log()}") from None
+                time.sleep(0.05)
+    return server
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    running = start_server([EXAMPLES, TEST_MODELS], log_path)
+    yield running
+    code = running.stop()
+    assert code == 0, f"server exited with {code}:\n{running.log()}"

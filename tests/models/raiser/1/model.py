@@ -1,0 +1,6 @@
+"""Fails every request by raising from execute()."""
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        raise ValueError("raiser always fails")
