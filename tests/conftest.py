@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -35,6 +36,7 @@ class RunningServer:
     grpc_port: int
     metrics_port: int
     log_path: Path
+    log_file: IO[str]
 
     @property
     def http_url(self) -> str:
@@ -51,10 +53,20 @@ class RunningServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_exit(self, timeout: float = 60) -> int:
+        """Wait for a server that exits by itself (e.g. refusing to start)."""
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log_file.close()
+
     def stop(self, timeout: float = 30) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log_file.close()
 
 
 def start_server(
@@ -78,11 +90,12 @@ def start_server(
     proc = subprocess.Popen(
         cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=os.environ.copy()
     )
-    server = RunningServer(proc, http, grpc, metrics, log_path)
+    server = RunningServer(proc, http, grpc, metrics, log_path, log_file)
     if wait_ready:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
+                log_file.close()
                 raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
             try:
                 with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=1):

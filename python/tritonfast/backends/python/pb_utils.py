@@ -247,7 +247,12 @@ class Tensor:
     def to_dlpack(self) -> Any:
         if self._wire_dtype == "BYTES":
             raise TritonModelException("BYTES tensors cannot be exported with DLPack")
-        return self._array.__dlpack__()
+        try:
+            return self._array.__dlpack__()
+        except BufferError:
+            # Read-only views (inputs decoded in place from the request body) can only be
+            # exported with DLPack >= 1.0, which carries a read-only flag.
+            return self._array.__dlpack__(max_version=(1, 0))
 
     def __dlpack__(self, stream: Any = None) -> Any:
         return self.to_dlpack()

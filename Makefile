@@ -1,0 +1,57 @@
+# The one interface that people and CI both call.
+#   make install   create .venv and install tritonfast with its test extras (builds the Rust core)
+#   make test      cargo test + pytest + the quick microbenchmarks (figures printed, not judged)
+#   make ci        install, then check generated protos, lint and test: what .ci/run runs
+VENV    ?= .venv
+PYTHON  ?= $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: venv install build test test-rust test-python bench-quick bench lint fmt protos protos-check ci serve
+
+venv:
+	@test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+
+install: venv
+	$(PYTHON) -m pip install -q '.[test]' 'ruff>=0.6'
+
+build: venv
+	$(PYTHON) -m pip install -q --no-deps --force-reinstall .
+
+test-rust:
+	cargo test --quiet
+
+test-python:
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+bench-quick:
+	$(PYTHON) bench/micro/run.py --quick
+
+test: test-rust test-python bench-quick
+
+bench:
+	cargo bench --bench queue
+	$(PYTHON) bench/micro/run.py
+
+lint:
+	$(PYTHON) -m ruff check python tests bench scripts
+	$(PYTHON) -m ruff format --check python tests bench scripts
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --features python -- -D warnings
+	$(PYTHON) -m mypy python/tritonfast
+
+fmt:
+	$(PYTHON) -m ruff format python tests bench scripts
+	cargo fmt
+
+protos:
+	$(PYTHON) scripts/gen_protos.py
+
+protos-check:
+	$(PYTHON) scripts/gen_protos.py --check
+
+ci: install protos-check test
+
+serve: install
+	$(PYTHON) -m tritonfast serve

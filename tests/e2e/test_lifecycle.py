@@ -1,0 +1,105 @@
+"""Server start-up, broken models, exit-on-error, CLI flags and shutdown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import BROKEN_MODELS, EXAMPLES, ROOT, start_server
+
+
+def test_startup_prints_model_table_and_addresses(server) -> None:
+    log = server.log()
+    assert "| Model" in log and "| Version" in log and "| Status" in log
+    assert "| add_sub" in log
+    assert f"Started HTTPService at 127.0.0.1:{server.http_port}" in log
+    assert f"Started GRPCInferenceService at 127.0.0.1:{server.grpc_port}" in log
+    assert f"Started Metrics Service at 127.0.0.1:{server.metrics_port}" in log
+
+
+def test_broken_models_refuse_start_by_default(tmp_path) -> None:
+    server = start_server([BROKEN_MODELS], tmp_path / "log", wait_ready=False)
+    code = server.wait_exit(60)
+    assert code != 0
+    log = server.log()
+    assert "broken_cfg" in log and "3:1" in log
+    assert "init_fail cannot start" in log
+
+
+@pytest.fixture(scope="module")
+def lenient_server(tmp_path_factory):
+    running = start_server(
+        [BROKEN_MODELS], tmp_path_factory.mktemp("lenient") / "log", "--exit-on-error=false"
+    )
+    yield running
+    assert running.stop() == 0
+
+
+def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
+    client = httpclient.InferenceServerClient(lenient_server.http_url)
+    try:
+        assert client.is_server_live()
+        assert not client.is_server_ready()  # some models failed
+        assert client.is_model_ready("healthy")
+        for name in ("broken_cfg", "no_model_py", "init_fail"):
+            assert not client.is_model_ready(name)
+        a = np.ones(4, dtype=np.float32)
+        inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(a)
+        np.testing.assert_array_equal(client.infer("healthy", inputs).as_numpy("OUTPUT0"), 2 * a)
+        with pytest.raises(InferenceServerException):
+            client.infer("init_fail", inputs)
+    finally:
+        client.close()
+    log = lenient_server.log()
+    assert "model.py" in log  # the missing-file reason names the file
+
+
+def test_unknown_flag_is_a_clear_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tritonfast", "serve", "--no-such-flag"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in result.stderr
+
+
+def test_help_lists_tritonserver_flags() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tritonfast", "serve", "--help"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert result.returncode == 0
+    for flag in ("--model-repository", "--http-port", "--grpc-port", "--metrics-port",
+                 "--allow-grpc", "--strict-model-config", "--exit-on-error", "--log-verbose", "--id"):
+        assert flag in result.stdout
+
+
+def test_default_repository_is_the_bundled_examples(tmp_path) -> None:
+    server = start_server([], tmp_path / "log", "--allow-grpc=false", "--allow-metrics=false")
+    try:
+        assert "bundled example repository" in server.log()
+        assert str(EXAMPLES.name) in server.log()
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_model_ready("add_sub")
+        assert client.is_model_ready("string_upper")
+        assert client.get_server_metadata()["name"] == "triton"
+        client.close()
+    finally:
+        assert server.stop() == 0
+
+
+def test_server_id_flag_names_the_server(tmp_path) -> None:
+    server = start_server([EXAMPLES], tmp_path / "log", "--id=custom-id", "--allow-grpc=false")
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2", timeout=5) as response:
+            assert b'"custom-id"' in response.read()
+    finally:
+        assert server.stop() == 0

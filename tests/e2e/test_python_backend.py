@@ -1,0 +1,125 @@
+"""Triton Python-backend models running unchanged in tritonfast, driven by tritonclient."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+@pytest.fixture
+def http(server):
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
+    yield client
+    client.close()
+
+
+def add_sub_inputs(a: np.ndarray, b: np.ndarray) -> list[httpclient.InferInput]:
+    inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_add_sub_example_model(http) -> None:
+    a = np.array([1, 2, 3, 4], dtype=np.float32)
+    b = np.array([10, 20, 30, 40], dtype=np.float32)
+    result = http.infer("add_sub", add_sub_inputs(a, b))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.get_response()["model_version"] == "1"
+
+
+def test_string_example_model(http) -> None:
+    text = np.array([[b"hello", b"w\x00rld"]], dtype=np.object_)
+    tensor = httpclient.InferInput("TEXT", [1, 2], "BYTES")
+    tensor.set_data_from_numpy(text)
+    result = http.infer("string_upper", [tensor])
+    assert result.as_numpy("UPPER").tolist() == [[b"HELLO", b"W\x00RLD"]]
+
+
+def test_exception_in_execute_is_an_error_and_server_keeps_serving(http) -> None:
+    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        http.infer("raiser", [tensor])
+    assert "raiser always fails" in info.value.message()
+    assert "ValueError" in info.value.message()
+    # Other models, and the failing one, still answer.
+    assert http.is_model_ready("raiser")
+    a = np.ones(4, dtype=np.float32)
+    np.testing.assert_array_equal(http.infer("add_sub", add_sub_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a)
+
+
+def test_error_response_from_model(http) -> None:
+    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    with pytest.raises(InferenceServerException, match="custom error from model"):
+        http.infer("err_resp", [tensor])
+
+
+def test_auto_complete_config_is_served_and_used(server, http) -> None:
+    config = http.get_model_config("auto_complete")
+    assert config["max_batch_size"] == 4
+    assert [i["name"] for i in config["input"]] == ["X"]
+    assert [o["name"] for o in config["output"]] == ["Y"]
+    assert "dynamic_batching" in config
+    metadata = http.get_model_metadata("auto_complete")
+    assert metadata["inputs"][0]["shape"] == [-1, 2]
+    x = httpclient.InferInput("X", [3, 2], "FP32")
+    data = np.arange(6, dtype=np.float32).reshape(3, 2)
+    x.set_data_from_numpy(data)
+    np.testing.assert_array_equal(http.infer("auto_complete", [x]).as_numpy("Y"), data * 2)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        grpc_config = grpc.get_model_config("auto_complete", as_json=True)["config"]
+        assert grpc_config["max_batch_size"] == 4
+    finally:
+        grpc.close()
+
+
+def test_request_id_and_parameters_reach_the_model(http) -> None:
+    tensor = httpclient.InferInput("INPUT0", [2], "INT32")
+    tensor.set_data_from_numpy(np.array([5, 6], dtype=np.int32))
+    result = http.infer("params", [tensor], request_id="req-42", parameters={"alpha": 3, "tag": "x"})
+    response = result.get_response()
+    assert response["id"] == "req-42"
+    assert response["parameters"]["alpha"] == 3
+    assert response["parameters"]["tag"] == "x"
+    assert response["parameters"]["seen_request_id"] == "req-42"
+
+
+def test_dynamic_batching_groups_concurrent_requests(server) -> None:
+    # tritonclient.http is gevent-based: concurrency comes from async_infer, not threads.
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=16)
+    try:
+        pending = []
+        for i in range(48):
+            tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+            data = np.full((1, 3), i, dtype=np.float32)
+            tensor.set_data_from_numpy(data)
+            pending.append((data, client.async_infer("batching", [tensor])))
+        counts = []
+        for data, request in pending:
+            result = request.get_result()
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+            counts.append(int(result.as_numpy("BATCH_REQUESTS")[0, 0]))
+        assert max(counts) > 1, f"no request shared an execution: {counts}"
+        assert max(counts) <= 16
+    finally:
+        client.close()
+
+
+def test_initialize_receives_tritons_args(server, tmp_path) -> None:
+    # add_sub's initialize reads args["model_config"]; a wrong key would have failed loading.
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        config = client.get_model_config("add_sub")
+        assert json.loads(json.dumps(config))["name"] == "add_sub"
+        assert client.is_model_ready("add_sub")
+    finally:
+        client.close()

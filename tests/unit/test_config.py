@@ -1,0 +1,95 @@
+"""config.pbtxt parsing, defaults, validation and the JSON form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tritonfast.config import load
+from tritonfast.config.jsonform import config_to_json, json_to_config
+from tritonfast.errors import InvalidArgumentError
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+BROKEN = Path(__file__).resolve().parents[1] / "models_broken"
+
+
+def write_model(tmp_path: Path, name: str, config_text: str, model_file: str = "model.py") -> Path:
+    model_dir = tmp_path / name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(config_text)
+    (model_dir / "1" / model_file).write_text("")
+    return model_dir
+
+
+def test_parses_dynamic_batching_and_int64_dims_as_numbers() -> None:
+    config = load.read_config(MODELS / "batching")
+    assert config.max_batch_size == 16
+    assert config.dynamic_batching.max_queue_delay_microseconds == 20000
+    as_json = config_to_json(config)
+    assert as_json["input"][0]["dims"] == [-1]
+    assert as_json["input"][0]["data_type"] == "TYPE_FP32"
+    assert as_json["dynamic_batching"]["max_queue_delay_microseconds"] == 20000
+
+
+def test_syntax_error_names_file_line_and_column() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        load.read_config(BROKEN / "broken_cfg")
+    message = info.value.message
+    assert "broken_cfg/config.pbtxt" in message
+    assert "3:1" in message
+
+
+def test_name_defaults_to_directory_and_backend_to_python(tmp_path: Path) -> None:
+    model_dir = write_model(tmp_path, "plain", 'input [ { name: "A" data_type: TYPE_INT8 dims: [1] } ]')
+    config = load.read_config(model_dir)
+    load.fill_defaults(config, model_dir)
+    assert config.name == "plain"
+    assert config.backend == "python"
+
+
+def test_backend_detected_from_onnx_file(tmp_path: Path) -> None:
+    model_dir = write_model(tmp_path, "onnx", "max_batch_size: 2", model_file="model.onnx")
+    config = load.read_config(model_dir)
+    load.fill_defaults(config, model_dir)
+    assert config.backend == "onnxruntime"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('name: "other" backend: "python"', "directory name must equal model name"),
+        ('backend: "python" input [ { name: "A" dims: [1] } ]', "must specify 'data_type'"),
+        ('backend: "python" input [ { name: "A" data_type: TYPE_FP32 } ]', "must specify 'dims'"),
+        ('backend: "python" input [ { name: "A" data_type: TYPE_FP32 dims: [0] } ]', "dimension"),
+        (
+            'backend: "python" input [ { name: "A" data_type: TYPE_FP32 dims: [1] },'
+            ' { name: "A" data_type: TYPE_FP32 dims: [1] } ]',
+            "duplicate input name 'A'",
+        ),
+        (
+            'backend: "python" max_batch_size: 4 dynamic_batching { preferred_batch_size: [8] }',
+            "preferred size",
+        ),
+    ],
+)
+def test_invalid_configs_are_rejected_with_reason(tmp_path: Path, text: str, needle: str) -> None:
+    model_dir = write_model(tmp_path, "m", text)
+    config = load.read_config(model_dir)
+    load.fill_defaults(config, model_dir)
+    with pytest.raises(InvalidArgumentError) as info:
+        load.validate(config, model_dir)
+    assert needle in info.value.message
+
+
+def test_json_round_trip_preserves_config() -> None:
+    config = load.read_config(MODELS / "batching")
+    again = json_to_config(config_to_json(config), load.ModelConfig())
+    assert again == config
+
+
+def test_strict_mode_requires_config_file(tmp_path: Path) -> None:
+    (tmp_path / "nocfg" / "1").mkdir(parents=True)
+    assert load.read_config(tmp_path / "nocfg") == load.ModelConfig()
+    with pytest.raises(InvalidArgumentError, match="does not exist"):
+        load.read_config(tmp_path / "nocfg", required=True)

@@ -1,0 +1,98 @@
+"""triton_python_backend_utils as models use it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tritonfast.backends.python import pb_utils
+
+
+def test_byte_tensor_round_trip_keeps_nul_and_non_utf8() -> None:
+    items = np.array([b"a\x00b", b"\xff\xfe", b"", "text"], dtype=np.object_)
+    flat = pb_utils.serialize_byte_tensor(items)
+    assert flat is not None
+    assert flat.dtype == np.uint8
+    back = pb_utils.deserialize_bytes_tensor(flat.tobytes())
+    assert list(back) == [b"a\x00b", b"\xff\xfe", b"", b"text"]
+
+
+def test_tensor_dtype_and_numpy_view() -> None:
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    tensor = pb_utils.Tensor("T", data)
+    assert tensor.name() == "T"
+    assert tensor.as_numpy() is data
+    assert tensor.triton_dtype() == 11
+    assert tensor.shape() == [2, 3]
+    assert tensor.is_cpu()
+
+
+def test_tensor_rejects_unicode_arrays() -> None:
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.Tensor("T", np.array(["a", "b"]))
+
+
+def test_dlpack_round_trip_shares_memory() -> None:
+    data = np.arange(4, dtype=np.int64)
+    tensor = pb_utils.Tensor.from_dlpack("X", pb_utils.Tensor("Y", data))
+    assert np.shares_memory(tensor.as_numpy(), data)
+    again = pb_utils.Tensor.from_dlpack("Z", tensor.to_dlpack())
+    np.testing.assert_array_equal(again.as_numpy(), data)
+
+
+def test_dtype_helpers() -> None:
+    assert pb_utils.triton_string_to_numpy("TYPE_FP16") is np.float16
+    assert pb_utils.triton_to_numpy_type(13) is np.object_
+    assert pb_utils.numpy_to_triton_type(np.int32) == 8
+    assert pb_utils.numpy_to_triton_type(np.bytes_) == 13
+
+
+def test_request_and_response_accessors() -> None:
+    t = pb_utils.Tensor("IN", np.zeros(2, dtype=np.int8))
+    request = pb_utils.InferenceRequest(
+        model_name="m",
+        requested_output_names=["OUT"],
+        inputs=[t],
+        request_id="r1",
+        correlation_id=7,
+        parameters={"k": 1},
+    )
+    assert pb_utils.get_input_tensor_by_name(request, "IN") is t
+    assert pb_utils.get_input_tensor_by_name(request, "nope") is None
+    assert request.requested_output_names() == ["OUT"]
+    assert json.loads(request.parameters()) == {"k": 1}
+    assert request.correlation_id() == 7
+    assert not request.is_cancelled()
+    out = pb_utils.Tensor("OUT", np.ones(1))
+    response = pb_utils.InferenceResponse([out], parameters={"p": "v"})
+    assert pb_utils.get_output_tensor_by_name(response, "OUT") is out
+    assert not response.has_error()
+    assert json.loads(response.parameters()) == {"p": "v"}
+    failed = pb_utils.InferenceResponse(error=pb_utils.TritonError("bad", pb_utils.TritonError.INVALID_ARG))
+    assert failed.has_error()
+    assert failed.error().code() == pb_utils.TritonError.INVALID_ARG
+
+
+def test_response_requires_a_list() -> None:
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=(1, 2))  # type: ignore[arg-type]
+
+
+def test_config_helpers_and_auto_complete_object() -> None:
+    config = {"name": "m", "max_batch_size": 0, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [2]}]}
+    assert pb_utils.get_input_config_by_name(config, "A")["dims"] == [2]
+    assert pb_utils.get_output_config_by_name(config, "A") is None
+    auto = pb_utils.ModelConfig(config)
+    auto.set_max_batch_size(4)
+    auto.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [2]})  # agrees: accepted
+    auto.add_output({"name": "B", "data_type": "TYPE_INT32", "dims": [1]})
+    auto.set_dynamic_batching()
+    assert auto.as_dict()["max_batch_size"] == 4
+    assert [o["name"] for o in auto.as_dict()["output"]] == ["B"]
+    assert "dynamic_batching" in auto.as_dict()
+    with pytest.raises(ValueError, match="data_type"):
+        auto.add_input({"name": "A", "data_type": "TYPE_INT8", "dims": [2]})
+    with pytest.raises(ValueError, match="max_batch_size"):
+        auto.set_max_batch_size(8)
