@@ -98,6 +98,10 @@ class PythonInstance(Backend):
         self._config = config
         self._instance_name = instance_name
         self._output_names = [o.name for o in config.output]
+        # numpy has no bfloat16: a BF16 output arrives as uint16 bits and takes the config's type.
+        self._bf16_outputs = {
+            o.name for o in config.output if o.data_type == model_config_pb2.TYPE_BF16
+        }
         self._model = model_class()
         initialize = getattr(self._model, "initialize", None)
         if initialize is not None:
@@ -172,7 +176,10 @@ class PythonInstance(Backend):
             if wanted is not None and tensor.name() not in wanted:
                 continue
             array = tensor.as_numpy()
-            outputs.append(OutputTensor(tensor.name(), tensor.wire_datatype, array.shape, array))
+            datatype = tensor.wire_datatype
+            if datatype == "UINT16" and tensor.name() in self._bf16_outputs:
+                datatype = "BF16"
+            outputs.append(OutputTensor(tensor.name(), datatype, array.shape, array))
         return InferResponse(
             model_name=request.model_name,
             model_version=str(request.model_version),

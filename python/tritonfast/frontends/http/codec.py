@@ -1,0 +1,320 @@
+"""KServe v2 / Triton HTTP wire format <-> :mod:`tritonfast.runtime.types`.
+
+An inference request body is a JSON header, optionally followed by binary tensor data (the
+binary tensor data extension): the ``Inference-Header-Content-Length`` header gives the JSON
+header's size, each binary input says its size in ``parameters.binary_data_size``, and the
+inputs' bytes follow the header in input order. Responses mirror this: outputs asked for
+with ``parameters.binary_data`` (or every output, with the request-level
+``parameters.binary_data_output``) are appended after the JSON, which then carries
+``binary_data_size`` for them.
+
+Nothing here touches sockets or the server; errors are raised as
+:class:`~tritonfast.errors.TritonError` with Triton's messages, and :data:`HTTP_STATUS` is
+the one table turning an error code into an HTTP status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from tritonfast.errors import Code, InvalidArgumentError
+from tritonfast.frontends.http import jsonparse, tensordata
+from tritonfast.runtime.types import (
+    NUMPY_DTYPES,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RequestedOutput,
+)
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+# Triton's HttpCodeFromError.
+HTTP_STATUS: dict[Code, int] = {
+    Code.INTERNAL: 500,
+    Code.NOT_FOUND: 404,
+    Code.UNAVAILABLE: 503,
+    Code.UNSUPPORTED: 501,
+    Code.UNKNOWN: 400,
+    Code.INVALID_ARG: 400,
+    Code.ALREADY_EXISTS: 400,
+    Code.CANCELLED: 400,
+}
+
+# Request parameters Triton reads itself, with the JSON type each must have.
+_TYPED_PARAMETERS = {
+    "sequence_start": bool,
+    "sequence_end": bool,
+    "priority": int,
+    "timeout": int,
+}
+_TYPE_ERRORS = {
+    bool: "attempt to access JSON non-boolean as boolean",
+    int: "attempt to access JSON non-unsigned-integer as unsigned-integer",
+    str: "attempt to access JSON non-string as string",
+    list: "attempt to access JSON non-array as array",
+}
+_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def error_body(message: str) -> bytes:
+    """The JSON body of an error response."""
+    try:
+        return orjson.dumps({"error": message})
+    except TypeError:  # lone surrogates, from invalid UTF-8 the client sent
+        text = message.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        return orjson.dumps({"error": text})
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=_DUMPS_OPTIONS)
+
+
+def _unable(what: str, problem: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"Unable to parse '{what}': {problem}")
+
+
+def _require(value: Any, kind: type, what: str) -> Any:
+    """``value`` if it has JSON type ``kind`` (unsigned for int), else Triton's parse error."""
+    wrong_type = type(value) is not kind
+    if wrong_type or (kind is int and value < 0):
+        raise _unable(what, _TYPE_ERRORS[kind])
+    return value
+
+
+def header_length(value: str | None, content_length: int) -> int:
+    """Size of the JSON header from ``Inference-Header-Content-Length`` (default: everything)."""
+    if value is None:
+        return content_length
+    try:
+        parsed = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"Unable to parse {HEADER_LENGTH}, got: {value}") from None
+    if parsed < 0 or parsed > content_length:
+        raise InvalidArgumentError(
+            f"inference header size should be in range (0, {content_length}), got: {value}"
+        )
+    if parsed == 0:
+        raise InvalidArgumentError(
+            "raw binary requests (Inference-Header-Content-Length: 0) are not supported"
+        )
+    return parsed
+
+
+# -- requests ---------------------------------------------------------------------------------
+def decode_infer_request(
+    body: bytes | bytearray, json_length: int, model_name: str, model_version: str = ""
+) -> tuple[InferRequest, bool]:
+    """Decode an inference request body.
+
+    ``json_length`` is the size of the JSON header (see :func:`header_length`). Returns the
+    request and whether outputs the client did not name come back as binary data
+    (``binary_data_output``). Binary inputs are numpy views over ``body``.
+    """
+    view = memoryview(body)
+    doc = jsonparse.loads(view[:json_length])
+    if type(doc) is not dict:
+        doc = {}
+    request = InferRequest(model_name=model_name, model_version=model_version)
+    if "id" in doc:
+        request.id = _require(doc["id"], str, "id")
+    binary_default = False
+    if "parameters" in doc:
+        request.parameters, binary_default = _request_parameters(doc["parameters"])
+
+    if "inputs" not in doc:
+        raise _unable("inputs", "attempt to access non-existing object member 'inputs'")
+    inputs = _require(doc["inputs"], list, "inputs")
+    offset = json_length
+    for entry in inputs:
+        tensor, offset = _decode_input(entry, view, offset, model_name, request.id)
+        request.inputs.append(tensor)
+    if offset != len(view):
+        raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
+
+    if "outputs" in doc:
+        outputs = _require(doc["outputs"], list, "outputs")
+        request.outputs = [_decode_output(entry) for entry in outputs]
+    return request, binary_default
+
+
+def _request_parameters(params: Any) -> tuple[dict[str, Any], bool]:
+    if type(params) is not dict:
+        raise InvalidArgumentError(
+            "failed to get request params.: attempt to get members for non-object"
+        )
+    out: dict[str, Any] = {}
+    binary_default = False
+    for key, value in params.items():
+        if key == "binary_data_output":
+            binary_default = _require(value, bool, key)
+            continue
+        if key == "sequence_id":
+            if not (type(value) is str or (type(value) is int and value >= 0)):
+                raise _unable("sequence_id", _TYPE_ERRORS[str])
+        elif key in _TYPED_PARAMETERS:
+            _require(value, _TYPED_PARAMETERS[key], key)
+        elif key.startswith("triton_"):
+            raise InvalidArgumentError(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and "
+                "should not be specified."
+            )
+        elif type(value) not in (str, int, bool, float):
+            raise InvalidArgumentError(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or "
+                "'string'."
+            )
+        out[key] = value
+    return out, binary_default
+
+
+def _content_error(entry: dict[str, Any], params: dict[str, Any]) -> InvalidArgumentError:
+    has = [
+        f"'{field}'"
+        for field, present in (
+            ("data", "data" in entry),
+            ("binary_data_size", "binary_data_size" in params),
+            ("shared_memory_region", "shared_memory_region" in params),
+        )
+        if present
+    ]
+    found = " set " + " ".join(has) if has else " no field is set"
+    return InvalidArgumentError(
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        "'parameters', 'shared_memory_region' in 'parameters'. But" + found
+    )
+
+
+def _member(entry: dict[str, Any], key: str, kind: type) -> Any:
+    if key not in entry:
+        raise _unable(key, f"attempt to access non-existing object member '{key}'")
+    return _require(entry[key], kind, key)
+
+
+def _decode_input(
+    entry: Any, view: memoryview, offset: int, model_name: str, request_id: str
+) -> tuple[InputTensor, int]:
+    if type(entry) is not dict:
+        entry = {}
+    params = entry.get("parameters")
+    if type(params) is not dict:
+        params = {}
+    has_data = "data" in entry
+    binary = "binary_data_size" in params
+    if has_data + binary + ("shared_memory_region" in params) != 1:
+        raise _content_error(entry, params)
+    name = entry.get("name")
+    datatype = entry.get("datatype")
+    dims = entry.get("shape")
+    if type(name) is not str or type(datatype) is not str or type(dims) is not list:
+        # Slow path, only to word the error as Triton does.
+        name = _member(entry, "name", str)
+        datatype = _member(entry, "datatype", str)
+        dims = _member(entry, "shape", list)
+    shape = tuple(dims)
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise _unable("shape", _TYPE_ERRORS[int])
+    if datatype not in NUMPY_DTYPES:
+        raise InvalidArgumentError(f"invalid datatype for input {name}")
+
+    if binary:
+        size = _require(params["binary_data_size"], int, "binary_data_size")
+        end = offset + size
+        if end > len(view):
+            raise InvalidArgumentError(
+                f"unexpected size for input '{name}', expecting {end - len(view)} additional "
+                f"bytes for model '{model_name}'"
+            )
+        data = tensordata.from_binary(
+            datatype, shape, view[offset:end], name, model_name, request_id
+        )
+        offset = end
+        params = (
+            {k: v for k, v in params.items() if k != "binary_data_size"} if len(params) > 1 else {}
+        )
+    elif has_data:
+        data = tensordata.from_json(datatype, shape, entry["data"], name, model_name, request_id)
+    else:
+        region = params["shared_memory_region"]
+        raise InvalidArgumentError(f"Unable to find shared memory region: '{region}'")
+    return InputTensor(name, datatype, shape, data, params), offset
+
+
+def _decode_output(entry: Any) -> RequestedOutput:
+    if type(entry) is not dict:
+        entry = {}
+    params = entry.get("parameters")
+    if type(params) is not dict:
+        params = {}
+    if "shared_memory_region" in params:
+        if "classification" in params:
+            raise InvalidArgumentError(
+                "Output can't set both 'shared_memory_region' and 'classification'"
+            )
+        if params.get("binary_data") is True:
+            raise InvalidArgumentError(
+                "Output can't set both 'shared_memory_region' and 'binary_data'"
+            )
+    name = _member(entry, "name", str)
+    if "classification" in params:
+        _require(params["classification"], int, "classification")
+    if "binary_data" in params:
+        _require(params["binary_data"], bool, "binary_data")
+    return RequestedOutput(name, dict(params))
+
+
+# -- responses --------------------------------------------------------------------------------
+def encode_infer_response(
+    response: InferResponse, request: InferRequest, binary_default: bool
+) -> tuple[bytes, int | None]:
+    """Encode the response to ``request``; return (body, JSON header length).
+
+    The header length is None when no output travels as binary data (a pure JSON body).
+    Only the outputs the request asked for are written, when it named any.
+    """
+    wanted: dict[str, bool] | None = None
+    if request.outputs is not None:
+        wanted = {o.name: o.parameters.get("binary_data", False) is True for o in request.outputs}
+    buffers: list[Any] = []
+    outputs: list[dict[str, Any]] = []
+    for tensor in response.outputs:
+        if wanted is None:
+            binary = binary_default
+        elif tensor.name in wanted:
+            binary = wanted[tensor.name]
+        else:
+            continue
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": [int(d) for d in tensor.shape],
+        }
+        if binary:
+            raw = tensordata.to_binary(tensor.datatype, tensor.data)
+            size = len(raw) if isinstance(raw, bytes) else raw.nbytes
+            entry["parameters"] = {**tensor.parameters, "binary_data_size": size}
+            if size:
+                buffers.append(raw)
+        else:
+            if tensor.parameters:
+                entry["parameters"] = tensor.parameters
+            entry["data"] = tensordata.to_json(tensor.datatype, tensor.data)
+        outputs.append(entry)
+
+    doc: dict[str, Any] = {}
+    response_id = response.id or request.id
+    if response_id:
+        doc["id"] = response_id
+    doc["model_name"] = response.model_name
+    doc["model_version"] = str(response.model_version)
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    header = orjson.dumps(doc, option=_DUMPS_OPTIONS)
+    if not buffers:
+        # Like Triton: zero-sized binary outputs add no bytes, so the body is plain JSON.
+        return header, None
+    return b"".join([header, *buffers]), len(header)
