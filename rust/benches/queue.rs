@@ -1,0 +1,190 @@
+//! Criterion benches for `RequestQueue`. Kept short by default (the dev machines are small):
+//! `cargo bench --bench queue`.
+//!
+//! * `round_trip`: push + pop on one thread (no waiting involved).
+//! * `wakeup`: a consumer thread blocked in `pop_batch`; the time from `push` on the producer
+//!   thread until the consumer has the item. `parked` leaves the consumer time to park between
+//!   items (the cold path); `back_to_back` pushes as soon as the previous item was acknowledged.
+//! * `contention`: 4 producer threads pushing, one consumer taking batches; per item.
+//!
+//! After the criterion groups, the bench prints p50/p99 of the `parked` wake-up latency measured
+//! item by item, since criterion reports means and medians of sample means.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
+use tritonfast_core::{BatchPolicy, PopResult, RequestQueue};
+
+/// Gap before each push in the `parked` cases: long enough for the consumer's spin to end.
+const PARK_GAP: Duration = Duration::from_micros(200);
+
+fn unbatched<T>() -> RequestQueue<T> {
+    RequestQueue::new(BatchPolicy::unbatched()).unwrap()
+}
+
+fn short(group: &mut BenchmarkGroup<'_, WallTime>) {
+    group
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20);
+}
+
+fn round_trip(c: &mut Criterion) {
+    let mut group = c.benchmark_group("round_trip");
+    short(&mut group);
+    let q = unbatched::<u64>();
+    group.bench_function("unbatched", |b| {
+        b.iter(|| {
+            q.push(black_box(1), 1).unwrap();
+            black_box(q.pop_batch(Duration::ZERO));
+        });
+    });
+    let batched = RequestQueue::new(BatchPolicy {
+        max_batch_size: 8,
+        max_queue_delay: Duration::ZERO,
+        preferred_batch_sizes: Vec::new(),
+    })
+    .unwrap();
+    group.throughput(Throughput::Elements(8));
+    group.bench_function("batch_of_8", |b| {
+        b.iter(|| {
+            for i in 0..8u64 {
+                batched.push(black_box(i), 1).unwrap();
+            }
+            black_box(batched.pop_batch(Duration::ZERO));
+        });
+    });
+    group.finish();
+}
+
+/// A consumer thread that pops items (push instants) and reports each one's wake-up latency.
+fn spawn_consumer(
+    q: &Arc<RequestQueue<Instant>>,
+) -> (thread::JoinHandle<()>, mpsc::Receiver<Duration>) {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let q = Arc::clone(q);
+    let handle = thread::spawn(move || {
+        while let PopResult::Batch(batch) = q.pop_batch(Duration::from_secs(60)) {
+            let latency = batch[0].elapsed();
+            if tx.send(latency).is_err() {
+                return;
+            }
+        }
+    });
+    (handle, rx)
+}
+
+fn spin_for(gap: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < gap {
+        std::hint::spin_loop();
+    }
+}
+
+fn wakeup(c: &mut Criterion) {
+    let mut group = c.benchmark_group("wakeup");
+    short(&mut group);
+    for (name, gap) in [("parked", PARK_GAP), ("back_to_back", Duration::ZERO)] {
+        let q = Arc::new(unbatched());
+        let (consumer, latencies) = spawn_consumer(&q);
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    spin_for(gap);
+                    q.push(Instant::now(), 1).unwrap();
+                    total += latencies.recv().unwrap();
+                }
+                total
+            });
+        });
+        q.close();
+        consumer.join().unwrap();
+    }
+    group.finish();
+}
+
+fn contention(c: &mut Criterion) {
+    const PRODUCERS: u64 = 4;
+    let mut group = c.benchmark_group("contention");
+    short(&mut group);
+    group.throughput(Throughput::Elements(PRODUCERS));
+    for max_batch_size in [0, 8] {
+        let name = format!("4_producers_max_batch_{max_batch_size}");
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let q = Arc::new(
+                    RequestQueue::new(BatchPolicy {
+                        max_batch_size,
+                        max_queue_delay: Duration::ZERO,
+                        preferred_batch_sizes: Vec::new(),
+                    })
+                    .unwrap(),
+                );
+                let start = Instant::now();
+                let producers: Vec<_> = (0..PRODUCERS)
+                    .map(|_| {
+                        let q = Arc::clone(&q);
+                        thread::spawn(move || {
+                            for i in 0..iters {
+                                q.push(i, 1).unwrap();
+                            }
+                        })
+                    })
+                    .collect();
+                let mut received = 0;
+                while received < iters * PRODUCERS {
+                    if let PopResult::Batch(batch) = q.pop_batch(Duration::from_secs(10)) {
+                        received += batch.len() as u64;
+                    }
+                }
+                let elapsed = start.elapsed();
+                for p in producers {
+                    p.join().unwrap();
+                }
+                elapsed
+            });
+        });
+    }
+    group.finish();
+}
+
+/// p50/p99 of the parked wake-up latency, item by item.
+fn wakeup_percentiles() {
+    const SAMPLES: usize = 2_000;
+    let q = Arc::new(unbatched());
+    let (consumer, latencies) = spawn_consumer(&q);
+    let mut seen: Vec<Duration> = (0..SAMPLES)
+        .map(|_| {
+            spin_for(PARK_GAP);
+            q.push(Instant::now(), 1).unwrap();
+            latencies.recv().unwrap()
+        })
+        .collect();
+    q.close();
+    consumer.join().unwrap();
+    seen.sort_unstable();
+    let at = |p: usize| seen[(SAMPLES * p / 100).min(SAMPLES - 1)];
+    println!(
+        "wakeup/parked per item over {SAMPLES}: p50 {:?}  p99 {:?}  max {:?}",
+        at(50),
+        at(99),
+        seen[SAMPLES - 1]
+    );
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    round_trip(&mut criterion);
+    wakeup(&mut criterion);
+    contention(&mut criterion);
+    criterion.final_summary();
+    // `cargo test --benches` / `cargo bench -- --test` run each bench once; skip the extra report.
+    if !std::env::args().any(|a| a == "--test" || a == "--list") {
+        wakeup_percentiles();
+    }
+}

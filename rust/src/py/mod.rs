@@ -1,0 +1,18 @@
+//! The only `PyO3` code in the crate: the `tritonfast._core` extension module.
+//!
+//! It converts types, maps [`CoreError`](crate::CoreError) to the package's exceptions
+//! ([`error`]), and releases the GIL around every wait ([`gil::without_gil`]).
+
+mod error;
+mod gil;
+mod queue;
+
+use pyo3::prelude::*;
+
+/// `tritonfast._core`: the Rust core's Python face.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<queue::PyRequestQueue>()?;
+    Ok(())
+}
