@@ -14,6 +14,9 @@ venv:
 
 install: venv
 	$(PYTHON) -m pip install -q '.[test]' 'ruff>=0.6'
+	# The proto generator is pinned (its protoc decides the generated code); it declares
+	# protobuf<6, which tritonclient's protobuf 6 satisfies in practice, hence --no-deps.
+	$(PYTHON) -m pip install -q --no-deps grpcio-tools==1.71.2
 
 build: venv
 	$(PYTHON) -m pip install -q --no-deps --force-reinstall .

@@ -1,0 +1,470 @@
+"""gRPC wire format <-> the protocol-neutral request and response types.
+
+Decoding turns a ``ModelInferRequest`` into an :class:`~tritonfast.runtime.types.InferRequest`
+whose numeric tensors are numpy views over the request's ``raw_input_contents`` bytes (no
+copy), and checks what only the wire format can tell: where each input's data is, whether
+there is too little or too much of it, and whether parameters have the types Triton accepts.
+Whether the tensors suit the model (names, datatypes, shapes, batch size) is the DataPlane's
+business.
+
+Encoding always puts output data in ``raw_output_contents``, as Triton does.
+
+The one table from Triton's error codes to gRPC status codes is :data:`GRPC_STATUS`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import Any
+
+import grpc
+import numpy as np
+
+from tritonfast._proto import grpc_service_pb2 as pb
+from tritonfast.errors import Code, InvalidArgumentError, TritonError, UnsupportedError
+from tritonfast.runtime.types import (
+    NUMPY_DTYPES,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RequestedOutput,
+)
+
+# Triton's error code -> gRPC status code (Triton's GrpcStatusUtil::CodeToStatus).
+GRPC_STATUS: dict[Code, grpc.StatusCode] = {
+    Code.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    Code.INTERNAL: grpc.StatusCode.INTERNAL,
+    Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Code.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Code.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Code.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+
+
+def grpc_status(error: TritonError) -> grpc.StatusCode:
+    return GRPC_STATUS[error.code]
+
+
+# -- parameters --------------------------------------------------------------------------------
+
+# Request parameters Triton gives a meaning to, with the InferParameter members each accepts.
+_SPECIAL_PARAMETERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "sequence_id": (("int64_param", "string_param"), "int64_param or string_param"),
+    "sequence_start": (("bool_param",), "bool_param"),
+    "sequence_end": (("bool_param",), "bool_param"),
+    "priority": (("int64_param", "uint64_param"), "int64_param or uint64_param"),
+    "timeout": (("int64_param",), "int64_param"),
+}
+_GENERIC_PARAMETER_KINDS = ("int64_param", "bool_param", "string_param", "double_param")
+_RESERVED_PREFIX = "triton_"
+_RESERVED_PARAMETERS = ("triton_enable_empty_final_response",)
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _parameter_value(param: pb.InferParameter) -> Any:
+    kind = param.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(param, kind)
+
+
+def decode_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    """A parameter map as plain Python values (no type checks; for tensor parameters)."""
+    return {key: _parameter_value(value) for key, value in params.items()}
+
+
+def decode_request_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    """Request-level parameters as plain values, with Triton's gRPC type rules."""
+    decoded: dict[str, Any] = {}
+    for key, param in params.items():
+        kind = param.WhichOneof("parameter_choice")
+        special = _SPECIAL_PARAMETERS.get(key)
+        if special is not None:
+            allowed, expected = special
+            if kind not in allowed:
+                raise InvalidArgumentError(
+                    f"invalid value type for '{key}' parameter, expected {expected}."
+                )
+            if key == "priority" and kind == "int64_param" and param.int64_param < 0:
+                raise InvalidArgumentError("invalid value for 'priority', expected value >= 0.")
+        elif key.startswith(_RESERVED_PREFIX):
+            if key not in _RESERVED_PARAMETERS:
+                raise InvalidArgumentError(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage. "
+                    "Only the following keys starting with 'triton_' are allowed: "
+                    + " ".join(_RESERVED_PARAMETERS)
+                )
+            if kind != "bool_param":
+                raise InvalidArgumentError(
+                    f"invalid value type for '{key}' parameter, expected bool_param."
+                )
+        elif kind not in _GENERIC_PARAMETER_KINDS:
+            raise InvalidArgumentError(
+                f"invalid value type for '{key}' parameter, expected "
+                "int64_param, bool_param, or string_param."
+            )
+        decoded[key] = getattr(param, kind)  # type: ignore[arg-type]
+    return decoded
+
+
+def encode_parameters(values: Mapping[str, Any], target: MutableMapping[str, Any]) -> None:
+    """Write plain Python values into a protobuf ``map<string, InferParameter>``."""
+    for key, value in values.items():
+        param = target[key]
+        if isinstance(value, bool | np.bool_):
+            param.bool_param = bool(value)
+        elif isinstance(value, int | np.integer):
+            number = int(value)
+            if number > _INT64_MAX:
+                param.uint64_param = number
+            else:
+                param.int64_param = number
+        elif isinstance(value, float | np.floating):
+            param.double_param = float(value)
+        elif isinstance(value, bytes):
+            param.string_param = value.decode("utf-8", errors="replace")
+        else:
+            param.string_param = str(value)
+
+
+# -- tensors -----------------------------------------------------------------------------------
+
+_LENGTH = struct.Struct("<I")
+
+# Typed-contents members in the order Triton examines them.
+_CONTENT_FIELDS = (
+    "bool_contents",
+    "int_contents",
+    "int64_contents",
+    "uint_contents",
+    "uint64_contents",
+    "fp32_contents",
+    "fp64_contents",
+    "bytes_contents",
+)
+# The element type each member carries (int/uint members also carry the narrow types).
+_CONTENT_TYPE = {
+    "bool_contents": "BOOL",
+    "int_contents": "INT32",
+    "int64_contents": "INT64",
+    "uint_contents": "UINT32",
+    "uint64_contents": "UINT64",
+    "fp32_contents": "FP32",
+    "fp64_contents": "FP64",
+    "bytes_contents": "BYTES",
+}
+_NARROW = {"INT8": "int_contents", "INT16": "int_contents", "UINT8": "uint_contents",
+           "UINT16": "uint_contents"}  # fmt: skip
+# The numpy type the values of each member are parsed as before narrowing.
+_CONTENT_DTYPE = {
+    "bool_contents": np.dtype(np.bool_),
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+    "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
+
+
+def _request_prefix(request_id: str) -> str:
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
+
+def _element_count(name: str, model: str, shape: tuple[int, ...], request_id: str) -> int:
+    if any(dim < 0 for dim in shape):
+        dims = ",".join(str(d) for d in shape)
+        raise InvalidArgumentError(
+            f"{_request_prefix(request_id)}All input dimensions should be specified for input "
+            f"'{name}' for model '{model}', got [{dims}]"
+        )
+    return math.prod(shape)
+
+
+def _byte_size_error(
+    name: str, model: str, request_id: str, expected: int, got: int
+) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{_request_prefix(request_id)}input byte size mismatch for input '{name}' for model "
+        f"'{model}'. Expected {expected}, got {got}"
+    )
+
+
+def _string_count_error(
+    name: str, model: str, request_id: str, expected: int, got: int
+) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{_request_prefix(request_id)}expected {expected} string elements for inference input "
+        f"'{name}' for model '{model}', got {got}"
+    )
+
+
+def deserialize_bytes_tensor(
+    buffer: bytes | memoryview, name: str = "", model: str = "", request_id: str = ""
+) -> list[bytes]:
+    """Split Triton's BYTES layout (4-byte little-endian length, then the bytes) into items."""
+    view = memoryview(buffer)
+    size = len(view)
+    items: list[bytes] = []
+    offset = 0
+    while offset < size:
+        if size - offset < 4:
+            raise InvalidArgumentError(
+                f"{_request_prefix(request_id)}element byte size indicator exceeds the end of "
+                f"the buffer for inference input '{name}' for model '{model}'"
+            )
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if size - offset < length:
+            raise InvalidArgumentError(
+                f"{_request_prefix(request_id)}incomplete string data for inference input "
+                f"'{name}' for model '{model}', expecting string of length {length} but only "
+                f"{size - offset} bytes available"
+            )
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    return items
+
+
+def _object_array(items: list[bytes], shape: tuple[int, ...]) -> np.ndarray:
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    return array.reshape(shape)
+
+
+def _decode_raw(
+    raw: bytes, tensor: pb.ModelInferRequest.InferInputTensor, model: str, request_id: str
+) -> np.ndarray:
+    datatype = tensor.datatype
+    shape = tuple(tensor.shape)
+    count = _element_count(tensor.name, model, shape, request_id)
+    if datatype == "BYTES":
+        items = deserialize_bytes_tensor(raw, tensor.name, model, request_id)
+        if len(items) != count:
+            raise _string_count_error(tensor.name, model, request_id, count, len(items))
+        return _object_array(items, shape)
+    dtype = _numeric_dtype(datatype, tensor.name, model)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise _byte_size_error(tensor.name, model, request_id, expected, len(raw))
+    # A read-only view over the request's bytes: no copy.
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _numeric_dtype(datatype: str, name: str, model: str) -> np.dtype[Any]:
+    dtype = NUMPY_DTYPES.get(datatype)
+    if dtype is None or datatype == "BYTES":
+        raise InvalidArgumentError(
+            f"invalid datatype '{datatype}' for input tensor '{name}' for model '{model}'"
+        )
+    return dtype
+
+
+def _decode_typed(
+    tensor: pb.ModelInferRequest.InferInputTensor, model: str, request_id: str
+) -> np.ndarray:
+    datatype = tensor.datatype
+    shape = tuple(tensor.shape)
+    contents = tensor.contents
+    chosen: str | None = None
+    for field in _CONTENT_FIELDS:
+        if not len(getattr(contents, field)):
+            continue
+        if chosen is not None:
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data for input tensor '{tensor.name}' for model "
+                f"'{model}', binary data was already supplied."
+            )
+        carried = datatype if _NARROW.get(datatype) == field else _CONTENT_TYPE[field]
+        if carried != datatype:
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data for input tensor '{tensor.name}' for model "
+                f"'{model}' of type '{carried}', expected datatype '{datatype}'"
+            )
+        chosen = field
+
+    count = _element_count(tensor.name, model, shape, request_id)
+    if datatype == "BYTES":
+        items = list(contents.bytes_contents)
+        if len(items) != count:
+            raise _string_count_error(tensor.name, model, request_id, count, len(items))
+        return _object_array(items, shape)
+
+    dtype = _numeric_dtype(datatype, tensor.name, model)
+    if chosen is None:
+        values = np.empty(0, dtype=dtype)
+    else:
+        values = np.array(getattr(contents, chosen), dtype=_CONTENT_DTYPE[chosen])
+        if values.dtype != dtype:
+            values = values.astype(dtype)  # narrow ints keep their low bytes, as in Triton
+    if values.size != count:
+        raise _byte_size_error(
+            tensor.name, model, request_id, count * dtype.itemsize, values.size * dtype.itemsize
+        )
+    return values.reshape(shape)
+
+
+def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
+    """Turn a ``ModelInferRequest`` into an :class:`InferRequest`.
+
+    Raises :class:`InvalidArgumentError` (with Triton's message) for wire-level problems.
+    """
+    model = message.model_name
+    request_id = message.id
+    parameters = decode_request_parameters(message.parameters)
+    raw_contents = message.raw_input_contents
+    raw_count = len(raw_contents)
+    raw_index = 0
+    inputs: list[InputTensor] = []
+    for tensor in message.inputs:
+        tensor_parameters = decode_parameters(tensor.parameters) if tensor.parameters else {}
+        if tensor.HasField("contents"):
+            if raw_count:
+                raise InvalidArgumentError(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{model}'"
+                )
+            data = _decode_typed(tensor, model, request_id)
+        elif "shared_memory_region" in tensor_parameters:
+            raise UnsupportedError(
+                f"shared memory input '{tensor.name}' for model '{model}': shared memory is "
+                "not supported by this server yet"
+            )
+        elif raw_index < raw_count:
+            data = _decode_raw(raw_contents[raw_index], tensor, model, request_id)
+            raw_index += 1
+        else:
+            raise InvalidArgumentError(
+                f"unable to find data for input tensor '{tensor.name}' for model '{model}' "
+                "in request."
+            )
+        inputs.append(
+            InputTensor(
+                name=tensor.name,
+                datatype=tensor.datatype,
+                shape=tuple(tensor.shape),
+                data=data,
+                parameters=tensor_parameters,
+            )
+        )
+    if raw_index < raw_count:
+        # Triton ignores the surplus; we refuse it, since it always means a malformed request.
+        raise InvalidArgumentError(
+            f"{_request_prefix(request_id)}raw_input_contents has {raw_count} entries but only "
+            f"{raw_index} inputs of model '{model}' take their data from it"
+        )
+
+    outputs: list[RequestedOutput] | None = None
+    if message.outputs:
+        outputs = [
+            RequestedOutput(
+                name=output.name,
+                parameters=decode_parameters(output.parameters) if output.parameters else {},
+            )
+            for output in message.outputs
+        ]
+    return InferRequest(
+        model_name=model,
+        model_version=message.model_version,
+        id=request_id,
+        inputs=inputs,
+        outputs=outputs,
+        parameters=parameters,
+    )
+
+
+def serialize_bytes_tensor(items: Iterable[Any]) -> bytes:
+    """Triton's BYTES layout: each element as a 4-byte little-endian length, then its bytes."""
+    parts: list[bytes] = []
+    for item in items:
+        if isinstance(item, bytes):
+            data = item
+        elif isinstance(item, str):
+            data = item.encode("utf-8")
+        elif isinstance(item, bytearray | memoryview | np.bytes_):
+            data = bytes(item)
+        else:
+            data = str(item).encode("utf-8")
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def tensor_bytes(datatype: str, data: np.ndarray) -> bytes:
+    """The raw wire bytes of one tensor (row-major, little-endian)."""
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(np.asarray(data, dtype=np.object_).ravel(order="C"))
+    array = np.asarray(data)
+    expected = NUMPY_DTYPES[datatype]
+    if array.dtype != expected:
+        if datatype == "BF16" and array.dtype.itemsize == 2:
+            array = array.view(np.uint16)  # e.g. ml_dtypes.bfloat16: same bits
+        else:
+            array = array.astype(expected)
+    return array.tobytes(order="C")
+
+
+def encode_infer_response(
+    response: InferResponse, requested: Iterable[str] | None = None, request_id: str = ""
+) -> pb.ModelInferResponse:
+    """Turn an :class:`InferResponse` into a ``ModelInferResponse`` (data always raw).
+
+    ``requested`` limits the outputs to those names (the request's output list, if any);
+    ``request_id`` is echoed when the response carries no id of its own.
+    """
+    message = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id or request_id,
+    )
+    if response.parameters:
+        encode_parameters(response.parameters, message.parameters)
+    wanted = None if requested is None else set(requested)
+    raw = message.raw_output_contents
+    for tensor in response.outputs:
+        if wanted is not None and tensor.name not in wanted:
+            continue
+        output = message.outputs.add(name=tensor.name, datatype=tensor.datatype)
+        output.shape.extend(tensor.shape)
+        if tensor.parameters:
+            encode_parameters(tensor.parameters, output.parameters)
+        raw.append(tensor_bytes(tensor.datatype, tensor.data))
+    return message
+
+
+def stream_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:
+    """The stream message Triton sends for a failed request (the stream stays open)."""
+    reply = pb.ModelStreamInferResponse(error_message=message)
+    reply.infer_response.id = request_id
+    return reply
+
+
+# -- metadata ----------------------------------------------------------------------------------
+
+
+def _tensor_metadata(target: Any, tensors: Iterable[Mapping[str, Any]]) -> None:
+    for tensor in tensors:
+        entry = target.add(name=tensor["name"], datatype=tensor["datatype"])
+        entry.shape.extend(int(d) for d in tensor.get("shape", ()))
+
+
+def encode_model_metadata(metadata: Mapping[str, Any]) -> pb.ModelMetadataResponse:
+    message = pb.ModelMetadataResponse(
+        name=metadata["name"],
+        versions=[str(v) for v in metadata.get("versions", ())],
+        platform=metadata.get("platform", ""),
+    )
+    _tensor_metadata(message.inputs, metadata.get("inputs", ()))
+    _tensor_metadata(message.outputs, metadata.get("outputs", ()))
+    return message
+
+
+def encode_server_metadata(metadata: Mapping[str, Any]) -> pb.ServerMetadataResponse:
+    return pb.ServerMetadataResponse(
+        name=metadata["name"],
+        version=metadata["version"],
+        extensions=list(metadata.get("extensions", ())),
+    )

@@ -1,0 +1,227 @@
+"""The gRPC frontend: ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health``.
+
+Every RPC decodes its request with :mod:`.codec`, calls one :class:`DataPlane` method, and
+encodes the result; a :class:`~tritonfast.errors.TritonError` becomes the gRPC status that
+Triton sends for its code (``codec.GRPC_STATUS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from tritonfast._proto import grpc_service_pb2 as pb
+from tritonfast._proto import grpc_service_pb2_grpc as pb_grpc
+from tritonfast._proto import health_pb2, health_pb2_grpc
+from tritonfast.errors import InvalidArgumentError, TritonError
+from tritonfast.frontends.grpc import codec
+
+if TYPE_CHECKING:
+    from tritonfast.frontends.dataplane import DataPlane
+
+# No practical limit on message size: tensors of several hundred MiB must pass.
+MAX_MESSAGE_BYTES = 2**31 - 1
+
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Fail loudly if the port is taken rather than sharing it with another process.
+    ("grpc.so_reuseport", 0),
+]
+
+# How many requests of one stream may be in flight before reading pauses.
+STREAM_WINDOW = 256
+
+Request = TypeVar("Request")
+Reply = TypeVar("Reply")
+Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Reply]]
+
+
+def _triton_errors(method: Handler[Request, Reply]) -> Handler[Request, Reply]:
+    """Answer a TritonError raised by ``method`` with its gRPC status and message."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Reply:
+        try:
+            return await method(self, request, context)
+        except TritonError as error:
+            await context.abort(codec.grpc_status(error), error.message)
+            raise AssertionError("unreachable: abort() raises") from error
+
+    return wrapper
+
+
+def _not_implemented(rpc: str) -> Callable[..., Awaitable[Any]]:
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, f"the {rpc} RPC is not implemented by tritonfast yet"
+        )
+
+    handler.__name__ = rpc
+    return handler
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+
+    # -- health -------------------------------------------------------------------------------
+    @_triton_errors
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dataplane.live())
+
+    @_triton_errors
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._dataplane.ready())
+
+    @_triton_errors
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(
+            ready=self._dataplane.model_ready(request.name, request.version)
+        )
+
+    # -- metadata and configuration -------------------------------------------------------------
+    @_triton_errors
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        return codec.encode_server_metadata(self._dataplane.server_metadata())
+
+    @_triton_errors
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        metadata = self._dataplane.model_metadata(request.name, request.version)
+        return codec.encode_model_metadata(metadata)
+
+    @_triton_errors
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        reply = pb.ModelConfigResponse()
+        reply.config.CopyFrom(self._dataplane.model_config(request.name, request.version))
+        return reply
+
+    # -- inference ------------------------------------------------------------------------------
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        try:
+            infer_request = codec.decode_infer_request(request)
+        except InvalidArgumentError:
+            # Triton looks the model up before it examines the tensors: an unknown model
+            # is reported as such even when the request is malformed too.
+            self._dataplane.model_config(request.model_name, request.model_version)
+            raise
+        response = await self._dataplane.infer(infer_request)
+        requested = [o.name for o in request.outputs] if request.outputs else None
+        return codec.encode_infer_response(response, requested, request.id)
+
+    @_triton_errors
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        return await self._infer(request)
+
+    async def _stream_reply(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        try:
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+        except TritonError as error:
+            return codec.stream_error(error.message, request.id)
+
+    async def ModelStreamInfer(
+        self,
+        request_iterator: AsyncIterator[pb.ModelInferRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests run concurrently; replies go out in request order, as in Triton.
+
+        A failed request gets a reply with ``error_message`` set and the stream stays open.
+        """
+        pending: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(
+            STREAM_WINDOW
+        )
+
+        async def read_requests() -> None:
+            try:
+                async for request in request_iterator:
+                    await pending.put(asyncio.ensure_future(self._stream_reply(request)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.ensure_future(read_requests())
+        try:
+            while (task := await pending.get()) is not None:
+                yield await task
+            await reader  # surface a failed read (e.g. a malformed message)
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                leftover = pending.get_nowait()
+                if leftover is not None:
+                    leftover.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    # -- not implemented yet ------------------------------------------------------------------
+    ModelStatistics = _not_implemented("ModelStatistics")
+    RepositoryIndex = _not_implemented("RepositoryIndex")
+    RepositoryModelLoad = _not_implemented("RepositoryModelLoad")
+    RepositoryModelUnload = _not_implemented("RepositoryModelUnload")
+    SystemSharedMemoryStatus = _not_implemented("SystemSharedMemoryStatus")
+    SystemSharedMemoryRegister = _not_implemented("SystemSharedMemoryRegister")
+    SystemSharedMemoryUnregister = _not_implemented("SystemSharedMemoryUnregister")
+    CudaSharedMemoryStatus = _not_implemented("CudaSharedMemoryStatus")
+    CudaSharedMemoryRegister = _not_implemented("CudaSharedMemoryRegister")
+    CudaSharedMemoryUnregister = _not_implemented("CudaSharedMemoryUnregister")
+    TraceSetting = _not_implemented("TraceSetting")
+    LogSettings = _not_implemented("LogSettings")
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """``grpc.health.v1.Health/Check`` answers SERVING while the server is ready (as Triton)."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        status = health_pb2.HealthCheckResponse
+        return status(status=status.SERVING if self._dataplane.ready() else status.NOT_SERVING)
+
+    Watch = _not_implemented("Health/Watch")
+
+
+def _address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return f"{host}:{port}"
+
+
+async def start_grpc_server(dataplane: DataPlane, host: str, port: int) -> grpc.aio.Server:
+    """Start serving both services on ``host:port``; returns once it is listening.
+
+    Stop it with ``await server.stop(grace)``.
+    """
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), server)
+    address = _address(host, port)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as error:
+        raise OSError(f"gRPC server cannot listen on {address}: {error}") from error
+    if bound == 0:
+        raise OSError(f"gRPC server cannot listen on {address}")
+    await server.start()
+    return server
