@@ -6,14 +6,14 @@ VENV    ?= .venv
 PYTHON  ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv install build test test-rust test-python bench-quick bench lint fmt protos protos-check ci serve
+.PHONY: venv install build test test-rust test-python bench-quick bench lint lint-fast fmt protos protos-check ci serve
 
 venv:
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 
 install: venv
-	$(PYTHON) -m pip install -q '.[test]' 'ruff>=0.6'
+	$(PYTHON) -m pip install -q '.[test]' 'ruff>=0.6' 'mypy>=1.10'
 	# The proto generator is pinned (its protoc decides the generated code); it declares
 	# protobuf<6, which tritonclient's protobuf 6 satisfies in practice, hence --no-deps.
 	$(PYTHON) -m pip install -q --no-deps grpcio-tools==1.71.2
@@ -36,13 +36,16 @@ bench:
 	cargo bench --bench queue
 	$(PYTHON) bench/micro/run.py
 
-lint:
+# The checks that need no compile: part of every CI run.
+lint-fast:
 	$(PYTHON) -m ruff check python tests bench scripts
 	$(PYTHON) -m ruff format --check python tests bench scripts
+	$(PYTHON) -m mypy python/tritonfast
 	cargo fmt --check
+
+lint: lint-fast
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
-	$(PYTHON) -m mypy python/tritonfast
 
 fmt:
 	$(PYTHON) -m ruff format python tests bench scripts
@@ -54,7 +57,7 @@ protos:
 protos-check:
 	$(PYTHON) scripts/gen_protos.py --check
 
-ci: install protos-check test
+ci: install protos-check lint-fast test
 
 serve: install
 	$(PYTHON) -m tritonfast serve

@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_serve_args(argv: list[str]) -> ServeOptions:
     """Parse a command line. ``serve`` may be left out, as with ``tritonserver``."""
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["serve", *argv]
     args = build_parser().parse_args(argv)
     values = vars(args)

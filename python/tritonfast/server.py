@@ -39,7 +39,7 @@ def model_table(entries: list[ModelEntry]) -> str:
     """The start-up table of models, in tritonserver's layout."""
     rows = []
     for entry in entries:
-        versions = sorted(entry.versions) or [None]
+        versions: list[int | None] = [*sorted(entry.versions)] or [None]
         for version in versions:
             status = entry.state if entry.state != READY else "READY"
             if entry.reason:
@@ -50,7 +50,7 @@ def model_table(entries: list[ModelEntry]) -> str:
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 
     def fmt(row: tuple[str, str, str]) -> str:
-        return "|" + "|".join(f" {cell:<{w}} " for cell, w in zip(row, widths)) + "|"
+        return "|" + "|".join(f" {cell:<{w}} " for cell, w in zip(row, widths, strict=True)) + "|"
 
     return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])
 
@@ -74,7 +74,10 @@ async def serve(options: ServeOptions) -> int:
     print(model_table(entries), flush=True)
     failed = [e for e in entries if e.state != READY]
     if failed and options.exit_on_error:
-        log.error("exiting: %d model(s) failed to load (use --exit-on-error=false to serve the rest)", len(failed))
+        log.error(
+            "exiting: %d model(s) failed to load (use --exit-on-error=false to serve the rest)",
+            len(failed),
+        )
         await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
         return 1
 
@@ -98,13 +101,18 @@ async def serve(options: ServeOptions) -> int:
     return 0
 
 
-async def _start_frontends(options: ServeOptions, dataplane: DataPlane, stoppers: list[Any]) -> None:
+async def _start_frontends(
+    options: ServeOptions, dataplane: DataPlane, stoppers: list[Any]
+) -> None:
     if options.allow_grpc:
         from tritonfast.frontends.grpc.servicer import start_grpc_server
 
         grpc_server = await start_grpc_server(dataplane, options.grpc_address, options.grpc_port)
         stoppers.append(lambda: grpc_server.stop(options.exit_timeout_secs))
-        print(f"Started GRPCInferenceService at {options.grpc_address}:{options.grpc_port}", flush=True)
+        print(
+            f"Started GRPCInferenceService at {options.grpc_address}:{options.grpc_port}",
+            flush=True,
+        )
     if options.allow_http:
         from tritonfast.frontends.http.app import start_http_server
 
@@ -116,7 +124,10 @@ async def _start_frontends(options: ServeOptions, dataplane: DataPlane, stoppers
 
         metrics_runner = await start_metrics_server(options.metrics_address, options.metrics_port)
         stoppers.append(metrics_runner.cleanup)
-        print(f"Started Metrics Service at {options.metrics_address}:{options.metrics_port}", flush=True)
+        print(
+            f"Started Metrics Service at {options.metrics_address}:{options.metrics_port}",
+            flush=True,
+        )
 
 
 async def _stop(stoppers: list[Any], repository: ModelRepository, options: ServeOptions) -> None:

@@ -98,7 +98,7 @@ def test_wrong_input_name(conn):
     assert_error(
         conn.post(ADD_SUB, body),
         400,
-        PREFIX + "unexpected inference input 'WRONG' for model 'add_sub'",
+        "unexpected inference input 'WRONG' for model 'add_sub'",
     )
 
 

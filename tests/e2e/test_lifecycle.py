@@ -50,12 +50,22 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
         for name in ("broken_cfg", "no_model_py", "init_fail"):
             assert not client.is_model_ready(name)
         a = np.ones(4, dtype=np.float32)
-        inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
+        inputs = [
+            httpclient.InferInput("INPUT0", [4], "FP32"),
+            httpclient.InferInput("INPUT1", [4], "FP32"),
+        ]
         for tensor in inputs:
             tensor.set_data_from_numpy(a)
         np.testing.assert_array_equal(client.infer("healthy", inputs).as_numpy("OUTPUT0"), 2 * a)
-        with pytest.raises(InferenceServerException):
+        with pytest.raises(InferenceServerException) as info:
             client.infer("init_fail", inputs)
+        assert info.value.status() == "404"
+        assert info.value.message() == (
+            "Request for unknown model: 'init_fail' has no available versions"
+        )
+        with pytest.raises(InferenceServerException) as info:
+            client.get_model_metadata("broken_cfg")
+        assert info.value.message() == "Request for unknown model: 'broken_cfg' is not found"
     finally:
         client.close()
     log = lenient_server.log()
@@ -65,7 +75,10 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
 def test_unknown_flag_is_a_clear_error() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tritonfast", "serve", "--no-such-flag"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert result.returncode == 2
     assert "unrecognized arguments: --no-such-flag" in result.stderr
@@ -74,11 +87,23 @@ def test_unknown_flag_is_a_clear_error() -> None:
 def test_help_lists_tritonserver_flags() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tritonfast", "serve", "--help"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert result.returncode == 0
-    for flag in ("--model-repository", "--http-port", "--grpc-port", "--metrics-port",
-                 "--allow-grpc", "--strict-model-config", "--exit-on-error", "--log-verbose", "--id"):
+    for flag in (
+        "--model-repository",
+        "--http-port",
+        "--grpc-port",
+        "--metrics-port",
+        "--allow-grpc",
+        "--strict-model-config",
+        "--exit-on-error",
+        "--log-verbose",
+        "--id",
+    ):
         assert flag in result.stdout
 
 

@@ -19,7 +19,10 @@ def http(server):
 
 
 def add_sub_inputs(a: np.ndarray, b: np.ndarray) -> list[httpclient.InferInput]:
-    inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [4], "FP32"),
+        httpclient.InferInput("INPUT1", [4], "FP32"),
+    ]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     return inputs
@@ -47,12 +50,20 @@ def test_exception_in_execute_is_an_error_and_server_keeps_serving(http) -> None
     tensor.set_data_from_numpy(np.zeros(1, dtype=np.float32))
     with pytest.raises(InferenceServerException) as info:
         http.infer("raiser", [tensor])
-    assert "raiser always fails" in info.value.message()
-    assert "ValueError" in info.value.message()
+    # Triton's layout: the instance, the exception, and an "At:" block of the model's frames.
+    message = info.value.message()
+    assert message.startswith(
+        "Failed to process the request(s) for model 'raiser_0_0', message:"
+        " ValueError: raiser always fails\n\nAt:\n"
+    )
+    assert "raiser/1/model.py(6): execute" in message
+    assert info.value.status() == "500"
     # Other models, and the failing one, still answer.
     assert http.is_model_ready("raiser")
     a = np.ones(4, dtype=np.float32)
-    np.testing.assert_array_equal(http.infer("add_sub", add_sub_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a)
+    np.testing.assert_array_equal(
+        http.infer("add_sub", add_sub_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a
+    )
 
 
 def test_error_response_from_model(http) -> None:
@@ -85,7 +96,9 @@ def test_auto_complete_config_is_served_and_used(server, http) -> None:
 def test_request_id_and_parameters_reach_the_model(http) -> None:
     tensor = httpclient.InferInput("INPUT0", [2], "INT32")
     tensor.set_data_from_numpy(np.array([5, 6], dtype=np.int32))
-    result = http.infer("params", [tensor], request_id="req-42", parameters={"alpha": 3, "tag": "x"})
+    result = http.infer(
+        "params", [tensor], request_id="req-42", parameters={"alpha": 3, "tag": "x"}
+    )
     response = result.get_response()
     assert response["id"] == "req-42"
     assert response["parameters"]["alpha"] == 3
@@ -123,3 +136,15 @@ def test_initialize_receives_tritons_args(server, tmp_path) -> None:
         assert client.is_model_ready("add_sub")
     finally:
         client.close()
+
+
+def test_served_config_has_tritons_normalised_defaults(http) -> None:
+    config = http.get_model_config("add_sub")
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert config["instance_group"][0]["name"] == "add_sub_0"
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert config["instance_group"][0]["count"] == 1
+    assert config["default_model_filename"] == "model.py"
+    assert config["optimization"]["input_pinned_memory"] == {"enable": True}
+    batching = http.get_model_config("auto_complete")["dynamic_batching"]
+    assert batching["preferred_batch_size"] == [4]  # = max_batch_size, as Triton fills it

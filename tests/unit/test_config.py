@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from tritonfast.config import load
 from tritonfast.config.jsonform import config_to_json, json_to_config
 from tritonfast.errors import InvalidArgumentError
@@ -41,7 +40,9 @@ def test_syntax_error_names_file_line_and_column() -> None:
 
 
 def test_name_defaults_to_directory_and_backend_to_python(tmp_path: Path) -> None:
-    model_dir = write_model(tmp_path, "plain", 'input [ { name: "A" data_type: TYPE_INT8 dims: [1] } ]')
+    model_dir = write_model(
+        tmp_path, "plain", 'input [ { name: "A" data_type: TYPE_INT8 dims: [1] } ]'
+    )
     config = load.read_config(model_dir)
     load.fill_defaults(config, model_dir)
     assert config.name == "plain"

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from tritonfast.backends.python import pb_utils
 
 
@@ -70,7 +69,9 @@ def test_request_and_response_accessors() -> None:
     assert pb_utils.get_output_tensor_by_name(response, "OUT") is out
     assert not response.has_error()
     assert json.loads(response.parameters()) == {"p": "v"}
-    failed = pb_utils.InferenceResponse(error=pb_utils.TritonError("bad", pb_utils.TritonError.INVALID_ARG))
+    failed = pb_utils.InferenceResponse(
+        error=pb_utils.TritonError("bad", pb_utils.TritonError.INVALID_ARG)
+    )
     assert failed.has_error()
     assert failed.error().code() == pb_utils.TritonError.INVALID_ARG
 
@@ -81,7 +82,11 @@ def test_response_requires_a_list() -> None:
 
 
 def test_config_helpers_and_auto_complete_object() -> None:
-    config = {"name": "m", "max_batch_size": 0, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [2]}]}
+    config = {
+        "name": "m",
+        "max_batch_size": 0,
+        "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [2]}],
+    }
     assert pb_utils.get_input_config_by_name(config, "A")["dims"] == [2]
     assert pb_utils.get_output_config_by_name(config, "A") is None
     auto = pb_utils.ModelConfig(config)

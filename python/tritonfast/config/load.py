@@ -112,3 +112,35 @@ def _version_dirs(model_dir: Path) -> list[Path]:
         key=lambda p: int(p.name),
         reverse=True,
     )
+
+
+def complete(config: ModelConfig) -> None:
+    """Fill in what Triton's normalisation fills in, so the served config reads the same.
+
+    Runs after validation: version policy (latest 1), named instance groups with a count and
+    a CPU kind (no GPU instances yet), the default model file name, the pinned-memory
+    optimisation defaults, and a preferred batch size equal to max_batch_size when dynamic
+    batching names none.
+    """
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.instance_group:
+        config.instance_group.add()
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+        if group.count < 1:
+            group.count = 1
+        if group.kind in (model_config_pb2.ModelInstanceGroup.KIND_AUTO,):
+            group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+    if config.backend == "python" and not config.default_model_filename:
+        config.default_model_filename = "model.py"
+    if not config.HasField("optimization"):
+        config.optimization.input_pinned_memory.enable = True
+        config.optimization.output_pinned_memory.enable = True
+    if (
+        config.HasField("dynamic_batching")
+        and config.max_batch_size > 0
+        and not config.dynamic_batching.preferred_batch_size
+    ):
+        config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)

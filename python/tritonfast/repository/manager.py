@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.backends.base import Backend
 from tritonfast.backends.python import backend as python_backend
 from tritonfast.config import load as config_load
 from tritonfast.errors import (
     InvalidArgumentError,
     NotFoundError,
     TritonError,
-    UnavailableError,
     UnsupportedError,
 )
 from tritonfast.repository.model import ModelVersion
@@ -111,6 +111,7 @@ class ModelRepository:
         if not self._strict_config:
             python_backend.auto_complete(model_class, config)
         config_load.validate(config, model_dir)
+        config_load.complete(config)
         entry.config = config
         for version in versions:
             version_class = (
@@ -129,14 +130,14 @@ class ModelRepository:
         model_class: type,
         served: list[int],
     ) -> ModelVersion:
-        instances = []
-        for group_index, group in enumerate(_instance_groups(config)):
+        instances: list[Backend] = []
+        for group in config.instance_group:
             for index in range(group.count or 1):
                 instances.append(
                     python_backend.PythonInstance(
                         model_class,
                         config,
-                        instance_name=f"{group.name or config.name + '_' + str(group_index)}_{index}",
+                        instance_name=f"{group.name}_{index}",
                         repository_path=self._entry_path(config.name),
                         version=version,
                     )
@@ -156,7 +157,9 @@ class ModelRepository:
         if entry is None:
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if entry.state != READY:
-            raise UnavailableError(f"Request for unknown model: '{name}' is not found")
+            if entry.config is None:  # never got as far as a parsed configuration
+                raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+            raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
         if not version:
             chosen = entry.default_version
         else:
@@ -210,10 +213,3 @@ def _select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> l
             f" '{config.name}'"
         )
     return chosen
-
-
-def _instance_groups(
-    config: model_config_pb2.ModelConfig,
-) -> list[model_config_pb2.ModelInstanceGroup]:
-    groups = list(config.instance_group)
-    return groups or [model_config_pb2.ModelInstanceGroup(count=1)]

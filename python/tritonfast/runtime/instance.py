@@ -67,8 +67,7 @@ class InstanceLoop:
             results = [InternalError(f"instance {self.name}: {exc}")] * len(batch)
         if len(results) != len(batch):
             error = InternalError(
-                f"instance {self.name} returned {len(results)} responses for"
-                f" {len(batch)} requests"
+                f"instance {self.name} returned {len(results)} responses for {len(batch)} requests"
             )
             results = [error] * len(batch)
         self._loop.call_soon_threadsafe(_settle, [item[1] for item in batch], results)
@@ -76,7 +75,7 @@ class InstanceLoop:
 
 def _settle(futures: list[asyncio.Future[Any]], results: Sequence[Result]) -> None:
     """Runs on the event loop: complete every future of one batch."""
-    for future, result in zip(futures, results):
+    for future, result in zip(futures, results, strict=True):
         if future.done():  # the caller went away (cancelled)
             continue
         if isinstance(result, TritonError):

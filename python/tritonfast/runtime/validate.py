@@ -64,12 +64,11 @@ class RequestValidator:
             spec = self.inputs.get(tensor.name)
             if spec is None:
                 raise InvalidArgumentError(
-                    f"{prefix}unexpected inference input '{tensor.name}' for model '{model}'"
+                    f"unexpected inference input '{tensor.name}' for model '{model}'"
                 )
             if tensor.name in seen:
                 raise InvalidArgumentError(
-                    f"{prefix}input '{tensor.name}' is specified more than once for model"
-                    f" '{model}'"
+                    f"{prefix}input '{tensor.name}' is specified more than once for model '{model}'"
                 )
             seen.add(tensor.name)
             if tensor.datatype != spec.datatype:
@@ -79,10 +78,10 @@ class RequestValidator:
                 )
             shape = tensor.shape
             if self.max_batch_size > 0:
-                if len(shape) == 0:
+                if len(shape) != len(spec.dims) + 1:
                     raise InvalidArgumentError(
-                        f"{prefix}input '{tensor.name}' has no shape but model '{model}' requires"
-                        " a batch dimension"
+                        f"{prefix}{self._shape_error(tensor.name, tensor.shape, spec)}"
+                        f"{_BATCH_DIM_NOTE}"
                     )
                 this_batch = shape[0]
                 if this_batch > self.max_batch_size:
@@ -98,10 +97,8 @@ class RequestValidator:
                 batch_size = this_batch
                 shape = shape[1:]
             if not _shape_matches(shape, spec.dims):
-                expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
                 raise InvalidArgumentError(
-                    f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'."
-                    f" Expected {_shape_text(expected)}, got {_shape_text(tensor.shape)}. "
+                    f"{prefix}{self._shape_error(tensor.name, tensor.shape, spec)}"
                 )
         if len(seen) < len(self._required) or any(n not in seen for n in self._required):
             missing = [n for n in self._required if n not in seen]
@@ -116,10 +113,25 @@ class RequestValidator:
             for output in request.outputs:
                 if output.name not in self.outputs:
                     raise InvalidArgumentError(
-                        f"{prefix}unexpected inference output '{output.name}' for model"
-                        f" '{model}'"
+                        f"unexpected inference output '{output.name}' for model '{model}'"
                     )
         return batch_size
+
+    def _shape_error(self, name: str, shape: tuple[int, ...], spec: TensorSpec) -> str:
+        expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
+        return (
+            f"unexpected shape for input '{name}' for model '{self.model_name}'."
+            f" Expected {_shape_text(expected)}, got {_shape_text(shape)}. "
+        )
+
+
+# Triton adds this hint when a batching model gets an input without its batch dimension.
+_BATCH_DIM_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension"
+    " to be prepended to each input shape. If you want to specify the full shape including"
+    " the batch dim in your input dims config, try setting max_batch_size to zero. See the"
+    " model configuration docs for more info on max_batch_size."
+)
 
 
 def _spec(tensor: model_config_pb2.ModelInput | model_config_pb2.ModelOutput) -> TensorSpec:
@@ -134,7 +146,7 @@ def _spec(tensor: model_config_pb2.ModelInput | model_config_pb2.ModelOutput) ->
 def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     if len(shape) != len(dims):
         return False
-    return all(d == -1 or d == s for s, d in zip(shape, dims))
+    return all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
 
 
 def _name_list(names: object, request: InferRequest | None = None) -> str:

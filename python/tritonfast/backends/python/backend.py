@@ -76,7 +76,9 @@ def auto_complete(model_class: type, config: model_config_pb2.ModelConfig) -> No
         raise InvalidArgumentError(
             f"auto_complete_config failed for model '{config.name}': {_describe(exc)}"
         ) from exc
-    result = completed.as_dict() if isinstance(completed, pb_utils.ModelConfig) else wrapper.as_dict()
+    result = (
+        completed.as_dict() if isinstance(completed, pb_utils.ModelConfig) else wrapper.as_dict()
+    )
     fresh = model_config_pb2.ModelConfig()
     json_to_config(result, fresh)
     config.CopyFrom(fresh)
@@ -127,7 +129,7 @@ class PythonInstance(Backend):
             responses = self._model.execute(pb_requests)
         except Exception as exc:
             error = InternalError(
-                f"Failed to process the request(s) for model instance '{self._instance_name}',"
+                f"Failed to process the request(s) for model '{self._instance_name}',"
                 f" message: {_describe(exc)}"
             )
             return [error] * len(requests)
@@ -138,7 +140,7 @@ class PythonInstance(Backend):
                 f" {len(requests)} requests: execute() must return one response per request"
             )
             return [error] * len(requests)
-        return [self._from_pb(req, resp) for req, resp in zip(requests, responses)]
+        return [self._from_pb(req, resp) for req, resp in zip(requests, responses, strict=True)]
 
     def finalize(self) -> None:
         finalize = getattr(self._model, "finalize", None)
@@ -168,7 +170,9 @@ class PythonInstance(Backend):
         if response.has_error():
             error = response.error()
             assert error is not None
-            code = pb_utils.ERROR_CODES.get(error.code(), pb_utils.ERROR_CODES[pb_utils.TritonError.INTERNAL])
+            code = pb_utils.ERROR_CODES.get(
+                error.code(), pb_utils.ERROR_CODES[pb_utils.TritonError.INTERNAL]
+            )
             return error_for(code, error.message())
         wanted = None if request.outputs is None else {o.name for o in request.outputs}
         outputs = []
@@ -190,11 +194,10 @@ class PythonInstance(Backend):
 
 
 def _describe(exc: BaseException) -> str:
-    """``Type: message`` plus the innermost frame, the part a model author needs."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    if isinstance(exc, pb_utils.TritonModelException):
-        return f"{exc.message()}{where}"
+    """``Type: message`` and the model's frames, in the layout Triton's Python backend uses:
+    ``ValueError: boom\n\nAt:\n  /path/model.py(4): execute\n`` (innermost frame first)."""
     if isinstance(exc, TritonError):
         return exc.message
-    return f"{type(exc).__name__}: {exc}{where}"
+    frames = traceback.extract_tb(exc.__traceback__)[1:]  # drop our own calling frame
+    at = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    return f"{type(exc).__name__}: {exc}\n\nAt:\n{at}"

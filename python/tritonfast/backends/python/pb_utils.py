@@ -120,7 +120,8 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
     """The inverse of :func:`serialize_byte_tensor`: a 1-D object array of bytes."""
-    buf = memoryview(encoded_tensor).cast("B")
+    raw = encoded_tensor.tobytes() if isinstance(encoded_tensor, np.ndarray) else encoded_tensor
+    buf = memoryview(raw).cast("B")
     items: list[bytes] = []
     offset = 0
     while offset < len(buf):
@@ -202,10 +203,16 @@ class Tensor:
         if triton_dtype is None:
             enum = numpy_to_triton_type(array.dtype)
             if enum is None:
-                raise TritonModelException(f"unsupported numpy dtype {array.dtype} for tensor '{name}'")
+                raise TritonModelException(
+                    f"unsupported numpy dtype {array.dtype} for tensor '{name}'"
+                )
             wire = _TRITON_ENUM_TO_WIRE[enum]
         else:
-            wire = triton_dtype if isinstance(triton_dtype, str) else _TRITON_ENUM_TO_WIRE.get(triton_dtype)
+            wire = (
+                triton_dtype
+                if isinstance(triton_dtype, str)
+                else _TRITON_ENUM_TO_WIRE.get(triton_dtype)
+            )
             if wire is None:
                 raise TritonModelException(f"unknown triton dtype {triton_dtype!r}")
             numpy_type = triton_to_numpy_type(_WIRE_TO_TRITON_ENUM[wire]) or np.uint16
@@ -462,7 +469,7 @@ class ModelConfig:
         policy = self._config.setdefault("model_transaction_policy", {})
         policy.update(transaction_policy_dict)
 
-    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's parameter name
+    def add_input(self, input: dict[str, Any]) -> None:
         self._add_tensor("input", input)
 
     def add_output(self, output: dict[str, Any]) -> None:
@@ -473,7 +480,9 @@ class ModelConfig:
             raise ValueError(f"{kind} for model must be a dict")
         for key in ("name", "data_type", "dims"):
             if key not in tensor:
-                raise ValueError(f"{kind} '{tensor.get('name', '')}' is missing the '{key}' property")
+                raise ValueError(
+                    f"{kind} '{tensor.get('name', '')}' is missing the '{key}' property"
+                )
         entries = self._config.setdefault(kind, [])
         for existing in entries:
             if existing.get("name") != tensor["name"]:
