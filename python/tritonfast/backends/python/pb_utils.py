@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 from typing import Any
 
 import numpy as np
 
 from tritonfast.errors import Code
+from tritonfast.runtime import rawtensor
 
 # Flags Triton exposes to models.
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -105,33 +105,13 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
         return np.empty(0, dtype=np.uint8)
     if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
         raise TritonModelException("cannot serialize bytes tensor: invalid datatype")
-    parts: list[bytes] = []
-    for item in input_tensor.flat:
-        if isinstance(item, bytes):
-            raw = item
-        elif isinstance(item, np.bytes_):
-            raw = bytes(item)
-        else:
-            raw = str(item).encode("utf-8")
-        parts.append(struct.pack("<I", len(raw)))
-        parts.append(raw)
-    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+    return np.frombuffer(rawtensor.serialize_bytes(input_tensor), dtype=np.uint8)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
     """The inverse of :func:`serialize_byte_tensor`: a 1-D object array of bytes."""
     raw = encoded_tensor.tobytes() if isinstance(encoded_tensor, np.ndarray) else encoded_tensor
-    buf = memoryview(raw).cast("B")
-    items: list[bytes] = []
-    offset = 0
-    while offset < len(buf):
-        (length,) = struct.unpack_from("<I", buf, offset)
-        offset += 4
-        items.append(bytes(buf[offset : offset + length]))
-        offset += length
-    array = np.empty(len(items), dtype=np.object_)
-    array[:] = items
-    return array
+    return rawtensor.bytes_array(rawtensor.split_bytes(memoryview(raw).cast("B")))
 
 
 class TritonError:

@@ -7,15 +7,14 @@ there is too little or too much of it, and whether parameters have the types Tri
 Whether the tensors suit the model (names, datatypes, shapes, batch size) is the DataPlane's
 business.
 
-Encoding always puts output data in ``raw_output_contents``, as Triton does.
+Encoding always puts output data in ``raw_output_contents``, as Triton does. The raw layout
+itself, and its errors, are :mod:`tritonfast.runtime.rawtensor`'s, the same as HTTP's.
 
 The one table from Triton's error codes to gRPC status codes is :data:`GRPC_STATUS`.
 """
 
 from __future__ import annotations
 
-import math
-import struct
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -24,8 +23,8 @@ import numpy as np
 
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.errors import Code, InvalidArgumentError, TritonError, UnsupportedError
+from tritonfast.runtime import rawtensor
 from tritonfast.runtime.types import (
-    NUMPY_DTYPES,
     InferRequest,
     InferResponse,
     InputTensor,
@@ -132,8 +131,6 @@ def encode_parameters(values: Mapping[str, Any], target: MutableMapping[str, Any
 
 # -- tensors -----------------------------------------------------------------------------------
 
-_LENGTH = struct.Struct("<I")
-
 # Typed-contents members in the order Triton examines them.
 _CONTENT_FIELDS = (
     "bool_contents",
@@ -170,104 +167,13 @@ _CONTENT_DTYPE = {
 }
 
 
-def _request_prefix(request_id: str) -> str:
-    return f"[request id: {request_id or '<id_unknown>'}] "
-
-
-def _element_count(name: str, model: str, shape: tuple[int, ...], request_id: str) -> int:
-    if any(dim < 0 for dim in shape):
-        dims = ",".join(str(d) for d in shape)
-        raise InvalidArgumentError(
-            f"{_request_prefix(request_id)}All input dimensions should be specified for input "
-            f"'{name}' for model '{model}', got [{dims}]"
-        )
-    return math.prod(shape)
-
-
-def _byte_size_error(
-    name: str, model: str, request_id: str, expected: int, got: int
-) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"{_request_prefix(request_id)}input byte size mismatch for input '{name}' for model "
-        f"'{model}'. Expected {expected}, got {got}"
-    )
-
-
-def _string_count_error(
-    name: str, model: str, request_id: str, expected: int, got: int
-) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"{_request_prefix(request_id)}expected {expected} string elements for inference input "
-        f"'{name}' for model '{model}', got {got}"
-    )
-
-
-def deserialize_bytes_tensor(
-    buffer: bytes | memoryview, name: str = "", model: str = "", request_id: str = ""
-) -> list[bytes]:
-    """Split Triton's BYTES layout (4-byte little-endian length, then the bytes) into items."""
-    view = memoryview(buffer)
-    size = len(view)
-    items: list[bytes] = []
-    offset = 0
-    while offset < size:
-        if size - offset < 4:
-            raise InvalidArgumentError(
-                f"{_request_prefix(request_id)}element byte size indicator exceeds the end of "
-                f"the buffer for inference input '{name}' for model '{model}'"
-            )
-        (length,) = _LENGTH.unpack_from(view, offset)
-        offset += 4
-        if size - offset < length:
-            raise InvalidArgumentError(
-                f"{_request_prefix(request_id)}incomplete string data for inference input "
-                f"'{name}' for model '{model}', expecting string of length {length} but only "
-                f"{size - offset} bytes available"
-            )
-        items.append(bytes(view[offset : offset + length]))
-        offset += length
-    return items
-
-
-def _object_array(items: list[bytes], shape: tuple[int, ...]) -> np.ndarray:
-    array = np.empty(len(items), dtype=np.object_)
-    array[:] = items
-    return array.reshape(shape)
-
-
-def _decode_raw(
-    raw: bytes, tensor: pb.ModelInferRequest.InferInputTensor, model: str, request_id: str
-) -> np.ndarray:
-    datatype = tensor.datatype
-    shape = tuple(tensor.shape)
-    count = _element_count(tensor.name, model, shape, request_id)
-    if datatype == "BYTES":
-        items = deserialize_bytes_tensor(raw, tensor.name, model, request_id)
-        if len(items) != count:
-            raise _string_count_error(tensor.name, model, request_id, count, len(items))
-        return _object_array(items, shape)
-    dtype = _numeric_dtype(datatype, tensor.name, model)
-    expected = count * dtype.itemsize
-    if len(raw) != expected:
-        raise _byte_size_error(tensor.name, model, request_id, expected, len(raw))
-    # A read-only view over the request's bytes: no copy.
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-
-def _numeric_dtype(datatype: str, name: str, model: str) -> np.dtype[Any]:
-    dtype = NUMPY_DTYPES.get(datatype)
-    if dtype is None or datatype == "BYTES":
-        raise InvalidArgumentError(
-            f"invalid datatype '{datatype}' for input tensor '{name}' for model '{model}'"
-        )
-    return dtype
-
-
 def _decode_typed(
-    tensor: pb.ModelInferRequest.InferInputTensor, model: str, request_id: str
+    tensor: pb.ModelInferRequest.InferInputTensor,
+    shape: tuple[int, ...],
+    model: str,
+    request_id: str,
 ) -> np.ndarray:
     datatype = tensor.datatype
-    shape = tuple(tensor.shape)
     contents = tensor.contents
     chosen: str | None = None
     for field in _CONTENT_FIELDS:
@@ -286,14 +192,14 @@ def _decode_typed(
             )
         chosen = field
 
-    count = _element_count(tensor.name, model, shape, request_id)
+    count = rawtensor.element_count(shape, tensor.name, model, request_id)
     if datatype == "BYTES":
         items = list(contents.bytes_contents)
         if len(items) != count:
-            raise _string_count_error(tensor.name, model, request_id, count, len(items))
-        return _object_array(items, shape)
+            raise rawtensor.string_count_error(tensor.name, model, request_id, count, len(items))
+        return rawtensor.bytes_array(items).reshape(shape)
 
-    dtype = _numeric_dtype(datatype, tensor.name, model)
+    dtype = rawtensor.numeric_dtype(datatype, tensor.name, model)
     if chosen is None:
         values = np.empty(0, dtype=dtype)
     else:
@@ -301,7 +207,7 @@ def _decode_typed(
         if values.dtype != dtype:
             values = values.astype(dtype)  # narrow ints keep their low bytes, as in Triton
     if values.size != count:
-        raise _byte_size_error(
+        raise rawtensor.byte_size_error(
             tensor.name, model, request_id, count * dtype.itemsize, values.size * dtype.itemsize
         )
     return values.reshape(shape)
@@ -320,6 +226,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     raw_index = 0
     inputs: list[InputTensor] = []
     for tensor in message.inputs:
+        shape = tuple(tensor.shape)
         tensor_parameters = decode_parameters(tensor.parameters) if tensor.parameters else {}
         if tensor.HasField("contents"):
             if raw_count:
@@ -327,14 +234,15 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
                     "contents field must not be specified when using raw_input_contents for "
                     f"'{tensor.name}' for model '{model}'"
                 )
-            data = _decode_typed(tensor, model, request_id)
+            data = _decode_typed(tensor, shape, model, request_id)
         elif "shared_memory_region" in tensor_parameters:
             raise UnsupportedError(
                 f"shared memory input '{tensor.name}' for model '{model}': shared memory is "
                 "not supported by this server yet"
             )
         elif raw_index < raw_count:
-            data = _decode_raw(raw_contents[raw_index], tensor, model, request_id)
+            raw = raw_contents[raw_index]
+            data = rawtensor.from_raw(tensor.datatype, shape, raw, tensor.name, model, request_id)
             raw_index += 1
         else:
             raise InvalidArgumentError(
@@ -345,7 +253,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
             InputTensor(
                 name=tensor.name,
                 datatype=tensor.datatype,
-                shape=tuple(tensor.shape),
+                shape=shape,
                 data=data,
                 parameters=tensor_parameters,
             )
@@ -353,8 +261,8 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     if raw_index < raw_count:
         # Triton ignores the surplus; we refuse it, since it always means a malformed request.
         raise InvalidArgumentError(
-            f"{_request_prefix(request_id)}raw_input_contents has {raw_count} entries but only "
-            f"{raw_index} inputs of model '{model}' take their data from it"
+            f"{rawtensor.request_prefix(request_id)}raw_input_contents has {raw_count} entries"
+            f" but only {raw_index} inputs of model '{model}' take their data from it"
         )
 
     outputs: list[RequestedOutput] | None = None
@@ -376,35 +284,13 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-def serialize_bytes_tensor(items: Iterable[Any]) -> bytes:
-    """Triton's BYTES layout: each element as a 4-byte little-endian length, then its bytes."""
-    parts: list[bytes] = []
-    for item in items:
-        if isinstance(item, bytes):
-            data = item
-        elif isinstance(item, str):
-            data = item.encode("utf-8")
-        elif isinstance(item, bytearray | memoryview | np.bytes_):
-            data = bytes(item)
-        else:
-            data = str(item).encode("utf-8")
-        parts.append(_LENGTH.pack(len(data)))
-        parts.append(data)
-    return b"".join(parts)
-
-
 def tensor_bytes(datatype: str, data: np.ndarray) -> bytes:
-    """The raw wire bytes of one tensor (row-major, little-endian)."""
-    if datatype == "BYTES":
-        return serialize_bytes_tensor(np.asarray(data, dtype=np.object_).ravel(order="C"))
-    array = np.asarray(data)
-    expected = NUMPY_DTYPES[datatype]
-    if array.dtype != expected:
-        if datatype == "BF16" and array.dtype.itemsize == 2:
-            array = array.view(np.uint16)  # e.g. ml_dtypes.bfloat16: same bits
-        else:
-            array = array.astype(expected)
-    return array.tobytes(order="C")
+    """One tensor's raw data as the bytes protobuf wants (HTTP sends a view instead)."""
+    return bytes(rawtensor.to_raw(datatype, data))
+
+
+# The old name of rawtensor.split_bytes, for callers that split BYTES data themselves.
+deserialize_bytes_tensor = rawtensor.split_bytes
 
 
 def encode_infer_response(

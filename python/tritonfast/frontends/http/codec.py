@@ -21,6 +21,7 @@ import orjson
 
 from tritonfast.errors import Code, InvalidArgumentError
 from tritonfast.frontends.http import jsonparse, tensordata
+from tritonfast.runtime import rawtensor
 from tritonfast.runtime.types import (
     NUMPY_DTYPES,
     InferRequest,
@@ -228,9 +229,7 @@ def _decode_input(
                 f"unexpected size for input '{name}', expecting {end - len(view)} additional "
                 f"bytes for model '{model_name}'"
             )
-        data = tensordata.from_binary(
-            datatype, shape, view[offset:end], name, model_name, request_id
-        )
+        data = rawtensor.from_raw(datatype, shape, view[offset:end], name, model_name, request_id)
         offset = end
         params = (
             {k: v for k, v in params.items() if k != "binary_data_size"} if len(params) > 1 else {}
@@ -293,8 +292,8 @@ def encode_infer_response(
             "shape": [int(d) for d in tensor.shape],
         }
         if binary:
-            raw = tensordata.to_binary(tensor.datatype, tensor.data)
-            size = len(raw) if isinstance(raw, bytes) else raw.nbytes
+            raw = rawtensor.to_raw(tensor.datatype, tensor.data)
+            size = len(raw)
             entry["parameters"] = {**tensor.parameters, "binary_data_size": size}
             if size:
                 buffers.append(raw)

@@ -1,27 +1,20 @@
-"""Tensor contents on the HTTP wire: JSON element lists and binary tensor data.
+"""Tensor contents in HTTP's JSON: element lists in, element lists out.
 
-Numeric tensors travel in the binary extension as their raw little-endian bytes and are
-viewed (``np.frombuffer``), never copied. BYTES tensors use Triton's layout: each element
-is a 4-byte little-endian length followed by that many bytes. BF16 tensors are ``uint16``
-arrays of raw bfloat16 bit patterns; in JSON they (and FP16) are plain numbers.
+Binary tensor data needs nothing HTTP-specific: :mod:`tritonfast.runtime.rawtensor` reads
+and writes it. What is left here is JSON's: numbers and strings with TritonJson's type
+rules, nested lists flattened, and BF16 (``uint16`` bit patterns) shown as plain numbers.
 """
 
 from __future__ import annotations
 
-import math
-import struct
-import sys
 from typing import Any
 
 import numpy as np
 
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime.types import ELEMENT_SIZES, NUMPY_DTYPES
+from tritonfast.runtime import rawtensor
+from tritonfast.runtime.types import NUMPY_DTYPES
 
-if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
-    raise ImportError("tritonfast's HTTP codec assumes a little-endian host")
-
-_LEN = struct.Struct("<I")
 _F32 = np.dtype(np.float32)
 _U16 = np.dtype(np.uint16)
 _U32 = np.dtype(np.uint32)
@@ -39,10 +32,6 @@ _NOT_STRING = "attempt to access JSON non-string as string"
 _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 
 
-def element_count(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
 # -- bfloat16 ---------------------------------------------------------------------------------
 def float_to_bf16(values: np.ndarray) -> np.ndarray:
     """Round float values to bfloat16 (nearest, ties to even); return the uint16 bit patterns."""
@@ -58,97 +47,6 @@ def float_to_bf16(values: np.ndarray) -> np.ndarray:
 def bf16_to_float(bits: np.ndarray) -> np.ndarray:
     """Widen bfloat16 bit patterns (uint16) to float32 values, exactly."""
     return (np.asarray(bits, dtype=_U16).astype(_U32) << 16).view(_F32)
-
-
-# -- BYTES ------------------------------------------------------------------------------------
-def _as_bytes(item: Any) -> bytes:
-    if isinstance(item, bytes):
-        return item
-    if isinstance(item, str):
-        return item.encode("utf-8")
-    if isinstance(item, (bytearray, memoryview)):
-        return bytes(item)
-    return str(item).encode("utf-8")
-
-
-def serialize_bytes(array: np.ndarray) -> bytes:
-    """Triton's binary BYTES layout for ``array`` (elements in C order)."""
-    parts: list[bytes] = []
-    append = parts.append
-    pack = _LEN.pack
-    for item in array.reshape(-1):
-        data = _as_bytes(item)
-        append(pack(len(data)))
-        append(data)
-    return b"".join(parts)
-
-
-def request_prefix(request_id: str) -> str:
-    """How Triton's core starts messages about a request."""
-    return f"[request id: {request_id or '<id_unknown>'}] "
-
-
-def deserialize_bytes(
-    buf: memoryview, count: int, name: str, model: str, request_id: str = ""
-) -> np.ndarray:
-    """Split Triton's BYTES layout into a 1-D object array of exactly ``count`` bytes."""
-    items: list[bytes] = []
-    append = items.append
-    unpack = _LEN.unpack_from
-    end = len(buf)
-    pos = 0
-    while end - pos >= 4:
-        if len(items) >= count:
-            raise InvalidArgumentError(
-                f"{request_prefix(request_id)}unexpected number of string elements"
-                f" {len(items) + 1} for inference input '{name}' for model '{model}', expecting"
-                f" {count}"
-            )
-        (length,) = unpack(buf, pos)
-        pos += 4
-        if length > end - pos:
-            raise InvalidArgumentError(
-                f"incomplete string data for inference input '{name}', expecting string of "
-                f"length {length} but only {end - pos} bytes available"
-            )
-        append(buf[pos : pos + length].tobytes())
-        pos += length
-    if pos != end:
-        raise InvalidArgumentError(
-            f"{request_prefix(request_id)}element byte size indicator exceeds the end of the"
-            " buffer."
-        )
-    if len(items) != count:
-        raise InvalidArgumentError(
-            f"{request_prefix(request_id)}expected {count} string elements for inference input"
-            f" '{name}' for model '{model}', got {len(items)}"
-        )
-    out = np.empty(count, dtype=object)
-    out[:] = items
-    return out
-
-
-# -- binary input -----------------------------------------------------------------------------
-def from_binary(
-    datatype: str,
-    shape: tuple[int, ...],
-    buf: memoryview,
-    name: str,
-    model: str,
-    request_id: str = "",
-) -> np.ndarray:
-    """View (numeric) or split (BYTES) one input's binary data, shaped as ``shape``."""
-    count = element_count(shape)
-    if datatype == "BYTES":
-        return deserialize_bytes(buf, count, name, model, request_id).reshape(shape)
-    expected = count * ELEMENT_SIZES[datatype]
-    if len(buf) != expected:
-        raise InvalidArgumentError(
-            f"{request_prefix(request_id)}input byte size mismatch for input '{name}' for model"
-            f" '{model}'. "
-            f"Expected {expected}, got {len(buf)}"
-        )
-    return np.frombuffer(buf, dtype=NUMPY_DTYPES[datatype], count=count).reshape(shape)
 
 
 # -- JSON input -------------------------------------------------------------------------------
@@ -175,7 +73,7 @@ def from_json(
     request_id: str = "",
 ) -> np.ndarray:
     """Build one input's array from its JSON ``data`` (flat or nested in any way)."""
-    count = element_count(shape)
+    count = rawtensor.element_count(shape, name, model, request_id)
     if count == 0:
         # Triton never looks at 'data' for an empty tensor.
         return np.empty(shape, dtype=NUMPY_DTYPES[datatype])
@@ -191,19 +89,10 @@ def from_json(
     if datatype == "BYTES":
         if not kinds <= {str}:
             raise InvalidArgumentError(f"Unable to parse JSON bytes array: {_NOT_STRING}")
-        out = np.empty(len(flat), dtype=object)
-        out[:] = [s.encode("utf-8", "surrogateescape") for s in flat]
-        if len(flat) != count:
-            more = len(flat) > count
-            prefix = request_prefix(request_id)
-            raise InvalidArgumentError(
-                f"{prefix}unexpected number of string elements {count + 1} for inference input"
-                f" '{name}' for model '{model}', expecting {count}"
-                if more
-                else f"{prefix}expected {count} string elements for inference input '{name}'"
-                f" for model '{model}', got {len(flat)}"
-            )
-        return out.reshape(shape)
+        items = [s.encode("utf-8", "surrogateescape") for s in flat]
+        if len(items) != count:
+            raise rawtensor.string_count_error(name, model, request_id, count, len(items))
+        return rawtensor.bytes_array(items).reshape(shape)
     array = _numbers(datatype, flat, kinds, name)
     if len(flat) != count:
         raise InvalidArgumentError(_SHAPE_MISMATCH)
@@ -241,21 +130,6 @@ def _numbers(datatype: str, flat: list[Any], kinds: set[type], name: str) -> np.
 
 
 # -- output -----------------------------------------------------------------------------------
-def to_wire_array(datatype: str, data: np.ndarray) -> np.ndarray:
-    """``data`` as a C-contiguous array of the datatype's numpy dtype (copies only if needed)."""
-    dtype = NUMPY_DTYPES[datatype]
-    if data.dtype != dtype or not data.flags.c_contiguous:
-        data = np.ascontiguousarray(data, dtype=dtype)
-    return data
-
-
-def to_binary(datatype: str, data: np.ndarray) -> bytes | np.ndarray:
-    """One output's bytes for the binary extension (a byte view for numeric tensors)."""
-    if datatype == "BYTES":
-        return serialize_bytes(np.asarray(data, dtype=object))
-    return to_wire_array(datatype, data).reshape(-1).view(np.uint8)
-
-
 def to_json(datatype: str, data: np.ndarray) -> Any:
     """One output's flat JSON ``data``: a 1-D array orjson writes natively, or a list."""
     if datatype == "BYTES":
@@ -263,7 +137,7 @@ def to_json(datatype: str, data: np.ndarray) -> Any:
             item.decode("utf-8", "replace") if isinstance(item, bytes) else _as_text(item)
             for item in np.asarray(data, dtype=object).reshape(-1)
         ]
-    flat = to_wire_array(datatype, data).reshape(-1)
+    flat = rawtensor.wire_array(datatype, data).reshape(-1)
     if datatype == "BF16":
         flat = bf16_to_float(flat)
     if flat.dtype.kind == "f" and flat.dtype.itemsize < 8:
@@ -275,4 +149,4 @@ def to_json(datatype: str, data: np.ndarray) -> Any:
 def _as_text(item: Any) -> str:
     if isinstance(item, str):
         return item
-    return _as_bytes(item).decode("utf-8", "replace")
+    return rawtensor.element_bytes(item).decode("utf-8", "replace")
