@@ -1,38 +1,150 @@
 """Type stubs for ``tritonfast._core``, the Rust core (built from ``rust/src/py``)."""
 
-from typing import Any, final
+from collections.abc import Sequence
+from typing import Any, Literal, final
 
+from typing_extensions import Self
+
+__all__ = ["QUEUE_FULL_MESSAGE", "Batch", "QueuePolicy", "RequestQueue", "Ticket", "__version__"]
 __version__: str
+
+#: Triton's message for a push to a full priority level (raised as ``UnavailableError``).
+QUEUE_FULL_MESSAGE: str
+
+@final
+class QueuePolicy:
+    """One priority level's queue policy (Triton's ``ModelQueuePolicy``).
+
+    ``default_timeout_us == 0`` means requests never time out; with
+    ``allow_timeout_override`` a request may ask for a *shorter* non-zero timeout (as in Triton,
+    never a longer one, nor one when the default is 0). ``max_queue_size == 0`` is unlimited.
+    """
+
+    def __new__(
+        cls,
+        timeout_action: Literal["REJECT", "DELAY"] = "REJECT",
+        default_timeout_us: int = 0,
+        allow_timeout_override: bool = False,
+        max_queue_size: int = 0,
+    ) -> Self: ...
+    @property
+    def timeout_action(self) -> Literal["REJECT", "DELAY"]: ...
+    @property
+    def default_timeout_us(self) -> int: ...
+    @property
+    def allow_timeout_override(self) -> bool: ...
+    @property
+    def max_queue_size(self) -> int: ...
+
+@final
+class Ticket:
+    """The handle of a request pushed with :meth:`RequestQueue.push_cancellable`."""
+
+    @property
+    def status(self) -> Literal["QUEUED", "TAKEN", "CANCELLED", "REJECTED"]: ...
+
+@final
+class Batch:
+    """What one :meth:`RequestQueue.pop` returned.
+
+    ``items`` is a batch to run (in priority, then arrival order); ``rejected`` holds items
+    whose queue timeout expired under the REJECT action, to be answered with Triton's
+    "Request timeout expired". Never both at once; both empty when the wait timed out.
+    ``len(batch)`` is ``len(batch.items)``.
+    """
+
+    @property
+    def items(self) -> list[Any]: ...
+    @property
+    def rejected(self) -> tuple[Any, ...]: ...
+    @property
+    def seq(self) -> int:
+        """0, 1, 2, ... in the order batches left the queue (for ordered completion)."""
+
+    def report(
+        self,
+        results: Sequence[object],
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+    ) -> None:
+        """Record the batch's execution in the queue's statistics, once.
+
+        ``results`` has one entry per item; an exception instance marks a failed request.
+        Raises ``ValueError`` for a length mismatch or a second report.
+        """
+
+    def __len__(self) -> int: ...
 
 @final
 class RequestQueue:
-    """A per-model request queue with dynamic batching.
+    """A per-model request queue: priority levels, queue policies, cancellation, dynamic
+    batching and statistics.
 
     With ``max_batch_size == 0`` batching is off and every batch is one item. Otherwise a batch
-    takes items in FIFO order, never splitting one, while the sum of their batch sizes stays
-    within ``max_batch_size``; it leaves when full, when a prefix reaches a preferred batch size,
-    or ``max_queue_delay_us`` after its oldest item was enqueued. Several threads may call
-    :meth:`pop_batch` at once; each item goes to exactly one of them.
+    takes items in candidate order (priority level 1 first, FIFO within a level), never
+    splitting one and only joining items of equal ``shape_key``, while the sum of their batch
+    sizes stays within ``max_batch_size``; it leaves at a preferred size, when full, or
+    ``max_queue_delay_us`` after its oldest item was enqueued. Several threads may call
+    :meth:`pop` at once; each item goes to exactly one of them.
+
+    ``priority_levels == 0`` gives a single level under ``default_queue_policy``; otherwise
+    priorities run from 1 (highest) to ``priority_levels``, a push with priority 0 (or above
+    ``priority_levels``) goes to ``default_priority_level``, and ``priority_queue_policy``
+    overrides the policy of given levels.
 
     Errors are raised as :mod:`tritonfast.errors` exceptions (``InvalidArgumentError`` for a bad
-    batch size or policy, ``UnavailableError`` for a push after :meth:`close`).
+    batch size or configuration, ``UnavailableError`` for a push after :meth:`close` or to a full
+    level).
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         max_batch_size: int = 0,
         max_queue_delay_us: int = 0,
         preferred_batch_sizes: list[int] = ...,
-    ) -> None: ...
-    def push(self, item: object, batch_size: int = 1) -> None:
-        """Enqueue ``item`` (never blocks)."""
+        *,
+        priority_levels: int = 0,
+        default_priority_level: int = 0,
+        default_queue_policy: QueuePolicy | None = None,
+        priority_queue_policy: dict[int, QueuePolicy] | None = None,
+    ) -> Self: ...
+    def push(
+        self,
+        item: object,
+        batch_size: int = 1,
+        priority: int = 0,
+        timeout_us: int = 0,
+        shape_key: int = 0,
+    ) -> None:
+        """Enqueue ``item`` (never blocks).
 
-    def pop_batch(self, timeout_us: int) -> list[Any] | None:
-        """Wait up to ``timeout_us`` microseconds, with the GIL released, for a batch.
+        ``shape_key`` (0 to 2**64 - 1): items batch together only when their keys are equal.
+        ``timeout_us``: the request's queue timeout, honoured as the level's policy allows.
+        """
 
-        Returns the batch, ``[]`` on timeout, or ``None`` once the queue is closed and drained.
-        ``timeout_us=0`` polls: it returns a batch only if one may leave right now. Once this
-        call holds an item, the batch leaves by the batching rules (at the latest
+    def push_cancellable(
+        self,
+        item: object,
+        batch_size: int = 1,
+        priority: int = 0,
+        timeout_us: int = 0,
+        shape_key: int = 0,
+    ) -> Ticket:
+        """Like :meth:`push`, returning a :class:`Ticket` for :meth:`cancel`."""
+
+    def cancel(self, ticket: Ticket) -> bool:
+        """Remove a still-queued item so it is never handed out (never blocks).
+
+        True if it was removed; False if it was already handed out, rejected or cancelled.
+        """
+
+    def pop(self, timeout_us: int) -> Batch | None:
+        """Wait up to ``timeout_us`` microseconds, with the GIL released, for work.
+
+        Returns a :class:`Batch` (empty on timeout), or ``None`` once the queue is closed and
+        drained. ``timeout_us=0`` polls: it returns a batch only if one may leave right now.
+        Once this call holds an item, the batch leaves by the batching rules (at the latest
         ``max_queue_delay_us`` after its oldest item was enqueued), even past ``timeout_us``.
         """
 
@@ -41,4 +153,14 @@ class RequestQueue:
 
     @property
     def closed(self) -> bool: ...
+    def statistics(self) -> dict[str, Any]:
+        """The model version's statistics (layout: ``tritonfast.runtime.scheduler``)."""
+
+    def record_failure(
+        self,
+        reason: Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"] = "OTHER",
+        duration_ns: int = 0,
+    ) -> None:
+        """Count one request that failed outside the queue's view."""
+
     def __len__(self) -> int: ...

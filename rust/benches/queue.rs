@@ -6,6 +6,8 @@
 //!   thread until the consumer has the item. `parked` leaves the consumer time to park between
 //!   items (the cold path); `back_to_back` pushes as soon as the previous item was acknowledged.
 //! * `contention`: 4 producer threads pushing, one consumer taking batches; per item.
+//! * `features`: the round trips again with what the scheduler uses: cancellable pushes, and a
+//!   batched queue with 3 priority levels, queue timeouts and shape keys.
 //!
 //! After the criterion groups, the bench prints p50/p99 of the `parked` wake-up latency measured
 //! item by item, since criterion reports means and medians of sample means.
@@ -17,7 +19,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
-use tritonfast_core::{BatchPolicy, PopResult, RequestQueue};
+use tritonfast_core::{
+    BatchPolicy, QueueConfig, QueuePolicy, RequestMeta, RequestQueue, TimeoutAction,
+};
 
 /// Gap before each push in the `parked` cases: long enough for the consumer's spin to end.
 const PARK_GAP: Duration = Duration::from_micros(200);
@@ -68,7 +72,7 @@ fn spawn_consumer(
     let (tx, rx) = mpsc::sync_channel(1);
     let q = Arc::clone(q);
     let handle = thread::spawn(move || {
-        while let PopResult::Batch(batch) = q.pop_batch(Duration::from_secs(60)) {
+        while let Some(batch) = q.pop_batch(Duration::from_secs(60)).into_batch() {
             let latency = batch[0].elapsed();
             if tx.send(latency).is_err() {
                 return;
@@ -138,7 +142,7 @@ fn contention(c: &mut Criterion) {
                     .collect();
                 let mut received = 0;
                 while received < iters * PRODUCERS {
-                    if let PopResult::Batch(batch) = q.pop_batch(Duration::from_secs(10)) {
+                    if let Some(batch) = q.pop_batch(Duration::from_secs(10)).into_batch() {
                         received += batch.len() as u64;
                     }
                 }
@@ -150,6 +154,62 @@ fn contention(c: &mut Criterion) {
             });
         });
     }
+    group.finish();
+}
+
+fn features(c: &mut Criterion) {
+    let mut group = c.benchmark_group("features");
+    short(&mut group);
+    let q = unbatched::<u64>();
+    group.bench_function("cancellable_unbatched", |b| {
+        b.iter(|| {
+            let ticket = q
+                .push_cancellable(black_box(1), RequestMeta::default())
+                .unwrap();
+            black_box(q.pop_batch(Duration::ZERO));
+            black_box(ticket);
+        });
+    });
+    let timeout = QueuePolicy {
+        timeout_action: TimeoutAction::Reject,
+        default_timeout: Duration::from_secs(10),
+        allow_timeout_override: true,
+        max_queue_size: 1000,
+    };
+    let busy = RequestQueue::with_config(QueueConfig {
+        batch: BatchPolicy {
+            max_batch_size: 8,
+            max_queue_delay: Duration::ZERO,
+            preferred_batch_sizes: vec![8],
+        },
+        priority_levels: 3,
+        default_priority_level: 2,
+        default_queue_policy: timeout.clone(),
+        priority_queue_policy: vec![(
+            3,
+            QueuePolicy {
+                timeout_action: TimeoutAction::Delay,
+                ..timeout
+            },
+        )],
+    })
+    .unwrap();
+    group.throughput(Throughput::Elements(8));
+    group.bench_function("levels_timeouts_shapes_batch_of_8", |b| {
+        b.iter(|| {
+            for i in 0..8u32 {
+                let meta = RequestMeta {
+                    batch_size: 1,
+                    priority: 1 + i % 3,
+                    timeout: Duration::from_secs(5),
+                    shape_key: 7,
+                };
+                busy.push_cancellable(black_box(u64::from(i)), meta)
+                    .unwrap();
+            }
+            black_box(busy.pop_batch(Duration::ZERO));
+        });
+    });
     group.finish();
 }
 
@@ -182,6 +242,7 @@ fn main() {
     round_trip(&mut criterion);
     wakeup(&mut criterion);
     contention(&mut criterion);
+    features(&mut criterion);
     criterion.final_summary();
     // `cargo test --benches` / `cargo bench -- --test` run each bench once; skip the extra report.
     if !std::env::args().any(|a| a == "--test" || a == "--list") {

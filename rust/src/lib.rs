@@ -1,14 +1,22 @@
-//! Rust core of tritonfast: the per-model request queue and dynamic batching that feed model
-//! instances.
+//! Rust core of tritonfast: the per-model request queue, dynamic batching and statistics that
+//! feed model instances.
 //!
 //! Everything here is pure Rust and tested with `cargo test`. The `python` feature (turned on by
 //! maturin) adds the `py` module, the only code that knows about Python.
 
+pub mod batcher;
 pub mod error;
 pub mod queue;
+pub mod stats;
 
 #[cfg(feature = "python")]
 mod py;
 
 pub use error::{Code, CoreError};
-pub use queue::{BatchPolicy, PopResult, Queued, RequestQueue};
+pub use queue::{
+    Batch, BatchPolicy, PopResult, QUEUE_FULL_MESSAGE, QueueConfig, QueuePolicy, Queued,
+    RequestMeta, RequestQueue, Ticket, TicketStatus, TimeoutAction,
+};
+pub use stats::{
+    BatchStat, ComputeTimes, FailureReason, ModelStats, RequestTiming, StatDuration, StatsSnapshot,
+};

@@ -1,41 +1,54 @@
-//! The per-model request queue with simple dynamic batching.
+//! The per-model request queue: priority levels, queue policies, cancellation and dynamic
+//! batching.
 //!
-//! Producers (the frontends, through the scheduler) [`push`](RequestQueue::push) items; model
-//! instances call [`pop_batch`](RequestQueue::pop_batch) and get whole batches back.
+//! Producers (the frontends, through the scheduler) [`push`](RequestQueue::push) requests;
+//! model instances call [`pop_batch`](RequestQueue::pop_batch) and get whole batches back.
 //!
 //! # How it works
 //!
-//! * Items go into a lock-free [`SegQueue`]; a push is a few atomic operations and never takes a
-//!   lock. The producer wakes a consumer only when one is actually parked.
+//! * Requests go into a lock-free [`SegQueue`]; a push is a few atomic operations and never
+//!   takes a lock. The producer wakes a consumer only when one is actually parked.
 //! * Batches are formed by one consumer at a time: the consumer that holds the *former* lock
-//!   moves items from the lock-free queue into a small staging deque, decides the batch, and
-//!   waits (spin briefly, then park) for more items or for the batch deadline. Other consumers
-//!   wait for the former lock (with their own timeout), so batches leave in FIFO order and every
-//!   item goes to exactly one consumer. This mirrors Triton, where one scheduler thread forms
-//!   batches for all the model's instances.
-//! * An item never splits across batches. An item that does not fit stays staged and heads the
-//!   next batch.
+//!   moves requests from the lock-free queue into the staging area ([`batcher`](crate::batcher):
+//!   one FIFO per priority level), applies queue timeouts, decides the batch, and waits (spin
+//!   briefly, then park) for more requests, the batch deadline or the next queue timeout. Other
+//!   consumers wait for the former lock (with their own timeout), so batches leave in order and
+//!   every request goes to exactly one consumer. This mirrors Triton, where one scheduler thread
+//!   forms batches for all the model's instances.
+//! * A request never splits across batches, and joins a batch only with requests of the same
+//!   *shape key* (the caller's hash of the non-batch dimensions).
+//! * Cancellation is lock-free: a request pushed with
+//!   [`push_cancellable`](RequestQueue::push_cancellable) carries a [`Ticket`] whose state the
+//!   canceller and the consumer race to flip; whoever wins decides whether it runs. A cancelled
+//!   request is dropped by the next consumer that meets it.
 //!
-//! # Batching rules (when `max_batch_size > 0`)
+//! # Queue policies (Triton's `ModelQueuePolicy`, one per priority level)
 //!
-//! A batch takes items in FIFO order while the sum of their batch sizes stays within
-//! `max_batch_size`. It leaves as soon as one of these holds:
-//! * it is full: its size equals `max_batch_size`, or the next item would not fit;
-//! * some prefix of the available items sums to a preferred batch size: the batch is the longest
-//!   such prefix (the largest preferred size reachable now);
-//! * `max_queue_delay` has passed since its oldest item was enqueued;
-//! * the queue is closed (what is queued drains without waiting).
+//! * `max_queue_size`: a push to a level that already holds that many requests fails with
+//!   `Unavailable` ("Exceeds maximum queue size"); 0 means unlimited.
+//! * `default_timeout`: how long a request may wait before its `timeout_action` applies; 0 means
+//!   never. With `allow_timeout_override` a request may ask for a *shorter* non-zero timeout
+//!   (as in Triton, it cannot lengthen the default, nor set one when the default is 0).
+//! * `timeout_action`: REJECT hands the request back from `pop_batch` as
+//!   [`PopResult::Rejected`] (the caller answers it with Triton's "Request timeout expired");
+//!   DELAY moves it behind the level's unexpired requests.
 //!
-//! With `max_batch_size == 0` batching is off: each batch is exactly one item.
+//! Priority levels are 1 (highest) to `priority_levels`; a request's priority 0, or one above
+//! `priority_levels`, means `default_priority_level`. With `priority_levels == 0` there is a
+//! single level governed by `default_queue_policy`.
 //!
-//! `pop_batch`'s timeout bounds the wait for the *first* item (and for the former lock). Once a
-//! consumer has an item, the batch leaves by the rules above, at the latest `max_queue_delay`
-//! after its oldest item was enqueued.
+//! # Batching rules
+//!
+//! See [`batcher`](crate::batcher). `pop_batch`'s timeout bounds the wait for the *first*
+//! request (and for the former lock). Once a consumer has a request, the batch leaves by the
+//! batching rules, at the latest `max_queue_delay` after its oldest request was enqueued.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::hint;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use std::sync::Arc;
+use std::sync::atomic::{
+    AtomicBool, AtomicIsize, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence,
+};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -44,27 +57,36 @@ use crossbeam_utils::CachePadded;
 use crossbeam_utils::sync::{Parker, Unparker};
 use parking_lot::Mutex;
 
+use crate::batcher::{Cursor, Plan, Rules, Staged};
 use crate::error::CoreError;
+use crate::stats::{FailureReason, ModelStats};
 
-/// How a queue groups items into batches.
+/// Triton's message for a push to a full priority level (`Unavailable`).
+pub const QUEUE_FULL_MESSAGE: &str = "Exceeds maximum queue size";
+
+/// The most priority levels a queue accepts.
+pub const MAX_PRIORITY_LEVELS: u32 = 1024;
+
+/// How a queue groups requests into batches.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchPolicy {
-    /// Largest sum of item batch sizes in one batch; 0 turns batching off (one item per batch).
+    /// Largest sum of request batch sizes in one batch; 0 turns batching off (one request per
+    /// batch).
     pub max_batch_size: u32,
-    /// How long a batch that is not yet full may wait for more items, counted from the moment
-    /// its oldest item was enqueued.
+    /// How long a batch that is not yet full may wait for more requests, counted from the moment
+    /// its oldest request was enqueued.
     pub max_queue_delay: Duration,
     /// Batch sizes worth sending without waiting for `max_queue_delay`.
     pub preferred_batch_sizes: Vec<u32>,
 }
 
 impl BatchPolicy {
-    /// A policy with batching off: every batch is one item.
+    /// A policy with batching off: every batch is one request.
     pub fn unbatched() -> Self {
         Self::default()
     }
 
-    /// Whether items are grouped at all.
+    /// Whether requests are grouped at all.
     pub fn batching(&self) -> bool {
         self.max_batch_size > 0
     }
@@ -85,40 +107,322 @@ impl BatchPolicy {
         }
         Ok(())
     }
+
+    fn rules(&self) -> Rules {
+        let mut preferred: Vec<u64> = self
+            .preferred_batch_sizes
+            .iter()
+            .map(|&s| u64::from(s))
+            .collect();
+        preferred.sort_unstable();
+        preferred.dedup();
+        let max_batch_size = u64::from(self.max_batch_size);
+        Rules {
+            batching: self.batching(),
+            max_batch_size,
+            max_preferred: preferred.last().copied().unwrap_or(max_batch_size),
+            preferred,
+            max_queue_delay: self.max_queue_delay,
+        }
+    }
 }
 
-/// An item as it sat in the queue: the item, its batch size and when it was enqueued.
+/// What happens to a request whose queue timeout expires (Triton's `TimeoutAction`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TimeoutAction {
+    /// Hand it back to be answered with an error.
+    #[default]
+    Reject,
+    /// Move it behind the level's unexpired requests.
+    Delay,
+}
+
+/// The policy of one priority level (Triton's `ModelQueuePolicy`); see the module docs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueuePolicy {
+    pub timeout_action: TimeoutAction,
+    /// Zero: requests never time out.
+    pub default_timeout: Duration,
+    pub allow_timeout_override: bool,
+    /// Zero: unlimited.
+    pub max_queue_size: u32,
+}
+
+impl QueuePolicy {
+    /// The timeout a request asking for `requested` (zero: none) gets, if any.
+    pub fn timeout_for(&self, requested: Duration) -> Option<Duration> {
+        let mut timeout = self.default_timeout;
+        if self.allow_timeout_override && !requested.is_zero() && requested < timeout {
+            timeout = requested;
+        }
+        (!timeout.is_zero()).then_some(timeout)
+    }
+}
+
+/// Everything a queue is configured with (Triton's `ModelDynamicBatching`, less what the
+/// scheduler handles itself).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueConfig {
+    pub batch: BatchPolicy,
+    /// Zero: a single level.
+    pub priority_levels: u32,
+    /// The level of requests with priority 0 (or above `priority_levels`); 1 to
+    /// `priority_levels` when there are levels, ignored otherwise.
+    pub default_priority_level: u32,
+    /// The policy of every level not listed in `priority_queue_policy`.
+    pub default_queue_policy: QueuePolicy,
+    /// `(level, policy)` overrides.
+    pub priority_queue_policy: Vec<(u32, QueuePolicy)>,
+}
+
+impl From<BatchPolicy> for QueueConfig {
+    fn from(batch: BatchPolicy) -> Self {
+        Self {
+            batch,
+            ..Self::default()
+        }
+    }
+}
+
+impl QueueConfig {
+    fn validate(&self) -> Result<(), CoreError> {
+        self.batch.validate()?;
+        let levels = self.priority_levels;
+        if levels > MAX_PRIORITY_LEVELS {
+            return Err(CoreError::invalid_arg(format!(
+                "priority_levels {levels} exceeds the supported maximum of {MAX_PRIORITY_LEVELS}"
+            )));
+        }
+        if levels > 0 && !(1..=levels).contains(&self.default_priority_level) {
+            return Err(CoreError::invalid_arg(format!(
+                "default_priority_level must be in range [1, {levels}], got {}",
+                self.default_priority_level
+            )));
+        }
+        for &(level, _) in &self.priority_queue_policy {
+            if !(1..=levels).contains(&level) {
+                return Err(CoreError::invalid_arg(format!(
+                    "priority_queue_policy level {level} must be in range [1, {levels}]"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy of each level, highest priority first.
+    fn level_policies(&self) -> Vec<QueuePolicy> {
+        let count = self.priority_levels.max(1) as usize;
+        let mut policies = vec![self.default_queue_policy.clone(); count];
+        for (level, policy) in &self.priority_queue_policy {
+            policies[*level as usize - 1] = policy.clone();
+        }
+        policies
+    }
+}
+
+/// What a producer says about a request besides the request itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestMeta {
+    /// The request's batch dimension (its first dimension); with batching off it is only used
+    /// for statistics.
+    pub batch_size: u32,
+    /// 1 (highest) to `priority_levels`; 0 for the default level.
+    pub priority: u32,
+    /// The timeout the request asks for; zero for none (see [`QueuePolicy::timeout_for`]).
+    pub timeout: Duration,
+    /// Requests batch together only when their shape keys are equal; 0 when the caller does not
+    /// need shape grouping.
+    pub shape_key: u64,
+}
+
+impl Default for RequestMeta {
+    fn default() -> Self {
+        Self {
+            batch_size: 1,
+            priority: 0,
+            timeout: Duration::ZERO,
+            shape_key: 0,
+        }
+    }
+}
+
+impl RequestMeta {
+    /// Default metadata with the given batch size.
+    pub fn with_batch_size(batch_size: u32) -> Self {
+        Self {
+            batch_size,
+            ..Self::default()
+        }
+    }
+}
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const CANCELLED: u8 = 2;
+const REJECTED: u8 = 3;
+
+/// Where a cancellable request stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TicketStatus {
+    /// Still in the queue.
+    Queued,
+    /// Handed out in a batch (it runs or ran).
+    Taken,
+    /// Removed by [`RequestQueue::cancel`].
+    Cancelled,
+    /// Handed back as timed out (REJECT).
+    Rejected,
+}
+
+#[derive(Debug)]
+pub(crate) struct TicketState {
+    state: AtomicU8,
+    queue_id: u64,
+    level: u32,
+    enqueued_at: Instant,
+}
+
+/// The handle of a request pushed with [`RequestQueue::push_cancellable`].
+#[derive(Debug, Clone)]
+pub struct Ticket(Arc<TicketState>);
+
+impl Ticket {
+    pub fn status(&self) -> TicketStatus {
+        match self.0.state.load(Ordering::Acquire) {
+            QUEUED => TicketStatus::Queued,
+            TAKEN => TicketStatus::Taken,
+            CANCELLED => TicketStatus::Cancelled,
+            _ => TicketStatus::Rejected,
+        }
+    }
+
+    /// When the request was enqueued.
+    pub fn enqueued_at(&self) -> Instant {
+        self.0.enqueued_at
+    }
+}
+
+/// A request as it sat in the queue.
 #[derive(Debug)]
 pub struct Queued<T> {
     pub item: T,
     pub batch_size: u32,
-    pub enqueued_at: Instant,
+    /// Index of its priority level (0 is the highest).
+    pub(crate) level: u32,
+    pub shape_key: u64,
+    /// When it was enqueued.
+    pub(crate) enqueued_at: Instant,
+    /// Its queue timeout in nanoseconds after `enqueued_at`; 0 for none. (A count rather than
+    /// an `Option<Instant>`: every byte of this struct is moved several times.)
+    pub(crate) timeout_ns: u64,
+    pub(crate) ticket: Option<Arc<TicketState>>,
+}
+
+impl<T> Queued<T> {
+    /// Its priority level: 1 (highest) and up; 0 when the queue has no priority levels.
+    pub fn priority_level(&self, queue_has_levels: bool) -> u32 {
+        if queue_has_levels { self.level + 1 } else { 0 }
+    }
+
+    /// When it was enqueued.
+    pub fn enqueued_at(&self) -> Instant {
+        self.enqueued_at
+    }
+
+    /// When its queue timeout fires, if it has one.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        if self.timeout_ns == 0 {
+            None
+        } else {
+            self.enqueued_at
+                .checked_add(Duration::from_nanos(self.timeout_ns))
+        }
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.ticket
+            .as_ref()
+            .is_some_and(|t| t.state.load(Ordering::Acquire) == CANCELLED)
+    }
+
+    fn transition(&self, to: u8) -> bool {
+        self.ticket.as_ref().is_none_or(|t| {
+            t.state
+                .compare_exchange(QUEUED, to, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+    }
+
+    /// Claims the request for a batch; false if it was cancelled.
+    pub(crate) fn claim(&self) -> bool {
+        self.transition(TAKEN)
+    }
+
+    /// Claims the request for rejection; false if it was cancelled.
+    pub(crate) fn claim_for_rejection(&self) -> bool {
+        self.transition(REJECTED)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        item: T,
+        batch_size: u32,
+        level: u32,
+        shape_key: u64,
+        enqueued_at: Instant,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            item,
+            batch_size,
+            level,
+            shape_key,
+            enqueued_at,
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            ticket: None,
+        }
+    }
+}
+
+/// A batch handed out by [`RequestQueue::pop_batch`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct Batch<T> {
+    /// One or more requests, in candidate order (priority, then arrival).
+    pub items: Vec<T>,
+    /// 0, 1, 2, ... in the order batches left the queue (for ordered completion).
+    pub seq: u64,
 }
 
 /// What [`RequestQueue::pop_batch`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PopResult<T> {
-    /// A batch of one or more items, in FIFO order.
-    Batch(Vec<T>),
-    /// No item arrived before the timeout.
+    /// A batch to run.
+    Batch(Batch<T>),
+    /// Requests whose queue timeout expired under the REJECT action: answer each with an error.
+    Rejected(Vec<T>),
+    /// Nothing arrived before the timeout.
     TimedOut,
     /// The queue is closed and everything in it has been handed out.
     Closed,
 }
 
 impl<T> PopResult<T> {
-    /// The batch, if this is one.
+    /// The batch's items, if this is a batch.
     pub fn into_batch(self) -> Option<Vec<T>> {
         match self {
-            PopResult::Batch(batch) => Some(batch),
-            PopResult::TimedOut | PopResult::Closed => None,
+            PopResult::Batch(batch) => Some(batch.items),
+            PopResult::Rejected(_) | PopResult::TimedOut | PopResult::Closed => None,
         }
     }
 
-    /// Applies `f` to every item of a batch.
+    /// Applies `f` to every item of a batch or rejection.
     pub fn map<U>(self, f: impl FnMut(T) -> U) -> PopResult<U> {
         match self {
-            PopResult::Batch(batch) => PopResult::Batch(batch.into_iter().map(f).collect()),
+            PopResult::Batch(batch) => PopResult::Batch(Batch {
+                items: batch.items.into_iter().map(f).collect(),
+                seq: batch.seq,
+            }),
+            PopResult::Rejected(items) => PopResult::Rejected(items.into_iter().map(f).collect()),
             PopResult::TimedOut => PopResult::TimedOut,
             PopResult::Closed => PopResult::Closed,
         }
@@ -129,39 +433,81 @@ impl<T> PopResult<T> {
 const CLOSED: usize = 1;
 /// `state` increment for each push in progress (the count lives above the `CLOSED` bit).
 const PUSHER: usize = 2;
+/// Most requests one refill moves from the lock-free queue to the staging area. Priority order
+/// holds among the requests staged; under a flood of more than this many pushes between two
+/// batches, a later high-priority request may wait for the next refill.
+const REFILL_LIMIT: usize = 4096;
 /// Checks of the lock-free queue a waiting consumer makes before it parks.
 const SPIN_CHECKS: u32 = 64;
 
-/// Staged items and the parker, owned by whichever consumer holds the former lock.
+/// Source of queue ids, which tie tickets to their queue.
+static NEXT_QUEUE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Staged requests and the parker, owned by whichever consumer holds the former lock.
 struct Former<T> {
-    /// Items taken from the lock-free queue but not yet handed out; they precede it in FIFO order.
-    staged: VecDeque<Queued<T>>,
-    /// Sum of the staged items' weights (batch sizes, or 1 each when batching is off).
-    staged_weight: u64,
+    staged: Staged<T>,
     /// Parks the former lock holder; producers hold the matching `Unparker`.
     parker: Parker,
+    /// Sequence number of the next batch.
+    next_seq: u64,
 }
 
-/// A multi-producer, multi-consumer FIFO queue that hands out batches. See the module docs.
+/// A priority level's policy and, when it has a size limit, its request count.
+struct Level {
+    policy: QueuePolicy,
+    /// Requests of this level queued and not yet handed out, rejected or cancelled; counted
+    /// only when `policy.max_queue_size > 0`.
+    queued: CachePadded<AtomicUsize>,
+}
+
+impl Level {
+    fn counted(&self) -> bool {
+        self.policy.max_queue_size > 0
+    }
+}
+
+/// How the former proceeds with a plan.
+enum Decision {
+    Take(Cursor),
+    /// Wait for more requests until this instant (`None`: the delay overflowed, no deadline).
+    WaitUntil(Option<Instant>),
+}
+
+/// A multi-producer, multi-consumer request queue that hands out batches. See the module docs.
 pub struct RequestQueue<T> {
     items: SegQueue<Queued<T>>,
     /// `CLOSED` bit plus `PUSHER` times the number of pushes in progress.
     state: CachePadded<AtomicUsize>,
     /// Set while the former lock holder is (about to be) parked.
     consumer_parked: CachePadded<AtomicBool>,
-    /// Number of staged items, for `len()`.
-    staged_len: AtomicUsize,
+    /// Number of staged requests, for `len()`. Consumers write it and the former lock on every
+    /// batch: both sit on their own cache lines, away from what producers read on every push.
+    staged_len: CachePadded<AtomicUsize>,
+    former: CachePadded<Mutex<Former<T>>>,
+    /// Cancelled requests still held (inbound or staged), for `len()`; may dip below zero
+    /// briefly when a consumer drops one before the canceller counts it.
+    cancelled_held: CachePadded<AtomicIsize>,
     unparker: Unparker,
-    former: Mutex<Former<T>>,
-    policy: BatchPolicy,
-    /// `policy.preferred_batch_sizes`, sorted and deduplicated.
-    preferred: Vec<u64>,
+    config: QueueConfig,
+    rules: Rules,
+    levels: Box<[Level]>,
+    /// Index of the default level.
+    default_level: u32,
+    /// No batching, one level, no timeouts: a pop can hand out the oldest inbound request
+    /// without planning.
+    direct: bool,
+    /// Some level has a size limit (so its requests are counted in and out).
+    counted: bool,
+    /// Some level has a queue timeout.
+    timed: bool,
+    id: u64,
+    stats: Arc<ModelStats>,
 }
 
 impl<T> fmt::Debug for RequestQueue<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RequestQueue")
-            .field("policy", &self.policy)
+            .field("config", &self.config)
             .field("len", &self.len())
             .field("closed", &self.is_closed())
             .finish_non_exhaustive()
@@ -169,96 +515,266 @@ impl<T> fmt::Debug for RequestQueue<T> {
 }
 
 impl<T> RequestQueue<T> {
-    /// A new, open, empty queue. Fails with `InvalidArg` if a preferred batch size is 0, exceeds
-    /// `max_batch_size`, or is given while batching is off.
+    /// A new, open, empty queue with one level and no queue policy. Fails with `InvalidArg` if a
+    /// preferred batch size is 0, exceeds `max_batch_size`, or is given while batching is off.
     pub fn new(policy: BatchPolicy) -> Result<Self, CoreError> {
-        policy.validate()?;
-        let mut preferred: Vec<u64> = policy
-            .preferred_batch_sizes
+        Self::with_config(policy.into())
+    }
+
+    /// A new, open, empty queue. Fails with `InvalidArg` for an invalid batch policy, a default
+    /// priority level outside `[1, priority_levels]` (when there are levels), or a level policy
+    /// for a level that does not exist.
+    pub fn with_config(config: QueueConfig) -> Result<Self, CoreError> {
+        config.validate()?;
+        let policies = config.level_policies();
+        let actions: Vec<TimeoutAction> = policies.iter().map(|p| p.timeout_action).collect();
+        let policies_timed: Vec<bool> = policies
             .iter()
-            .map(|&s| u64::from(s))
+            .map(|p| !p.default_timeout.is_zero())
             .collect();
-        preferred.sort_unstable();
-        preferred.dedup();
+        let levels: Box<[Level]> = policies
+            .into_iter()
+            .map(|policy| Level {
+                policy,
+                queued: CachePadded::new(AtomicUsize::new(0)),
+            })
+            .collect();
         let parker = Parker::new();
         Ok(Self {
             items: SegQueue::new(),
             state: CachePadded::new(AtomicUsize::new(0)),
             consumer_parked: CachePadded::new(AtomicBool::new(false)),
-            staged_len: AtomicUsize::new(0),
+            staged_len: CachePadded::new(AtomicUsize::new(0)),
+            cancelled_held: CachePadded::new(AtomicIsize::new(0)),
             unparker: parker.unparker().clone(),
-            former: Mutex::new(Former {
-                staged: VecDeque::new(),
-                staged_weight: 0,
+            former: CachePadded::new(Mutex::new(Former {
+                staged: Staged::new(&actions),
                 parker,
-            }),
-            policy,
-            preferred,
+                next_seq: 0,
+            })),
+            rules: config.batch.rules(),
+            direct: !config.batch.batching()
+                && config.priority_levels <= 1
+                && policies_timed.iter().all(|timed| !timed),
+            counted: levels.iter().any(Level::counted),
+            timed: policies_timed.iter().any(|&timed| timed),
+            default_level: config.default_priority_level.saturating_sub(1),
+            stats: Arc::new(ModelStats::new(config.batch.max_batch_size)),
+            config,
+            levels,
+            id: NEXT_QUEUE_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
     pub fn policy(&self) -> &BatchPolicy {
-        &self.policy
+        &self.config.batch
     }
 
-    /// Enqueues `item`, whose batch dimension is `batch_size`.
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// The queue's statistics: rejections and cancellations are counted here; executions are
+    /// recorded by whoever runs the batches ([`ModelStats::record_execution`]).
+    pub fn stats(&self) -> &Arc<ModelStats> {
+        &self.stats
+    }
+
+    /// Enqueues `item` at the default priority, with no timeout and shape key 0.
     ///
-    /// Fails with `Unavailable` once the queue is closed, and, when batching is on, with
-    /// `InvalidArg` if `batch_size` is 0 or exceeds `max_batch_size`. With batching off
-    /// `batch_size` is not looked at. A push that returns `Ok` is handed out by some
-    /// `pop_batch`, also when `close` races with it.
+    /// See [`push_with`](Self::push_with) for the errors.
     pub fn push(&self, item: T, batch_size: u32) -> Result<(), CoreError> {
-        if self.policy.batching() && (batch_size == 0 || batch_size > self.policy.max_batch_size) {
-            return Err(CoreError::invalid_arg(format!(
-                "batch size {batch_size} must be between 1 and max_batch_size ({})",
-                self.policy.max_batch_size
-            )));
+        self.push_with(item, RequestMeta::with_batch_size(batch_size))
+    }
+
+    /// Enqueues `item` as described by `meta`.
+    ///
+    /// Fails with `Unavailable` once the queue is closed or when the request's priority level is
+    /// full ([`QUEUE_FULL_MESSAGE`]), and, when batching is on, with `InvalidArg` if the batch
+    /// size is 0 or exceeds `max_batch_size`. A push that returns `Ok` is handed out by some
+    /// `pop_batch` (in a batch, or as rejected), also when `close` races with it, unless it is
+    /// cancelled.
+    pub fn push_with(&self, item: T, meta: RequestMeta) -> Result<(), CoreError> {
+        let level = self.level_for(meta.priority);
+        self.push_inner(item, meta, level, Instant::now(), None)
+    }
+
+    /// Like [`push_with`](Self::push_with), returning a [`Ticket`] for [`cancel`](Self::cancel).
+    pub fn push_cancellable(&self, item: T, meta: RequestMeta) -> Result<Ticket, CoreError> {
+        let level = self.level_for(meta.priority);
+        let enqueued_at = Instant::now();
+        let ticket = Arc::new(TicketState {
+            state: AtomicU8::new(QUEUED),
+            queue_id: self.id,
+            level,
+            enqueued_at,
+        });
+        self.push_inner(item, meta, level, enqueued_at, Some(Arc::clone(&ticket)))?;
+        Ok(Ticket(ticket))
+    }
+
+    /// The level index for a request priority.
+    fn level_for(&self, priority: u32) -> u32 {
+        let levels = self.config.priority_levels;
+        if levels == 0 {
+            0
+        } else if priority == 0 || priority > levels {
+            self.default_level
+        } else {
+            priority - 1
+        }
+    }
+
+    fn push_inner(
+        &self,
+        item: T,
+        meta: RequestMeta,
+        level_no: u32,
+        enqueued_at: Instant,
+        ticket: Option<Arc<TicketState>>,
+    ) -> Result<(), CoreError> {
+        if self.rules.batching
+            && (meta.batch_size == 0 || meta.batch_size > self.config.batch.max_batch_size)
+        {
+            return Err(self.bad_batch_size(meta.batch_size));
         }
         let state = self.state.fetch_add(PUSHER, Ordering::Acquire);
         if state & CLOSED != 0 {
-            self.state.fetch_sub(PUSHER, Ordering::Release);
-            return Err(CoreError::unavailable("the request queue is closed"));
+            return Err(self.closed_error());
+        }
+        let mut timeout_ns = 0;
+        if self.counted || self.timed {
+            let level = &self.levels[level_no as usize];
+            if level.counted()
+                && level.queued.fetch_add(1, Ordering::Relaxed)
+                    >= level.policy.max_queue_size as usize
+            {
+                return Err(self.queue_full(level));
+            }
+            if !level.policy.default_timeout.is_zero() {
+                timeout_ns = level.policy.timeout_for(meta.timeout).map_or(0, |timeout| {
+                    u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)
+                });
+            }
         }
         self.items.push(Queued {
             item,
-            batch_size,
-            enqueued_at: Instant::now(),
+            batch_size: meta.batch_size,
+            shape_key: meta.shape_key,
+            enqueued_at,
+            level: level_no,
+            timeout_ns,
+            ticket,
         });
-        // Pairs with the fence in `wait`: either the consumer sees the item before parking, or
-        // we see that it is parked and wake it.
+        // Pairs with the fence in `wait`: either the consumer sees the request before parking,
+        // or we see that it is parked and wake it.
         fence(Ordering::SeqCst);
         if self.consumer_parked.load(Ordering::Relaxed) {
             self.unparker.unpark();
         }
-        // Release: a consumer that sees the count drop also sees the item.
+        // Release: a consumer that sees the count drop also sees the request.
         self.state.fetch_sub(PUSHER, Ordering::Release);
         Ok(())
     }
 
-    /// Waits up to `timeout` for at least one item and returns a batch formed by the module's
-    /// rules; `TimedOut` if none came; `Closed` once the queue is closed and drained.
+    // The error paths of `push_inner`, kept out of line so the hot path stays small.
+
+    #[cold]
+    #[inline(never)]
+    fn bad_batch_size(&self, batch_size: u32) -> CoreError {
+        CoreError::invalid_arg(format!(
+            "batch size {batch_size} must be between 1 and max_batch_size ({})",
+            self.config.batch.max_batch_size
+        ))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn closed_error(&self) -> CoreError {
+        self.state.fetch_sub(PUSHER, Ordering::Release);
+        CoreError::unavailable("the request queue is closed")
+    }
+
+    /// Undoes a push's counting on a full level.
+    #[cold]
+    #[inline(never)]
+    fn queue_full(&self, level: &Level) -> CoreError {
+        level.queued.fetch_sub(1, Ordering::Relaxed);
+        self.state.fetch_sub(PUSHER, Ordering::Release);
+        self.stats
+            .record_failure(FailureReason::Rejected, Duration::ZERO);
+        CoreError::unavailable(QUEUE_FULL_MESSAGE)
+    }
+
+    /// Removes a queued request before it runs. Returns `true` if it was still queued (it will
+    /// never be handed out, and counts as a CANCELED failure), `false` if it was already handed
+    /// out, rejected or cancelled. Fails with `InvalidArg` for a ticket of another queue.
+    pub fn cancel(&self, ticket: &Ticket) -> Result<bool, CoreError> {
+        let state = &ticket.0;
+        if state.queue_id != self.id {
+            return Err(CoreError::invalid_arg(
+                "the ticket belongs to another request queue",
+            ));
+        }
+        if state
+            .state
+            .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Ok(false);
+        }
+        self.release(state.level);
+        self.cancelled_held.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .record_failure(FailureReason::Canceled, state.enqueued_at.elapsed());
+        // Let a parked consumer drop it (and re-plan without it) now rather than later.
+        if self.consumer_parked.load(Ordering::Relaxed) {
+            self.unparker.unpark();
+        }
+        Ok(true)
+    }
+
+    /// A request of `level` left the queue (handed out, rejected or cancelled).
+    fn release(&self, level: u32) {
+        if !self.counted {
+            return;
+        }
+        let level = &self.levels[level as usize];
+        if level.counted() {
+            level.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits up to `timeout` for at least one request and returns a batch formed by the
+    /// batching rules, or requests rejected by a queue timeout; `TimedOut` if nothing came;
+    /// `Closed` once the queue is closed and drained. May return `TimedOut` early.
     pub fn pop_batch(&self, timeout: Duration) -> PopResult<T> {
         self.pop_with(Some(timeout), |queued| queued.item)
     }
 
-    /// Like [`pop_batch`](Self::pop_batch), keeping each item's batch size and enqueue time.
+    /// Like [`pop_batch`](Self::pop_batch), keeping each request's metadata.
     pub fn pop_batch_queued(&self, timeout: Duration) -> PopResult<Queued<T>> {
         self.pop_with(Some(timeout), |queued| queued)
     }
 
-    /// Never waits: the batch that may leave right now, else `TimedOut` (also when another
-    /// consumer is forming a batch, or a partial batch is still within its delay); `Closed` once
-    /// closed and drained.
+    /// Never waits: the batch (or rejections) that may leave right now, else `TimedOut` (also
+    /// when another consumer is forming a batch, or a partial batch is still within its delay);
+    /// `Closed` once closed and drained.
     pub fn try_pop_batch(&self) -> PopResult<T> {
         self.pop_with(None, |queued| queued.item)
     }
 
-    /// Forms a batch and hands it out, converting each item with `convert`. `timeout: None`
+    /// Like [`try_pop_batch`](Self::try_pop_batch), keeping each request's metadata.
+    pub fn try_pop_batch_queued(&self) -> PopResult<Queued<T>> {
+        self.pop_with(None, |queued| queued)
+    }
+
+    /// Forms a batch and hands it out, converting each request with `convert`. `timeout: None`
     /// means never wait.
     fn pop_with<U>(
         &self,
         timeout: Option<Duration>,
-        convert: impl FnMut(Queued<T>) -> U,
+        mut convert: impl FnMut(Queued<T>) -> U,
     ) -> PopResult<U> {
         // The clock is read only once a wait is needed (reading it costs tens of ns on VMs).
         let mut deadline = None;
@@ -278,12 +794,48 @@ impl<T> RequestQueue<T> {
         let former = &mut *former;
         loop {
             // Read the state before refilling: if it says "closed, no push in progress", the
-            // refill below sees every item that will ever arrive.
+            // refill below sees every request that will ever arrive.
             let state = self.state.load(Ordering::Acquire);
             let closed = state & CLOSED != 0;
-            self.refill(former);
+            if self.direct {
+                // Unbatched, one level, no timeouts: the oldest live request is the batch, with
+                // no planning.
+                if former.staged.len() == 0 {
+                    self.refill(former, 1);
+                }
+                let first = former.staged.take_first();
+                self.sync(former);
+                if let Some(queued) = first {
+                    let seq = former.next_seq;
+                    former.next_seq += 1;
+                    self.release(queued.level);
+                    return PopResult::Batch(Batch {
+                        items: vec![convert(queued)],
+                        seq,
+                    });
+                }
+            }
+            self.refill(former, REFILL_LIMIT);
 
-            if former.staged.is_empty() {
+            if self.timed && former.staged.has_expiries() {
+                let now = Instant::now();
+                let mut rejected = Vec::new();
+                former.staged.expire(now, &mut rejected);
+                if !rejected.is_empty() {
+                    for queued in &rejected {
+                        self.release(queued.level);
+                        self.stats.record_failure(
+                            FailureReason::Rejected,
+                            now.saturating_duration_since(queued.enqueued_at),
+                        );
+                    }
+                    self.sync(former);
+                    return PopResult::Rejected(rejected.into_iter().map(&mut convert).collect());
+                }
+            }
+
+            let Some(plan) = former.staged.plan(&self.rules) else {
+                self.sync(former);
                 if closed {
                     if state >= PUSHER {
                         // A push that started before `close` is about to land.
@@ -301,26 +853,63 @@ impl<T> RequestQueue<T> {
                 }
                 self.wait(&former.parker, deadline);
                 continue;
-            }
-
-            let count = if self.policy.batching() {
-                let (count, ready) = self.plan(&former.staged);
-                if !(ready || closed) {
-                    let oldest = former.staged[0].enqueued_at;
-                    let batch_deadline = oldest.checked_add(self.policy.max_queue_delay);
-                    if batch_deadline.is_none_or(|d| Instant::now() < d) {
-                        if timeout.is_none() {
-                            return PopResult::TimedOut;
-                        }
-                        self.wait(&former.parker, batch_deadline);
-                        continue;
-                    }
-                }
-                count
-            } else {
-                1
             };
-            return PopResult::Batch(self.take(former, count, convert));
+
+            let end = match self.decide(&former.staged, &plan, closed) {
+                Decision::Take(end) => end,
+                Decision::WaitUntil(until) => {
+                    self.sync(former);
+                    if timeout.is_none() {
+                        return PopResult::TimedOut;
+                    }
+                    let wake = match (until, former.staged.next_expiry()) {
+                        (Some(until), Some(expiry)) => Some(until.min(expiry)),
+                        (until, expiry) => until.or(expiry),
+                    };
+                    self.wait(&former.parker, wake);
+                    continue;
+                }
+            };
+            let mut items = Vec::with_capacity(end.count);
+            former.staged.take(end, |queued| {
+                self.release(queued.level);
+                items.push(convert(queued));
+            });
+            self.sync(former);
+            if items.is_empty() {
+                // Everything planned was cancelled in the meantime.
+                continue;
+            }
+            let seq = former.next_seq;
+            former.next_seq += 1;
+            return PopResult::Batch(Batch { items, seq });
+        }
+    }
+
+    /// Whether `plan` leaves now, and how much of it; or until when it may wait. Reads the
+    /// clock (and the batch's age) only when the answer depends on them.
+    fn decide(&self, staged: &Staged<T>, plan: &Plan, closed: bool) -> Decision {
+        let delay = self.rules.max_queue_delay;
+        let batch_deadline = || {
+            staged
+                .oldest(plan.all)
+                .and_then(|oldest| oldest.checked_add(delay))
+        };
+        if let Some(best) = plan.best {
+            if best == plan.all || delay.is_zero() {
+                return Decision::Take(best);
+            }
+            // The best cut is a strict prefix: it wins unless the batch already waited its
+            // delay, in which case everything that fits leaves.
+            let exceeded = batch_deadline().is_some_and(|d| Instant::now() >= d);
+            return Decision::Take(if exceeded { plan.all } else { best });
+        }
+        if plan.full || closed || delay.is_zero() {
+            return Decision::Take(plan.all);
+        }
+        match batch_deadline() {
+            Some(deadline) if Instant::now() >= deadline => Decision::Take(plan.all),
+            until => Decision::WaitUntil(until),
         }
     }
 
@@ -335,97 +924,47 @@ impl<T> RequestQueue<T> {
         self.state.load(Ordering::Acquire) & CLOSED != 0
     }
 
-    /// Items queued and not yet handed out (a snapshot; it may be stale by the time it returns).
+    /// Requests queued and not yet handed out, rejected or cancelled (a snapshot; it may be
+    /// stale by the time it returns).
     pub fn len(&self) -> usize {
-        self.items.len() + self.staged_len.load(Ordering::Relaxed)
+        let held = self.items.len() + self.staged_len.load(Ordering::Relaxed);
+        let cancelled = self.cancelled_held.load(Ordering::Relaxed).max(0);
+        held.saturating_sub(cancelled.unsigned_abs())
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// What an item counts for against the batch limit.
-    fn weight(&self, queued: &Queued<T>) -> u64 {
-        if self.policy.batching() {
-            u64::from(queued.batch_size)
-        } else {
-            1
-        }
-    }
-
-    /// Moves items from the lock-free queue into the staging deque until the staged weight
-    /// reaches one batch's worth (so at most one staged item is beyond the batch limit).
-    fn refill(&self, former: &mut Former<T>) {
-        let limit = if self.policy.batching() {
-            u64::from(self.policy.max_batch_size)
-        } else {
-            1
-        };
-        let before = former.staged.len();
-        while former.staged_weight < limit {
+    /// Moves up to `limit` requests from the lock-free queue into the staging area. (Bounded, so
+    /// a steady stream of pushes cannot keep it busy; not by `items.len()`, which reads the
+    /// producers' hot cache lines. The only caller of `SegQueue::pop`, which keeps it inlined: returning a `Queued`
+    /// through memory from an out-of-line call costs a store-forwarding stall per request.)
+    fn refill(&self, former: &mut Former<T>, limit: usize) {
+        for _ in 0..limit {
             let Some(queued) = self.items.pop() else {
                 break;
             };
-            former.staged_weight += self.weight(&queued);
-            former.staged.push_back(queued);
-        }
-        if former.staged.len() != before {
-            self.staged_len
-                .store(former.staged.len(), Ordering::Relaxed);
+            former.staged.push(queued);
         }
     }
 
-    /// How many staged items the next batch takes, and whether it may leave now (full, or a
-    /// preferred size is reached).
-    fn plan(&self, staged: &VecDeque<Queued<T>>) -> (usize, bool) {
-        let max = u64::from(self.policy.max_batch_size);
-        let mut sum = 0;
-        let mut count = 0;
-        let mut preferred_count = 0;
-        for queued in staged {
-            let next = sum + u64::from(queued.batch_size);
-            if next > max {
-                // The next item would split: the batch is as full as it gets.
-                return (count, true);
-            }
-            sum = next;
-            count += 1;
-            if self.preferred.binary_search(&sum).is_ok() {
-                preferred_count = count;
-            }
+    /// Publishes the staged count and the cancelled requests the former dropped.
+    fn sync(&self, former: &mut Former<T>) {
+        let staged = former.staged.len();
+        if self.staged_len.load(Ordering::Relaxed) != staged {
+            self.staged_len.store(staged, Ordering::Relaxed);
         }
-        if sum == max {
-            (count, true)
-        } else if preferred_count > 0 {
-            (preferred_count, true)
-        } else {
-            (count, false)
+        let swept = former.staged.take_swept();
+        if swept > 0 {
+            self.cancelled_held.fetch_sub(
+                isize::try_from(swept).unwrap_or(isize::MAX),
+                Ordering::Relaxed,
+            );
         }
     }
 
-    /// Hands out the first `count` staged items.
-    fn take<U>(
-        &self,
-        former: &mut Former<T>,
-        count: usize,
-        mut convert: impl FnMut(Queued<T>) -> U,
-    ) -> Vec<U> {
-        let mut taken = 0;
-        let batch = former
-            .staged
-            .drain(..count)
-            .map(|queued| {
-                taken += self.weight(&queued);
-                convert(queued)
-            })
-            .collect();
-        former.staged_weight -= taken;
-        self.staged_len
-            .store(former.staged.len(), Ordering::Relaxed);
-        batch
-    }
-
-    /// Something a waiting consumer must look at: a new item, or the queue closing.
+    /// Something a waiting consumer must look at: a new request, or the queue closing.
     fn has_news(&self) -> bool {
         !self.items.is_empty() || self.state.load(Ordering::Relaxed) & CLOSED != 0
     }
@@ -455,6 +994,7 @@ impl<T> RequestQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Code;
 
     fn queue(max: u32, delay_us: u64, preferred: &[u32]) -> RequestQueue<u32> {
         RequestQueue::new(BatchPolicy {
@@ -463,43 +1003,6 @@ mod tests {
             preferred_batch_sizes: preferred.to_vec(),
         })
         .unwrap()
-    }
-
-    fn staged(sizes: &[u32]) -> VecDeque<Queued<u32>> {
-        let now = Instant::now();
-        sizes
-            .iter()
-            .map(|&batch_size| Queued {
-                item: 0,
-                batch_size,
-                enqueued_at: now,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn plan_stops_before_an_item_that_would_split() {
-        let q = queue(8, 0, &[]);
-        assert_eq!(q.plan(&staged(&[3, 3, 3])), (2, true));
-    }
-
-    #[test]
-    fn plan_full_at_exactly_max() {
-        let q = queue(8, 0, &[]);
-        assert_eq!(q.plan(&staged(&[4, 4])), (2, true));
-    }
-
-    #[test]
-    fn plan_waits_when_short_of_max_and_preferred() {
-        let q = queue(8, 0, &[6]);
-        assert_eq!(q.plan(&staged(&[2, 2])), (2, false));
-    }
-
-    #[test]
-    fn plan_takes_the_largest_reachable_preferred_size() {
-        let q = queue(16, 0, &[2, 4]);
-        // Prefix sums 1, 2, 4, 5: the longest prefix on a preferred size is 3 items (sum 4).
-        assert_eq!(q.plan(&staged(&[1, 1, 2, 1])), (3, true));
     }
 
     #[test]
@@ -513,9 +1016,49 @@ mod tests {
             .unwrap_err()
             .code
         };
-        assert_eq!(bad(0, &[1]), crate::Code::InvalidArg);
-        assert_eq!(bad(4, &[0]), crate::Code::InvalidArg);
-        assert_eq!(bad(4, &[5]), crate::Code::InvalidArg);
+        assert_eq!(bad(0, &[1]), Code::InvalidArg);
+        assert_eq!(bad(4, &[0]), Code::InvalidArg);
+        assert_eq!(bad(4, &[5]), Code::InvalidArg);
+    }
+
+    #[test]
+    fn level_validation() {
+        let bad = |levels, default, overrides: &[u32]| {
+            RequestQueue::<u32>::with_config(QueueConfig {
+                priority_levels: levels,
+                default_priority_level: default,
+                priority_queue_policy: overrides
+                    .iter()
+                    .map(|&l| (l, QueuePolicy::default()))
+                    .collect(),
+                ..QueueConfig::default()
+            })
+            .map(drop)
+            .map_err(|e| e.code)
+        };
+        assert_eq!(bad(0, 0, &[]), Ok(()));
+        assert_eq!(bad(0, 3, &[]), Ok(()));
+        assert_eq!(bad(3, 2, &[1, 3]), Ok(()));
+        assert_eq!(bad(3, 0, &[]), Err(Code::InvalidArg));
+        assert_eq!(bad(3, 4, &[]), Err(Code::InvalidArg));
+        assert_eq!(bad(3, 1, &[4]), Err(Code::InvalidArg));
+        assert_eq!(bad(0, 0, &[1]), Err(Code::InvalidArg));
+        assert_eq!(bad(MAX_PRIORITY_LEVELS + 1, 1, &[]), Err(Code::InvalidArg));
+    }
+
+    #[test]
+    fn timeout_override_only_shortens() {
+        let policy = |default_us, allow| QueuePolicy {
+            default_timeout: Duration::from_micros(default_us),
+            allow_timeout_override: allow,
+            ..QueuePolicy::default()
+        };
+        let us = Duration::from_micros;
+        assert_eq!(policy(0, true).timeout_for(us(5)), None);
+        assert_eq!(policy(100, true).timeout_for(us(5)), Some(us(5)));
+        assert_eq!(policy(100, true).timeout_for(us(500)), Some(us(100)));
+        assert_eq!(policy(100, true).timeout_for(us(0)), Some(us(100)));
+        assert_eq!(policy(100, false).timeout_for(us(5)), Some(us(100)));
     }
 
     #[test]
@@ -525,11 +1068,26 @@ mod tests {
             q.push(i, 1).unwrap();
         }
         assert_eq!(q.len(), 6);
-        // Batch of 4 leaves (full); 2 remain, one of them possibly staged.
+        // Batch of 4 leaves (full); 2 remain staged.
         assert_eq!(
-            q.pop_batch(Duration::ZERO),
-            PopResult::Batch(vec![0, 1, 2, 3])
+            q.pop_batch(Duration::ZERO).into_batch(),
+            Some(vec![0, 1, 2, 3])
         );
         assert_eq!(q.len(), 2);
+    }
+
+    #[test]
+    fn len_leaves_out_cancelled_requests() {
+        let q = queue(0, 0, &[]);
+        let tickets: Vec<_> = (0..3)
+            .map(|i| q.push_cancellable(i, RequestMeta::default()).unwrap())
+            .collect();
+        assert!(q.cancel(&tickets[1]).unwrap());
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.pop_batch(Duration::ZERO).into_batch(), Some(vec![0]));
+        assert_eq!(q.pop_batch(Duration::ZERO).into_batch(), Some(vec![2]));
+        assert_eq!(q.len(), 0);
+        assert_eq!(q.pop_batch(Duration::ZERO), PopResult::TimedOut);
+        assert_eq!(q.len(), 0);
     }
 }

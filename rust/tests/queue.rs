@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tritonfast_core::{BatchPolicy, Code, PopResult, RequestQueue};
+use tritonfast_core::{Batch, BatchPolicy, Code, PopResult, RequestQueue};
 
 const LONG: Duration = Duration::from_secs(10);
 
@@ -52,7 +52,8 @@ impl Rng {
 
 fn batch<T>(result: PopResult<T>) -> Vec<T> {
     match result {
-        PopResult::Batch(batch) => batch,
+        PopResult::Batch(batch) => batch.items,
+        PopResult::Rejected(_) => panic!("expected a batch, got Rejected"),
         PopResult::TimedOut => panic!("expected a batch, got TimedOut"),
         PopResult::Closed => panic!("expected a batch, got Closed"),
     }
@@ -208,9 +209,9 @@ fn pop_batch_queued_keeps_sizes_and_enqueue_times() {
         [("x", 3), ("y", 2)]
     );
     for e in &b {
-        assert!(before <= e.enqueued_at && e.enqueued_at <= after);
+        assert!(before <= e.enqueued_at() && e.enqueued_at() <= after);
     }
-    assert!(b[0].enqueued_at <= b[1].enqueued_at);
+    assert!(b[0].enqueued_at() <= b[1].enqueued_at());
 }
 
 #[test]
@@ -276,7 +277,7 @@ fn waiting_consumers_time_out_while_another_forms_a_batch() {
     assert!(start.elapsed() < Duration::from_secs(5));
     q.push(7, 1).unwrap();
     let got = within(Duration::from_secs(10), move || holder.join().unwrap());
-    assert_eq!(got, PopResult::Batch(vec![7]));
+    assert_eq!(got.into_batch(), Some(vec![7]));
 }
 
 /// Producers push `(producer, seq)` items; consumers collect batches until `Closed`. Checks that
@@ -292,7 +293,7 @@ fn stress(max: u32, delay: Duration, producers: u32, consumers: usize, per_produ
                     let mut got = Vec::new();
                     loop {
                         match q.pop_batch(Duration::from_millis(5)) {
-                            PopResult::Batch(b) => {
+                            PopResult::Batch(Batch { items: b, .. }) => {
                                 assert!(!b.is_empty());
                                 if max > 0 {
                                     let total: u32 = b.iter().map(|&(_, _, s)| s).sum();
@@ -303,6 +304,7 @@ fn stress(max: u32, delay: Duration, producers: u32, consumers: usize, per_produ
                                 got.extend(b);
                             }
                             PopResult::TimedOut => {}
+                            PopResult::Rejected(_) => panic!("nothing can time out"),
                             PopResult::Closed => return got,
                         }
                     }
@@ -367,7 +369,7 @@ fn no_lost_wakeups_in_ping_pong() {
         let consumer = {
             let q = Arc::clone(&q);
             thread::spawn(move || {
-                while let PopResult::Batch(b) = q.pop_batch(Duration::from_secs(30)) {
+                while let Some(b) = q.pop_batch(Duration::from_secs(30)).into_batch() {
                     ack_tx.send(b[0]).unwrap();
                 }
             })
@@ -418,8 +420,10 @@ fn close_racing_with_pushes_loses_nothing() {
                     let mut delivered = 0u64;
                     loop {
                         match q.pop_batch(Duration::from_secs(10)) {
-                            PopResult::Batch(b) => delivered += b.len() as u64,
-                            PopResult::TimedOut => panic!("consumer timed out"),
+                            PopResult::Batch(b) => delivered += b.items.len() as u64,
+                            PopResult::TimedOut | PopResult::Rejected(_) => {
+                                panic!("consumer timed out")
+                            }
                             PopResult::Closed => return delivered,
                         }
                     }
@@ -450,10 +454,10 @@ fn try_pop_batch_never_waits() {
     for i in 1..4 {
         q.push(i, 1).unwrap();
     }
-    assert_eq!(q.try_pop_batch(), PopResult::Batch(vec![0, 1, 2, 3]));
+    assert_eq!(q.try_pop_batch().into_batch(), Some(vec![0, 1, 2, 3]));
     q.push(4, 1).unwrap();
     q.close();
-    assert_eq!(q.try_pop_batch(), PopResult::Batch(vec![4]));
+    assert_eq!(q.try_pop_batch().into_batch(), Some(vec![4]));
     assert_eq!(q.try_pop_batch(), PopResult::Closed);
 }
 
@@ -463,7 +467,7 @@ fn try_pop_batch_returns_a_partial_batch_once_its_delay_passed() {
     q.push(0, 1).unwrap();
     let got = within(Duration::from_secs(10), move || {
         loop {
-            if let PopResult::Batch(b) = q.try_pop_batch() {
+            if let Some(b) = q.try_pop_batch().into_batch() {
                 return b;
             }
             thread::yield_now();

@@ -23,6 +23,7 @@ EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "parameters",
     "model_configuration",
+    "statistics",
 )
 
 
@@ -65,6 +66,12 @@ class DataPlane:
     def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
         """The model configuration in the JSON form Triton's HTTP endpoint returns."""
         return config_to_json(self.model_config(name, version))
+
+    # -- statistics -------------------------------------------------------------------------
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension: ``{"model_stats": [...]}`` for one model or all."""
+        versions = self._repository.serving(name, version)
+        return {"model_stats": [v.statistics() for v in versions]}
 
     # -- inference --------------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:

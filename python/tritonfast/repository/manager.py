@@ -170,6 +170,22 @@ class ModelRepository:
             )
         return chosen
 
+    def serving(self, name: str = "", version: str = "") -> list[ModelVersion]:
+        """The loaded versions a statistics request names (all of them without a name)."""
+        if not name:
+            return [v for e in self.entries() for _, v in sorted(e.versions.items())]
+        entry = self._models.get(name)
+        if entry is None or entry.state != READY:
+            raise InvalidArgumentError(f"requested model '{name}' is not available")
+        if not version:
+            return [v for _, v in sorted(entry.versions.items())]
+        chosen = entry.versions.get(int(version)) if version.isdigit() else None
+        if chosen is None:
+            raise InvalidArgumentError(
+                f"requested model version is not available for model '{name}'"
+            )
+        return [chosen]
+
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
             self.get(name, version)

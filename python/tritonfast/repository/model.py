@@ -34,6 +34,21 @@ class ModelVersion:
         request.model_version = self._version_text
         return await self._scheduler.submit(request, batch_size)
 
+    def statistics(self) -> dict[str, Any]:
+        """One ``model_stats`` entry of Triton's statistics extension for this version."""
+        counters = self._scheduler.statistics()
+        return {
+            "name": self.name,
+            "version": self._version_text,
+            "last_inference": counters["last_inference"],
+            "inference_count": counters["inference_count"],
+            "execution_count": counters["execution_count"],
+            "inference_stats": counters["inference_stats"],
+            "response_stats": {},
+            "batch_stats": counters["batch_stats"],
+            "memory_usage": [],
+        }
+
     def stop(self, timeout: float) -> None:
         self._scheduler.stop(timeout)
 

@@ -1,7 +1,9 @@
 """One thread per model instance: take a batch from the Rust queue, run it, hand back results.
 
-The wait for a batch happens inside the Rust core with the GIL released. Results are handed
-to the event loop with one ``call_soon_threadsafe`` per batch, not one per request.
+The wait for a batch happens inside the Rust core with the GIL released. Each batch's
+execution is reported to the core's statistics with one call, and its results are handed to the
+scheduler's ``deliver`` (which moves them to the event loop in one ``call_soon_threadsafe``),
+not one call per request.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from time import perf_counter_ns
 from typing import Any
 
+from tritonfast._core import Batch, RequestQueue
 from tritonfast.backends.base import Backend, Result
 from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime.types import InferRequest
@@ -23,14 +27,26 @@ _POLL_US = 500_000
 
 # A queued item: the request and the future its frontend task awaits.
 QueueItem = tuple[InferRequest, "asyncio.Future[Any]"]
+# Called on the instance thread with (batch seq, futures, one result per future).
+Deliver = Callable[[int, list["asyncio.Future[Any]"], Sequence[Result]], None]
+# Called on the instance thread with the futures of requests rejected by a queue timeout.
+Reject = Callable[[list["asyncio.Future[Any]"]], None]
 
 
 class InstanceLoop:
-    def __init__(self, name: str, queue: Any, backend: Backend, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self,
+        name: str,
+        queue: RequestQueue,
+        backend: Backend,
+        deliver: Deliver,
+        reject: Reject,
+    ) -> None:
         self.name = name
         self._queue = queue
         self._backend = backend
-        self._loop = loop
+        self._deliver = deliver
+        self._reject = reject
         self._thread = threading.Thread(target=self._run, name=f"instance:{name}", daemon=True)
 
     def start(self) -> None:
@@ -48,37 +64,50 @@ class InstanceLoop:
             log.exception("finalize failed for instance %s", self.name)
 
     def _run(self) -> None:
-        pop_batch = self._queue.pop_batch
+        pop = self._queue.pop
         while True:
-            batch = pop_batch(_POLL_US)
+            batch = pop(_POLL_US)
             if batch is None:  # closed and drained
                 return
-            if batch:
-                self._execute(batch)
+            items = batch.items
+            if items:
+                self._execute(batch, items)
+            else:  # a batch never comes with rejections; both are empty on a timeout
+                rejected = batch.rejected
+                if rejected:
+                    self._reject([item[1] for item in rejected])
 
-    def _execute(self, batch: list[QueueItem]) -> None:
-        requests = [item[0] for item in batch]
+    def _execute(self, batch: Batch, items: list[QueueItem]) -> None:
+        started = perf_counter_ns()
+        requests = [item[0] for item in items]
+        infer_started = perf_counter_ns()
+        results = self._run_backend(requests)
+        infer_ended = perf_counter_ns()
+        futures = [item[1] for item in items]
+        try:
+            batch.report(
+                results,
+                infer_started - started,
+                infer_ended - infer_started,
+                perf_counter_ns() - infer_ended,
+            )
+        except Exception:  # statistics must never cost a response
+            log.exception("instance %s could not record a batch's statistics", self.name)
+        self._deliver(batch.seq, futures, results)
+
+    def _run_backend(self, requests: list[InferRequest]) -> Sequence[Result]:
+        """The backend's results for one batch, or the error for every request."""
         try:
             results: Sequence[Result] = self._backend.execute(requests)
         except TritonError as exc:
-            results = [exc] * len(batch)
+            return [exc] * len(requests)
         except Exception as exc:  # a backend bug fails this batch, not the server
             log.exception("instance %s failed to execute a batch", self.name)
-            results = [InternalError(f"instance {self.name}: {exc}")] * len(batch)
-        if len(results) != len(batch):
+            return [InternalError(f"instance {self.name}: {exc}")] * len(requests)
+        if len(results) != len(requests):
             error = InternalError(
-                f"instance {self.name} returned {len(results)} responses for {len(batch)} requests"
+                f"instance {self.name} returned {len(results)} responses for"
+                f" {len(requests)} requests"
             )
-            results = [error] * len(batch)
-        self._loop.call_soon_threadsafe(_settle, [item[1] for item in batch], results)
-
-
-def _settle(futures: list[asyncio.Future[Any]], results: Sequence[Result]) -> None:
-    """Runs on the event loop: complete every future of one batch."""
-    for future, result in zip(futures, results, strict=True):
-        if future.done():  # the caller went away (cancelled)
-            continue
-        if isinstance(result, TritonError):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
+            return [error] * len(requests)
+        return results

@@ -6,6 +6,7 @@
 mod error;
 mod gil;
 mod queue;
+mod stats;
 
 use pyo3::prelude::*;
 
@@ -13,6 +14,10 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("QUEUE_FULL_MESSAGE", crate::queue::QUEUE_FULL_MESSAGE)?;
     m.add_class::<queue::PyRequestQueue>()?;
+    m.add_class::<queue::PyQueuePolicy>()?;
+    m.add_class::<queue::PyTicket>()?;
+    m.add_class::<queue::PyBatch>()?;
     Ok(())
 }

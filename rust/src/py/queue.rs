@@ -1,18 +1,258 @@
-//! `tritonfast._core.RequestQueue`: the core queue holding Python objects.
+//! `tritonfast._core.RequestQueue` and its companions: `QueuePolicy`, `Ticket`, `Batch`.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use pyo3::exceptions::{PyBaseException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::gil::without_gil;
-use crate::queue::{BatchPolicy, PopResult, RequestQueue};
+use super::stats::snapshot_dict;
+use crate::error::CoreError;
+use crate::queue::{
+    BatchPolicy, PopResult, QueueConfig, QueuePolicy, Queued, RequestMeta, RequestQueue, Ticket,
+    TicketStatus, TimeoutAction,
+};
+use crate::stats::{ComputeTimes, FailureReason, RequestTiming};
 
-/// Longest stretch a `pop_batch` waits without coming back for the GIL to check for signals, so
-/// Ctrl-C reaches a main thread blocked in `pop_batch`.
+/// Longest stretch a `pop` waits without coming back for the GIL to check for signals, so
+/// Ctrl-C reaches a main thread blocked in `pop`.
 const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
-/// A per-model request queue with dynamic batching (see the Rust `queue` module for the rules).
+/// One priority level's queue policy (Triton's `ModelQueuePolicy`).
+#[pyclass(name = "QueuePolicy", module = "tritonfast._core", frozen)]
+pub(crate) struct PyQueuePolicy {
+    inner: QueuePolicy,
+}
+
+#[pymethods]
+impl PyQueuePolicy {
+    #[new]
+    #[pyo3(signature = (
+        timeout_action = "REJECT",
+        default_timeout_us = 0,
+        allow_timeout_override = false,
+        max_queue_size = 0,
+    ))]
+    fn new(
+        timeout_action: &str,
+        default_timeout_us: u64,
+        allow_timeout_override: bool,
+        max_queue_size: u32,
+    ) -> PyResult<Self> {
+        let timeout_action = match timeout_action {
+            "REJECT" => TimeoutAction::Reject,
+            "DELAY" => TimeoutAction::Delay,
+            other => {
+                return Err(CoreError::invalid_arg(format!(
+                    "timeout_action must be 'REJECT' or 'DELAY', got '{other}'"
+                ))
+                .into());
+            }
+        };
+        Ok(Self {
+            inner: QueuePolicy {
+                timeout_action,
+                default_timeout: Duration::from_micros(default_timeout_us),
+                allow_timeout_override,
+                max_queue_size,
+            },
+        })
+    }
+
+    #[getter]
+    fn timeout_action(&self) -> &'static str {
+        action_name(self.inner.timeout_action)
+    }
+
+    #[getter]
+    fn default_timeout_us(&self) -> u128 {
+        self.inner.default_timeout.as_micros()
+    }
+
+    #[getter]
+    fn allow_timeout_override(&self) -> bool {
+        self.inner.allow_timeout_override
+    }
+
+    #[getter]
+    fn max_queue_size(&self) -> u32 {
+        self.inner.max_queue_size
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "QueuePolicy(timeout_action='{}', default_timeout_us={}, allow_timeout_override={}, \
+             max_queue_size={})",
+            action_name(self.inner.timeout_action),
+            self.inner.default_timeout.as_micros(),
+            py_bool(self.inner.allow_timeout_override),
+            self.inner.max_queue_size,
+        )
+    }
+}
+
+fn action_name(action: TimeoutAction) -> &'static str {
+    match action {
+        TimeoutAction::Reject => "REJECT",
+        TimeoutAction::Delay => "DELAY",
+    }
+}
+
+fn py_bool(value: bool) -> &'static str {
+    if value { "True" } else { "False" }
+}
+
+/// The handle of a request pushed with `RequestQueue.push_cancellable`.
+#[pyclass(name = "Ticket", module = "tritonfast._core", frozen, freelist = 256)]
+pub(crate) struct PyTicket {
+    inner: Ticket,
+}
+
+#[pymethods]
+impl PyTicket {
+    /// "QUEUED", "TAKEN" (handed out to run), "CANCELLED" or "REJECTED" (timed out).
+    #[getter]
+    fn status(&self) -> &'static str {
+        match self.inner.status() {
+            TicketStatus::Queued => "QUEUED",
+            TicketStatus::Taken => "TAKEN",
+            TicketStatus::Cancelled => "CANCELLED",
+            TicketStatus::Rejected => "REJECTED",
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Ticket(status='{}')", self.status())
+    }
+}
+
+/// What one `RequestQueue.pop` returned: a batch to run, or requests rejected by a queue
+/// timeout (both empty when the wait timed out).
+#[pyclass(name = "Batch", module = "tritonfast._core", frozen, freelist = 64)]
+pub(crate) struct PyBatch {
+    items: Py<PyList>,
+    /// `None` for none (the getter then returns the shared empty tuple).
+    rejected: Option<Py<PyTuple>>,
+    seq: u64,
+    timings: Timings,
+    /// The queue, for its statistics (a plain reference count under the GIL, unlike an `Arc`).
+    queue: Py<PyRequestQueue>,
+    reported: AtomicBool,
+}
+
+#[pymethods]
+impl PyBatch {
+    /// The batch's items, in the order they were batched (priority, then arrival).
+    #[getter]
+    fn items(&self, py: Python<'_>) -> Py<PyList> {
+        self.items.clone_ref(py)
+    }
+
+    /// Items whose queue timeout expired (REJECT): answer each with "Request timeout expired".
+    #[getter]
+    fn rejected(&self, py: Python<'_>) -> Py<PyTuple> {
+        match &self.rejected {
+            Some(rejected) => rejected.clone_ref(py),
+            None => PyTuple::empty(py).unbind(),
+        }
+    }
+
+    /// 0, 1, 2, ... in the order batches left the queue.
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Records the batch's execution in the queue's statistics: `results` holds one entry per
+    /// item, an exception instance for a request that failed; the durations are the batch's,
+    /// measured from when the batch was handed out (which is how the queue time ends). Call
+    /// once per batch, right after running it.
+    fn report(
+        &self,
+        results: &Bound<'_, PyAny>,
+        compute_input_ns: u64,
+        compute_infer_ns: u64,
+        compute_output_ns: u64,
+    ) -> PyResult<()> {
+        let timings = self.timings.as_slice();
+        if results.len()? != timings.len() {
+            return Err(PyValueError::new_err(format!(
+                "report() got {} results for a batch of {}",
+                results.len()?,
+                timings.len()
+            )));
+        }
+        // A list (the usual case) is read in place; anything else is collected first.
+        let collected;
+        let results: &Bound<'_, PyList> = if let Ok(list) = results.cast::<PyList>() {
+            list
+        } else {
+            collected = PyList::new(
+                results.py(),
+                results.try_iter()?.collect::<PyResult<Vec<_>>>()?,
+            )?;
+            &collected
+        };
+        if self.reported.swap(true, Ordering::Relaxed) {
+            return Err(PyValueError::new_err("this batch was already reported"));
+        }
+        let compute = ComputeTimes {
+            input: Duration::from_nanos(compute_input_ns),
+            infer: Duration::from_nanos(compute_infer_ns),
+            output: Duration::from_nanos(compute_output_ns),
+        };
+        // The computation ran from the hand-out until now: the batch left the queue that long
+        // ago. (Deriving it here spares `pop` a clock read.)
+        let now = Instant::now();
+        let dequeued_at = now
+            .checked_sub(compute.input + compute.infer + compute.output)
+            .unwrap_or(now);
+        self.queue.get().inner.stats().record_execution(
+            timings
+                .iter()
+                .zip(results.iter())
+                .map(|(timing, result)| (*timing, !result.is_instance_of::<PyBaseException>())),
+            dequeued_at,
+            compute,
+        );
+        Ok(())
+    }
+
+    fn __len__(&self) -> usize {
+        self.timings.as_slice().len()
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Batch(seq={}, items={}, rejected={})",
+            self.seq,
+            self.items.bind(py).len(),
+            self.rejected.as_ref().map_or(0, |r| r.bind(py).len())
+        )
+    }
+}
+
+/// Each item's batch size and enqueue time, without a heap allocation for the one-item batches
+/// of unbatched models.
+enum Timings {
+    One(RequestTiming),
+    Many(Vec<RequestTiming>),
+}
+
+impl Timings {
+    fn as_slice(&self) -> &[RequestTiming] {
+        match self {
+            Timings::One(timing) => std::slice::from_ref(timing),
+            Timings::Many(timings) => timings,
+        }
+    }
+}
+
+/// A per-model request queue with priority levels, queue policies, cancellation, dynamic
+/// batching and statistics (see the Rust `queue` and `batcher` modules for the rules).
 ///
 /// Items are any Python objects; they are not traversed by the garbage collector while queued,
 /// so an item should not hold the only path to its queue in a reference cycle.
@@ -24,48 +264,105 @@ pub(crate) struct PyRequestQueue {
 #[pymethods]
 impl PyRequestQueue {
     #[new]
-    #[pyo3(signature = (max_batch_size = 0, max_queue_delay_us = 0, preferred_batch_sizes = Vec::new()))]
+    #[pyo3(signature = (
+        max_batch_size = 0,
+        max_queue_delay_us = 0,
+        preferred_batch_sizes = Vec::new(),
+        *,
+        priority_levels = 0,
+        default_priority_level = 0,
+        default_queue_policy = None,
+        priority_queue_policy = None,
+    ))]
+    #[allow(clippy::too_many_arguments)] // mirrors Triton's ModelDynamicBatching fields
     fn new(
         max_batch_size: u32,
         max_queue_delay_us: u64,
         preferred_batch_sizes: Vec<u32>,
+        priority_levels: u32,
+        default_priority_level: u32,
+        default_queue_policy: Option<Bound<'_, PyQueuePolicy>>,
+        priority_queue_policy: Option<HashMap<u32, Bound<'_, PyQueuePolicy>>>,
     ) -> PyResult<Self> {
-        let inner = RequestQueue::new(BatchPolicy {
-            max_batch_size,
-            max_queue_delay: Duration::from_micros(max_queue_delay_us),
-            preferred_batch_sizes,
+        let mut levels: Vec<(u32, QueuePolicy)> = priority_queue_policy
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(level, policy)| (level, policy.get().inner.clone()))
+            .collect();
+        levels.sort_by_key(|&(level, _)| level);
+        let inner = RequestQueue::with_config(QueueConfig {
+            batch: BatchPolicy {
+                max_batch_size,
+                max_queue_delay: Duration::from_micros(max_queue_delay_us),
+                preferred_batch_sizes,
+            },
+            priority_levels,
+            default_priority_level,
+            default_queue_policy: default_queue_policy
+                .map(|policy| policy.get().inner.clone())
+                .unwrap_or_default(),
+            priority_queue_policy: levels,
         })?;
         Ok(Self { inner })
     }
 
-    /// Enqueues `item`; raises `UnavailableError` once closed, `InvalidArgumentError` for a bad
-    /// batch size. Never blocks.
-    #[pyo3(signature = (item, batch_size = 1))]
-    fn push(&self, item: Py<PyAny>, batch_size: u32) -> PyResult<()> {
-        Ok(self.inner.push(item, batch_size)?)
+    /// Enqueues `item`; never blocks. Raises `UnavailableError` once closed or when the
+    /// request's priority level is full ("Exceeds maximum queue size"), `InvalidArgumentError`
+    /// for a bad batch size.
+    #[pyo3(signature = (item, batch_size = 1, priority = 0, timeout_us = 0, shape_key = 0))]
+    fn push(
+        &self,
+        item: Py<PyAny>,
+        batch_size: u32,
+        priority: u32,
+        timeout_us: u64,
+        shape_key: u64,
+    ) -> PyResult<()> {
+        let meta = request_meta(batch_size, priority, timeout_us, shape_key);
+        Ok(self.inner.push_with(item, meta)?)
     }
 
-    /// Waits up to `timeout_us` microseconds (GIL released) for a batch. Returns the batch as a
-    /// list, `[]` on timeout, or `None` once the queue is closed and drained. `timeout_us=0`
-    /// polls: it returns a batch only if one may leave right now.
-    fn pop_batch<'py>(
+    /// Like `push`, returning a `Ticket` for `cancel`.
+    #[pyo3(signature = (item, batch_size = 1, priority = 0, timeout_us = 0, shape_key = 0))]
+    fn push_cancellable(
         &self,
-        py: Python<'py>,
+        item: Py<PyAny>,
+        batch_size: u32,
+        priority: u32,
         timeout_us: u64,
-    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        shape_key: u64,
+    ) -> PyResult<PyTicket> {
+        let meta = request_meta(batch_size, priority, timeout_us, shape_key);
+        let inner = self.inner.push_cancellable(item, meta)?;
+        Ok(PyTicket { inner })
+    }
+
+    /// Removes a still-queued request so it never runs; `True` if it was removed, `False` if it
+    /// was already handed out, rejected or cancelled. Never blocks.
+    fn cancel(&self, ticket: &Bound<'_, PyTicket>) -> PyResult<bool> {
+        Ok(self.inner.cancel(&ticket.get().inner)?)
+    }
+
+    /// Waits up to `timeout_us` microseconds (GIL released) for work. Returns a `Batch` (whose
+    /// `items` and `rejected` are both empty when the wait timed out), or `None` once the queue
+    /// is closed and drained. `timeout_us=0` polls: it returns a batch only if one may leave
+    /// right now.
+    fn pop(slf: &Bound<'_, Self>, timeout_us: u64) -> PyResult<Option<PyBatch>> {
+        let py = slf.py();
+        let this = slf.get();
         // Fast path, GIL held: a batch that is ready now needs no wait, no GIL hand-off and no
         // clock reads.
-        match self.inner.try_pop_batch() {
-            PopResult::Batch(items) => return Ok(Some(PyList::new(py, items)?)),
-            PopResult::Closed => return Ok(None),
+        match this.inner.try_pop_batch_queued() {
             PopResult::TimedOut => {}
+            ready => return to_batch(slf, ready),
         }
         if timeout_us == 0 {
-            return Ok(Some(PyList::empty(py)));
+            return to_batch(slf, PopResult::TimedOut);
         }
         let timeout = Duration::from_micros(timeout_us);
         if timeout <= SIGNAL_CHECK_INTERVAL {
-            return self.wait_for_batch(py, timeout);
+            let got = without_gil(py, || Ok(this.inner.pop_batch_queued(timeout)))?;
+            return to_batch(slf, got);
         }
         // Long waits go in slices, checking for signals (Ctrl-C) in between.
         let deadline = Instant::now().checked_add(timeout);
@@ -74,17 +371,17 @@ impl PyRequestQueue {
                 d.saturating_duration_since(Instant::now())
                     .min(SIGNAL_CHECK_INTERVAL)
             });
-            let batch = self.wait_for_batch(py, slice)?;
+            let got = without_gil(py, || Ok(this.inner.pop_batch_queued(slice)))?;
             let expired = deadline.is_some_and(|d| Instant::now() >= d);
-            if batch.as_ref().is_none_or(|b| !b.is_empty()) || expired {
-                return Ok(batch);
+            if !matches!(got, PopResult::TimedOut) || expired {
+                return to_batch(slf, got);
             }
             py.check_signals()?;
         }
     }
 
-    /// Closes the queue: pushes fail from now on, blocked `pop_batch` calls wake, and queued
-    /// items are still handed out before `pop_batch` returns `None`.
+    /// Closes the queue: pushes fail from now on, blocked `pop` calls wake, and queued items
+    /// are still handed out before `pop` returns `None`.
     fn close(&self) {
         self.inner.close();
     }
@@ -95,39 +392,97 @@ impl PyRequestQueue {
         self.inner.is_closed()
     }
 
+    /// The model version's statistics as a dict (see `tritonfast.runtime.scheduler`).
+    fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        snapshot_dict(py, &self.inner.stats().snapshot())
+    }
+
+    /// Counts one request that failed outside the queue's view (`reason`: "REJECTED",
+    /// "CANCELED", "BACKEND" or "OTHER"), after `duration_ns`.
+    #[pyo3(signature = (reason = "OTHER", duration_ns = 0))]
+    fn record_failure(&self, reason: &str, duration_ns: u64) -> PyResult<()> {
+        let reason = FailureReason::from_name(reason).ok_or_else(|| {
+            CoreError::invalid_arg(format!(
+                "failure reason must be REJECTED, CANCELED, BACKEND or OTHER, got '{reason}'"
+            ))
+        })?;
+        self.inner
+            .stats()
+            .record_failure(reason, Duration::from_nanos(duration_ns));
+        Ok(())
+    }
+
     fn __len__(&self) -> usize {
         self.inner.len()
     }
 
     fn __repr__(&self) -> String {
-        let policy = self.inner.policy();
+        let config = self.inner.config();
         format!(
             "RequestQueue(max_batch_size={}, max_queue_delay_us={}, preferred_batch_sizes={:?}, \
-             len={}, closed={})",
-            policy.max_batch_size,
-            policy.max_queue_delay.as_micros(),
-            policy.preferred_batch_sizes,
+             priority_levels={}, len={}, closed={})",
+            config.batch.max_batch_size,
+            config.batch.max_queue_delay.as_micros(),
+            config.batch.preferred_batch_sizes,
+            config.priority_levels,
             self.inner.len(),
-            if self.inner.is_closed() {
-                "True"
-            } else {
-                "False"
-            },
+            py_bool(self.inner.is_closed()),
         )
     }
 }
 
-impl PyRequestQueue {
-    /// One blocking `pop_batch` with the GIL released; `[]` on timeout, `None` when closed.
-    fn wait_for_batch<'py>(
-        &self,
-        py: Python<'py>,
-        timeout: Duration,
-    ) -> PyResult<Option<Bound<'py, PyList>>> {
-        match without_gil(py, || Ok(self.inner.pop_batch(timeout)))? {
-            PopResult::Batch(items) => Ok(Some(PyList::new(py, items)?)),
-            PopResult::TimedOut => Ok(Some(PyList::empty(py))),
-            PopResult::Closed => Ok(None),
-        }
+fn request_meta(batch_size: u32, priority: u32, timeout_us: u64, shape_key: u64) -> RequestMeta {
+    RequestMeta {
+        batch_size,
+        priority,
+        timeout: Duration::from_micros(timeout_us),
+        shape_key,
     }
+}
+
+/// The Python face of a pop result: `None` when closed, else a `Batch`.
+fn to_batch(
+    queue: &Bound<'_, PyRequestQueue>,
+    result: PopResult<Queued<Py<PyAny>>>,
+) -> PyResult<Option<PyBatch>> {
+    let py = queue.py();
+    let (taken, rejected, seq) = match result {
+        PopResult::Closed => return Ok(None),
+        PopResult::TimedOut => (Vec::new(), Vec::new(), 0),
+        PopResult::Rejected(rejected) => (Vec::new(), rejected, 0),
+        PopResult::Batch(batch) => (batch.items, Vec::new(), batch.seq),
+    };
+    let timing = |queued: &Queued<Py<PyAny>>| RequestTiming {
+        batch_size: queued.batch_size,
+        enqueued_at: queued.enqueued_at(),
+    };
+    let (items, timings) = if let [queued] = taken.as_slice() {
+        let timings = Timings::One(timing(queued));
+        let item = taken.into_iter().next().map(|queued| queued.item);
+        (PyList::new(py, item)?, timings)
+    } else {
+        let mut timings = Vec::with_capacity(taken.len());
+        let items = PyList::new(
+            py,
+            taken.into_iter().map(|queued| {
+                timings.push(timing(&queued));
+                queued.item
+            }),
+        )?;
+        (items, Timings::Many(timings))
+    };
+    let rejected = if rejected.is_empty() {
+        None
+    } else {
+        let items = rejected.into_iter().map(|queued| queued.item);
+        Some(PyTuple::new(py, items)?.unbind())
+    };
+    Ok(Some(PyBatch {
+        items: items.unbind(),
+        rejected,
+        seq,
+        timings,
+        queue: queue.clone().unbind(),
+        reported: AtomicBool::new(false),
+    }))
 }

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.errors import Code, InvalidArgumentError, TritonError, UnsupportedError
@@ -354,3 +355,10 @@ def encode_server_metadata(metadata: Mapping[str, Any]) -> pb.ServerMetadataResp
         version=metadata["version"],
         extensions=list(metadata.get("extensions", ())),
     )
+
+
+def encode_statistics(stats: Mapping[str, Any]) -> pb.ModelStatisticsResponse:
+    """The statistics extension's JSON layout (DataPlane.model_statistics) as protobuf."""
+    reply = pb.ModelStatisticsResponse()
+    json_format.ParseDict(stats, reply)
+    return reply

@@ -113,6 +113,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         reply.config.CopyFrom(self._dataplane.model_config(request.name, request.version))
         return reply
 
+    # -- statistics -----------------------------------------------------------------------------
+    @_triton_errors
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        stats = self._dataplane.model_statistics(request.name, request.version)
+        return codec.encode_statistics(stats)
+
     # -- inference ------------------------------------------------------------------------------
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         try:
@@ -173,7 +181,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await reader
 
     # -- not implemented yet ------------------------------------------------------------------
-    ModelStatistics = _not_implemented("ModelStatistics")
     RepositoryIndex = _not_implemented("RepositoryIndex")
     RepositoryModelLoad = _not_implemented("RepositoryModelLoad")
     RepositoryModelUnload = _not_implemented("RepositoryModelUnload")

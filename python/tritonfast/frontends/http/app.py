@@ -107,6 +107,19 @@ async def model_config(request: web.Request) -> web.Response:
         return _error(err)
 
 
+async def model_statistics(request: web.Request) -> web.Response:
+    if request.method != "GET":
+        return _method_not_allowed()
+    info = request.match_info
+    try:
+        stats = request.app[DATAPLANE].model_statistics(
+            info.get("model", ""), info.get("version", "")
+        )
+    except TritonError as err:
+        return _error(err)
+    return _json(stats)
+
+
 async def not_found(request: web.Request) -> web.Response:
     return web.Response(status=404, body=codec.error_body("Not Found"), headers=_JSON)
 
@@ -223,11 +236,13 @@ def create_app(dataplane: DataPlane) -> web.Application:
     add("*", "/v2", server_metadata)
     add("*", "/v2/health/live", health_live)
     add("*", "/v2/health/ready", health_ready)
+    add("*", "/v2/models/stats", model_statistics)  # before {model} would claim "stats"
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
         add("*", prefix, model_metadata)
         add("*", prefix + "/ready", model_ready)
         add("*", prefix + "/config", model_config)
         add("*", prefix + "/infer", infer)
+        add("*", prefix + "/stats", model_statistics)
     add("*", "/{tail:.*}", not_found)
     return app
 
