@@ -116,9 +116,10 @@ class Scheduler:
         try:
             return await future
         except asyncio.CancelledError:
-            # The caller went away: drop the request if it has not started (a running one
-            # completes; its result is ignored).
-            self._queue.cancel(ticket)
+            # The caller went away: drop the request if it has not started; a running one is
+            # flagged (the model sees request.is_cancelled()) and its result is ignored.
+            if not self._queue.cancel(ticket):
+                request.cancelled = True
             raise
 
     def _push(self, request: InferRequest, future: asyncio.Future[Any], batch_size: int) -> Ticket:

@@ -80,6 +80,9 @@ class InferRequest:
     # None means "every output the model produces".
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    # Set when the caller went away after the request had started running; models see it
+    # through pb_utils InferenceRequest.is_cancelled().
+    cancelled: bool = False
 
 
 @dataclass(slots=True)

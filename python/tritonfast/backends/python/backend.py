@@ -152,7 +152,7 @@ class PythonInstance(Backend):
             [o.name for o in request.outputs] if request.outputs is not None else self._output_names
         )
         params = request.parameters
-        return pb_utils.InferenceRequest(
+        pb_request = pb_utils.InferenceRequest(
             model_name=request.model_name,
             requested_output_names=wanted,
             inputs=[pb_utils.Tensor._wrap(t.name, t.data, t.datatype) for t in request.inputs],
@@ -160,6 +160,8 @@ class PythonInstance(Backend):
             correlation_id=params.get("sequence_id", 0),
             parameters=params,
         )
+        pb_request._origin = request
+        return pb_request
 
     def _from_pb(self, request: InferRequest, response: Any) -> Result:
         if not isinstance(response, pb_utils.InferenceResponse):

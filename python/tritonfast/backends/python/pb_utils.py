@@ -305,6 +305,9 @@ class InferenceRequest:
             parameters = json.loads(parameters) if parameters else {}
         self._parameters: dict[str, Any] = parameters or {}
         self._cancelled = False
+        # The server-side request this wraps (set by the backend), whose flag the scheduler
+        # raises when the client goes away while the request runs.
+        self._origin: Any = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -335,7 +338,7 @@ class InferenceRequest:
         return json.dumps(self._parameters)
 
     def is_cancelled(self) -> bool:
-        return self._cancelled
+        return self._cancelled or (self._origin is not None and self._origin.cancelled)
 
     def set_cancelled(self) -> None:
         self._cancelled = True

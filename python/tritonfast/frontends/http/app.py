@@ -254,6 +254,8 @@ async def start_http_server(dataplane: DataPlane, host: str, port: int) -> web.A
         access_log=None,
         auto_decompress=False,  # request bodies are inflated by ``infer`` itself
         handle_signals=False,
+        # A client that disconnects cancels its handler, so its queued request is dropped.
+        handler_cancellation=True,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
