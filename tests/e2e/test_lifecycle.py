@@ -72,26 +72,25 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
     assert "model.py" in log  # the missing-file reason names the file
 
 
-def test_unknown_flag_is_a_clear_error() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "tritonfast", "serve", "--no-such-flag"],
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m tritonfast ARGS`` for a command that exits by itself."""
+    return subprocess.run(
+        [sys.executable, "-m", "tritonfast", *args],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
     )
+
+
+def test_unknown_flag_is_a_clear_error() -> None:
+    result = run_cli("serve", "--no-such-flag")
     assert result.returncode == 2
     assert "unrecognized arguments: --no-such-flag" in result.stderr
 
 
 def test_help_lists_tritonserver_flags() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "tritonfast", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    result = run_cli("serve", "--help")
     assert result.returncode == 0
     for flag in (
         "--model-repository",
