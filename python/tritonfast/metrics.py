@@ -1,7 +1,7 @@
 """The Prometheus endpoint on the metrics port (``GET /metrics``).
 
-The nv_inference_* families are read from the Rust core's counters at scrape time by a
-collector registered on ``REGISTRY``; this module only serves the registry.
+Serves ``REGISTRY``. Nothing is registered on it yet: the nv_inference_* families (read from
+the Rust core's statistics at scrape time) and models' custom metrics are issue 5's work.
 """
 
 from __future__ import annotations

@@ -41,9 +41,7 @@ def model_table(entries: list[ModelEntry]) -> str:
     for entry in entries:
         versions: list[int | None] = [*sorted(entry.versions)] or [None]
         for version in versions:
-            status = entry.state if entry.state != READY else "READY"
-            if entry.reason:
-                status = f"{entry.state}: {entry.reason}"
+            status = f"{entry.state}: {entry.reason}" if entry.reason else entry.state
             rows.append((entry.name, "" if version is None else str(version), status))
     header = ("Model", "Version", "Status")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]

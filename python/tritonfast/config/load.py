@@ -131,7 +131,7 @@ def complete(config: ModelConfig) -> None:
             group.name = f"{config.name}_{index}"
         if group.count < 1:
             group.count = 1
-        if group.kind in (model_config_pb2.ModelInstanceGroup.KIND_AUTO,):
+        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_AUTO:
             group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
     if config.backend == "python" and not config.default_model_filename:
         config.default_model_filename = "model.py"

@@ -121,7 +121,9 @@ class ModelRepository:
                     python_backend.model_file(config, model_dir / str(version)), config.name
                 )
             )
-            entry.versions[version] = self._start_version(config, version, version_class, versions)
+            entry.versions[version] = self._start_version(
+                config, version, version_class, versions, entry.path
+            )
 
     def _start_version(
         self,
@@ -129,6 +131,7 @@ class ModelRepository:
         version: int,
         model_class: type,
         served: list[int],
+        model_dir: Path,
     ) -> ModelVersion:
         instances: list[Backend] = []
         for group in config.instance_group:
@@ -138,15 +141,12 @@ class ModelRepository:
                         model_class,
                         config,
                         instance_name=f"{group.name}_{index}",
-                        repository_path=self._entry_path(config.name),
+                        repository_path=model_dir,
                         version=version,
                     )
                 )
         scheduler = Scheduler(f"{config.name}_{version}", config, instances, self._loop)
         return ModelVersion(config, version, scheduler, served)
-
-    def _entry_path(self, name: str) -> Path:
-        return self._models[name].path
 
     # -- queries ------------------------------------------------------------------------
     def entries(self) -> list[ModelEntry]:

@@ -7,6 +7,7 @@ checking a request is a few dict look-ups.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tritonfast._proto import model_config_pb2
@@ -89,7 +90,7 @@ class RequestValidator:
                         f"{prefix}inference request batch-size must be <= {self.max_batch_size}"
                         f" for '{model}'"
                     )
-                if seen and len(seen) > 1 and this_batch != batch_size:
+                if len(seen) > 1 and this_batch != batch_size:
                     raise InvalidArgumentError(
                         f"{prefix}input '{tensor.name}' batch size does not match other inputs"
                         f" for '{model}'"
@@ -100,15 +101,14 @@ class RequestValidator:
                 raise InvalidArgumentError(
                     f"{prefix}{self._shape_error(tensor.name, tensor.shape, spec)}"
                 )
-        if len(seen) < len(self._required) or any(n not in seen for n in self._required):
-            missing = [n for n in self._required if n not in seen]
-            if missing:
-                raise InvalidArgumentError(
-                    f"{prefix}expected {len(self.inputs)} inputs but got {len(seen)} inputs for"
-                    f" model '{model}'. Got input(s) {_name_list(seen, request)}, but missing"
-                    f" required input(s) {_name_list(missing)}. Please provide all required"
-                    " input(s)."
-                )
+        missing = [n for n in self._required if n not in seen]
+        if missing:
+            raise InvalidArgumentError(
+                f"{prefix}expected {len(self.inputs)} inputs but got {len(seen)} inputs for"
+                f" model '{model}'. Got input(s) {_name_list(t.name for t in request.inputs)},"
+                f" but missing required input(s) {_name_list(missing)}. Please provide all"
+                " required input(s)."
+            )
         if request.outputs is not None:
             for output in request.outputs:
                 if output.name not in self.outputs:
@@ -149,6 +149,5 @@ def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     return all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
 
 
-def _name_list(names: object, request: InferRequest | None = None) -> str:
-    ordered = [t.name for t in request.inputs] if request is not None else list(names)  # type: ignore[call-overload]
-    return "[" + ", ".join(f"'{n}'" for n in ordered) + "]"
+def _name_list(names: Iterable[str]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
