@@ -3,14 +3,16 @@
 //!
 //! * `round_trip`: push + pop on one thread (no waiting involved).
 //! * `wakeup`: a consumer thread blocked in `pop_batch`; the time from `push` on the producer
-//!   thread until the consumer has the item. `parked` leaves the consumer time to park between
-//!   items (the cold path); `back_to_back` pushes as soon as the previous item was acknowledged.
+//!   thread until the consumer has the item. `idle` pushes 20 µs after the previous item was
+//!   taken (an idle instance, still polling: the "enqueue to instance" budget); `parked` leaves
+//!   the consumer time to park between items (the cold path, bound by the OS's thread wake-up);
+//!   `back_to_back` pushes as soon as the previous item was acknowledged.
 //! * `contention`: 4 producer threads pushing, one consumer taking batches; per item.
 //! * `features`: the round trips again with what the scheduler uses: cancellable pushes, and a
 //!   batched queue with 3 priority levels, queue timeouts and shape keys.
 //!
-//! After the criterion groups, the bench prints p50/p99 of the `parked` wake-up latency measured
-//! item by item, since criterion reports means and medians of sample means.
+//! After the criterion groups, the bench prints p50/p99 of the `idle` and `parked` wake-up
+//! latencies measured item by item, since criterion reports means and medians of sample means.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -25,6 +27,8 @@ use tritonfast_core::{
 
 /// Gap before each push in the `parked` cases: long enough for the consumer's spin to end.
 const PARK_GAP: Duration = Duration::from_micros(200);
+/// Gap before each push in the `idle` cases: the consumer is idle, still polling.
+const IDLE_GAP: Duration = Duration::from_micros(20);
 
 fn unbatched<T>() -> RequestQueue<T> {
     RequestQueue::new(BatchPolicy::unbatched()).unwrap()
@@ -92,7 +96,11 @@ fn spin_for(gap: Duration) {
 fn wakeup(c: &mut Criterion) {
     let mut group = c.benchmark_group("wakeup");
     short(&mut group);
-    for (name, gap) in [("parked", PARK_GAP), ("back_to_back", Duration::ZERO)] {
+    for (name, gap) in [
+        ("parked", PARK_GAP),
+        ("idle", IDLE_GAP),
+        ("back_to_back", Duration::ZERO),
+    ] {
         let q = Arc::new(unbatched());
         let (consumer, latencies) = spawn_consumer(&q);
         group.bench_function(name, |b| {
@@ -213,14 +221,14 @@ fn features(c: &mut Criterion) {
     group.finish();
 }
 
-/// p50/p99 of the parked wake-up latency, item by item.
-fn wakeup_percentiles() {
+/// p50/p99 of the wake-up latency of an idle and of a parked consumer, item by item.
+fn wakeup_percentiles(name: &str, gap: Duration) {
     const SAMPLES: usize = 2_000;
     let q = Arc::new(unbatched());
     let (consumer, latencies) = spawn_consumer(&q);
     let mut seen: Vec<Duration> = (0..SAMPLES)
         .map(|_| {
-            spin_for(PARK_GAP);
+            spin_for(gap);
             q.push(Instant::now(), 1).unwrap();
             latencies.recv().unwrap()
         })
@@ -230,7 +238,7 @@ fn wakeup_percentiles() {
     seen.sort_unstable();
     let at = |p: usize| seen[(SAMPLES * p / 100).min(SAMPLES - 1)];
     println!(
-        "wakeup/parked per item over {SAMPLES}: p50 {:?}  p99 {:?}  max {:?}",
+        "wakeup/{name} per item over {SAMPLES}: p50 {:?}  p99 {:?}  max {:?}",
         at(50),
         at(99),
         seen[SAMPLES - 1]
@@ -246,6 +254,7 @@ fn main() {
     criterion.final_summary();
     // `cargo test --benches` / `cargo bench -- --test` run each bench once; skip the extra report.
     if !std::env::args().any(|a| a == "--test" || a == "--list") {
-        wakeup_percentiles();
+        wakeup_percentiles("idle", IDLE_GAP);
+        wakeup_percentiles("parked", PARK_GAP);
     }
 }

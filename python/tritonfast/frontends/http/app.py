@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec
+from tritonfast.frontends.http.routes import Endpoint, resolve
 
 if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
 
 log = logging.getLogger("tritonfast.http")
 
-DATAPLANE: web.AppKey[DataPlane] = web.AppKey("dataplane")
 # Triton reads content lengths as int32; bodies up to that size are accepted.
 MAX_BODY_BYTES = (1 << 31) - 1
 
@@ -54,43 +55,39 @@ def _method_not_allowed() -> web.Response:
 
 
 # -- health and metadata ----------------------------------------------------------------------
-async def server_metadata(request: web.Request) -> web.Response:
-    if request.method != "GET":
-        return _method_not_allowed()
-    return _json(request.app[DATAPLANE].server_metadata())
+# Each handler takes the request, the data plane and the route's model and version.
+async def server_metadata(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
+) -> web.Response:
+    return _json(dataplane.server_metadata())
 
 
-async def health_live(request: web.Request) -> web.Response:
-    if request.method != "GET":
-        return _method_not_allowed()
-    return web.Response(status=200 if request.app[DATAPLANE].live() else 400)
+async def health_live(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
+) -> web.Response:
+    return web.Response(status=200 if dataplane.live() else 400)
 
 
-async def health_ready(request: web.Request) -> web.Response:
-    if request.method != "GET":
-        return _method_not_allowed()
-    return web.Response(status=200 if request.app[DATAPLANE].ready() else 400)
+async def health_ready(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
+) -> web.Response:
+    return web.Response(status=200 if dataplane.ready() else 400)
 
 
-def _model(request: web.Request) -> tuple[str, str]:
-    info = request.match_info
-    return info["model"], info.get("version", "")
-
-
-async def model_metadata(request: web.Request) -> web.Response:
-    if request.method != "GET":
-        return _method_not_allowed()
+async def model_metadata(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
+) -> web.Response:
     try:
-        return _json(request.app[DATAPLANE].model_metadata(*_model(request)))
+        return _json(dataplane.model_metadata(model, version))
     except TritonError as err:
         return _error(err)
 
 
-async def model_ready(request: web.Request) -> web.Response:
-    if request.method != "GET":
-        return _method_not_allowed()
+async def model_ready(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
+) -> web.Response:
     try:
-        ready = request.app[DATAPLANE].model_ready(*_model(request))
+        ready = dataplane.model_ready(model, version)
     except TritonError as err:
         return _error(err)
     if not ready:
@@ -98,39 +95,29 @@ async def model_ready(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-async def model_config(request: web.Request) -> web.Response:
-    if request.method != "GET":
-        return _method_not_allowed()
+async def model_config(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
+) -> web.Response:
     try:
-        return _json(request.app[DATAPLANE].model_config_json(*_model(request)))
+        return _json(dataplane.model_config_json(model, version))
     except TritonError as err:
         return _error(err)
 
 
-async def model_statistics(request: web.Request) -> web.Response:
-    if request.method != "GET":
-        return _method_not_allowed()
-    info = request.match_info
+async def model_statistics(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
+) -> web.Response:
     try:
-        stats = request.app[DATAPLANE].model_statistics(
-            info.get("model", ""), info.get("version", "")
-        )
+        return _json(dataplane.model_statistics(model, version))
     except TritonError as err:
         return _error(err)
-    return _json(stats)
-
-
-async def not_found(request: web.Request) -> web.Response:
-    return web.Response(status=404, body=codec.error_body("Not Found"), headers=_JSON)
 
 
 # -- inference --------------------------------------------------------------------------------
-async def infer(request: web.Request) -> web.Response:
-    if request.method != "POST":
-        return _method_not_allowed()
-    model_name, model_version = _model(request)
+async def infer(
+    request: web.BaseRequest, dataplane: DataPlane, model_name: str, model_version: str
+) -> web.Response:
     encoding = request.headers.get("Content-Encoding")
-    dataplane = request.app[DATAPLANE]
     try:
         # Like Triton, name an unknown model before looking at the body.
         dataplane.model_metadata(model_name, model_version)
@@ -171,7 +158,7 @@ async def infer(request: web.Request) -> web.Response:
     return web.Response(body=payload, headers=headers)
 
 
-async def _read_body(request: web.Request) -> bytearray:
+async def _read_body(request: web.BaseRequest) -> bytearray:
     """The whole request body in one writable buffer, filled as chunks arrive."""
     stream = request.content
     length = request.content_length
@@ -229,34 +216,49 @@ def _response_encoding(accept: str | None) -> str | None:
 
 
 # -- wiring -----------------------------------------------------------------------------------
-def create_app(dataplane: DataPlane) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app[DATAPLANE] = dataplane
-    add = app.router.add_route
-    add("*", "/v2", server_metadata)
-    add("*", "/v2/health/live", health_live)
-    add("*", "/v2/health/ready", health_ready)
-    add("*", "/v2/models/stats", model_statistics)  # before {model} would claim "stats"
-    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
-        add("*", prefix, model_metadata)
-        add("*", prefix + "/ready", model_ready)
-        add("*", prefix + "/config", model_config)
-        add("*", prefix + "/infer", infer)
-        add("*", prefix + "/stats", model_statistics)
-    add("*", "/{tail:.*}", not_found)
-    return app
+Handler = Callable[[web.BaseRequest, "DataPlane", str, str], Awaitable[web.Response]]
+HANDLERS: dict[Endpoint, Handler] = {
+    Endpoint.SERVER_METADATA: server_metadata,
+    Endpoint.HEALTH_LIVE: health_live,
+    Endpoint.HEALTH_READY: health_ready,
+    Endpoint.MODEL_METADATA: model_metadata,
+    Endpoint.MODEL_READY: model_ready,
+    Endpoint.MODEL_CONFIG: model_config,
+    Endpoint.MODEL_STATISTICS: model_statistics,
+    Endpoint.INFER: infer,
+}
+_NOT_FOUND = codec.error_body("Not Found")
 
 
-async def start_http_server(dataplane: DataPlane, host: str, port: int) -> web.AppRunner:
-    """Start serving on ``host:port``; listening when this returns. Stop with ``cleanup()``."""
-    runner = web.AppRunner(
-        create_app(dataplane),
-        access_log=None,
-        auto_decompress=False,  # request bodies are inflated by ``infer`` itself
-        handle_signals=False,
+def dispatcher(dataplane: DataPlane) -> Callable[[web.BaseRequest], Awaitable[web.Response]]:
+    """The one request handler of the server: resolve the path, check the method, call."""
+
+    async def handle(request: web.BaseRequest) -> web.Response:
+        route = resolve(request.path)
+        if route is None:
+            return web.Response(status=404, body=_NOT_FOUND, headers=_JSON)
+        endpoint = route.endpoint
+        if request.method != endpoint.method:
+            return _method_not_allowed()
+        return await HANDLERS[endpoint](request, dataplane, route.model, route.version)
+
+    return handle
+
+
+async def start_http_server(dataplane: DataPlane, host: str, port: int) -> web.BaseRunner:
+    """Start serving on ``host:port``; listening when this returns. Stop with ``cleanup()``.
+
+    aiohttp's low-level server (no ``web.Application``: no router, middlewares or signals)
+    costs about a fifth less CPU per request than the application stack.
+    """
+    server = web.Server(
+        dispatcher(dataplane),
         # A client that disconnects cancels its handler, so its queued request is dropped.
         handler_cancellation=True,
+        access_log=None,
+        auto_decompress=False,  # request bodies are inflated by ``infer`` itself
     )
+    runner = web.ServerRunner(server, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
     try:
