@@ -47,7 +47,7 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
         assert client.is_server_live()
         assert not client.is_server_ready()  # some models failed
         assert client.is_model_ready("healthy")
-        for name in ("broken_cfg", "no_model_py", "init_fail"):
+        for name in ("broken_cfg", "no_model_py", "init_fail", "bad_mode", "proc_init_fail"):
             assert not client.is_model_ready(name)
         a = np.ones(4, dtype=np.float32)
         inputs = [
@@ -70,6 +70,10 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
         client.close()
     log = lenient_server.log()
     assert "model.py" in log  # the missing-file reason names the file
+    assert "parameter TRITONFAST_INSTANCE_MODE must be one of thread, process, not 'fork'" in log
+    # initialize() failing inside a worker process reports the model's own error.
+    assert "Failed to initialize model instance 'proc_init_fail_0_0'" in log
+    assert log.count("init_fail cannot start") >= 2
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend
 from tritonfast.backends.python import backend as python_backend
+from tritonfast.backends.python.process import ProcessInstance, instance_mode
 from tritonfast.config import load as config_load
 from tritonfast.errors import (
     InvalidArgumentError,
@@ -133,18 +134,37 @@ class ModelRepository:
         served: list[int],
         model_dir: Path,
     ) -> ModelVersion:
+        in_processes = instance_mode(config) == "process"
         instances: list[Backend] = []
-        for group in config.instance_group:
-            for index in range(group.count or 1):
-                instances.append(
-                    python_backend.PythonInstance(
-                        model_class,
-                        config,
-                        instance_name=f"{group.name}_{index}",
-                        repository_path=model_dir,
-                        version=version,
-                    )
-                )
+        try:
+            for group in config.instance_group:
+                for index in range(group.count or 1):
+                    name = f"{group.name}_{index}"
+                    if in_processes:
+                        model_file = python_backend.model_file(config, model_dir / str(version))
+                        instances.append(
+                            ProcessInstance(
+                                model_file,
+                                config,
+                                instance_name=name,
+                                repository_path=model_dir,
+                                version=version,
+                            )
+                        )
+                    else:
+                        instances.append(
+                            python_backend.PythonInstance(
+                                model_class,
+                                config,
+                                instance_name=name,
+                                repository_path=model_dir,
+                                version=version,
+                            )
+                        )
+        except BaseException:
+            for started in instances:  # worker processes and their segments must not leak
+                started.finalize()
+            raise
         scheduler = Scheduler(f"{config.name}_{version}", config, instances, self._loop)
         return ModelVersion(config, version, scheduler, served)
 

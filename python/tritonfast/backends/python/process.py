@@ -1,0 +1,342 @@
+"""Python model instances in worker processes: one process per instance, as Triton runs them.
+
+Chosen per model in ``config.pbtxt``::
+
+    parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "process" } }
+
+(``"thread"``, the default, runs instances in the server process.) Each instance then has its
+own interpreter and GIL, so N instances execute Python code truly in parallel.
+
+Tensors never go through pickle: the server writes a batch's input tensors into a
+shared-memory segment it owns, the worker views them there with numpy (no copy) and writes its
+output tensors into a segment the worker owns, from which the server copies them out. Only the
+small description of each batch (names, shapes, offsets, parameters) travels over a pipe.
+Input arrays a model receives are valid until its ``execute`` returns (the segment is reused
+by the next batch); a model that keeps one longer must copy it.
+
+A worker that dies (a crash in native code, ``os._exit``) fails the batch it was running with
+an error naming the instance, and is started again, with ``initialize``, for the next batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.backends.base import Backend, Result
+from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
+from tritonfast.runtime import rawtensor
+from tritonfast.runtime.shmsegment import (
+    SegmentReader,
+    SegmentWriter,
+    aligned,
+    remove_segments,
+)
+from tritonfast.runtime.types import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
+
+MODE_PARAMETER = "TRITONFAST_INSTANCE_MODE"
+MODES = ("thread", "process")
+# How long a worker may take to start (import the model, run initialize) or to finalize.
+START_TIMEOUT_S = 120.0
+FINALIZE_TIMEOUT_S = 30.0
+
+_instance_serials = itertools.count()
+
+# A tensor's place in a segment: (name, datatype, shape, offset, nbytes).
+TensorSlot = tuple[str, str, tuple[int, ...], int, int]
+
+
+def instance_mode(config: model_config_pb2.ModelConfig) -> str:
+    """``"thread"`` or ``"process"``, from the model's parameters."""
+    if MODE_PARAMETER not in config.parameters:
+        return "thread"
+    mode = config.parameters[MODE_PARAMETER].string_value
+    if mode not in MODES:
+        raise InvalidArgumentError(
+            f"model '{config.name}': parameter {MODE_PARAMETER} must be one of"
+            f" {', '.join(MODES)}, not '{mode}'"
+        )
+    return mode
+
+
+# -- laying tensors out in a segment ------------------------------------------------------------
+def _raw(datatype: str, data: np.ndarray) -> np.ndarray:
+    """A tensor's wire bytes as a uint8 array (BYTES: the length-prefixed layout)."""
+    raw = rawtensor.to_raw(datatype, data)
+    return np.frombuffer(raw, np.uint8) if isinstance(raw, bytes) else raw
+
+
+def _write(
+    writer: SegmentWriter, tensors: list[tuple[str, str, tuple[int, ...], np.ndarray]]
+) -> tuple[str, int, list[TensorSlot]]:
+    """Copy (name, datatype, shape, data) tensors into the writer's segment, back to back."""
+    raws = [_raw(datatype, data) for _, datatype, _, data in tensors]
+    offsets = []
+    end = 0
+    for raw in raws:
+        offsets.append(end)
+        end = aligned(end + raw.nbytes)
+    segment = writer.reserve(end)
+    memory = np.frombuffer(segment.buffer, np.uint8)
+    slots: list[TensorSlot] = []
+    for (name, datatype, shape, _), raw, offset in zip(tensors, raws, offsets, strict=True):
+        memory[offset : offset + raw.nbytes] = raw
+        slots.append((name, datatype, tuple(shape), offset, raw.nbytes))
+    return segment.name, segment.size, slots
+
+
+def _read(buffer: Any, slot: TensorSlot, model: str, *, copy: bool) -> np.ndarray:
+    name, datatype, shape, offset, nbytes = slot
+    view = memoryview(buffer)[offset : offset + nbytes]
+    array = rawtensor.from_raw(datatype, shape, view, name, model)
+    return array.copy() if copy and datatype != "BYTES" else array
+
+
+# -- the server side ----------------------------------------------------------------------------
+class ProcessInstance(Backend):
+    """A model instance whose ``TritonPythonModel`` lives in its own worker process."""
+
+    def __init__(
+        self,
+        model_file: Path,
+        config: model_config_pb2.ModelConfig,
+        *,
+        instance_name: str,
+        repository_path: Path,
+        version: int,
+    ) -> None:
+        self._instance_name = instance_name
+        self._model_name = config.name
+        self._start_args = (
+            str(model_file),
+            config.SerializeToString(),
+            instance_name,
+            str(repository_path),
+            version,
+        )
+        # Segment names carry a serial, not the instance name (which may hold any character).
+        serial = next(_instance_serials)
+        self._inputs = SegmentWriter(f"tritonfast-in-{serial}")
+        # Where the worker creates its output segments; removed here if the worker dies.
+        self._output_prefix = f"tritonfast-out-{os.getpid()}-{serial}"
+        self._generations = itertools.count()
+        self._outputs = SegmentReader()
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        try:
+            self._start()
+        except BaseException:
+            self._inputs.close()
+            raise
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        output_prefix = f"{self._output_prefix}-{next(self._generations)}"
+        process = context.Process(
+            target=worker_main,
+            args=(theirs, output_prefix, *self._start_args),
+            name=f"tritonfast-instance:{self._instance_name}",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        self._process, self._conn = process, ours
+        if not ours.poll(START_TIMEOUT_S):
+            self._stop_process()
+            raise InternalError(f"instance '{self._instance_name}' did not start in time")
+        try:
+            reply = ours.recv()
+        except (EOFError, OSError):
+            reply = ("error", f"the worker process exited with code {process.exitcode}")
+        if reply[0] != "ready":
+            self._stop_process()
+            raise InternalError(reply[1])
+
+    def execute(self, requests: list[InferRequest]) -> list[Result]:
+        if self._conn is None:
+            try:
+                self._start()
+            except TritonError as exc:
+                return [exc] * len(requests)
+        assert self._conn is not None
+        tensors = [(t.name, t.datatype, t.shape, t.data) for r in requests for t in r.inputs]
+        name, size, slots = _write(self._inputs, tensors)
+        described = []
+        position = 0
+        for request in requests:
+            count = len(request.inputs)
+            described.append(
+                (
+                    request.model_name,
+                    request.model_version,
+                    request.id,
+                    request.parameters,
+                    None if request.outputs is None else [o.name for o in request.outputs],
+                    slots[position : position + count],
+                )
+            )
+            position += count
+        try:
+            self._conn.send(("execute", name, size, described))
+            reply = self._conn.recv()
+        except (EOFError, OSError):
+            code = self._process.exitcode if self._process is not None else None
+            self._stop_process()
+            error = InternalError(
+                f"Failed to process the request(s) for model instance '{self._instance_name}',"
+                f" message: the instance's worker process exited (code {code}); it restarts"
+                " for the next request"
+            )
+            return [error] * len(requests)
+        _, out_name, out_size, results = reply
+        segment = self._outputs.map(out_name, out_size) if out_name else None
+        return [self._result(segment, r) for r in results]
+
+    def _result(self, segment: Any, result: tuple[Any, ...]) -> Result:
+        if result[0] == "error":
+            return error_for(Code(result[1]), result[2])
+        _, model_name, model_version, response_id, parameters, slots = result
+        outputs = [
+            OutputTensor(
+                slot[0],
+                slot[1],
+                slot[2],
+                _read(segment.buffer, slot, self._model_name, copy=True),
+            )
+            for slot in slots
+        ]
+        return InferResponse(model_name, model_version, response_id, outputs, parameters)
+
+    def finalize(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.send(("finalize",))
+                if self._conn.poll(FINALIZE_TIMEOUT_S):
+                    self._conn.recv()
+            except (EOFError, OSError):
+                pass
+        self._stop_process()
+        self._inputs.close()
+        self._outputs.close()
+
+    def _stop_process(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._process is not None:
+            self._process.join(FINALIZE_TIMEOUT_S)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+            self._process = None
+        remove_segments(self._output_prefix)
+
+
+# -- the worker process -------------------------------------------------------------------------
+def worker_main(
+    conn: Connection,
+    output_prefix: str,
+    model_file: str,
+    config_bytes: bytes,
+    instance_name: str,
+    repository_path: str,
+    version: int,
+) -> None:
+    """Entry point of a worker process: load and initialize the model, then serve batches."""
+    # Ctrl-C in a terminal reaches the whole process group; the server decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from tritonfast.backends.python.backend import PythonInstance, load_model_class
+
+    config = model_config_pb2.ModelConfig.FromString(config_bytes)
+    try:
+        model_class = load_model_class(Path(model_file), config.name)
+        instance = PythonInstance(
+            model_class,
+            config,
+            instance_name=instance_name,
+            repository_path=Path(repository_path),
+            version=version,
+        )
+    except TritonError as exc:
+        conn.send(("error", exc.message))
+        return
+    conn.send(("ready",))
+    inputs = SegmentReader()
+    outputs = SegmentWriter(output_prefix)
+    try:
+        while True:
+            message = conn.recv()
+            if message[0] == "finalize":
+                instance.finalize()
+                conn.send(("finalized",))
+                return
+            _, name, size, described = message
+            segment = inputs.map(name, size)
+            requests = [_request(segment.buffer, config.name, d) for d in described]
+            results = instance.execute(requests)
+            conn.send(_describe_results(outputs, results))
+    except EOFError:  # the server went away
+        return
+    finally:
+        outputs.close()
+
+
+def _request(buffer: Any, model: str, described: tuple[Any, ...]) -> InferRequest:
+    model_name, model_version, request_id, parameters, output_names, slots = described
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=request_id,
+        inputs=[
+            InputTensor(slot[0], slot[1], slot[2], _read(buffer, slot, model, copy=False))
+            for slot in slots
+        ],
+        outputs=None if output_names is None else [RequestedOutput(n) for n in output_names],
+        parameters=parameters,
+    )
+
+
+def _describe_results(
+    writer: SegmentWriter, results: list[Result]
+) -> tuple[str, str, int, list[tuple[Any, ...]]]:
+    tensors = [
+        (t.name, t.datatype, t.shape, t.data)
+        for r in results
+        if isinstance(r, InferResponse)
+        for t in r.outputs
+    ]
+    name, size, slots = _write(writer, tensors) if tensors else ("", 0, [])
+    described: list[tuple[Any, ...]] = []
+    position = 0
+    for result in results:
+        if isinstance(result, TritonError):
+            described.append(("error", result.code.value, result.message))
+            continue
+        count = len(result.outputs)
+        described.append(
+            (
+                "ok",
+                result.model_name,
+                result.model_version,
+                result.id,
+                result.parameters,
+                slots[position : position + count],
+            )
+        )
+        position += count
+    return "results", name, size, described

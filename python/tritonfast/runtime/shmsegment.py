@@ -1,0 +1,104 @@
+"""A growable POSIX shared-memory segment that one process writes and another maps by name.
+
+Segments live in ``/dev/shm`` (Linux's POSIX shared-memory file system), are created with
+mode 0600 under a name unique to the creating process, and are removed by their creator.
+Python's ``multiprocessing.shared_memory`` is not used because, before Python 3.13, every
+process that merely attaches a segment also registers it for removal at exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+# Tensors start on 64-byte boundaries (cache lines; what numpy's SIMD loops like best).
+ALIGNMENT = 64
+_serial = itertools.count()
+
+
+def aligned(offset: int) -> int:
+    return (offset + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+class Segment:
+    """A mapped segment. ``owner`` segments are created here and unlinked by :meth:`close`."""
+
+    def __init__(self, name: str, size: int, *, owner: bool) -> None:
+        self.name = name
+        self.size = size
+        self._owner = owner
+        path = SHM_DIR / name
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if owner else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if owner:
+                os.ftruncate(fd, size)
+            self.buffer = mmap.mmap(fd, size)
+        except BaseException:
+            if owner:
+                path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def create(cls, prefix: str, size: int) -> Segment:
+        return cls(f"{prefix}-{os.getpid()}-{next(_serial)}", max(size, ALIGNMENT), owner=True)
+
+    @classmethod
+    def attach(cls, name: str, size: int) -> Segment:
+        return cls(name, size, owner=False)
+
+    def close(self) -> None:
+        """Unlink (if ours) and unmap; views still alive keep the memory until they die."""
+        if self._owner:
+            (SHM_DIR / self.name).unlink(missing_ok=True)
+        # While numpy views still point into it, the mapping lives on until they die.
+        with contextlib.suppress(BufferError):
+            self.buffer.close()
+
+
+class SegmentWriter:
+    """The writing side: lays tensors out one after another and grows by replacement."""
+
+    def __init__(self, prefix: str, initial_size: int = 1 << 20) -> None:
+        self._prefix = prefix
+        self.segment = Segment.create(prefix, initial_size)
+
+    def reserve(self, nbytes: int) -> Segment:
+        """The segment to write the next message into, replaced by one of at least ``nbytes``."""
+        if nbytes > self.segment.size:
+            self.segment.close()
+            self.segment = Segment.create(self._prefix, 1 << (nbytes - 1).bit_length())
+        return self.segment
+
+    def close(self) -> None:
+        self.segment.close()
+
+
+def remove_segments(prefix: str) -> None:
+    """Unlink every segment created under ``prefix`` (by a process that can no longer)."""
+    for path in SHM_DIR.glob(f"{prefix}-*"):
+        path.unlink(missing_ok=True)
+
+
+class SegmentReader:
+    """The reading side: maps the writer's current segment, re-mapping when it is replaced."""
+
+    def __init__(self) -> None:
+        self.segment: Segment | None = None
+
+    def map(self, name: str, size: int) -> Segment:
+        if self.segment is None or self.segment.name != name:
+            if self.segment is not None:
+                self.segment.close()
+            self.segment = Segment.attach(name, size)
+        return self.segment
+
+    def close(self) -> None:
+        if self.segment is not None:
+            self.segment.close()

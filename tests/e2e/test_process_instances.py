@@ -1,0 +1,108 @@
+"""Python model instances in worker processes (TRITONFAST_INSTANCE_MODE "process")."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+MODEL = "proc_identity"
+
+
+def _inputs(module, f32: np.ndarray, words: list[bytes] | None) -> list:
+    tensors = [module.InferInput("F32", list(f32.shape), "FP32")]
+    tensors[0].set_data_from_numpy(f32)
+    if words is not None:
+        text = module.InferInput("STR", [len(words), 1], "BYTES")  # one word per batch row
+        text.set_data_from_numpy(np.array(words, dtype=object).reshape(-1, 1))
+        tensors.append(text)
+    return tensors
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_tensors_travel_to_the_worker_and_back(server, module) -> None:
+    url = server.http_url if module is httpclient else server.grpc_url
+    client = module.InferenceServerClient(url)
+    try:
+        f32 = np.arange(12, dtype=np.float32).reshape(3, 4)
+        words = [b"alpha", b"", "\u00e9t\u00e9".encode()]
+        result = client.infer(MODEL, _inputs(module, f32, words))
+        np.testing.assert_array_equal(result.as_numpy("F32_OUT"), f32 * 2)
+        assert result.as_numpy("STR_OUT").reshape(-1).tolist() == words
+        pids = result.as_numpy("PID")
+        assert pids.shape == (3, 1)
+        assert int(pids[0, 0]) not in (os.getpid(), server.proc.pid)
+    finally:
+        client.close()
+
+
+def test_large_tensors_grow_the_segments(server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        f32 = np.random.default_rng(1).random((2, 1 << 20), dtype=np.float32)  # 8 MiB
+        result = client.infer(MODEL, _inputs(grpcclient, f32, None))
+        np.testing.assert_array_equal(result.as_numpy("F32_OUT"), f32 * 2)
+        small = np.ones((1, 3), dtype=np.float32)
+        result = client.infer(MODEL, _inputs(grpcclient, small, None))
+        np.testing.assert_array_equal(result.as_numpy("F32_OUT"), small * 2)
+    finally:
+        client.close()
+
+
+def test_two_instances_run_in_parallel_processes(server) -> None:
+    """Two sleeping requests, the second sent while the first runs: both execute at once,
+    in two different worker processes."""
+    results: dict[int, tuple[int, np.ndarray]] = {}
+
+    def call(index: int) -> None:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            inputs = _inputs(grpcclient, np.zeros((1, 1), np.float32), [b"sleep"])
+            result = client.infer(MODEL, inputs)
+            results[index] = (int(result.as_numpy("PID")[0, 0]), result.as_numpy("SPAN")[0])
+        finally:
+            client.close()
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    threading.Event().wait(0.05)  # the first is sleeping in one instance now
+    call(1)
+    first.join(30)
+    (pid_a, span_a), (pid_b, span_b) = results[0], results[1]
+    assert pid_a != pid_b
+    overlap = min(span_a[1], span_b[1]) - max(span_a[0], span_b[0])
+    assert overlap > 0, f"executions did not overlap: {span_a} {span_b}"
+
+
+def test_model_exception_is_reported_and_the_worker_keeps_serving(server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(MODEL, _inputs(httpclient, np.zeros((1, 1), np.float32), [b"raise"]))
+        message = info.value.message()
+        assert "Failed to process the request(s) for model 'proc_identity_0_" in message
+        assert "ValueError: asked to raise" in message
+        result = client.infer(MODEL, _inputs(httpclient, np.ones((1, 2), np.float32), None))
+        np.testing.assert_array_equal(result.as_numpy("F32_OUT"), [[2, 2]])
+    finally:
+        client.close()
+
+
+def test_a_crashed_worker_fails_its_batch_and_is_restarted(server) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(MODEL, _inputs(grpcclient, np.zeros((1, 1), np.float32), [b"crash"]))
+        assert info.value.status() == "StatusCode.INTERNAL"
+        assert "worker process exited (code 3)" in info.value.message()
+        # Every instance (the crashed one restarted) answers again.
+        for _ in range(6):
+            result = client.infer(MODEL, _inputs(grpcclient, np.ones((1, 1), np.float32), None))
+            np.testing.assert_array_equal(result.as_numpy("F32_OUT"), [[2]])
+    finally:
+        client.close()
