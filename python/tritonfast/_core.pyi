@@ -5,7 +5,16 @@ from typing import Any, Literal, final
 
 from typing_extensions import Self
 
-__all__ = ["QUEUE_FULL_MESSAGE", "Batch", "QueuePolicy", "RequestQueue", "Ticket", "__version__"]
+__all__ = [
+    "QUEUE_FULL_MESSAGE",
+    "Batch",
+    "PooledBuffer",
+    "QueuePolicy",
+    "RequestQueue",
+    "TensorPool",
+    "Ticket",
+    "__version__",
+]
 __version__: str
 
 #: Triton's message for a push to a full priority level (raised as ``UnavailableError``).
@@ -164,3 +173,26 @@ class RequestQueue:
         """Count one request that failed outside the queue's view."""
 
     def __len__(self) -> int: ...
+
+@final
+class PooledBuffer:
+    """Bytes on loan from a :class:`TensorPool`; ``numpy.asarray(buffer)`` views them as
+    ``uint8`` without a copy, and they return to the pool when the last view dies."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+    def __len__(self) -> int: ...
+
+@final
+class TensorPool:
+    """Recycled buffers in power-of-two size classes (at least 256 bytes, 64-byte aligned)."""
+
+    def __init__(self, max_free_per_class: int = 4) -> None: ...
+    def gather(self, arrays: list[Any]) -> PooledBuffer:
+        """The bytes of C-contiguous numpy ``arrays`` back to back in one pooled buffer,
+        copied with the GIL released."""
+    def acquire(self, nbytes: int) -> PooledBuffer: ...
+    def statistics(self) -> dict[str, int]:
+        """``allocated``, ``reused``, ``bytes_gathered`` (cumulative) and ``idle_buffers``."""

@@ -6,6 +6,7 @@
 
 pub mod batcher;
 pub mod error;
+pub mod pool;
 pub mod queue;
 pub mod stats;
 
@@ -13,6 +14,7 @@ pub mod stats;
 mod py;
 
 pub use error::{Code, CoreError};
+pub use pool::{PoolBuffer, PoolStats, TensorPool};
 pub use queue::{
     Batch, BatchPolicy, PopResult, QUEUE_FULL_MESSAGE, QueueConfig, QueuePolicy, Queued,
     RequestMeta, RequestQueue, Ticket, TicketStatus, TimeoutAction,

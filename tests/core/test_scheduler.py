@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import Backend, Result
+from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.errors import Code, InvalidArgumentError, UnavailableError
 from tritonfast.runtime.scheduler import Scheduler
 from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor
@@ -33,7 +33,7 @@ class Recorder(Backend):
         self.batches: list[list[str]] = []
         self.started = threading.Event()
 
-    def execute(self, requests: list[InferRequest]) -> list[Result]:
+    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:
         self.started.set()
         if self.gate is not None and not self.gate.wait(WAIT_S):
             raise RuntimeError("the test never opened the gate")
@@ -289,7 +289,7 @@ def test_preserve_ordering_holds_later_batches_until_earlier_ones_settle(
     gate, first_running = threading.Event(), threading.Event()
 
     class HoldsFirst(Recorder):
-        def execute(self, requests: list[InferRequest]) -> list[Result]:
+        def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:
             if requests[0].id == "first":
                 first_running.set()  # either instance may take it
                 assert gate.wait(WAIT_S)

@@ -16,7 +16,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from tritonfast._core import Batch, RequestQueue
-from tritonfast.backends.base import Backend, Result
+from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime.types import InferRequest
 
@@ -78,27 +78,20 @@ class InstanceLoop:
                     self._reject([item[1] for item in rejected])
 
     def _execute(self, batch: Batch, items: list[QueueItem]) -> None:
-        started = perf_counter_ns()
+        clock = PhaseClock()
         requests = [item[0] for item in items]
-        infer_started = perf_counter_ns()
-        results = self._run_backend(requests)
-        infer_ended = perf_counter_ns()
+        results = self._run_backend(requests, clock)
         futures = [item[1] for item in items]
         try:
-            batch.report(
-                results,
-                infer_started - started,
-                infer_ended - infer_started,
-                perf_counter_ns() - infer_ended,
-            )
+            batch.report(results, *clock.split(perf_counter_ns()))
         except Exception:  # statistics must never cost a response
             log.exception("instance %s could not record a batch's statistics", self.name)
         self._deliver(batch.seq, futures, results)
 
-    def _run_backend(self, requests: list[InferRequest]) -> Sequence[Result]:
+    def _run_backend(self, requests: list[InferRequest], clock: PhaseClock) -> Sequence[Result]:
         """The backend's results for one batch, or the error for every request."""
         try:
-            results: Sequence[Result] = self._backend.execute(requests)
+            results: Sequence[Result] = self._backend.execute(requests, clock)
         except TritonError as exc:
             return [exc] * len(requests)
         except Exception as exc:  # a backend bug fails this batch, not the server

@@ -5,6 +5,7 @@
 
 mod error;
 mod gil;
+mod pool;
 mod queue;
 mod stats;
 
@@ -19,5 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyQueuePolicy>()?;
     m.add_class::<queue::PyTicket>()?;
     m.add_class::<queue::PyBatch>()?;
+    m.add_class::<pool::PyTensorPool>()?;
+    m.add_class::<pool::PyPooledBuffer>()?;
     Ok(())
 }

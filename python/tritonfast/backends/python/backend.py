@@ -16,12 +16,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import Backend, Result
+from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.backends.python import pb_utils
 from tritonfast.config.jsonform import config_to_json, json_to_config
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError, error_for
+from tritonfast.runtime import batchtensor
 from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
+from tritonfast.runtime.validate import WIRE_DATATYPES
 
 DEFAULT_MODEL_FILE = "model.py"
 MODEL_CLASS = "TritonPythonModel"
@@ -104,7 +108,10 @@ class PythonInstance(Backend):
         self._bf16_outputs = {
             o.name for o in config.output if o.data_type == model_config_pb2.TYPE_BF16
         }
+        self._output_types = {o.name: WIRE_DATATYPES[o.data_type] for o in config.output}
         self._model = model_class()
+        # A model may take whole-batch arrays instead of a list of requests (tritonfast only).
+        self._batched = getattr(self._model, "execute_batched", None)
         initialize = getattr(self._model, "initialize", None)
         if initialize is not None:
             args = {
@@ -123,16 +130,16 @@ class PythonInstance(Backend):
                     f"Failed to initialize model instance '{instance_name}': {_describe(exc)}"
                 ) from exc
 
-    def execute(self, requests: list[InferRequest]) -> list[Result]:
+    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:
+        if self._batched is not None and self._config.max_batch_size > 0:
+            return self._execute_batched(self._batched, requests, clock)
         pb_requests = [self._to_pb(r) for r in requests]
+        clock.inputs_ready()
         try:
             responses = self._model.execute(pb_requests)
         except Exception as exc:
-            error = InternalError(
-                f"Failed to process the request(s) for model '{self._instance_name}',"
-                f" message: {_describe(exc)}"
-            )
-            return [error] * len(requests)
+            return [self._failed(exc)] * len(requests)
+        clock.infer_done()
         if not isinstance(responses, list) or len(responses) != len(requests):
             count = len(responses) if isinstance(responses, list) else "no"
             error = InternalError(
@@ -141,6 +148,66 @@ class PythonInstance(Backend):
             )
             return [error] * len(requests)
         return [self._from_pb(req, resp) for req, resp in zip(requests, responses, strict=True)]
+
+    def _failed(self, exc: Exception) -> InternalError:
+        return InternalError(
+            f"Failed to process the request(s) for model '{self._instance_name}',"
+            f" message: {_describe(exc)}"
+        )
+
+    def _execute_batched(
+        self, execute_batched: Any, requests: list[InferRequest], clock: PhaseClock
+    ) -> list[Result]:
+        """``execute_batched({input: whole-batch array}) -> {output: whole-batch array}``:
+        each input concatenated along the batch dimension (one pooled copy), each output split
+        back into one view per request."""
+        sizes = [r.inputs[0].shape[0] if r.inputs else 0 for r in requests]
+        names = [t.name for t in requests[0].inputs]
+        # The batcher keeps a batch's input names and non-batch dimensions uniform.
+        inputs = {
+            name: batchtensor.gather([r.inputs[i].data for r in requests])
+            for i, name in enumerate(names)
+        }
+        clock.inputs_ready()
+        try:
+            outputs = execute_batched(inputs)
+        except Exception as exc:
+            return [self._failed(exc)] * len(requests)
+        clock.infer_done()
+        try:
+            pieces = self._split_outputs(outputs, sizes)
+        except InternalError as error:
+            return [error] * len(requests)
+        results: list[Result] = []
+        for index, request in enumerate(requests):
+            wanted = None if request.outputs is None else {o.name for o in request.outputs}
+            tensors = [
+                OutputTensor(name, self._output_types[name], split[index].shape, split[index])
+                for name, split in pieces.items()
+                if wanted is None or name in wanted
+            ]
+            results.append(
+                InferResponse(request.model_name, str(request.model_version), request.id, tensors)
+            )
+        return results
+
+    def _split_outputs(self, outputs: Any, sizes: list[int]) -> dict[str, list[np.ndarray]]:
+        if not isinstance(outputs, dict):
+            raise InternalError(
+                f"model instance '{self._instance_name}': execute_batched must return a dict"
+                f" of output arrays, not {type(outputs).__name__}"
+            )
+        total = sum(sizes)
+        pieces = {}
+        for name, value in outputs.items():
+            array = np.asarray(value)
+            if name not in self._output_types or array.ndim == 0 or array.shape[0] != total:
+                raise InternalError(
+                    f"model instance '{self._instance_name}': output '{name}' must be a declared"
+                    f" output with {total} rows (the batch), got shape {list(array.shape)}"
+                )
+            pieces[name] = batchtensor.scatter(array, sizes)
+        return pieces
 
     def finalize(self) -> None:
         finalize = getattr(self._model, "finalize", None)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import Backend, Result
+from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import rawtensor
 from tritonfast.runtime.shmsegment import (
@@ -167,7 +167,7 @@ class ProcessInstance(Backend):
             self._stop_process()
             raise InternalError(reply[1])
 
-    def execute(self, requests: list[InferRequest]) -> list[Result]:
+    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:
         if self._conn is None:
             try:
                 self._start()
@@ -193,7 +193,9 @@ class ProcessInstance(Backend):
             position += count
         try:
             self._conn.send(("execute", name, size, described))
+            clock.inputs_ready()
             reply = self._conn.recv()
+            clock.infer_done()
         except (EOFError, OSError):
             code = self._process.exitcode if self._process is not None else None
             self._stop_process()
@@ -288,7 +290,7 @@ def worker_main(
             _, name, size, described = message
             segment = inputs.map(name, size)
             requests = [_request(segment.buffer, config.name, d) for d in described]
-            results = instance.execute(requests)
+            results = instance.execute(requests, PhaseClock())
             conn.send(_describe_results(outputs, results))
     except EOFError:  # the server went away
         return

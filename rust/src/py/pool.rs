@@ -1,0 +1,136 @@
+//! `TensorPool` and `PooledBuffer`: pooled buffers that numpy views without a copy.
+//!
+//! The extension targets the stable ABI of Python 3.10, which has no buffer protocol, so a
+//! `PooledBuffer` offers numpy's `__array_interface__` instead: `numpy.asarray(buffer)` is a
+//! `uint8` view whose base is the buffer object, and the memory returns to the pool when the
+//! last view is gone.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::pool::{PoolBuffer, TensorPool};
+
+#[pyclass(name = "TensorPool", module = "tritonfast._core", frozen)]
+pub(crate) struct PyTensorPool {
+    pool: TensorPool,
+}
+
+/// Where a C-contiguous numpy array's bytes are: (address, byte length).
+fn contiguous_bytes(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+    let interface = array.getattr("__array_interface__")?;
+    if !interface.get_item("strides")?.is_none() {
+        return Err(PyValueError::new_err(
+            "gather needs C-contiguous arrays (numpy.ascontiguousarray)",
+        ));
+    }
+    let (address, _read_only): (usize, bool) = interface.get_item("data")?.extract()?;
+    let nbytes: usize = array.getattr("nbytes")?.extract()?;
+    Ok((address, nbytes))
+}
+
+#[pymethods]
+impl PyTensorPool {
+    #[new]
+    #[pyo3(signature = (max_free_per_class = 4))]
+    fn new(max_free_per_class: usize) -> Self {
+        Self {
+            pool: TensorPool::new(max_free_per_class),
+        }
+    }
+
+    /// One pooled buffer holding the bytes of `arrays` (C-contiguous numpy arrays) back to
+    /// back; the copy runs with the GIL released.
+    fn gather(&self, py: Python<'_>, arrays: &Bound<'_, PyList>) -> PyResult<PyPooledBuffer> {
+        let mut parts = Vec::with_capacity(arrays.len());
+        for array in arrays.iter() {
+            parts.push(contiguous_bytes(&array)?);
+        }
+        let pool = self.pool.clone();
+        // `arrays` (borrowed from the caller) keeps every array, and so every address, alive
+        // until this method returns.
+        let buffer = py.detach(move || {
+            let slices: Vec<&[u8]> = parts
+                .iter()
+                .map(|&(address, len)| {
+                    if len == 0 {
+                        return &[][..];
+                    }
+                    // SAFETY: numpy's `__array_interface__` of a C-contiguous array gives the
+                    // start of `nbytes` readable bytes; the array is alive (see above), and
+                    // nothing writes to it while we copy (the model instance thread that owns
+                    // these inputs is the caller, blocked in this call).
+                    unsafe { std::slice::from_raw_parts(address as *const u8, len) }
+                })
+                .collect();
+            pool.gather(&slices)
+        });
+        Ok(PyPooledBuffer::new(buffer))
+    }
+
+    /// A pooled buffer of `nbytes` bytes (contents unspecified).
+    fn acquire(&self, nbytes: usize) -> PyPooledBuffer {
+        PyPooledBuffer::new(self.pool.acquire(nbytes))
+    }
+
+    /// `{"allocated", "reused", "bytes_gathered", "idle_buffers"}`.
+    fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.pool.stats();
+        let dict = PyDict::new(py);
+        dict.set_item("allocated", stats.allocated)?;
+        dict.set_item("reused", stats.reused)?;
+        dict.set_item("bytes_gathered", stats.bytes_gathered)?;
+        dict.set_item("idle_buffers", self.pool.idle_buffers())?;
+        Ok(dict)
+    }
+}
+
+/// Bytes on loan from a `TensorPool`, returned to it when this object is collected.
+#[pyclass(name = "PooledBuffer", module = "tritonfast._core", frozen)]
+pub(crate) struct PyPooledBuffer {
+    // Never touched again until drop: numpy writes through `address` meanwhile.
+    _buffer: PoolBuffer,
+    address: usize,
+    len: usize,
+}
+
+impl PyPooledBuffer {
+    fn new(mut buffer: PoolBuffer) -> Self {
+        let address = buffer.as_mut_ptr() as usize;
+        let len = buffer.len();
+        Self {
+            _buffer: buffer,
+            address,
+            len,
+        }
+    }
+}
+
+#[pymethods]
+impl PyPooledBuffer {
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.len
+    }
+
+    /// numpy's array interface (version 3): a writable 1-D `uint8` array over the buffer.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        // numpy rejects a null pointer even for zero bytes; any aligned address will do.
+        let address = if self.len == 0 && self.address == 0 {
+            64
+        } else {
+            self.address
+        };
+        dict.set_item("data", (address, false))?;
+        dict.set_item("shape", (self.len,))?;
+        dict.set_item("typestr", "|u1")?;
+        dict.set_item("version", 3)?;
+        Ok(dict)
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+}

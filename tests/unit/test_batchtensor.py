@@ -1,0 +1,58 @@
+"""Batch tensors from the core's pool: gather is np.concatenate into a pooled buffer."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tritonfast._core import TensorPool
+from tritonfast.runtime import batchtensor
+
+DTYPES = [np.float32, np.int64, np.uint8, np.float16, np.bool_]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    rows=st.lists(st.integers(0, 5), min_size=1, max_size=6),
+    width=st.integers(0, 7),
+)
+def test_gather_equals_concatenate_and_scatter_undoes_it(dtype, rows, width) -> None:
+    rng = np.random.default_rng(sum(rows) + width)
+    arrays = [(rng.random((n, width)) * 100).astype(dtype) for n in rows]
+    batched = batchtensor.gather(arrays)
+    np.testing.assert_array_equal(batched, np.concatenate(arrays))
+    assert batched.dtype == np.dtype(dtype)
+    for piece, original in zip(batchtensor.scatter(batched, rows), arrays, strict=True):
+        np.testing.assert_array_equal(piece, original)
+        assert piece.base is not None  # a view, not a copy
+
+
+def test_non_contiguous_and_object_inputs() -> None:
+    wide = np.arange(24, dtype=np.float32).reshape(4, 6)
+    strided = wide[:, ::2]
+    np.testing.assert_array_equal(batchtensor.gather([strided, strided]), np.vstack([strided] * 2))
+    words = [np.array([[b"a"]], dtype=object), np.array([[b"bc"], [b""]], dtype=object)]
+    assert batchtensor.gather(words).tolist() == [[b"a"], [b"bc"], [b""]]
+
+
+def test_buffer_returns_to_the_pool_when_the_last_view_dies() -> None:
+    pool = TensorPool(max_free_per_class=2)
+    parts = [np.ones(100, np.float32), np.zeros(50, np.float32)]
+    view = np.asarray(pool.gather(parts)).view(np.float32)
+    assert view.shape == (150,) and view[:100].sum() == 100 and view[100:].sum() == 0
+    view[0] = 7  # writable
+    assert pool.statistics()["idle_buffers"] == 0
+    piece = view[10:20]
+    del view
+    gc.collect()
+    assert pool.statistics()["idle_buffers"] == 0  # a view is still alive
+    del piece
+    gc.collect()
+    assert pool.statistics()["idle_buffers"] == 1
+    pool.gather(parts)  # same size class: recycled
+    stats = pool.statistics()
+    assert (stats["allocated"], stats["reused"]) == (1, 1)
+    assert stats["bytes_gathered"] == 2 * 600
