@@ -24,7 +24,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL_PY = '''
+MODEL_PY = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -38,7 +38,7 @@ class TritonPythonModel:
             value = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", value + total % 7)]))
         return out
-'''
+"""
 CONFIG = """
 backend: "python"
 input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]

@@ -197,7 +197,10 @@ class ProcessInstance(Backend):
             reply = self._conn.recv()
             clock.infer_done()
         except (EOFError, OSError):
-            code = self._process.exitcode if self._process is not None else None
+            code = None
+            if self._process is not None:
+                self._process.join(5)  # the pipe closes a moment before the exit is reported
+                code = self._process.exitcode
             self._stop_process()
             error = InternalError(
                 f"Failed to process the request(s) for model instance '{self._instance_name}',"
