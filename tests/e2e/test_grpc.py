@@ -39,13 +39,6 @@ BIG = 2**31 - 1  # message size limit for raw stubs
 
 
 @pytest.fixture(scope="module")
-def client(server: Any) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
 def channel(server: Any) -> Iterator[grpc.Channel]:
     options = [("grpc.max_send_message_length", BIG), ("grpc.max_receive_message_length", BIG)]
     with grpc.insecure_channel(server.grpc_url, options=options) as ch:
@@ -74,11 +67,11 @@ def sample(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
 
 
 def identity(
-    client: grpcclient.InferenceServerClient, datatype: str, data: np.ndarray, **kwargs: Any
+    grpc_client: grpcclient.InferenceServerClient, datatype: str, data: np.ndarray, **kwargs: Any
 ) -> grpcclient.InferResult:
     tensor = grpcclient.InferInput("INPUT0", list(data.shape), datatype)
     tensor.set_data_from_numpy(data)
-    return client.infer(f"identity_{datatype.lower()}", [tensor], **kwargs)
+    return grpc_client.infer(f"identity_{datatype.lower()}", [tensor], **kwargs)
 
 
 def assert_same(got: np.ndarray, expected: np.ndarray) -> None:
@@ -93,26 +86,26 @@ def assert_same(got: np.ndarray, expected: np.ndarray) -> None:
 # -- health, metadata, configuration -----------------------------------------------------------
 
 
-def test_server_live_and_ready(client: grpcclient.InferenceServerClient) -> None:
-    assert client.is_server_live()
-    assert client.is_server_ready()
+def test_server_live_and_ready(grpc_client: grpcclient.InferenceServerClient) -> None:
+    assert grpc_client.is_server_live()
+    assert grpc_client.is_server_ready()
 
 
-def test_model_ready(client: grpcclient.InferenceServerClient) -> None:
-    assert client.is_model_ready("identity_fp32")
-    assert client.is_model_ready("identity_fp32", "1")
-    assert not client.is_model_ready("no_such_model")
+def test_model_ready(grpc_client: grpcclient.InferenceServerClient) -> None:
+    assert grpc_client.is_model_ready("identity_fp32")
+    assert grpc_client.is_model_ready("identity_fp32", "1")
+    assert not grpc_client.is_model_ready("no_such_model")
 
 
-def test_server_metadata(client: grpcclient.InferenceServerClient) -> None:
-    metadata = client.get_server_metadata()
+def test_server_metadata(grpc_client: grpcclient.InferenceServerClient) -> None:
+    metadata = grpc_client.get_server_metadata()
     assert metadata.name == "triton"
     assert metadata.version
     assert "model_configuration" in metadata.extensions
 
 
-def test_model_metadata(client: grpcclient.InferenceServerClient) -> None:
-    metadata = client.get_model_metadata("identity_fp32")
+def test_model_metadata(grpc_client: grpcclient.InferenceServerClient) -> None:
+    metadata = grpc_client.get_model_metadata("identity_fp32")
     assert metadata.name == "identity_fp32"
     assert list(metadata.versions) == ["1"]
     assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [
@@ -121,24 +114,26 @@ def test_model_metadata(client: grpcclient.InferenceServerClient) -> None:
     assert [(t.name, t.datatype, list(t.shape)) for t in metadata.outputs] == [
         ("OUTPUT0", "FP32", [-1, -1])
     ]
-    add_sub = client.get_model_metadata("add_sub", as_json=True)
+    add_sub = grpc_client.get_model_metadata("add_sub", as_json=True)
     assert [i["shape"] for i in add_sub["inputs"]] == [["4"], ["4"]]  # int64 -> JSON string
 
 
-def test_model_config(client: grpcclient.InferenceServerClient) -> None:
-    config = client.get_model_config("identity_fp32").config
+def test_model_config(grpc_client: grpcclient.InferenceServerClient) -> None:
+    config = grpc_client.get_model_config("identity_fp32").config
     assert config.name == "identity_fp32"
     assert config.max_batch_size == 8
     assert config.backend == "python"
     assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
         ("INPUT0", tc_pb.model__config__pb2.TYPE_FP32, [-1])
     ]
-    as_json = client.get_model_config("identity_bytes", as_json=True)["config"]
+    as_json = grpc_client.get_model_config("identity_bytes", as_json=True)["config"]
     assert as_json["input"][0]["data_type"] == "TYPE_STRING"
 
 
-def test_metadata_and_config_of_unknown_model(client: grpcclient.InferenceServerClient) -> None:
-    for call in (client.get_model_metadata, client.get_model_config):
+def test_metadata_and_config_of_unknown_model(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    for call in (grpc_client.get_model_metadata, grpc_client.get_model_config):
         with pytest.raises(InferenceServerException) as info:
             call("no_such_model")
         assert "no_such_model" in info.value.message()
@@ -151,9 +146,9 @@ def test_grpc_health_check(channel: grpc.Channel) -> None:
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_unimplemented_rpc_says_so(client: grpcclient.InferenceServerClient) -> None:
+def test_unimplemented_rpc_says_so(grpc_client: grpcclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as info:
-        client.get_log_settings()
+        grpc_client.get_log_settings()
     assert info.value.status() == "StatusCode.UNIMPLEMENTED"
     assert "LogSettings" in info.value.message()
 
@@ -163,12 +158,12 @@ def test_unimplemented_rpc_says_so(client: grpcclient.InferenceServerClient) -> 
 
 @pytest.mark.parametrize("datatype", list(DATATYPES))
 def test_every_datatype_round_trips(
-    client: grpcclient.InferenceServerClient, datatype: str
+    grpc_client: grpcclient.InferenceServerClient, datatype: str
 ) -> None:
     data = sample(datatype, (2, 5))
     if datatype == "BF16":
         data = np.arange(-5, 5, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 5)
-    result = identity(client, datatype, data)
+    result = identity(grpc_client, datatype, data)
     output = result.get_output("OUTPUT0")
     assert output.datatype == datatype
     assert list(output.shape) == [2, 5]
@@ -179,41 +174,43 @@ def test_every_datatype_round_trips(
     assert not response.outputs[0].HasField("contents")
 
 
-def test_bytes_with_nul_and_invalid_utf8(client: grpcclient.InferenceServerClient) -> None:
+def test_bytes_with_nul_and_invalid_utf8(grpc_client: grpcclient.InferenceServerClient) -> None:
     data = np.array([[b"\x00\x00", b"\xc3\x28", b"", b"ok\x00\xff"]], dtype=np.object_)
-    result = identity(client, "BYTES", data)
+    result = identity(grpc_client, "BYTES", data)
     assert result.as_numpy("OUTPUT0").tolist() == data.tolist()
 
 
-def test_request_id_is_echoed(client: grpcclient.InferenceServerClient) -> None:
-    result = identity(client, "INT32", sample("INT32", (1, 3)), request_id="my-id-42")
+def test_request_id_is_echoed(grpc_client: grpcclient.InferenceServerClient) -> None:
+    result = identity(grpc_client, "INT32", sample("INT32", (1, 3)), request_id="my-id-42")
     assert result.get_response().id == "my-id-42"
     assert result.get_response().model_name == "identity_int32"
     assert result.get_response().model_version == "1"
 
 
-def test_tensors_larger_than_4_mib(client: grpcclient.InferenceServerClient) -> None:
+def test_tensors_larger_than_4_mib(grpc_client: grpcclient.InferenceServerClient) -> None:
     data = np.arange(3_000_000, dtype=np.float32).reshape(1, -1)  # 12 MB each way
-    assert_same(identity(client, "FP32", data).as_numpy("OUTPUT0"), data)
+    assert_same(identity(grpc_client, "FP32", data).as_numpy("OUTPUT0"), data)
     text = np.array([[b"x" * (5 * 1024 * 1024), b"\x00" * 7]], dtype=np.object_)
-    assert identity(client, "BYTES", text).as_numpy("OUTPUT0").tolist() == text.tolist()
+    assert identity(grpc_client, "BYTES", text).as_numpy("OUTPUT0").tolist() == text.tolist()
 
 
-def test_requested_output_subset(client: grpcclient.InferenceServerClient) -> None:
+def test_requested_output_subset(grpc_client: grpcclient.InferenceServerClient) -> None:
     tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
     tensor.set_data_from_numpy(np.array([[1.5, 2.5]], dtype=np.float32))
-    everything = client.infer("batching", [tensor])
+    everything = grpc_client.infer("batching", [tensor])
     assert {o.name for o in everything.get_response().outputs} == {"OUTPUT0", "BATCH_REQUESTS"}
-    only = client.infer("batching", [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")])
+    only = grpc_client.infer(
+        "batching", [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")]
+    )
     assert [o.name for o in only.get_response().outputs] == ["OUTPUT0"]
     assert only.as_numpy("OUTPUT0").tolist() == [[1.5, 2.5]]
 
 
-def test_request_parameters_reach_the_model(client: grpcclient.InferenceServerClient) -> None:
+def test_request_parameters_reach_the_model(grpc_client: grpcclient.InferenceServerClient) -> None:
     tensor = grpcclient.InferInput("INPUT0", [2], "INT32")
     tensor.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
     params = {"flag": True, "count": 7, "name": "zed", "ratio": 0.25}
-    result = client.infer("params", [tensor], request_id="p1", parameters=params)
+    result = grpc_client.infer("params", [tensor], request_id="p1", parameters=params)
     echoed = result.get_response(as_json=True)["parameters"]
     assert echoed["flag"] == {"bool_param": True}
     assert echoed["count"] == {"int64_param": "7"}
@@ -260,22 +257,22 @@ def test_typed_contents(
 # -- streaming ---------------------------------------------------------------------------------
 
 
-def test_stream_with_an_error_in_the_middle(client: grpcclient.InferenceServerClient) -> None:
+def test_stream_with_an_error_in_the_middle(grpc_client: grpcclient.InferenceServerClient) -> None:
     replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    grpc_client.start_stream(callback=lambda result, error: replies.put((result, error)))
     try:
         data = np.array([[1.0, 2.0]], dtype=np.float32)
         tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
         tensor.set_data_from_numpy(data)
-        client.async_stream_infer("identity_fp32", [tensor], request_id="s1")
-        client.async_stream_infer("no_such_model", [tensor], request_id="s2")
-        client.async_stream_infer("identity_fp32", [tensor], request_id="s3")
+        grpc_client.async_stream_infer("identity_fp32", [tensor], request_id="s1")
+        grpc_client.async_stream_infer("no_such_model", [tensor], request_id="s2")
+        grpc_client.async_stream_infer("identity_fp32", [tensor], request_id="s3")
         got = [replies.get(timeout=60) for _ in range(3)]
         # The stream is still open after the error: one more round trip.
-        client.async_stream_infer("identity_fp32", [tensor], request_id="s4")
+        grpc_client.async_stream_infer("identity_fp32", [tensor], request_id="s4")
         got.append(replies.get(timeout=60))
     finally:
-        client.stop_stream()
+        grpc_client.stop_stream()
 
     (r1, e1), (r2, e2), (r3, e3), (r4, e4) = got
     assert e1 is None and e3 is None and e4 is None

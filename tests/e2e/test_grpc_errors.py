@@ -15,13 +15,6 @@ from tritonclient.utils import InferenceServerException
 
 
 @pytest.fixture(scope="module")
-def client(server: Any) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
 def stub(server: Any) -> Iterator[tc_pb_grpc.GRPCInferenceServiceStub]:
     with grpc.insecure_channel(server.grpc_url) as channel:
         yield tc_pb_grpc.GRPCInferenceServiceStub(channel)
@@ -36,93 +29,93 @@ def fp32_input(shape: list[int], data: np.ndarray | None = None) -> grpcclient.I
     return tensor
 
 
-def still_serving(client: grpcclient.InferenceServerClient) -> None:
-    assert client.is_server_live()
+def still_serving(grpc_client: grpcclient.InferenceServerClient) -> None:
+    assert grpc_client.is_server_live()
     data = np.array([[3.0, 4.0]], dtype=np.float32)
-    result = client.infer("identity_fp32", [fp32_input([1, 2], data)])
+    result = grpc_client.infer("identity_fp32", [fp32_input([1, 2], data)])
     assert result.as_numpy("OUTPUT0").tolist() == data.tolist()
 
 
 def infer_error(
-    client: grpcclient.InferenceServerClient, model: str, inputs: list[Any], **kwargs: Any
+    grpc_client: grpcclient.InferenceServerClient, model: str, inputs: list[Any], **kwargs: Any
 ) -> InferenceServerException:
     with pytest.raises(InferenceServerException) as info:
-        client.infer(model, inputs, **kwargs)
+        grpc_client.infer(model, inputs, **kwargs)
     return info.value
 
 
-def test_unknown_model(client: grpcclient.InferenceServerClient) -> None:
-    error = infer_error(client, "no_such_model", [fp32_input([1, 2])])
+def test_unknown_model(grpc_client: grpcclient.InferenceServerClient) -> None:
+    error = infer_error(grpc_client, "no_such_model", [fp32_input([1, 2])])
     # Current Triton cores say NOT_FOUND here (releases before ~2021 said UNAVAILABLE).
     assert error.status() == "StatusCode.NOT_FOUND"
     assert "Request for unknown model: 'no_such_model' is not found" in error.message()
-    still_serving(client)
+    still_serving(grpc_client)
 
 
-def test_wrong_input_name(client: grpcclient.InferenceServerClient) -> None:
+def test_wrong_input_name(grpc_client: grpcclient.InferenceServerClient) -> None:
     tensor = grpcclient.InferInput("WRONG", [1, 2], "FP32")
     tensor.set_data_from_numpy(np.zeros((1, 2), dtype=np.float32))
-    error = infer_error(client, "identity_fp32", [tensor])
+    error = infer_error(grpc_client, "identity_fp32", [tensor])
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert "unexpected inference input 'WRONG' for model 'identity_fp32'" in error.message()
-    still_serving(client)
+    still_serving(grpc_client)
 
 
-def test_wrong_shape(client: grpcclient.InferenceServerClient) -> None:
+def test_wrong_shape(grpc_client: grpcclient.InferenceServerClient) -> None:
     a = grpcclient.InferInput("INPUT0", [5], "FP32")
     a.set_data_from_numpy(np.zeros(5, dtype=np.float32))
     b = grpcclient.InferInput("INPUT1", [4], "FP32")
     b.set_data_from_numpy(np.zeros(4, dtype=np.float32))
-    error = infer_error(client, "add_sub", [a, b])
+    error = infer_error(grpc_client, "add_sub", [a, b])
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [4], got [5]" in (
         error.message()
     )
-    still_serving(client)
+    still_serving(grpc_client)
 
 
-def test_wrong_datatype(client: grpcclient.InferenceServerClient) -> None:
+def test_wrong_datatype(grpc_client: grpcclient.InferenceServerClient) -> None:
     tensor = grpcclient.InferInput("INPUT0", [1, 2], "INT32")
     tensor.set_data_from_numpy(np.zeros((1, 2), dtype=np.int32))
-    error = infer_error(client, "identity_fp32", [tensor])
+    error = infer_error(grpc_client, "identity_fp32", [tensor])
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert (
         "inference input 'INPUT0' data-type is 'INT32', but model 'identity_fp32' expects 'FP32'"
         in error.message()
     )
-    still_serving(client)
+    still_serving(grpc_client)
 
 
-def test_byte_size_mismatch(client: grpcclient.InferenceServerClient) -> None:
+def test_byte_size_mismatch(grpc_client: grpcclient.InferenceServerClient) -> None:
     tensor = fp32_input([1, 4], np.zeros((1, 3), dtype=np.float32))
-    error = infer_error(client, "identity_fp32", [tensor], request_id="r9")
+    error = infer_error(grpc_client, "identity_fp32", [tensor], request_id="r9")
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert error.message() == (
         "[request id: r9] input byte size mismatch for input 'INPUT0' for model "
         "'identity_fp32'. Expected 16, got 12"
     )
-    still_serving(client)
+    still_serving(grpc_client)
 
 
-def test_batch_larger_than_max_batch_size(client: grpcclient.InferenceServerClient) -> None:
-    error = infer_error(client, "identity_fp32", [fp32_input([9, 2])])
+def test_batch_larger_than_max_batch_size(grpc_client: grpcclient.InferenceServerClient) -> None:
+    error = infer_error(grpc_client, "identity_fp32", [fp32_input([9, 2])])
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert "inference request batch-size must be <= 8 for 'identity_fp32'" in error.message()
-    still_serving(client)
+    still_serving(grpc_client)
 
 
-def test_bytes_element_count_mismatch(client: grpcclient.InferenceServerClient) -> None:
+def test_bytes_element_count_mismatch(grpc_client: grpcclient.InferenceServerClient) -> None:
     tensor = grpcclient.InferInput("INPUT0", [1, 2], "BYTES")
     tensor.set_data_from_numpy(np.array([[b"a", b"b"]], dtype=np.object_))
     tensor.set_shape([1, 3])
-    error = infer_error(client, "identity_bytes", [tensor])
+    error = infer_error(grpc_client, "identity_bytes", [tensor])
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert "expected 3 string elements for inference input 'INPUT0'" in error.message()
-    still_serving(client)
+    still_serving(grpc_client)
 
 
 def test_contents_and_raw_contents_together(
-    client: grpcclient.InferenceServerClient, stub: tc_pb_grpc.GRPCInferenceServiceStub
+    grpc_client: grpcclient.InferenceServerClient, stub: tc_pb_grpc.GRPCInferenceServiceStub
 ) -> None:
     request = tc_pb.ModelInferRequest(model_name="identity_fp32")
     tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
@@ -135,11 +128,11 @@ def test_contents_and_raw_contents_together(
         "contents field must not be specified when using raw_input_contents for 'INPUT0' "
         "for model 'identity_fp32'"
     )
-    still_serving(client)
+    still_serving(grpc_client)
 
 
 def test_missing_and_surplus_raw_contents(
-    client: grpcclient.InferenceServerClient, stub: tc_pb_grpc.GRPCInferenceServiceStub
+    grpc_client: grpcclient.InferenceServerClient, stub: tc_pb_grpc.GRPCInferenceServiceStub
 ) -> None:
     request = tc_pb.ModelInferRequest(model_name="identity_fp32")
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
@@ -154,7 +147,7 @@ def test_missing_and_surplus_raw_contents(
         stub.ModelInfer(request, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "raw_input_contents has 2 entries" in info.value.details()
-    still_serving(client)
+    still_serving(grpc_client)
 
 
 def test_unknown_model_wins_over_malformed_tensors(
@@ -168,7 +161,7 @@ def test_unknown_model_wins_over_malformed_tensors(
 
 
 def test_bad_parameter_type(
-    client: grpcclient.InferenceServerClient, stub: tc_pb_grpc.GRPCInferenceServiceStub
+    grpc_client: grpcclient.InferenceServerClient, stub: tc_pb_grpc.GRPCInferenceServiceStub
 ) -> None:
     request = tc_pb.ModelInferRequest(model_name="identity_fp32")
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
@@ -180,13 +173,13 @@ def test_bad_parameter_type(
     assert info.value.details() == (
         "invalid value type for 'sequence_start' parameter, expected bool_param."
     )
-    still_serving(client)
+    still_serving(grpc_client)
 
 
-def test_model_errors_map_to_grpc_status(client: grpcclient.InferenceServerClient) -> None:
+def test_model_errors_map_to_grpc_status(grpc_client: grpcclient.InferenceServerClient) -> None:
     tensor = fp32_input([1])
-    error = infer_error(client, "raiser", [tensor])
+    error = infer_error(grpc_client, "raiser", [tensor])
     assert "raiser always fails" in error.message()
-    error = infer_error(client, "err_resp", [tensor])
+    error = infer_error(grpc_client, "err_resp", [tensor])
     assert "custom error from model" in error.message()
-    still_serving(client)
+    still_serving(grpc_client)
