@@ -5,9 +5,12 @@
 //! Every multi-threaded test runs under `within`, so a deadlock fails the test instead of
 //! hanging the run.
 
+mod common;
+use common::within;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -17,18 +20,6 @@ use tritonfast_core::{
 };
 
 const LONG: Duration = Duration::from_secs(10);
-
-fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(result) => result,
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("no result after {limit:?}: deadlock?"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the test thread panicked"),
-    }
-}
 
 fn batch<T: std::fmt::Debug>(result: PopResult<T>) -> Vec<T> {
     match result {

@@ -3,6 +3,9 @@
 //! Every multi-threaded test runs under `within`, so a deadlock fails the test instead of
 //! hanging the run.
 
+mod common;
+use common::within;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -23,19 +26,6 @@ fn queue<T>(max: u32, delay: Duration, preferred: &[u32]) -> Arc<RequestQueue<T>
         })
         .unwrap(),
     )
-}
-
-/// Runs `f` on its own thread and fails if it does not finish within `limit`.
-fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(result) => result,
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("no result after {limit:?}: deadlock?"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the test thread panicked"),
-    }
 }
 
 /// A small deterministic pseudo-random sequence (xorshift), so failures reproduce.
