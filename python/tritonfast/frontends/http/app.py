@@ -50,6 +50,14 @@ def _json(value: object) -> web.Response:
     return web.Response(body=codec.dumps(value), headers=_JSON)
 
 
+def _json_or_error(answer: Callable[[str, str], object], model: str, version: str) -> web.Response:
+    """``answer(model, version)`` as a JSON body, or the TritonError it raised."""
+    try:
+        return _json(answer(model, version))
+    except TritonError as err:
+        return _error(err)
+
+
 def _method_not_allowed() -> web.Response:
     return web.Response(status=405, body=_METHOD_NOT_ALLOWED, headers=_JSON)
 
@@ -77,10 +85,7 @@ async def health_ready(
 async def model_metadata(
     request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
 ) -> web.Response:
-    try:
-        return _json(dataplane.model_metadata(model, version))
-    except TritonError as err:
-        return _error(err)
+    return _json_or_error(dataplane.model_metadata, model, version)
 
 
 async def model_ready(
@@ -98,19 +103,13 @@ async def model_ready(
 async def model_config(
     request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
 ) -> web.Response:
-    try:
-        return _json(dataplane.model_config_json(model, version))
-    except TritonError as err:
-        return _error(err)
+    return _json_or_error(dataplane.model_config_json, model, version)
 
 
 async def model_statistics(
     request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
 ) -> web.Response:
-    try:
-        return _json(dataplane.model_statistics(model, version))
-    except TritonError as err:
-        return _error(err)
+    return _json_or_error(dataplane.model_statistics, model, version)
 
 
 # -- inference --------------------------------------------------------------------------------
@@ -118,21 +117,29 @@ async def infer(
     request: web.BaseRequest, dataplane: DataPlane, model_name: str, model_version: str
 ) -> web.Response:
     encoding = request.headers.get("Content-Encoding")
-    try:
-        # Like Triton, name an unknown model before looking at the body.
-        dataplane.model_metadata(model_name, model_version)
-        if encoding and encoding not in _REQUEST_ENCODINGS:
-            return _error(
-                UnsupportedError("Unsupported compression type"),
-                {**_JSON, "Accept-Encoding": "gzip, deflate"},
-            )
-        body = await _read_body(request)
-        if encoding and encoding != "identity":
-            body = _inflate(body)
-        json_length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
-        infer_request, binary_default = codec.decode_infer_request(
-            body, json_length, model_name, model_version
+    if encoding and encoding not in _REQUEST_ENCODINGS:
+        try:
+            dataplane.model_metadata(model_name, model_version)  # an unknown model comes first
+        except TritonError as err:
+            return _error(err)
+        return _error(
+            UnsupportedError("Unsupported compression type"),
+            {**_JSON, "Accept-Encoding": "gzip, deflate"},
         )
+    try:
+        try:
+            body = await _read_body(request)
+            if encoding and encoding != "identity":
+                body = _inflate(body)
+            length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
+            infer_request, binary_default = codec.decode_infer_request(
+                body, length, model_name, model_version
+            )
+        except TritonError:
+            # Like Triton, name an unknown model before what is wrong with the body. (On the
+            # good path the data plane's own look-up reports it.)
+            dataplane.model_metadata(model_name, model_version)
+            raise
         response = await dataplane.infer(infer_request)
         payload, header_length = codec.encode_infer_response(
             response, infer_request, binary_default
