@@ -16,6 +16,10 @@ by the next batch); a model that keeps one longer must copy it.
 
 A worker that dies (a crash in native code, ``os._exit``) fails the batch it was running with
 an error naming the instance, and is started again, with ``initialize``, for the next batch.
+
+A client that goes away while its request runs is seen by the model through
+``request.is_cancelled()``: the server raises that request's byte in a small shared
+cancellation segment (one byte per request of the batch), which the worker's requests read.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import rawtensor
 from tritonfast.runtime.shmsegment import (
+    Segment,
     SegmentReader,
     SegmentWriter,
     aligned,
@@ -53,6 +58,8 @@ MODES = ("thread", "process")
 # How long a worker may take to start (import the model, run initialize) or to finalize.
 START_TIMEOUT_S = 120.0
 FINALIZE_TIMEOUT_S = 30.0
+# How often the server passes new cancellations of running requests on to the worker.
+CANCEL_POLL_S = 0.005
 
 _instance_serials = itertools.count()
 
@@ -131,6 +138,8 @@ class ProcessInstance(Backend):
         # Segment names carry a serial, not the instance name (which may hold any character).
         serial = next(_instance_serials)
         self._inputs = SegmentWriter(f"tritonfast-in-{serial}")
+        # One byte per request of a batch: 1 once that request's caller has gone away.
+        self._cancel = Segment.create(f"tritonfast-cancel-{serial}", max(config.max_batch_size, 1))
         # Where the worker creates its output segments; removed here if the worker dies.
         self._output_prefix = f"tritonfast-out-{os.getpid()}-{serial}"
         self._generations = itertools.count()
@@ -141,6 +150,7 @@ class ProcessInstance(Backend):
             self._start()
         except BaseException:
             self._inputs.close()
+            self._cancel.close()
             raise
 
     def _start(self) -> None:
@@ -191,9 +201,17 @@ class ProcessInstance(Backend):
                 )
             )
             position += count
+        flags = self._cancel.buffer
+        flags[: len(requests)] = bytes(len(requests))
         try:
-            self._conn.send(("execute", name, size, described))
+            self._conn.send(
+                ("execute", name, size, described, self._cancel.name, self._cancel.size)
+            )
             clock.inputs_ready()
+            while not self._conn.poll(CANCEL_POLL_S):
+                for index, request in enumerate(requests):
+                    if request.cancelled:
+                        flags[index] = 1
             reply = self._conn.recv()
             clock.infer_done()
         except (EOFError, OSError):
@@ -238,6 +256,7 @@ class ProcessInstance(Backend):
         self._stop_process()
         self._inputs.close()
         self._outputs.close()
+        self._cancel.close()
 
     def _stop_process(self) -> None:
         if self._conn is not None:
@@ -282,6 +301,7 @@ def worker_main(
         return
     conn.send(("ready",))
     inputs = SegmentReader()
+    cancel_flags = SegmentReader()
     outputs = SegmentWriter(output_prefix)
     try:
         while True:
@@ -290,20 +310,44 @@ def worker_main(
                 instance.finalize()
                 conn.send(("finalized",))
                 return
-            _, name, size, described = message
+            _, name, size, described, flags_name, flags_size = message
             segment = inputs.map(name, size)
-            requests = [_request(segment.buffer, config.name, d) for d in described]
+            flags = cancel_flags.map(flags_name, flags_size).buffer
+            requests = [
+                _request(segment.buffer, config.name, d, flags, index)
+                for index, d in enumerate(described)
+            ]
             results = instance.execute(requests, PhaseClock())
             conn.send(_describe_results(outputs, results))
     except EOFError:  # the server went away
         return
     finally:
         outputs.close()
+        inputs.close()
+        cancel_flags.close()
 
 
-def _request(buffer: Any, model: str, described: tuple[Any, ...]) -> InferRequest:
+class _WorkerRequest(InferRequest):
+    """A request in the worker: ``cancelled`` reads its byte of the cancellation segment."""
+
+    __slots__ = ("_flags", "_index")
+    _flags: Any
+    _index: int
+
+    @property  # type: ignore[override]
+    def cancelled(self) -> bool:
+        return bool(self._flags[self._index])
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        pass  # only the server raises the flag
+
+
+def _request(
+    buffer: Any, model: str, described: tuple[Any, ...], flags: Any, index: int
+) -> InferRequest:
     model_name, model_version, request_id, parameters, output_names, slots = described
-    return InferRequest(
+    request = _WorkerRequest(
         model_name=model_name,
         model_version=model_version,
         id=request_id,
@@ -314,6 +358,9 @@ def _request(buffer: Any, model: str, described: tuple[Any, ...]) -> InferReques
         outputs=None if output_names is None else [RequestedOutput(n) for n in output_names],
         parameters=parameters,
     )
+    request._flags = flags
+    request._index = index
+    return request
 
 
 def _describe_results(

@@ -1,0 +1,1 @@
+../../cancel_watch/1/model.py
