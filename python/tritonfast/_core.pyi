@@ -196,3 +196,30 @@ class TensorPool:
     def acquire(self, nbytes: int) -> PooledBuffer: ...
     def statistics(self) -> dict[str, int]:
         """``allocated``, ``reused``, ``bytes_gathered`` (cumulative) and ``idle_buffers``."""
+
+@final
+class RegionView:
+    """A window of a registered shared-memory region; ``numpy.asarray(view)`` is a ``uint8``
+    view of it (read-only unless made writable), valid while any such array lives."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+    def __len__(self) -> int: ...
+    def write(self, array: Any) -> None:
+        """Copy a C-contiguous array's bytes to the start of this (writable) window."""
+
+@final
+class SharedMemoryRegistry:
+    """Clients' system shared-memory regions, by name (Triton's shared-memory extension)."""
+
+    def __init__(self) -> None: ...
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map ``byte_size`` bytes at ``offset`` of the POSIX object ``key`` as ``name``."""
+    def unregister(self, name: str) -> bool: ...
+    def unregister_all(self) -> int: ...
+    def status(self, name: str | None = None) -> list[dict[str, Any]]: ...
+    def view(
+        self, name: str, offset: int, byte_size: int, writable: bool = False
+    ) -> RegionView: ...

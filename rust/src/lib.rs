@@ -1,5 +1,5 @@
 //! Rust core of tritonfast: the per-model request queue, dynamic batching and statistics that
-//! feed model instances.
+//! feed model instances, the tensor pool, and clients' shared-memory regions.
 //!
 //! Everything here is pure Rust and tested with `cargo test`. The `python` feature (turned on by
 //! maturin) adds the `py` module, the only code that knows about Python.
@@ -8,6 +8,8 @@ pub mod batcher;
 pub mod error;
 pub mod pool;
 pub mod queue;
+#[cfg(unix)]
+pub mod shm;
 pub mod stats;
 
 #[cfg(feature = "python")]

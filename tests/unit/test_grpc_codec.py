@@ -17,6 +17,7 @@ from hypothesis.extra import numpy as hnp
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.errors import Code, InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
+from tritonfast.runtime import sharedmemory
 from tritonfast.runtime.types import NUMPY_DTYPES, InferResponse, OutputTensor
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
@@ -304,11 +305,77 @@ def test_unknown_datatype() -> None:
     assert "invalid datatype 'FP8' for input tensor 'INPUT0'" in error.message
 
 
-def test_shared_memory_input_is_unsupported() -> None:
+def _shm_request(**parameters: Any) -> pb.ModelInferRequest:
     message = pb.ModelInferRequest(model_name="m")
     tensor = message.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
-    tensor.parameters["shared_memory_region"].string_param = "region"
-    assert isinstance(_error(message), UnsupportedError)
+    for key, value in parameters.items():
+        if isinstance(value, str):
+            tensor.parameters[key].string_param = value
+        else:
+            tensor.parameters[key].int64_param = value
+    return message
+
+
+def test_shared_memory_input_is_left_for_the_data_plane() -> None:
+    message = _shm_request(
+        shared_memory_region="r", shared_memory_offset=8, shared_memory_byte_size=4
+    )
+    message.raw_input_contents.append(b"")  # an shm input takes no raw slot: this is surplus
+    assert "raw_input_contents has 1 entries" in _error(message).message
+    del message.raw_input_contents[:]
+    request = codec.decode_infer_request(message)
+    assert request.uses_shared_memory
+    assert request.inputs[0].data is sharedmemory.NO_DATA
+    assert request.inputs[0].parameters["shared_memory_offset"] == 8
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        (
+            {"shared_memory_region": "r"},
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region'"
+            " parameter for tensor 'INPUT0'",
+        ),
+        (
+            {"shared_memory_offset": 4},
+            "'shared_memory_offset' can not be specified without 'shared_memory_region'"
+            " parameter for tensor 'INPUT0'",
+        ),
+        (
+            {"shared_memory_region": 3, "shared_memory_byte_size": 4},
+            "invalid value type for 'shared_memory_region' parameter for tensor 'INPUT0',"
+            " expected string_param.",
+        ),
+    ],
+)
+def test_incomplete_shared_memory_parameters(parameters: dict[str, Any], expected: str) -> None:
+    error = _error(_shm_request(**parameters))
+    assert error.code is Code.INVALID_ARG
+    assert error.message == expected
+
+
+def test_shared_memory_input_with_contents_is_refused() -> None:
+    message = _shm_request(shared_memory_region="r", shared_memory_byte_size=4)
+    message.inputs[0].contents.fp32_contents.append(1.0)
+    assert _error(message).message == (
+        "unexpected 'content' provided when using shared memory for input tensor 'INPUT0' for"
+        " model 'm'"
+    )
+
+
+def test_output_in_shared_memory_keeps_an_empty_raw_slot() -> None:
+    response = InferResponse(
+        "m",
+        "1",
+        outputs=[
+            OutputTensor("A", "FP32", (1,), sharedmemory.NO_DATA, in_shared_memory=True),
+            OutputTensor("B", "FP32", (1,), np.ones(1, np.float32)),
+        ],
+    )
+    message = codec.encode_infer_response(response)
+    assert [o.name for o in message.outputs] == ["A", "B"]
+    assert list(message.raw_output_contents) == [b"", np.ones(1, np.float32).tobytes()]
 
 
 @pytest.mark.parametrize(

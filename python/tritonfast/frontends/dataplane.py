@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
 from tritonfast.config.jsonform import config_to_json
+from tritonfast.runtime.sharedmemory import SharedMemory
 from tritonfast.runtime.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -23,15 +24,24 @@ EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "parameters",
     "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
     "statistics",
 )
 
 
 class DataPlane:
-    def __init__(self, repository: ModelRepository, *, server_id: str = "triton") -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        server_id: str = "triton",
+        shared_memory: SharedMemory | None = None,
+    ) -> None:
         self._repository = repository
         self._server_id = server_id
         self._live = True
+        self._shared_memory = shared_memory or SharedMemory()
 
     @property
     def repository(self) -> ModelRepository:
@@ -81,4 +91,36 @@ class DataPlane:
         every failure (unknown model, bad input, model error).
         """
         model = self._repository.get(request.model_name, request.model_version)
-        return await model.infer(request)
+        if not request.uses_shared_memory:
+            return await model.infer(request)
+        shared_memory = self._shared_memory
+        output_windows = shared_memory.resolve_inputs(request)
+        response = await model.infer(request)
+        shared_memory.write_outputs(response, output_windows)
+        return response
+
+    # -- shared memory ----------------------------------------------------------------------
+    def system_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        """``[{"name", "key", "offset", "byte_size"}]``: every region, or ``name`` only."""
+        return self._shared_memory.system_status(name)
+
+    def register_system_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int
+    ) -> None:
+        self._shared_memory.register_system(name, key, offset, byte_size)
+
+    def unregister_system_shared_memory(self, name: str = "") -> None:
+        """Unregister ``name``, or every system region when it is empty."""
+        self._shared_memory.unregister_system(name)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        """``[{"name", "device_id", "byte_size"}]``: every region, or ``name`` only."""
+        return self._shared_memory.cuda_status(name)
+
+    def register_cuda_shared_memory(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        self._shared_memory.register_cuda(name, raw_handle, device_id, byte_size)
+
+    def unregister_cuda_shared_memory(self, name: str = "") -> None:
+        self._shared_memory.unregister_cuda(name)

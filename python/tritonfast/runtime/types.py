@@ -83,6 +83,9 @@ class InferRequest:
     # Set when the caller went away after the request had started running; models see it
     # through pb_utils InferenceRequest.is_cancelled().
     cancelled: bool = False
+    # Set by codecs when an input or requested output names a shared-memory region (its
+    # parameters say where); such inputs arrive with empty data for the data plane to fill.
+    uses_shared_memory: bool = False
 
 
 @dataclass(slots=True)
@@ -92,6 +95,8 @@ class OutputTensor:
     shape: tuple[int, ...]
     data: np.ndarray
     parameters: dict[str, Any] = field(default_factory=dict)
+    # Already written into the client's shared memory: the response carries metadata only.
+    in_shared_memory: bool = False
 
 
 @dataclass(slots=True)

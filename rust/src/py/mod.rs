@@ -7,6 +7,7 @@ mod error;
 mod gil;
 mod pool;
 mod queue;
+mod shm;
 mod stats;
 
 use pyo3::prelude::*;
@@ -22,5 +23,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyBatch>()?;
     m.add_class::<pool::PyTensorPool>()?;
     m.add_class::<pool::PyPooledBuffer>()?;
+    m.add_class::<shm::PySharedMemoryRegistry>()?;
+    m.add_class::<shm::RegionView>()?;
     Ok(())
 }

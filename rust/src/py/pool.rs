@@ -17,11 +17,11 @@ pub(crate) struct PyTensorPool {
 }
 
 /// Where a C-contiguous numpy array's bytes are: (address, byte length).
-fn contiguous_bytes(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+pub(crate) fn contiguous_bytes(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
     let interface = array.getattr("__array_interface__")?;
     if !interface.get_item("strides")?.is_none() {
         return Err(PyValueError::new_err(
-            "gather needs C-contiguous arrays (numpy.ascontiguousarray)",
+            "expected a C-contiguous array (numpy.ascontiguousarray)",
         ));
     }
     let (address, _read_only): (usize, bool) = interface.get_item("data")?.extract()?;
@@ -116,21 +116,31 @@ impl PyPooledBuffer {
     /// numpy's array interface (version 3): a writable 1-D `uint8` array over the buffer.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let dict = PyDict::new(py);
-        // numpy rejects a null pointer even for zero bytes; any aligned address will do.
-        let address = if self.len == 0 && self.address == 0 {
-            64
-        } else {
-            self.address
-        };
-        dict.set_item("data", (address, false))?;
-        dict.set_item("shape", (self.len,))?;
-        dict.set_item("typestr", "|u1")?;
-        dict.set_item("version", 3)?;
-        Ok(dict)
+        array_interface(py, self.address, self.len, false)
     }
 
     fn __len__(&self) -> usize {
         self.len
     }
+}
+
+/// numpy's array interface (version 3) for `len` bytes at `address`: a 1-D `uint8` array.
+pub(crate) fn array_interface(
+    py: Python<'_>,
+    address: usize,
+    len: usize,
+    read_only: bool,
+) -> PyResult<Bound<'_, PyDict>> {
+    let dict = PyDict::new(py);
+    // numpy rejects a null pointer even for zero bytes; any aligned address will do.
+    let address = if len == 0 && address == 0 {
+        64
+    } else {
+        address
+    };
+    dict.set_item("data", (address, read_only))?;
+    dict.set_item("shape", (len,))?;
+    dict.set_item("typestr", "|u1")?;
+    dict.set_item("version", 3)?;
+    Ok(dict)
 }

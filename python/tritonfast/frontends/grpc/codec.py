@@ -23,8 +23,8 @@ import numpy as np
 from google.protobuf import json_format
 
 from tritonfast._proto import grpc_service_pb2 as pb
-from tritonfast.errors import Code, InvalidArgumentError, TritonError, UnsupportedError
-from tritonfast.runtime import rawtensor
+from tritonfast.errors import Code, InvalidArgumentError, TritonError
+from tritonfast.runtime import rawtensor, sharedmemory
 from tritonfast.runtime.types import (
     InferRequest,
     InferResponse,
@@ -225,22 +225,26 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     raw_contents = message.raw_input_contents
     raw_count = len(raw_contents)
     raw_index = 0
+    uses_shared_memory = False
     inputs: list[InputTensor] = []
     for tensor in message.inputs:
         shape = tuple(tensor.shape)
         tensor_parameters = decode_parameters(tensor.parameters) if tensor.parameters else {}
-        if tensor.HasField("contents"):
+        if tensor_parameters and sharedmemory.placement(tensor_parameters, tensor.name):
+            if tensor.HasField("contents"):
+                raise InvalidArgumentError(
+                    "unexpected 'content' provided when using shared memory for input tensor"
+                    f" '{tensor.name}' for model '{model}'"
+                )
+            data = sharedmemory.NO_DATA  # the data plane maps it
+            uses_shared_memory = True
+        elif tensor.HasField("contents"):
             if raw_count:
                 raise InvalidArgumentError(
                     "contents field must not be specified when using raw_input_contents for "
                     f"'{tensor.name}' for model '{model}'"
                 )
             data = _decode_typed(tensor, shape, model, request_id)
-        elif "shared_memory_region" in tensor_parameters:
-            raise UnsupportedError(
-                f"shared memory input '{tensor.name}' for model '{model}': shared memory is "
-                "not supported by this server yet"
-            )
         elif raw_index < raw_count:
             raw = raw_contents[raw_index]
             data = rawtensor.from_raw(tensor.datatype, shape, raw, tensor.name, model, request_id)
@@ -268,13 +272,12 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
 
     outputs: list[RequestedOutput] | None = None
     if message.outputs:
-        outputs = [
-            RequestedOutput(
-                name=output.name,
-                parameters=decode_parameters(output.parameters) if output.parameters else {},
-            )
-            for output in message.outputs
-        ]
+        outputs = []
+        for output in message.outputs:
+            output_parameters = decode_parameters(output.parameters) if output.parameters else {}
+            if output_parameters and sharedmemory.placement(output_parameters, output.name):
+                uses_shared_memory = True
+            outputs.append(RequestedOutput(output.name, output_parameters))
     return InferRequest(
         model_name=model,
         model_version=message.model_version,
@@ -282,6 +285,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         inputs=inputs,
         outputs=outputs,
         parameters=parameters,
+        uses_shared_memory=uses_shared_memory,
     )
 
 
@@ -318,7 +322,8 @@ def encode_infer_response(
         output.shape.extend(tensor.shape)
         if tensor.parameters:
             encode_parameters(tensor.parameters, output.parameters)
-        raw.append(tensor_bytes(tensor.datatype, tensor.data))
+        # An output in shared memory keeps its (empty) place so indices stay aligned.
+        raw.append(b"" if tensor.in_shared_memory else tensor_bytes(tensor.datatype, tensor.data))
     return message
 
 

@@ -121,6 +121,61 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stats = self._dataplane.model_statistics(request.name, request.version)
         return codec.encode_statistics(stats)
 
+    # -- shared memory --------------------------------------------------------------------------
+    @_triton_errors
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        reply = pb.SystemSharedMemoryStatusResponse()
+        for region in self._dataplane.system_shared_memory_status(request.name):
+            reply.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return reply
+
+    @_triton_errors
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._dataplane.register_system_shared_memory(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_triton_errors
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._dataplane.unregister_system_shared_memory(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_triton_errors
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        reply = pb.CudaSharedMemoryStatusResponse()
+        for region in self._dataplane.cuda_shared_memory_status(request.name):
+            reply.regions[region["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return reply
+
+    @_triton_errors
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._dataplane.register_cuda_shared_memory(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_triton_errors
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._dataplane.unregister_cuda_shared_memory(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # -- inference ------------------------------------------------------------------------------
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         try:
@@ -184,12 +239,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     RepositoryIndex = _not_implemented("RepositoryIndex")
     RepositoryModelLoad = _not_implemented("RepositoryModelLoad")
     RepositoryModelUnload = _not_implemented("RepositoryModelUnload")
-    SystemSharedMemoryStatus = _not_implemented("SystemSharedMemoryStatus")
-    SystemSharedMemoryRegister = _not_implemented("SystemSharedMemoryRegister")
-    SystemSharedMemoryUnregister = _not_implemented("SystemSharedMemoryUnregister")
-    CudaSharedMemoryStatus = _not_implemented("CudaSharedMemoryStatus")
-    CudaSharedMemoryRegister = _not_implemented("CudaSharedMemoryRegister")
-    CudaSharedMemoryUnregister = _not_implemented("CudaSharedMemoryUnregister")
     TraceSetting = _not_implemented("TraceSetting")
     LogSettings = _not_implemented("LogSettings")
 

@@ -50,10 +50,10 @@ def _json(value: object) -> web.Response:
     return web.Response(body=codec.dumps(value), headers=_JSON)
 
 
-def _json_or_error(answer: Callable[[str, str], object], model: str, version: str) -> web.Response:
-    """``answer(model, version)`` as a JSON body, or the TritonError it raised."""
+def _json_or_error(answer: Callable[..., object], *args: str) -> web.Response:
+    """``answer(*args)`` as a JSON body, or the TritonError it raised."""
     try:
-        return _json(answer(model, version))
+        return _json(answer(*args))
     except TritonError as err:
         return _error(err)
 
@@ -110,6 +110,64 @@ async def model_statistics(
     request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
 ) -> web.Response:
     return _json_or_error(dataplane.model_statistics, model, version)
+
+
+# -- shared memory ----------------------------------------------------------------------------
+# These handlers get the region name (possibly "") where the others get the model.
+async def system_shm_status(
+    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
+) -> web.Response:
+    return _json_or_error(dataplane.system_shared_memory_status, region)
+
+
+async def cuda_shm_status(
+    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
+) -> web.Response:
+    return _json_or_error(dataplane.cuda_shared_memory_status, region)
+
+
+async def system_shm_register(
+    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
+) -> web.Response:
+    try:
+        if not region:
+            raise InvalidArgumentError(
+                "'region name' is necessary to register system shared memory region"
+            )
+        key, offset, byte_size = codec.decode_system_register(await _read_body(request))
+        dataplane.register_system_shared_memory(region, key, offset, byte_size)
+    except TritonError as err:
+        return _error(err)
+    return web.Response(status=200)
+
+
+async def cuda_shm_register(
+    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
+) -> web.Response:
+    try:
+        if not region:
+            raise InvalidArgumentError(
+                "'region name' is necessary to register cuda shared memory region"
+            )
+        raw_handle, device_id, byte_size = codec.decode_cuda_register(await _read_body(request))
+        dataplane.register_cuda_shared_memory(region, raw_handle, device_id, byte_size)
+    except TritonError as err:
+        return _error(err)
+    return web.Response(status=200)
+
+
+async def system_shm_unregister(
+    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
+) -> web.Response:
+    dataplane.unregister_system_shared_memory(region)
+    return web.Response(status=200)
+
+
+async def cuda_shm_unregister(
+    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
+) -> web.Response:
+    dataplane.unregister_cuda_shared_memory(region)
+    return web.Response(status=200)
 
 
 # -- inference --------------------------------------------------------------------------------
@@ -233,6 +291,12 @@ HANDLERS: dict[Endpoint, Handler] = {
     Endpoint.MODEL_CONFIG: model_config,
     Endpoint.MODEL_STATISTICS: model_statistics,
     Endpoint.INFER: infer,
+    Endpoint.SYSTEM_SHM_STATUS: system_shm_status,
+    Endpoint.SYSTEM_SHM_REGISTER: system_shm_register,
+    Endpoint.SYSTEM_SHM_UNREGISTER: system_shm_unregister,
+    Endpoint.CUDA_SHM_STATUS: cuda_shm_status,
+    Endpoint.CUDA_SHM_REGISTER: cuda_shm_register,
+    Endpoint.CUDA_SHM_UNREGISTER: cuda_shm_unregister,
 }
 _NOT_FOUND = codec.error_body("Not Found")
 
@@ -247,7 +311,7 @@ def dispatcher(dataplane: DataPlane) -> Callable[[web.BaseRequest], Awaitable[we
         endpoint = route.endpoint
         if request.method != endpoint.method:
             return _method_not_allowed()
-        return await HANDLERS[endpoint](request, dataplane, route.model, route.version)
+        return await HANDLERS[endpoint](request, dataplane, route.name, route.version)
 
     return handle
 

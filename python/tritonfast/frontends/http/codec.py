@@ -15,13 +15,15 @@ the one table turning an error code into an HTTP status.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 import orjson
 
 from tritonfast.errors import Code, InvalidArgumentError
 from tritonfast.frontends.http import jsonparse, tensordata
-from tritonfast.runtime import rawtensor
+from tritonfast.runtime import rawtensor, sharedmemory
 from tritonfast.runtime.types import (
     NUMPY_DTYPES,
     InferRequest,
@@ -53,11 +55,14 @@ _TYPED_PARAMETERS = {
 }
 _TYPE_ERRORS = {
     bool: "attempt to access JSON non-boolean as boolean",
+    dict: "attempt to access JSON non-object as object",
     int: "attempt to access JSON non-unsigned-integer as unsigned-integer",
     str: "attempt to access JSON non-string as string",
     list: "attempt to access JSON non-array as array",
 }
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+# The data of an input that lives in shared memory, until the data plane maps it.
+NO_DATA = sharedmemory.NO_DATA
 
 
 def error_body(message: str) -> bytes:
@@ -131,6 +136,8 @@ def decode_infer_request(
     offset = json_length
     for entry in inputs:
         tensor, offset = _decode_input(entry, view, offset, model_name, request.id)
+        if tensor.data is NO_DATA:
+            request.uses_shared_memory = True
         request.inputs.append(tensor)
     if offset != len(view):
         raise InvalidArgumentError(f"unexpected additional input data for model '{model_name}'")
@@ -138,6 +145,8 @@ def decode_infer_request(
     if "outputs" in doc:
         outputs = _require(doc["outputs"], list, "outputs")
         request.outputs = [_decode_output(entry) for entry in outputs]
+        if any(sharedmemory.REGION in o.parameters for o in request.outputs):
+            request.uses_shared_memory = True
     return request, binary_default
 
 
@@ -237,8 +246,8 @@ def _decode_input(
     elif has_data:
         data = tensordata.from_json(datatype, shape, entry["data"], name, model_name, request_id)
     else:
-        region = params["shared_memory_region"]
-        raise InvalidArgumentError(f"Unable to find shared memory region: '{region}'")
+        sharedmemory.placement(params, name)  # complete and well-typed; the data plane reads it
+        data = NO_DATA
     return InputTensor(name, datatype, shape, data, params), offset
 
 
@@ -258,11 +267,50 @@ def _decode_output(entry: Any) -> RequestedOutput:
                 "Output can't set both 'shared_memory_region' and 'binary_data'"
             )
     name = _member(entry, "name", str)
+    sharedmemory.placement(params, name)
     if "classification" in params:
         _require(params["classification"], int, "classification")
     if "binary_data" in params:
         _require(params["binary_data"], bool, "binary_data")
     return RequestedOutput(name, dict(params))
+
+
+# -- shared-memory registration ---------------------------------------------------------------
+def _register_body(body: bytes | bytearray) -> dict[str, Any]:
+    doc = jsonparse.loads(memoryview(body)) if body else {}
+    if type(doc) is not dict:
+        raise InvalidArgumentError("Shared memory register request must be a JSON object")
+    return doc
+
+
+def _register_field(doc: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    if key not in doc:
+        if default is not None:
+            return default
+        raise InvalidArgumentError(f"Shared memory register request has no '{key}' field")
+    return _require(doc[key], kind, key)
+
+
+def decode_system_register(body: bytes | bytearray) -> tuple[str, int, int]:
+    """``(key, offset, byte_size)`` from a system shared-memory register body."""
+    doc = _register_body(body)
+    key = _register_field(doc, "key", str)
+    offset = _register_field(doc, "offset", int, 0)
+    return key, offset, _register_field(doc, "byte_size", int)
+
+
+def decode_cuda_register(body: bytes | bytearray) -> tuple[bytes, int, int]:
+    """``(raw_handle, device_id, byte_size)`` from a CUDA shared-memory register body."""
+    doc = _register_body(body)
+    handle = _register_field(doc, "raw_handle", dict)
+    try:
+        raw_handle = base64.b64decode(_require(handle.get("b64"), str, "b64"), validate=True)
+    except (binascii.Error, InvalidArgumentError):
+        raise InvalidArgumentError(
+            "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
+        ) from None
+    device_id = _register_field(doc, "device_id", int)
+    return raw_handle, device_id, _register_field(doc, "byte_size", int)
 
 
 # -- responses --------------------------------------------------------------------------------
@@ -291,7 +339,9 @@ def encode_infer_response(
             "datatype": tensor.datatype,
             "shape": [int(d) for d in tensor.shape],
         }
-        if binary:
+        if tensor.in_shared_memory:  # the data is in the client's region: metadata only
+            pass
+        elif binary:
             raw = rawtensor.to_raw(tensor.datatype, tensor.data)
             size = len(raw)
             entry["parameters"] = {**tensor.parameters, "binary_data_size": size}

@@ -20,6 +20,12 @@ class Endpoint(Enum):
     MODEL_CONFIG = ("GET", "config")
     MODEL_STATISTICS = ("GET", "stats")
     INFER = ("POST", "infer")
+    SYSTEM_SHM_STATUS = ("GET", "systemsharedmemory/status")
+    SYSTEM_SHM_REGISTER = ("POST", "systemsharedmemory/register")
+    SYSTEM_SHM_UNREGISTER = ("POST", "systemsharedmemory/unregister")
+    CUDA_SHM_STATUS = ("GET", "cudasharedmemory/status")
+    CUDA_SHM_REGISTER = ("POST", "cudasharedmemory/register")
+    CUDA_SHM_UNREGISTER = ("POST", "cudasharedmemory/unregister")
 
     @property
     def method(self) -> str:
@@ -28,7 +34,9 @@ class Endpoint(Enum):
 
 class Route(NamedTuple):
     endpoint: Endpoint
-    model: str = ""  # "" on server-wide endpoints (and statistics of every model)
+    # The model, or the shared-memory region, the path names; "" on server-wide endpoints
+    # (and statistics of every model, status or unregistering of every region).
+    name: str = ""
     version: str = ""  # "" selects the model's default version
 
 
@@ -40,6 +48,13 @@ _MODEL_ACTIONS = {
     "stats": Endpoint.MODEL_STATISTICS,
 }
 _HEALTH = {"live": Endpoint.HEALTH_LIVE, "ready": Endpoint.HEALTH_READY}
+# /v2/{kind}[/region/{name}]/{action}
+_SHARED_MEMORY = {
+    (kind, endpoint.value[1].rpartition("/")[2]): endpoint
+    for endpoint in Endpoint
+    for kind in ("systemsharedmemory", "cudasharedmemory")
+    if endpoint.value[1].startswith(kind + "/")
+}
 
 
 def resolve(path: str) -> Route | None:
@@ -54,6 +69,14 @@ def resolve(path: str) -> Route | None:
     if section == "health":
         endpoint = _HEALTH.get(parts[3]) if count == 4 else None
         return Route(endpoint) if endpoint is not None else None
+    if section in ("systemsharedmemory", "cudasharedmemory"):
+        region = ""
+        if count == 6 and parts[3] == "region" and parts[4]:
+            region = parts[4]
+        elif count != 4:
+            return None
+        endpoint = _SHARED_MEMORY.get((section, parts[-1]))
+        return Route(endpoint, region) if endpoint is not None else None
     if section != "models" or count < 4 or not parts[3]:
         return None
     if count == 4:

@@ -1,0 +1,185 @@
+"""Clients' shared-memory regions and the tensors requests place in them.
+
+System regions live in the Rust core (``_core.SharedMemoryRegistry``: mapped once, bounds
+checked, reference counted); CUDA regions in :mod:`.cudamemory`. Both kinds share one
+namespace of region names, as in Triton.
+
+A tensor names its place in a region with three parameters, the same in HTTP and gRPC:
+``shared_memory_region``, ``shared_memory_offset`` (default 0) and ``shared_memory_byte_size``.
+An input in a system region reaches the model as a read-only numpy view of the client's
+memory (no copy); an output is written into its region and travels back as metadata only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tritonfast._core import RegionView, SharedMemoryRegistry
+from tritonfast.errors import AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError
+from tritonfast.runtime import rawtensor
+from tritonfast.runtime.cudamemory import CudaMemory
+from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
+
+# The data of a tensor that lives in shared memory (inputs until mapped, outputs once written).
+NO_DATA = np.empty(0, np.uint8)
+REGION = "shared_memory_region"
+OFFSET = "shared_memory_offset"
+BYTE_SIZE = "shared_memory_byte_size"
+PARAMETERS = (REGION, OFFSET, BYTE_SIZE)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a tensor lives: ``byte_size`` bytes at ``offset`` of region ``region``."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+def placement(parameters: dict[str, Any], tensor: str) -> Placement | None:
+    """The tensor's shared-memory placement from its parameters (None: not in shared memory).
+
+    Raises :class:`InvalidArgumentError` with Triton's messages when the parameters are
+    incomplete or of the wrong type.
+    """
+    if REGION not in parameters:
+        if OFFSET in parameters:
+            raise InvalidArgumentError(
+                f"'{OFFSET}' can not be specified without '{REGION}' parameter for tensor"
+                f" '{tensor}'"
+            )
+        return None
+    region = parameters[REGION]
+    if type(region) is not str:
+        raise InvalidArgumentError(
+            f"invalid value type for '{REGION}' parameter for tensor '{tensor}', expected"
+            " string_param."
+        )
+    if BYTE_SIZE not in parameters:
+        raise InvalidArgumentError(
+            f"'{BYTE_SIZE}' must be specified along with '{REGION}' parameter for tensor '{tensor}'"
+        )
+    numbers = []
+    for key in (OFFSET, BYTE_SIZE):
+        value = parameters.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise InvalidArgumentError(
+                f"invalid value type for '{key}' parameter for tensor '{tensor}', expected"
+                " a non-negative int64_param."
+            )
+        numbers.append(value)
+    return Placement(region, numbers[0], numbers[1])
+
+
+class SharedMemory:
+    """Every registered region, system and CUDA, and the data path through them."""
+
+    def __init__(self, cuda: CudaMemory | None = None) -> None:
+        self._system = SharedMemoryRegistry()
+        self._cuda = cuda or CudaMemory()
+
+    # -- the system shared-memory extension ---------------------------------------------------
+    def system_status(self, name: str = "") -> list[dict[str, Any]]:
+        if name and self._cuda.has(name):
+            raise NotFoundError(
+                f"The region named '{name}' is registered as CUDA shared memory, not system"
+                " shared memory"
+            )
+        return self._system.status(name or None)
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        if self._cuda.has(name):
+            raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
+        self._system.register(name, key, offset, byte_size)
+
+    def unregister_system(self, name: str = "") -> None:
+        """Forget ``name`` (every system region if empty); unknown names are not an error."""
+        if name:
+            self._system.unregister(name)
+        else:
+            self._system.unregister_all()
+
+    # -- the CUDA shared-memory extension -----------------------------------------------------
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        if name and not self._cuda.has(name) and self._system_has(name):
+            raise NotFoundError(
+                f"The region named '{name}' is registered as system shared memory, not CUDA"
+                " shared memory"
+            )
+        return self._cuda.status(name)
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        if self._system_has(name):
+            raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
+        self._cuda.register(name, raw_handle, device_id, byte_size)
+
+    def unregister_cuda(self, name: str = "") -> None:
+        self._cuda.unregister(name)
+
+    def _system_has(self, name: str) -> bool:
+        try:
+            self._system.status(name)
+        except NotFoundError:
+            return False
+        return True
+
+    # -- the data path ------------------------------------------------------------------------
+    def _window(self, where: Placement, writable: bool) -> RegionView | Any:
+        if self._cuda.has(where.region):
+            return self._cuda.window(where.region, where.offset, where.byte_size)
+        return self._system.view(where.region, where.offset, where.byte_size, writable)
+
+    def resolve_inputs(self, request: InferRequest) -> dict[str, tuple[Placement, Any]]:
+        """Give every shared-memory input of ``request`` its data, in place.
+
+        Returns the windows of the shared-memory outputs it asks for (checked now, so a bad
+        placement fails before the model runs, and held, so an unregister while the request
+        runs cannot pull the memory away).
+        """
+        model = request.model_name
+        for tensor in request.inputs:
+            where = placement(tensor.parameters, tensor.name)
+            if where is None:
+                continue
+            window = self._window(where, writable=False)
+            tensor.data = rawtensor.from_raw(
+                tensor.datatype,
+                tensor.shape,
+                np.asarray(window).data,
+                tensor.name,
+                model,
+                request.id,
+            )
+        outputs: dict[str, tuple[Placement, Any]] = {}
+        for output in request.outputs or ():
+            where = placement(output.parameters, output.name)
+            if where is not None:
+                outputs[output.name] = (where, self._window(where, writable=True))
+        return outputs
+
+    def write_outputs(
+        self, response: InferResponse, windows: dict[str, tuple[Placement, Any]]
+    ) -> None:
+        """Write the response's outputs that have a window into it; they keep only metadata."""
+        for index, tensor in enumerate(response.outputs):
+            placed = windows.get(tensor.name)
+            if placed is None:
+                continue
+            where, window = placed
+            raw = rawtensor.to_raw(tensor.datatype, tensor.data)
+            if isinstance(raw, bytes):
+                raw = np.frombuffer(raw, np.uint8)
+            if raw.nbytes > where.byte_size:
+                raise InternalError(
+                    f"shared memory size specified with the request for output '{tensor.name}'"
+                    f" ({where.byte_size} bytes) should be at least {raw.nbytes} bytes to hold"
+                    " the results"
+                )
+            window.write(raw)
+            response.outputs[index] = OutputTensor(
+                tensor.name, tensor.datatype, tensor.shape, NO_DATA, in_shared_memory=True
+            )

@@ -1,0 +1,541 @@
+//! System shared-memory regions that clients register by name (Triton's shared-memory
+//! extension).
+//!
+//! A client creates a POSIX shared-memory object, writes tensors into it and registers
+//! `(name, key, offset, byte_size)`. The server maps that window once, at registration, and
+//! requests then name the region plus an offset and size inside it: input tensors are read in
+//! place and outputs written in place, without crossing a socket.
+//!
+//! Safety of the mapping's lifetime: a [`Region`] owns its mapping and is shared as an
+//! `Arc`. [`RegionRegistry::unregister`] only drops the registry's reference, so a request that
+//! looked the region up earlier keeps the memory mapped until it lets go of its `Arc`.
+//!
+//! What stays the client's responsibility (as in Triton): the object must not be shrunk while
+//! registered (touching a mapped page past the end of the object raises `SIGBUS`), and the
+//! client must not rewrite a region while a request reads or writes it.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::{Code, CoreError};
+
+/// Keys Triton's Python backend uses for its own regions; clients may not register them.
+pub const RESERVED_KEY_PREFIX: &str = "triton_python_backend_shm_region_";
+/// Longest name a POSIX shared-memory object may have on Linux (`NAME_MAX`).
+const MAX_KEY_BYTES: usize = 255;
+
+/// What `status` reports for one region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionInfo {
+    pub name: String,
+    pub key: String,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+/// The POSIX name to open for `key`, or why `key` is not one.
+///
+/// Only names of shared-memory objects are accepted: one optional leading `/` followed by a
+/// non-empty name with no other `/` (so nothing outside the shared-memory file system can be
+/// reached), not `.` or `..`, without NUL bytes, at most 255 bytes.
+pub fn posix_name(key: &str) -> Result<CString, CoreError> {
+    let bare = key.strip_prefix('/').unwrap_or(key);
+    let problem = if bare.is_empty() {
+        Some("it is empty")
+    } else if bare.contains('/') {
+        Some("only a leading '/' is allowed")
+    } else if bare == "." || bare == ".." {
+        Some("'.' and '..' are not object names")
+    } else if bare.contains('\0') {
+        Some("it contains a NUL byte")
+    } else if bare.len() > MAX_KEY_BYTES {
+        Some("it is longer than 255 bytes")
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        return Err(CoreError::invalid_arg(format!(
+            "shared memory key '{key}' is not a POSIX shared memory object name: {problem}"
+        )));
+    }
+    // Cannot fail: NUL bytes were ruled out above.
+    CString::new(format!("/{bare}")).map_err(|_| CoreError::invalid_arg("NUL in key"))
+}
+
+/// A window of a shared-memory object mapped read-write into this process; unmapped on drop.
+#[derive(Debug)]
+struct Mapping {
+    /// Where the mapping starts (page-aligned), or `None` for an empty window.
+    base: Option<NonNull<libc::c_void>>,
+    /// Bytes mapped from `base`.
+    mapped: usize,
+    /// Where the registered window starts within the mapping.
+    skip: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; no thread-affine state is
+// involved, and all access goes through raw copies whose synchronisation the callers provide
+// (a request uses its own byte ranges).
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` only hands out the address, never a Rust reference to the bytes.
+unsafe impl Sync for Mapping {}
+
+/// Closes a file descriptor when dropped.
+struct Fd(libc::c_int);
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` is a descriptor this value opened and nothing else closes.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+impl Mapping {
+    /// Maps `byte_size` bytes of the object `name` starting at `offset`.
+    fn open(region: &str, key: &str, offset: u64, byte_size: u64) -> Result<Self, CoreError> {
+        let path = posix_name(key)?;
+        // SAFETY: `path` is a valid NUL-terminated string; shm_open has no other preconditions.
+        let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
+            return Err(CoreError::new(
+                Code::Internal,
+                format!("Unable to open shared memory region: '{key}'"),
+            ));
+        }
+        let fd = Fd(fd);
+        let object_size = object_size(&fd).ok_or_else(|| {
+            CoreError::new(
+                Code::Internal,
+                format!("Unable to read the size of shared memory region: '{key}'"),
+            )
+        })?;
+        let invalid = || {
+            CoreError::invalid_arg(format!(
+                "failed to register shared memory region '{region}': invalid args"
+            ))
+        };
+        let end = offset.checked_add(byte_size).ok_or_else(invalid)?;
+        if end > object_size {
+            return Err(invalid());
+        }
+        let len = usize::try_from(byte_size).map_err(|_| invalid())?;
+        if len == 0 {
+            return Ok(Self {
+                base: None,
+                mapped: 0,
+                skip: 0,
+            });
+        }
+        // mmap needs a page-aligned file offset; map from the page holding `offset`.
+        let page = page_size();
+        let skip = usize::try_from(offset % page).map_err(|_| invalid())?;
+        let start = libc::off_t::try_from(offset - offset % page).map_err(|_| invalid())?;
+        let mapped = skip.checked_add(len).ok_or_else(invalid)?;
+        // SAFETY: a fresh shared read-write mapping of an open descriptor; the kernel checks
+        // the arguments, and the result is checked for MAP_FAILED before any use.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.0,
+                start,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            let reason = std::io::Error::last_os_error();
+            return Err(CoreError::invalid_arg(format!(
+                "failed to register shared memory region '{region}': unable to process \
+                 address space: {reason}"
+            )));
+        }
+        Ok(Self {
+            base: NonNull::new(address),
+            mapped,
+            skip,
+        })
+    }
+
+    /// The first byte of the registered window (dangling but non-null when it is empty).
+    fn start(&self) -> *mut u8 {
+        match self.base {
+            // SAFETY: `skip` < `mapped`, so the result stays inside the mapping.
+            Some(base) => unsafe { base.as_ptr().cast::<u8>().add(self.skip) },
+            None => NonNull::<u8>::dangling().as_ptr(),
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Some(base) = self.base {
+            // SAFETY: `base`/`mapped` are exactly what mmap returned and were never unmapped;
+            // no reference into the mapping outlives `self` (regions hand out addresses only to
+            // holders of an `Arc<Region>`, which keeps `self` alive).
+            unsafe { libc::munmap(base.as_ptr(), self.mapped) };
+        }
+    }
+}
+
+fn object_size(fd: &Fd) -> Option<u64> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `stat` is writable storage of the right type; fstat fills it on success.
+    if unsafe { libc::fstat(fd.0, stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat returned 0, so it initialised `stat`.
+    let stat = unsafe { stat.assume_init() };
+    u64::try_from(stat.st_size).ok()
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).unwrap_or(4096)
+}
+
+/// One registered region: a mapped window of a client's shared-memory object.
+#[derive(Debug)]
+pub struct Region {
+    info: RegionInfo,
+    mapping: Mapping,
+}
+
+impl Region {
+    /// Maps the window `[offset, offset + byte_size)` of the object `key` as region `name`.
+    ///
+    /// # Errors
+    /// `INVALID_ARG` for a key that is not a POSIX object name, a reserved key, or a window
+    /// beyond the object's end; `INTERNAL` when the object cannot be opened.
+    pub fn open(name: &str, key: &str, offset: u64, byte_size: u64) -> Result<Self, CoreError> {
+        if key.trim_start_matches('/').starts_with(RESERVED_KEY_PREFIX) {
+            return Err(CoreError::invalid_arg(format!(
+                "cannot register shared memory region '{name}' with key '{key}' as the key \
+                 contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
+            )));
+        }
+        let mapping = Mapping::open(name, key, offset, byte_size)?;
+        Ok(Self {
+            info: RegionInfo {
+                name: name.to_owned(),
+                key: key.to_owned(),
+                offset,
+                byte_size,
+            },
+            mapping,
+        })
+    }
+
+    pub fn info(&self) -> &RegionInfo {
+        &self.info
+    }
+
+    pub fn byte_size(&self) -> u64 {
+        self.info.byte_size
+    }
+
+    /// The address of `len` bytes at `offset` inside the region, checked as Triton checks.
+    ///
+    /// The address stays valid while this region is alive (hold its `Arc`).
+    ///
+    /// # Errors
+    /// `INVALID_ARG` when the range does not lie inside the region.
+    pub fn address(&self, offset: u64, len: u64) -> Result<*mut u8, CoreError> {
+        let name = &self.info.name;
+        let size = self.info.byte_size;
+        if offset >= size && !(offset == 0 && len == 0) {
+            return Err(CoreError::invalid_arg(format!(
+                "Invalid offset for shared memory region: '{name}'"
+            )));
+        }
+        let end = offset.checked_add(len).ok_or_else(|| {
+            CoreError::invalid_arg(format!(
+                "Integer overflow detected: byte_size ({len}) + offset ({offset}) exceeds \
+                 maximum value ({}) for region '{name}'",
+                u64::MAX
+            ))
+        })?;
+        if end > size {
+            return Err(CoreError::invalid_arg(format!(
+                "Invalid offset + byte size for shared memory region: '{name}'"
+            )));
+        }
+        // offset < byte_size, which was mapped, so it fits in usize.
+        let offset = usize::try_from(offset).unwrap_or(usize::MAX);
+        // SAFETY: offset + len <= len of the mapped window, checked above.
+        Ok(unsafe { self.mapping.start().add(offset) })
+    }
+
+    /// Copies `bytes` into the region at `offset`.
+    ///
+    /// # Errors
+    /// `INVALID_ARG` when they do not fit inside the region.
+    pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), CoreError> {
+        let destination = self.address(offset, u64::try_from(bytes.len()).unwrap_or(u64::MAX))?;
+        // SAFETY: `address` checked that `bytes.len()` bytes from `destination` lie inside the
+        // mapping, which `self` keeps alive; a Rust slice cannot overlap the shared mapping
+        // unless it was made from it, and `copy` (memmove) is correct even then.
+        unsafe { std::ptr::copy(bytes.as_ptr(), destination, bytes.len()) };
+        Ok(())
+    }
+
+    /// A copy of `len` bytes at `offset`.
+    ///
+    /// # Errors
+    /// `INVALID_ARG` when the range does not lie inside the region.
+    pub fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, CoreError> {
+        let source = self.address(offset, len)?;
+        // Checked against the mapped length, so it fits in usize.
+        let len = usize::try_from(len).unwrap_or(0);
+        let mut out = vec![0u8; len];
+        // SAFETY: `address` checked the range; `out` is a fresh buffer of `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(source, out.as_mut_ptr(), len) };
+        Ok(out)
+    }
+}
+
+/// The server's registered regions, by name. Registration is rare; a request's look-up takes
+/// the lock only to clone an `Arc`.
+#[derive(Debug, Default)]
+pub struct RegionRegistry {
+    regions: Mutex<BTreeMap<String, Arc<Region>>>,
+}
+
+impl RegionRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Maps and registers a region.
+    ///
+    /// # Errors
+    /// `ALREADY_EXISTS` when `name` is taken; the errors of [`Region::open`].
+    pub fn register(
+        &self,
+        name: &str,
+        key: &str,
+        offset: u64,
+        byte_size: u64,
+    ) -> Result<(), CoreError> {
+        if self.regions.lock().contains_key(name) {
+            return Err(already_registered(name));
+        }
+        // Map outside the lock: opening a region is a few system calls.
+        let region = Arc::new(Region::open(name, key, offset, byte_size)?);
+        let mut regions = self.regions.lock();
+        if regions.contains_key(name) {
+            return Err(already_registered(name));
+        }
+        regions.insert(name.to_owned(), region);
+        Ok(())
+    }
+
+    /// Forgets region `name` (no error if there is none, as in Triton). Requests still using
+    /// it keep it mapped until they finish.
+    pub fn unregister(&self, name: &str) -> bool {
+        self.regions.lock().remove(name).is_some()
+    }
+
+    /// Forgets every region; returns how many there were.
+    pub fn unregister_all(&self) -> usize {
+        let mut regions = self.regions.lock();
+        let count = regions.len();
+        regions.clear();
+        count
+    }
+
+    /// The region called `name`.
+    ///
+    /// # Errors
+    /// `NOT_FOUND` when no region has that name.
+    pub fn get(&self, name: &str) -> Result<Arc<Region>, CoreError> {
+        self.regions.lock().get(name).cloned().ok_or_else(|| {
+            CoreError::new(
+                Code::NotFound,
+                format!("Unable to find shared memory region: '{name}'"),
+            )
+        })
+    }
+
+    /// Every region, by name; or just `name`.
+    ///
+    /// # Errors
+    /// `NOT_FOUND` when `name` is given and not registered.
+    pub fn status(&self, name: Option<&str>) -> Result<Vec<RegionInfo>, CoreError> {
+        let regions = self.regions.lock();
+        match name {
+            None => Ok(regions.values().map(|r| r.info.clone()).collect()),
+            Some(name) => regions
+                .get(name)
+                .map(|r| vec![r.info.clone()])
+                .ok_or_else(|| {
+                    CoreError::new(
+                        Code::NotFound,
+                        format!("Unable to find system shared memory region: '{name}'"),
+                    )
+                }),
+        }
+    }
+}
+
+fn already_registered(name: &str) -> CoreError {
+    CoreError::new(
+        Code::AlreadyExists,
+        format!("shared memory region '{name}' already in manager"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A POSIX shared-memory object for one test, unlinked on drop.
+    struct Object {
+        key: String,
+    }
+
+    impl Object {
+        fn new(tag: &str, size: usize, fill: u8) -> Self {
+            let key = format!("/tritonfast-test-{}-{tag}", std::process::id());
+            let path = format!("/dev/shm{key}");
+            std::fs::write(&path, vec![fill; size]).expect("create shm object");
+            Self { key }
+        }
+    }
+
+    impl Drop for Object {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(format!("/dev/shm{}", self.key));
+        }
+    }
+
+    #[test]
+    fn only_posix_object_names_are_keys() {
+        assert_eq!(posix_name("/abc").unwrap().to_str().unwrap(), "/abc");
+        assert_eq!(posix_name("abc").unwrap().to_str().unwrap(), "/abc");
+        for bad in ["", "/", "/a/b", "../etc/passwd", "/..", ".", "a\0b", "//x"] {
+            let err = posix_name(bad).unwrap_err();
+            assert_eq!(err.code, Code::InvalidArg, "{bad:?}");
+        }
+        assert!(posix_name(&"x".repeat(255)).is_ok());
+        assert!(posix_name(&"x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn registers_reads_writes_and_unregisters() {
+        let object = Object::new("rw", 10_000, 7);
+        let registry = RegionRegistry::new();
+        registry.register("r", &object.key, 4096, 100).unwrap();
+        let region = registry.get("r").unwrap();
+        assert_eq!(region.read(0, 3).unwrap(), [7, 7, 7]);
+        region.write(98, &[1, 2]).unwrap();
+        assert_eq!(region.read(97, 3).unwrap(), [7, 1, 2]);
+        let on_disk = std::fs::read(format!("/dev/shm{}", object.key)).unwrap();
+        assert_eq!(&on_disk[4096 + 97..4096 + 100], &[7, 1, 2]);
+        assert_eq!(
+            registry.status(None).unwrap(),
+            vec![RegionInfo {
+                name: "r".into(),
+                key: object.key.clone(),
+                offset: 4096,
+                byte_size: 100
+            }]
+        );
+        assert!(registry.unregister("r"));
+        assert!(!registry.unregister("r"));
+        assert_eq!(registry.get("r").unwrap_err().code, Code::NotFound);
+        // The request that looked it up still has it mapped.
+        assert_eq!(region.read(98, 2).unwrap(), [1, 2]);
+    }
+
+    #[test]
+    fn offsets_need_not_be_page_aligned() {
+        let object = Object::new("unaligned", 5000, 0);
+        std::fs::write(
+            format!("/dev/shm{}", object.key),
+            (0..5000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let registry = RegionRegistry::new();
+        registry.register("u", &object.key, 4099, 10).unwrap();
+        let expected: Vec<u8> = (4099..4109u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(registry.get("u").unwrap().read(0, 10).unwrap(), expected);
+    }
+
+    #[test]
+    fn registration_errors() {
+        let object = Object::new("errors", 64, 0);
+        let registry = RegionRegistry::new();
+        registry.register("a", &object.key, 0, 64).unwrap();
+        let dup = registry.register("a", &object.key, 0, 8).unwrap_err();
+        assert_eq!(dup.code, Code::AlreadyExists);
+        assert_eq!(dup.message, "shared memory region 'a' already in manager");
+        let beyond = registry.register("b", &object.key, 8, 64).unwrap_err();
+        assert_eq!(
+            beyond.message,
+            "failed to register shared memory region 'b': invalid args"
+        );
+        let overflow = registry
+            .register("b", &object.key, u64::MAX, 2)
+            .unwrap_err();
+        assert_eq!(overflow.code, Code::InvalidArg);
+        let missing = registry
+            .register("b", "/tritonfast-test-no-such-object", 0, 8)
+            .unwrap_err();
+        assert_eq!(missing.code, Code::Internal);
+        let path = registry
+            .register("b", "/../../etc/passwd", 0, 8)
+            .unwrap_err();
+        assert_eq!(path.code, Code::InvalidArg);
+        let reserved = registry
+            .register("b", "/triton_python_backend_shm_region_1", 0, 8)
+            .unwrap_err();
+        assert_eq!(reserved.code, Code::InvalidArg);
+        assert_eq!(registry.status(None).unwrap().len(), 1);
+        assert_eq!(registry.status(Some("b")).unwrap_err().code, Code::NotFound);
+    }
+
+    #[test]
+    fn accesses_are_bounds_checked() {
+        let object = Object::new("bounds", 128, 0);
+        let registry = RegionRegistry::new();
+        registry.register("r", &object.key, 0, 128).unwrap();
+        let region = registry.get("r").unwrap();
+        assert!(region.address(0, 128).is_ok());
+        assert!(region.address(127, 1).is_ok());
+        let past = region.address(128, 1).unwrap_err();
+        assert_eq!(past.message, "Invalid offset for shared memory region: 'r'");
+        let long = region.address(100, 29).unwrap_err();
+        assert_eq!(
+            long.message,
+            "Invalid offset + byte size for shared memory region: 'r'"
+        );
+        assert!(region.address(1, u64::MAX).is_err());
+        assert!(region.write(120, &[0; 9]).is_err());
+    }
+
+    #[test]
+    fn empty_windows_are_allowed() {
+        let object = Object::new("empty", 16, 0);
+        let registry = RegionRegistry::new();
+        registry.register("e", &object.key, 16, 0).unwrap();
+        let region = registry.get("e").unwrap();
+        assert!(region.address(0, 0).is_ok());
+        assert!(region.read(0, 1).is_err());
+    }
+
+    #[test]
+    fn unregister_all_forgets_every_region() {
+        let object = Object::new("all", 16, 0);
+        let registry = RegionRegistry::new();
+        registry.register("x", &object.key, 0, 8).unwrap();
+        registry.register("y", &object.key, 8, 8).unwrap();
+        assert_eq!(registry.unregister_all(), 2);
+        assert!(registry.status(None).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,456 @@
+"""System (and, without a GPU, CUDA) shared memory with tritonclient's own helpers.
+
+Every test drives the real server over HTTP and gRPC with ``tritonclient.utils.shared_memory``
+regions: the server maps them by key and reads inputs / writes outputs in place.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
+from tritonfast.runtime import cudamemory
+
+PROTOCOLS = ("http", "grpc")
+
+
+class Regions:
+    """Client-side regions made for one test, registered with the server and cleaned up."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.handles: dict[str, Any] = {}
+
+    def create(self, byte_size: int, *, register: bool = True, offset: int = 0) -> str:
+        name = "r" + uuid.uuid4().hex[:10]
+        self.handles[name] = shm.create_shared_memory_region(name, f"/{name}", byte_size)
+        if register:
+            self.client.register_system_shared_memory(name, f"/{name}", byte_size - offset, offset)
+        return name
+
+    def set(self, name: str, arrays: list[np.ndarray], offset: int = 0) -> None:
+        shm.set_shared_memory_region(self.handles[name], arrays, offset)
+
+    def get(self, name: str, dtype: Any, shape: list[int], offset: int = 0) -> np.ndarray:
+        return shm.get_contents_as_numpy(self.handles[name], dtype, shape, offset)
+
+    def close(self) -> None:
+        for name, handle in self.handles.items():
+            self.client.unregister_system_shared_memory(name)
+            shm.destroy_shared_memory_region(handle)
+
+
+def make_client(protocol: str, server: Any) -> Any:
+    if protocol == "http":
+        return httpclient.InferenceServerClient(server.http_url, concurrency=16)
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+@pytest.fixture(params=PROTOCOLS)
+def protocol(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def client(protocol: str, server: Any) -> Iterator[Any]:
+    client = make_client(protocol, server)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def regions(client: Any) -> Iterator[Regions]:
+    made = Regions(client)
+    yield made
+    made.close()
+
+
+def lib(protocol: str) -> Any:
+    return httpclient if protocol == "http" else grpcclient
+
+
+def shm_input(
+    protocol: str,
+    name: str,
+    shape: list[int],
+    datatype: str,
+    region: str,
+    byte_size: int,
+    offset: int = 0,
+) -> Any:
+    tensor = lib(protocol).InferInput(name, shape, datatype)
+    tensor.set_shared_memory(region, byte_size, offset)
+    return tensor
+
+
+def np_input(protocol: str, name: str, array: np.ndarray, datatype: str) -> Any:
+    tensor = lib(protocol).InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def shm_output(protocol: str, name: str, region: str, byte_size: int, offset: int = 0) -> Any:
+    output = lib(protocol).InferRequestedOutput(name)
+    output.set_shared_memory(region, byte_size, offset)
+    return output
+
+
+def status_names(client: Any, protocol: str) -> set[str]:
+    status = client.get_system_shared_memory_status()
+    if protocol == "http":
+        return {entry["name"] for entry in status}
+    return set(status.regions)
+
+
+# add_sub takes two [4] vectors; identity_fp32 takes a batch of them ([1, 4] here).
+A = np.arange(4, dtype=np.float32)
+B = np.full(4, 10, dtype=np.float32)
+
+
+# -- the data path ------------------------------------------------------------------------------
+def test_inputs_and_outputs_in_shared_memory(protocol: str, client: Any, regions: Regions) -> None:
+    inputs_region = regions.create(32)
+    outputs_region = regions.create(32)
+    regions.set(inputs_region, [A, B])  # INPUT0 at 0, INPUT1 at 16
+    result = client.infer(
+        "add_sub",
+        [
+            shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16),
+            shm_input(protocol, "INPUT1", [4], "FP32", inputs_region, 16, offset=16),
+        ],
+        outputs=[
+            shm_output(protocol, "OUTPUT0", outputs_region, 16),
+            shm_output(protocol, "OUTPUT1", outputs_region, 16, offset=16),
+        ],
+    )
+    np.testing.assert_array_equal(regions.get(outputs_region, np.float32, [4]), A + B)
+    np.testing.assert_array_equal(regions.get(outputs_region, np.float32, [4], 16), A - B)
+    # The response carries the outputs' metadata and no data.
+    output = result.get_output("OUTPUT0")
+    shape = output["shape"] if protocol == "http" else list(output.shape)
+    assert [int(d) for d in shape] == [4]
+
+
+def test_inputs_only(protocol: str, client: Any, regions: Regions) -> None:
+    region = regions.create(32)
+    regions.set(region, [A, B])
+    result = client.infer(
+        "add_sub",
+        [
+            shm_input(protocol, "INPUT0", [4], "FP32", region, 16),
+            shm_input(protocol, "INPUT1", [4], "FP32", region, 16, offset=16),
+        ],
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+
+
+def test_outputs_only_beside_a_normal_output(protocol: str, client: Any, regions: Regions) -> None:
+    region = regions.create(16)
+    outputs = [
+        shm_output(protocol, "OUTPUT0", region, 16),
+        lib(protocol).InferRequestedOutput("OUTPUT1"),
+    ]
+    result = client.infer(
+        "add_sub",
+        [np_input(protocol, "INPUT0", A, "FP32"), np_input(protocol, "INPUT1", B, "FP32")],
+        outputs=outputs,
+    )
+    np.testing.assert_array_equal(regions.get(region, np.float32, [4]), A + B)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+
+
+def test_bytes_tensors(protocol: str, client: Any, regions: Regions) -> None:
+    words = np.array([[b"shared", b"", b"memory \xff"]], dtype=np.object_)
+    serialized = serialize_byte_tensor(words)
+    size = len(serialized.item())
+    inputs_region = regions.create(size)
+    outputs_region = regions.create(size)
+    regions.set(inputs_region, [serialized])
+    client.infer(
+        "identity_bytes",
+        [shm_input(protocol, "INPUT0", [1, 3], "BYTES", inputs_region, size)],
+        outputs=[shm_output(protocol, "OUTPUT0", outputs_region, size)],
+    )
+    got = regions.get(outputs_region, np.object_, [1, 3])
+    assert got.tolist() == words.tolist()
+
+
+def test_registered_offset_inside_the_object(protocol: str, client: Any, regions: Regions) -> None:
+    # Register only the window that starts 100 bytes into the object (not page-aligned).
+    region = regions.create(100 + 32, offset=100)
+    regions.set(region, [A, B], offset=100)
+    result = client.infer(
+        "add_sub",
+        [
+            shm_input(protocol, "INPUT0", [4], "FP32", region, 16),
+            shm_input(protocol, "INPUT1", [4], "FP32", region, 16, offset=16),
+        ],
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    entry = client.get_system_shared_memory_status(region)
+    if protocol == "http":
+        assert entry == [{"name": region, "key": f"/{region}", "offset": 100, "byte_size": 32}]
+    else:
+        assert entry.regions[region].offset == 100
+        assert entry.regions[region].byte_size == 32
+
+
+def test_many_regions(protocol: str, client: Any, regions: Regions) -> None:
+    names = [regions.create(16) for _ in range(24)]
+    for index, name in enumerate(names):
+        regions.set(name, [np.full((1, 4), index, dtype=np.float32)])
+    assert set(names) <= status_names(client, protocol)
+    for name in names[::5]:
+        result = client.infer(
+            "identity_fp32", [shm_input(protocol, "INPUT0", [1, 4], "FP32", name, 16)]
+        )
+        assert result.as_numpy("OUTPUT0")[0, 0] == names.index(name)
+
+
+def test_one_region_shared_by_concurrent_requests(
+    protocol: str, server: Any, client: Any, regions: Regions
+) -> None:
+    count = 32
+    inputs_region = regions.create(16)
+    outputs_region = regions.create(16 * count)
+    regions.set(inputs_region, [A[None]])
+
+    def one(index: int) -> None:
+        local = make_client(protocol, server)
+        try:
+            local.infer(
+                "identity_fp32",
+                [shm_input(protocol, "INPUT0", [1, 4], "FP32", inputs_region, 16)],
+                outputs=[shm_output(protocol, "OUTPUT0", outputs_region, 16, offset=16 * index)],
+            )
+        finally:
+            local.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(count)))
+    got = regions.get(outputs_region, np.float32, [count, 4])
+    np.testing.assert_array_equal(got, np.repeat(A[None], count, axis=0))
+
+
+def test_inputs_are_read_in_place(
+    protocol: str, server: Any, client: Any, regions: Regions
+) -> None:
+    # The model waits for INPUT0[0] to change while it runs; only a zero-copy input sees the
+    # client's write, made after the request started.
+    region = regions.create(16)
+    regions.set(region, [np.ones(4, dtype=np.float32)])
+    wait = np_input(protocol, "WAIT_MS", np.array([10_000], dtype=np.int32), "INT32")
+    answer: dict[str, Any] = {}
+
+    def run() -> None:
+        local = make_client(protocol, server)  # tritonclient.http clients stay on one thread
+        try:
+            answer["result"] = local.infer(
+                "shm_watch", [shm_input(protocol, "INPUT0", [4], "FP32", region, 16), wait]
+            )
+        finally:
+            local.close()
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)
+    regions.set(region, [np.full(4, 7, dtype=np.float32)])
+    thread.join(30)
+    assert time.monotonic() - started < 8, "the model never saw the client's write"
+    np.testing.assert_array_equal(answer["result"].as_numpy("OUTPUT0"), np.full(4, 7))
+
+
+def test_unregister_while_a_request_runs(
+    protocol: str, server: Any, client: Any, regions: Regions
+) -> None:
+    inputs_region = regions.create(16)
+    outputs_region = regions.create(16)
+    regions.set(inputs_region, [np.full(4, 3, dtype=np.float32)])
+    wait = np_input(protocol, "WAIT_MS", np.array([700], dtype=np.int32), "INT32")
+    answer: dict[str, Any] = {}
+
+    def run() -> None:
+        local = make_client(protocol, server)
+        try:
+            answer["result"] = local.infer(
+                "shm_watch",
+                [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait],
+                outputs=[shm_output(protocol, "OUTPUT0", outputs_region, 16)],
+            )
+        finally:
+            local.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.3)
+    client.unregister_system_shared_memory()  # every region, while the request runs
+    assert not status_names(client, protocol)
+    thread.join(30)
+    assert "result" in answer
+    np.testing.assert_array_equal(regions.get(outputs_region, np.float32, [4]), np.full(4, 3))
+    # Unregistered means unknown to new requests.
+    with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
+        client.infer(
+            "shm_watch", [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait]
+        )
+
+
+# -- registration errors ------------------------------------------------------------------------
+def test_duplicate_name_is_rejected(protocol: str, client: Any, regions: Regions) -> None:
+    name = regions.create(64)
+    with pytest.raises(InferenceServerException, match="already in manager") as info:
+        client.register_system_shared_memory(name, f"/{name}", 64)
+    assert info.value.status() == ("400" if protocol == "http" else "StatusCode.ALREADY_EXISTS")
+
+
+@pytest.mark.parametrize(
+    ("key", "offset", "byte_size", "message", "http_status", "grpc_status"),
+    [
+        (
+            "/tritonfast-no-such-object",
+            0,
+            8,
+            "Unable to open shared memory region",
+            "500",
+            "INTERNAL",
+        ),
+        (
+            "/../../etc/passwd",
+            0,
+            8,
+            "is not a POSIX shared memory object name",
+            "400",
+            "INVALID_ARGUMENT",
+        ),
+        ("/triton_python_backend_shm_region_7", 0, 8, "reserved prefix", "400", "INVALID_ARGUMENT"),
+        (None, 0, 65, "invalid args", "400", "INVALID_ARGUMENT"),
+        (None, 60, 8, "invalid args", "400", "INVALID_ARGUMENT"),
+    ],
+)
+def test_bad_registrations(
+    protocol: str,
+    client: Any,
+    regions: Regions,
+    key: str | None,
+    offset: int,
+    byte_size: int,
+    message: str,
+    http_status: str,
+    grpc_status: str,
+) -> None:
+    name = regions.create(64, register=False)
+    with pytest.raises(InferenceServerException, match=message) as info:
+        client.register_system_shared_memory("bad" + name, key or f"/{name}", byte_size, offset)
+    expected = http_status if protocol == "http" else f"StatusCode.{grpc_status}"
+    assert info.value.status() == expected
+    assert "bad" + name not in status_names(client, protocol)
+
+
+def test_status_and_unregister_of_unknown_regions(protocol: str, client: Any) -> None:
+    with pytest.raises(
+        InferenceServerException, match="Unable to find system shared memory region: 'nope'"
+    ):
+        client.get_system_shared_memory_status("nope")
+    client.unregister_system_shared_memory("nope")  # not an error, as in Triton
+
+
+# -- inference errors ---------------------------------------------------------------------------
+def test_unknown_region_in_a_request(protocol: str, client: Any) -> None:
+    with pytest.raises(
+        InferenceServerException, match="Unable to find shared memory region: 'ghost'"
+    ):
+        client.infer("identity_fp32", [shm_input(protocol, "INPUT0", [1, 4], "FP32", "ghost", 16)])
+
+
+@pytest.mark.parametrize(
+    ("offset", "byte_size", "message"),
+    [
+        (64, 16, "Invalid offset for shared memory region"),
+        (56, 16, "Invalid offset \\+ byte size for shared memory region"),
+        (0, 32, "unexpected total byte size|byte size"),
+    ],
+)
+def test_bad_input_placements(
+    protocol: str, client: Any, regions: Regions, offset: int, byte_size: int, message: str
+) -> None:
+    region = regions.create(64)
+    with pytest.raises(InferenceServerException, match=message):
+        client.infer(
+            "identity_fp32",
+            [shm_input(protocol, "INPUT0", [1, 4], "FP32", region, byte_size, offset)],
+        )
+
+
+def test_output_region_too_small(protocol: str, client: Any, regions: Regions) -> None:
+    region = regions.create(64)
+    with pytest.raises(InferenceServerException, match="should be at least 16 bytes") as info:
+        client.infer(
+            "identity_fp32",
+            [np_input(protocol, "INPUT0", A[None], "FP32")],
+            outputs=[shm_output(protocol, "OUTPUT0", region, 8)],
+        )
+    assert info.value.status() == ("500" if protocol == "http" else "StatusCode.INTERNAL")
+    assert not regions.get(region, np.uint8, [64]).any()  # nothing written
+
+
+def test_the_server_keeps_serving_after_errors(protocol: str, client: Any) -> None:
+    result = client.infer("identity_fp32", [np_input(protocol, "INPUT0", A[None], "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A[None])
+
+
+# -- CUDA shared memory -------------------------------------------------------------------------
+GPU = cudamemory._runtime() is not None
+
+
+@pytest.mark.skipif(GPU, reason="this machine has a GPU: the no-GPU answers do not apply")
+def test_cuda_endpoints_answer_without_a_gpu(protocol: str, client: Any) -> None:
+    status = client.get_cuda_shared_memory_status()
+    assert (status == []) if protocol == "http" else (len(status.regions) == 0)
+    with pytest.raises(InferenceServerException, match="GPUs not supported"):
+        client.register_cuda_shared_memory("gpu0", base64.b64encode(bytes(64)), 0, 1024)
+    with pytest.raises(
+        InferenceServerException, match="Unable to find cuda shared memory region: 'gpu0'"
+    ):
+        client.get_cuda_shared_memory_status("gpu0")
+    client.unregister_cuda_shared_memory()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU and cuda-python")
+def test_cuda_shared_memory_inputs_and_outputs(protocol: str, client: Any) -> None:
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = cudashm.create_shared_memory_region("cin", data.nbytes, 0)
+    outputs = cudashm.create_shared_memory_region("cout", data.nbytes, 0)
+    try:
+        cudashm.set_shared_memory_region(inputs, [data])
+        client.register_cuda_shared_memory("cin", cudashm.get_raw_handle(inputs), 0, data.nbytes)
+        client.register_cuda_shared_memory("cout", cudashm.get_raw_handle(outputs), 0, data.nbytes)
+        status = client.get_cuda_shared_memory_status()
+        names = {e["name"] for e in status} if protocol == "http" else set(status.regions)
+        assert names == {"cin", "cout"}
+        client.infer(
+            "identity_fp32",
+            [shm_input(protocol, "INPUT0", [1, 16], "FP32", "cin", data.nbytes)],
+            outputs=[shm_output(protocol, "OUTPUT0", "cout", data.nbytes)],
+        )
+        got = cudashm.get_contents_as_numpy(outputs, np.float32, [1, 16])
+        np.testing.assert_array_equal(got, data)
+    finally:
+        client.unregister_cuda_shared_memory()
+        cudashm.destroy_shared_memory_region(inputs)
+        cudashm.destroy_shared_memory_region(outputs)
