@@ -223,3 +223,10 @@ class SharedMemoryRegistry:
     def view(
         self, name: str, offset: int, byte_size: int, writable: bool = False
     ) -> RegionView: ...
+
+def split_message_field(message: bytes, field: int) -> tuple[bytes, list[tuple[int, int]]]:
+    """``message`` (protobuf) without its length-delimited occurrences of ``field``, and the
+    ``(start, end)`` ranges of those payloads in ``message``."""
+
+def length_delimited_prefix(field: int, length: int) -> bytes:
+    """The key and length that precede ``length`` payload bytes of ``field`` on the wire."""

@@ -12,6 +12,7 @@ from tritonfast import __version__
 from tritonfast.cli import ServeOptions
 from tritonfast.frontends.dataplane import DataPlane
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
+from tritonfast.runtime.allocator import keep_large_buffers
 
 log = logging.getLogger("tritonfast")
 
@@ -139,6 +140,7 @@ async def _stop(stoppers: list[Any], repository: ModelRepository, options: Serve
 
 def run(options: ServeOptions) -> int:
     configure_logging(options)
+    keep_large_buffers()
     try:
         import uvloop
 

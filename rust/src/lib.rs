@@ -11,6 +11,7 @@ pub mod queue;
 #[cfg(unix)]
 pub mod shm;
 pub mod stats;
+pub mod wire;
 
 #[cfg(feature = "python")]
 mod py;

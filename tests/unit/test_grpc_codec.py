@@ -424,3 +424,42 @@ def test_metadata_encoding() -> None:
     ]
     server = codec.encode_server_metadata({"name": "triton", "version": "1", "extensions": ["a"]})
     assert (server.name, server.version, list(server.extensions)) == ("triton", "1", ["a"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tensors=st.lists(st.binary(max_size=300), max_size=4),
+    request_id=st.text(max_size=5),
+)
+def test_tensors_bypass_protobuf_without_changing_the_wire(
+    tensors: list[bytes], request_id: str
+) -> None:
+    # A request parsed by splitting out raw_input_contents equals protobuf's own parse...
+    message = pb.ModelInferRequest(model_name="m", id=request_id)
+    for index, data in enumerate(tensors):
+        message.inputs.add(name=f"I{index}", datatype="UINT8", shape=[len(data)])
+        message.raw_input_contents.append(data)
+    wire = message.SerializeToString()
+    parsed, raws = codec.parse_infer_request(wire)
+    assert [bytes(r) for r in raws] == tensors
+    parsed.raw_input_contents.extend(bytes(r) for r in raws)
+    assert parsed == pb.ModelInferRequest.FromString(wire)
+    # ...and a response serialized with appended tensors decodes to the protobuf message.
+    response = InferResponse(
+        "m",
+        "1",
+        request_id,
+        [
+            OutputTensor(f"O{i}", "UINT8", (len(d),), np.frombuffer(d, np.uint8))
+            for i, d in enumerate(tensors)
+        ],
+    )
+    serialized = codec.serialize_infer_response(response)
+    assert pb.ModelInferResponse.FromString(serialized) == codec.encode_infer_response(response)
+
+
+def test_malformed_request_bytes() -> None:
+    with pytest.raises(InvalidArgumentError, match="malformed"):
+        codec.parse_infer_request(b"\x3a\x05ab")  # a field longer than the message
+    with pytest.raises(InvalidArgumentError, match="malformed"):
+        codec.parse_infer_request(b"\x0a\x02\xff")  # model_name cut short

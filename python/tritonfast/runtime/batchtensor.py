@@ -11,10 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonfast._core import TensorPool
-
-# One pool per process: batches of a model repeat their sizes, so buffers are reused.
-POOL = TensorPool()
+from tritonfast.runtime.bufferpool import POOL
 
 
 def gather(arrays: list[np.ndarray]) -> np.ndarray:

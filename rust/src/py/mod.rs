@@ -9,6 +9,7 @@ mod pool;
 mod queue;
 mod shm;
 mod stats;
+mod wire;
 
 use pyo3::prelude::*;
 
@@ -25,5 +26,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyPooledBuffer>()?;
     m.add_class::<shm::PySharedMemoryRegistry>()?;
     m.add_class::<shm::RegionView>()?;
+    m.add_function(wrap_pyfunction!(wire::split_message_field, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::length_delimited_prefix, m)?)?;
     Ok(())
 }

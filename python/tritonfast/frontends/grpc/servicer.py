@@ -20,6 +20,7 @@ from tritonfast._proto import grpc_service_pb2_grpc as pb_grpc
 from tritonfast._proto import health_pb2, health_pb2_grpc
 from tritonfast.errors import InvalidArgumentError, TritonError
 from tritonfast.frontends.grpc import codec
+from tritonfast.runtime.types import InferResponse
 
 if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
@@ -177,23 +178,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- inference ------------------------------------------------------------------------------
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _run(
+        self, request: pb.ModelInferRequest, raw_inputs: list[memoryview] | None = None
+    ) -> tuple[InferResponse, list[str] | None]:
+        """The response to ``request`` and the output names it asked for (None: all)."""
         try:
-            infer_request = codec.decode_infer_request(request)
+            infer_request = codec.decode_infer_request(request, raw_inputs)
         except InvalidArgumentError:
             # Triton looks the model up before it examines the tensors: an unknown model
             # is reported as such even when the request is malformed too.
             self._dataplane.model_config(request.model_name, request.model_version)
             raise
         response = await self._dataplane.infer(infer_request)
-        requested = [o.name for o in request.outputs] if request.outputs else None
+        return response, [o.name for o in request.outputs] if request.outputs else None
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        response, requested = await self._run(request)
         return codec.encode_infer_response(response, requested, request.id)
 
     @_triton_errors
-    async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelInferResponse:
-        return await self._infer(request)
+    async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Registered without (de)serializers: tensors stay out of protobuf (see codec)."""
+        request, raw_inputs = codec.parse_infer_request(data)
+        response, requested = await self._run(request, raw_inputs)
+        return codec.serialize_infer_response(response, requested, request.id)
 
     async def _stream_reply(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         try:
@@ -258,6 +266,31 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     Watch = _not_implemented("Health/Watch")
 
 
+class _HandlerCapture:
+    """Stands in for a server to collect the generated code's method handlers."""
+
+    handlers: dict[str, grpc.RpcMethodHandler]
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        self.service = service
+        self.handlers = dict(handlers)
+
+
+def _add_inference_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """The generated handlers, except that ModelInfer takes and returns raw bytes."""
+    capture = _HandlerCapture()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
+    handlers = capture.handlers
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(capture.service, handlers),)
+    )
+    server.add_registered_method_handlers(capture.service, handlers)
+
+
 def _address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # IPv6 literal
@@ -270,7 +303,7 @@ async def start_grpc_server(dataplane: DataPlane, host: str, port: int) -> grpc.
     Stop it with ``await server.stop(grace)``.
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    _add_inference_service(InferenceServicer(dataplane), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), server)
     address = _address(host, port)
     try:

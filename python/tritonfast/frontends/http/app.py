@@ -7,7 +7,9 @@ method, ``404 Not Found`` for anything else. Handlers reach the server only thro
 
 Inference request bodies may be gzip- or deflate-compressed (``Content-Encoding``); the
 response is compressed when ``Accept-Encoding`` asks for gzip or deflate. The body is read
-into one preallocated buffer, so binary inputs become writable numpy views without a copy.
+into one preallocated buffer (a recycled pool buffer when large), so binary inputs become
+numpy views without another copy; large binary outputs are written to the socket straight
+from the model's arrays rather than joined into one body first.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec
 from tritonfast.frontends.http.routes import Endpoint, resolve
+from tritonfast.runtime.bufferpool import pooled_memory
 
 if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
@@ -36,6 +39,10 @@ _METHOD_NOT_ALLOWED = codec.error_body("Method Not Allowed")
 _ZLIB_AUTO = 15 + 32  # zlib or gzip framing, detected from the data (as Triton inflates)
 _COMPRESSORS = {"gzip": 16 + 15, "deflate": 15}
 _REQUEST_ENCODINGS = frozenset(("identity", "gzip", "deflate"))
+# A request body: small ones in a bytearray, large ones in a pool buffer.
+Body = bytearray | memoryview
+# From this size on, bodies are read into pool buffers and binary outputs are streamed.
+LARGE_BYTES = 1 << 16
 
 
 def _error(err: TritonError, headers: dict[str, str] | None = None) -> web.Response:
@@ -173,7 +180,7 @@ async def cuda_shm_unregister(
 # -- inference --------------------------------------------------------------------------------
 async def infer(
     request: web.BaseRequest, dataplane: DataPlane, model_name: str, model_version: str
-) -> web.Response:
+) -> web.StreamResponse:
     encoding = request.headers.get("Content-Encoding")
     if encoding and encoding not in _REQUEST_ENCODINGS:
         try:
@@ -199,42 +206,62 @@ async def infer(
             dataplane.model_metadata(model_name, model_version)
             raise
         response = await dataplane.infer(infer_request)
-        payload, header_length = codec.encode_infer_response(
-            response, infer_request, binary_default
-        )
+        header, buffers = codec.encode_infer_response_parts(response, infer_request, binary_default)
     except TritonError as err:
         return _error(err)
     except Exception as exc:  # a bug, not a client error: answer like Triton, keep the trace
         log.exception("inference request for model '%s' failed", model_name)
         return web.Response(status=500, body=codec.error_body(str(exc)), headers=_JSON)
 
-    if header_length is None:
+    if not buffers:
         headers = {"Content-Type": "application/json"}
     else:
         headers = {
             "Content-Type": "application/octet-stream",
-            codec.HEADER_LENGTH: str(header_length),
+            codec.HEADER_LENGTH: str(len(header)),
         }
     encoding = _response_encoding(request.headers.get("Accept-Encoding"))
     if encoding is not None:
         compressor = zlib.compressobj(6, zlib.DEFLATED, _COMPRESSORS[encoding])
-        payload = compressor.compress(payload) + compressor.flush()
+        payload = compressor.compress(b"".join([header, *buffers])) + compressor.flush()
         headers["Content-Encoding"] = encoding
-    return web.Response(body=payload, headers=headers)
+        return web.Response(body=payload, headers=headers)
+    binary_bytes = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
+    if binary_bytes < LARGE_BYTES:
+        return web.Response(body=b"".join([header, *buffers]), headers=headers)
+    return await _stream(request, headers, header, buffers, binary_bytes)
 
 
-async def _read_body(request: web.BaseRequest) -> bytearray:
+async def _stream(
+    request: web.BaseRequest,
+    headers: dict[str, str],
+    header: bytes,
+    buffers: list[Any],
+    binary_bytes: int,
+) -> web.StreamResponse:
+    """Send the JSON header, then each output straight from its array (no joined copy)."""
+    response = web.StreamResponse(headers=headers)
+    response.content_length = len(header) + binary_bytes
+    await response.prepare(request)
+    await response.write(header)
+    for buffer in buffers:
+        await response.write(buffer if isinstance(buffer, bytes) else buffer.data)
+    await response.write_eof()
+    return response
+
+
+async def _read_body(request: web.BaseRequest) -> Body:
     """The whole request body in one writable buffer, filled as chunks arrive."""
     stream = request.content
     length = request.content_length
     if length is not None:
         if length > MAX_BODY_BYTES:
             raise InvalidArgumentError(f"request body of {length} bytes is too large")
-        buf = bytearray(length)
+        buf: Body = bytearray(length) if length < LARGE_BYTES else pooled_memory(length)
         view = memoryview(buf)
         filled = 0
         while filled < length:
-            chunk = await stream.readany()
+            chunk, _ = await stream.readchunk()  # one received piece, never a joined copy
             if not chunk:
                 break
             view[filled : filled + len(chunk)] = chunk
@@ -252,7 +279,7 @@ async def _read_body(request: web.BaseRequest) -> bytearray:
     return buf
 
 
-def _inflate(body: bytearray) -> bytearray:
+def _inflate(body: Body) -> bytearray:
     if not body:
         raise InvalidArgumentError("nothing to be decompressed")
     try:
@@ -281,7 +308,7 @@ def _response_encoding(accept: str | None) -> str | None:
 
 
 # -- wiring -----------------------------------------------------------------------------------
-Handler = Callable[[web.BaseRequest, "DataPlane", str, str], Awaitable[web.Response]]
+Handler = Callable[[web.BaseRequest, "DataPlane", str, str], Awaitable[web.StreamResponse]]
 HANDLERS: dict[Endpoint, Handler] = {
     Endpoint.SERVER_METADATA: server_metadata,
     Endpoint.HEALTH_LIVE: health_live,
@@ -301,10 +328,12 @@ HANDLERS: dict[Endpoint, Handler] = {
 _NOT_FOUND = codec.error_body("Not Found")
 
 
-def dispatcher(dataplane: DataPlane) -> Callable[[web.BaseRequest], Awaitable[web.Response]]:
+def dispatcher(
+    dataplane: DataPlane,
+) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
     """The one request handler of the server: resolve the path, check the method, call."""
 
-    async def handle(request: web.BaseRequest) -> web.Response:
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
         route = resolve(request.path)
         if route is None:
             return web.Response(status=404, body=_NOT_FOUND, headers=_JSON)

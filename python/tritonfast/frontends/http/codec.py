@@ -111,7 +111,7 @@ def header_length(value: str | None, content_length: int) -> int:
 
 # -- requests ---------------------------------------------------------------------------------
 def decode_infer_request(
-    body: bytes | bytearray, json_length: int, model_name: str, model_version: str = ""
+    body: bytes | bytearray | memoryview, json_length: int, model_name: str, model_version: str = ""
 ) -> tuple[InferRequest, bool]:
     """Decode an inference request body.
 
@@ -276,7 +276,7 @@ def _decode_output(entry: Any) -> RequestedOutput:
 
 
 # -- shared-memory registration ---------------------------------------------------------------
-def _register_body(body: bytes | bytearray) -> dict[str, Any]:
+def _register_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     doc = jsonparse.loads(memoryview(body)) if body else {}
     if type(doc) is not dict:
         raise InvalidArgumentError("Shared memory register request must be a JSON object")
@@ -291,7 +291,7 @@ def _register_field(doc: dict[str, Any], key: str, kind: type, default: Any = No
     return _require(doc[key], kind, key)
 
 
-def decode_system_register(body: bytes | bytearray) -> tuple[str, int, int]:
+def decode_system_register(body: bytes | bytearray | memoryview) -> tuple[str, int, int]:
     """``(key, offset, byte_size)`` from a system shared-memory register body."""
     doc = _register_body(body)
     key = _register_field(doc, "key", str)
@@ -299,7 +299,7 @@ def decode_system_register(body: bytes | bytearray) -> tuple[str, int, int]:
     return key, offset, _register_field(doc, "byte_size", int)
 
 
-def decode_cuda_register(body: bytes | bytearray) -> tuple[bytes, int, int]:
+def decode_cuda_register(body: bytes | bytearray | memoryview) -> tuple[bytes, int, int]:
     """``(raw_handle, device_id, byte_size)`` from a CUDA shared-memory register body."""
     doc = _register_body(body)
     handle = _register_field(doc, "raw_handle", dict)
@@ -321,6 +321,19 @@ def encode_infer_response(
 
     The header length is None when no output travels as binary data (a pure JSON body).
     Only the outputs the request asked for are written, when it named any.
+    """
+    header, buffers = encode_infer_response_parts(response, request, binary_default)
+    if not buffers:
+        return header, None
+    return b"".join([header, *buffers]), len(header)
+
+
+def encode_infer_response_parts(
+    response: InferResponse, request: InferRequest, binary_default: bool
+) -> tuple[bytes, list[Any]]:
+    """The JSON header and the binary outputs (buffers, not copied) that follow it.
+
+    No buffers means a pure JSON body: like Triton, zero-sized binary outputs add no bytes.
     """
     wanted: dict[str, bool] | None = None
     if request.outputs is not None:
@@ -362,8 +375,4 @@ def encode_infer_response(
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
-    header = orjson.dumps(doc, option=_DUMPS_OPTIONS)
-    if not buffers:
-        # Like Triton: zero-sized binary outputs add no bytes, so the body is plain JSON.
-        return header, None
-    return b"".join([header, *buffers]), len(header)
+    return orjson.dumps(doc, option=_DUMPS_OPTIONS), buffers

@@ -1,0 +1,35 @@
+"""Keep MiB-sized buffers in the C heap instead of returning them to the OS at once.
+
+glibc serves large allocations with fresh ``mmap`` pages and unmaps them on ``free``. A server
+that receives and sends MiB-sized tensors (gRPC's message buffers, Python ``bytes``) would then
+take a page fault per 4 KiB, and the kernel would zero every page, for every tensor of every
+request. Raising the mmap and trim thresholds lets freed blocks be reused: measured on a 4 MiB
+gRPC identity at concurrency 4, kernel time per request fell by about half.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+# glibc's mallopt parameters.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# Blocks up to this size come from the heap (glibc's own ceiling is 32 MiB on 64-bit).
+MMAP_THRESHOLD = 32 << 20
+# Free memory at the top of the heap is returned to the OS above this much.
+TRIM_THRESHOLD = 256 << 20
+
+
+def keep_large_buffers() -> bool:
+    """Tune glibc's allocator (True if done). The user's ``MALLOC_*`` settings win."""
+    if sys.platform != "linux" or any(k.startswith("MALLOC_") for k in os.environ):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # absent outside glibc (e.g. musl)
+    except (OSError, AttributeError):
+        return False
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
