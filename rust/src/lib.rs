@@ -5,6 +5,7 @@
 //! maturin) adds the `py` module, the only code that knows about Python.
 
 pub mod batcher;
+pub mod copy;
 pub mod error;
 pub mod pool;
 pub mod queue;

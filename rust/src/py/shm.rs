@@ -121,12 +121,24 @@ impl RegionView {
             return Ok(());
         }
         let destination = self.address;
+        let overlapping = address < destination + len && destination < address + len;
         py.detach(|| {
             // SAFETY: numpy's interface of a C-contiguous array gives `len` readable bytes at
             // `address`, kept alive by `array` (borrowed for this call); the window holds at
             // least `len` bytes at `destination` (checked above when it was made, and
-            // `_region` keeps the mapping alive). `copy` tolerates overlap.
-            unsafe { std::ptr::copy(address as *const u8, destination as *mut u8, len) };
+            // `_region` keeps the mapping alive). Overlapping ranges (an array that views
+            // this very window) take `copy`, which allows them.
+            unsafe {
+                if overlapping {
+                    std::ptr::copy(address as *const u8, destination as *mut u8, len);
+                } else {
+                    crate::copy::copy_nonoverlapping(
+                        address as *const u8,
+                        destination as *mut u8,
+                        len,
+                    );
+                }
+            }
         });
         Ok(())
     }
