@@ -182,14 +182,25 @@ class PooledBuffer:
     @property
     def nbytes(self) -> int: ...
     @property
+    def offset(self) -> int | None:
+        """Where the buffer starts in its pool's shared segment (None for heap buffers)."""
+    @property
     def __array_interface__(self) -> dict[str, Any]: ...
     def __len__(self) -> int: ...
 
 @final
 class TensorPool:
-    """Recycled buffers in power-of-two size classes (at least 256 bytes, 64-byte aligned)."""
+    """Recycled buffers in power-of-two size classes (at least 256 bytes, 64-byte aligned).
 
-    def __init__(self, max_free_per_class: int = 4) -> None: ...
+    With ``segment`` (a POSIX shared-memory name) and ``segment_bytes``, the buffers are ranges
+    of that new segment, which another process can map by name and read at ``offset``.
+    """
+
+    def __init__(
+        self, max_free_per_class: int = 4, segment: str | None = None, segment_bytes: int = 0
+    ) -> None: ...
+    @property
+    def segment(self) -> str | None: ...
     def gather(self, arrays: list[Any]) -> PooledBuffer:
         """The bytes of C-contiguous numpy ``arrays`` back to back in one pooled buffer,
         copied with the GIL released."""

@@ -4,12 +4,15 @@
 //! Everything here is pure Rust and tested with `cargo test`. The `python` feature (turned on by
 //! maturin) adds the `py` module, the only code that knows about Python.
 
+// POSIX shared memory and `mmap` are part of the core's job.
+#[cfg(not(unix))]
+compile_error!("tritonfast's core needs a Unix system (POSIX shared memory)");
+
 pub mod batcher;
 pub mod copy;
 pub mod error;
 pub mod pool;
 pub mod queue;
-#[cfg(unix)]
 pub mod shm;
 pub mod stats;
 pub mod wire;

@@ -6,13 +6,18 @@
 //! class when dropped; each class keeps at most [`TensorPool::max_free_per_class`] buffers, so an
 //! idle pool holds a bounded amount of memory.
 //!
-//! The pool hands out plain heap memory. Buffers are addressed by pointer and length only,
-//! so the same free lists can later manage ranges of a shared-memory segment.
+//! A pool hands out heap memory, or, made with [`TensorPool::in_segment`], ranges of one
+//! POSIX shared-memory segment it owns: such a buffer also has an [`offset`](PoolBuffer::offset)
+//! in the segment, which is how another process that maps the segment by name finds the same
+//! bytes (tensors passed between processes by offset, not copied through a pipe).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+
+use crate::error::CoreError;
+use crate::shm::OwnedSegment;
 
 /// Smallest size class (smaller requests get this many bytes).
 const MIN_CLASS_BYTES: usize = 256;
@@ -39,29 +44,70 @@ struct Counters {
     bytes_gathered: AtomicU64,
 }
 
-/// 64-byte aligned bytes; the unit the free lists hold.
+/// 64-byte aligned bytes; the unit the free lists hold: heap memory, or a range of the
+/// pool's shared segment.
 struct Block {
-    // `Vec` of cache-line-sized chunks gives the alignment without a custom allocator.
-    chunks: Vec<Chunk>,
+    // Heap blocks: a `Vec` of cache-line-sized chunks gives the alignment without a custom
+    // allocator (never resized, so `start` stays valid). Empty for segment blocks.
+    _heap: Vec<Chunk>,
+    start: *mut u8,
+    capacity: usize,
+    /// Where the block starts in the pool's segment (segment blocks only).
+    offset: Option<usize>,
 }
+
+// SAFETY: a block is plain memory owned by its pool (heap) or by the pool's segment, which
+// outlives it (buffers hold the pool); whoever holds the block has sole use of its bytes.
+unsafe impl Send for Block {}
+// SAFETY: `&Block` gives only the address and sizes; reading or writing the bytes goes through
+// `PoolBuffer`, whose borrow rules (or the unsafe contracts of raw-pointer users) keep it sound.
+unsafe impl Sync for Block {}
 
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Chunk([u8; ALIGN]);
 
 impl Block {
-    fn new(bytes: usize) -> Self {
+    fn on_heap(bytes: usize) -> Self {
+        let mut chunks = vec![Chunk([0; ALIGN]); bytes.div_ceil(ALIGN)];
         Self {
-            chunks: vec![Chunk([0; ALIGN]); bytes.div_ceil(ALIGN)],
+            start: chunks.as_mut_ptr().cast(),
+            capacity: chunks.len() * ALIGN,
+            _heap: chunks,
+            offset: None,
         }
     }
+}
 
-    fn capacity(&self) -> usize {
-        self.chunks.len() * ALIGN
-    }
+/// The segment a shared pool carves its blocks from, front to back; blocks are recycled
+/// through the free lists, never returned to the segment.
+struct SegmentArena {
+    segment: OwnedSegment,
+    next: Mutex<usize>,
+}
 
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.chunks.as_mut_ptr().cast()
+impl SegmentArena {
+    fn carve(&self, bytes: usize) -> Result<Block, CoreError> {
+        let mut next = self.next.lock();
+        let offset = *next;
+        let end = offset
+            .checked_add(bytes.div_ceil(ALIGN) * ALIGN)
+            .filter(|&end| end <= self.segment.len())
+            .ok_or_else(|| {
+                CoreError::unavailable(format!(
+                    "shared tensor pool '{}' is full ({} bytes)",
+                    self.segment.name(),
+                    self.segment.len()
+                ))
+            })?;
+        *next = end;
+        Ok(Block {
+            _heap: Vec::new(),
+            // SAFETY: offset < end <= the segment's mapped length.
+            start: unsafe { self.segment.start().add(offset) },
+            capacity: end - offset,
+            offset: Some(offset),
+        })
     }
 }
 
@@ -69,6 +115,7 @@ struct Shared {
     free: Vec<Mutex<Vec<Block>>>,
     max_free_per_class: usize,
     counters: Counters,
+    arena: Option<SegmentArena>,
 }
 
 /// A pool of tensor buffers. Cheap to clone (clones share the free lists); thread-safe.
@@ -92,15 +139,42 @@ impl Default for TensorPool {
 }
 
 impl TensorPool {
-    /// A pool that keeps up to `max_free_per_class` idle buffers of each size class.
+    /// A pool of heap buffers that keeps up to `max_free_per_class` idle buffers per class.
     pub fn new(max_free_per_class: usize) -> Self {
+        Self::with_shared(max_free_per_class, None)
+    }
+
+    /// A pool whose buffers are ranges of a new shared-memory segment `name` of `bytes` bytes
+    /// (created here, removed when the pool and its last buffer are gone).
+    ///
+    /// # Errors
+    /// Those of [`OwnedSegment::create`].
+    pub fn in_segment(
+        name: &str,
+        bytes: usize,
+        max_free_per_class: usize,
+    ) -> Result<Self, CoreError> {
+        let arena = SegmentArena {
+            segment: OwnedSegment::create(name, bytes)?,
+            next: Mutex::new(0),
+        };
+        Ok(Self::with_shared(max_free_per_class, Some(arena)))
+    }
+
+    fn with_shared(max_free_per_class: usize, arena: Option<SegmentArena>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 free: (0..CLASSES).map(|_| Mutex::new(Vec::new())).collect(),
                 max_free_per_class,
                 counters: Counters::default(),
+                arena,
             }),
         }
+    }
+
+    /// The shared segment's POSIX name, for a pool made with [`TensorPool::in_segment`].
+    pub fn segment_name(&self) -> Option<&str> {
+        self.shared.arena.as_ref().map(|arena| arena.segment.name())
     }
 
     pub fn max_free_per_class(&self) -> usize {
@@ -108,7 +182,10 @@ impl TensorPool {
     }
 
     /// A buffer of `len` bytes (contents unspecified), recycled when one of its class is free.
-    pub fn acquire(&self, len: usize) -> PoolBuffer {
+    ///
+    /// # Errors
+    /// Only from a shared pool: `UNAVAILABLE` when its segment has no room left.
+    pub fn acquire(&self, len: usize) -> Result<PoolBuffer, CoreError> {
         let class = size_class(len);
         let counters = &self.shared.counters;
         let recycled = class.and_then(|class| self.shared.free[class].lock().pop());
@@ -116,22 +193,30 @@ impl TensorPool {
             counters.reused.fetch_add(1, Ordering::Relaxed);
             block
         } else {
+            let bytes = class.map_or(len, class_bytes);
+            let block = match &self.shared.arena {
+                Some(arena) => arena.carve(bytes)?,
+                None => Block::on_heap(bytes),
+            };
             counters.allocated.fetch_add(1, Ordering::Relaxed);
-            Block::new(class.map_or(len, class_bytes))
+            block
         };
-        PoolBuffer {
+        Ok(PoolBuffer {
             block: Some(block),
             len,
             class,
             pool: Arc::clone(&self.shared),
-        }
+        })
     }
 
     /// One buffer holding `parts` back to back (a batch's inputs concatenated along the batch
     /// dimension).
-    pub fn gather(&self, parts: &[&[u8]]) -> PoolBuffer {
+    ///
+    /// # Errors
+    /// Those of [`TensorPool::acquire`].
+    pub fn gather(&self, parts: &[&[u8]]) -> Result<PoolBuffer, CoreError> {
         let total = parts.iter().map(|part| part.len()).sum();
-        let mut buffer = self.acquire(total);
+        let mut buffer = self.acquire(total)?;
         let mut offset = 0;
         let bytes = buffer.as_mut_slice();
         for part in parts {
@@ -142,7 +227,7 @@ impl TensorPool {
             .counters
             .bytes_gathered
             .fetch_add(total as u64, Ordering::Relaxed);
-        buffer
+        Ok(buffer)
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -199,23 +284,31 @@ impl PoolBuffer {
 
     /// Bytes actually reserved (the size class), at least `len`.
     pub fn capacity(&self) -> usize {
-        self.block.as_ref().map_or(0, Block::capacity)
+        self.block.as_ref().map_or(0, |block| block.capacity)
+    }
+
+    /// Where the buffer starts in its pool's shared segment (None for heap buffers).
+    pub fn offset(&self) -> Option<usize> {
+        self.block.as_ref().and_then(|block| block.offset)
     }
 
     /// Start of the buffer: 64-byte aligned, valid for `len` bytes while `self` lives, and
-    /// never moved (the block's heap allocation is not reallocated while on loan).
+    /// never moved (heap blocks are not reallocated, segments not remapped, while on loan).
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.block
-            .as_mut()
-            .map_or(std::ptr::null_mut(), Block::as_mut_ptr)
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |block| block.start)
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         let len = self.len;
         let ptr = self.as_mut_ptr();
-        // SAFETY: `ptr` starts a live allocation of `capacity() >= len` initialized bytes
-        // (blocks are zero-filled when created) that only this `PoolBuffer` can reach, and the
-        // returned slice borrows `self` mutably, so nothing else aliases it meanwhile.
+        if ptr.is_null() {
+            return &mut [];
+        }
+        // SAFETY: `ptr` starts a live block of `capacity() >= len` initialized bytes (heap
+        // blocks are zero-filled, segment pages read as zeros until written) that only this
+        // `PoolBuffer` reaches in this process, and the slice borrows `self` mutably.
         unsafe { std::slice::from_raw_parts_mut(ptr, len) }
     }
 
@@ -224,7 +317,7 @@ impl PoolBuffer {
             return &[];
         };
         // SAFETY: as in `as_mut_slice`; the shared borrow of `self` keeps writers out.
-        unsafe { std::slice::from_raw_parts(block.chunks.as_ptr().cast(), self.len) }
+        unsafe { std::slice::from_raw_parts(block.start, self.len) }
     }
 }
 
@@ -257,13 +350,13 @@ mod tests {
     #[test]
     fn buffers_are_aligned_and_recycled_per_class() {
         let pool = TensorPool::new(2);
-        let mut first = pool.acquire(1000);
+        let mut first = pool.acquire(1000).unwrap();
         assert_eq!(first.len(), 1000);
         assert_eq!(first.capacity(), 1024);
         assert_eq!(first.as_mut_ptr() as usize % ALIGN, 0);
         let address = first.as_mut_ptr() as usize;
         drop(first);
-        let mut again = pool.acquire(700); // same class (1024)
+        let mut again = pool.acquire(700).unwrap(); // same class (1024)
         assert_eq!(again.as_mut_ptr() as usize, address);
         assert_eq!(
             pool.stats(),
@@ -273,7 +366,7 @@ mod tests {
                 bytes_gathered: 0
             }
         );
-        let other = pool.acquire(5000); // another class: fresh
+        let other = pool.acquire(5000).unwrap(); // another class: fresh
         assert_eq!(other.capacity(), 8192);
         assert_eq!(pool.stats().allocated, 2);
     }
@@ -281,7 +374,7 @@ mod tests {
     #[test]
     fn idle_buffers_per_class_are_bounded() {
         let pool = TensorPool::new(2);
-        let loans: Vec<_> = (0..5).map(|_| pool.acquire(300)).collect();
+        let loans: Vec<_> = (0..5).map(|_| pool.acquire(300).unwrap()).collect();
         drop(loans);
         assert_eq!(pool.idle_buffers(), 2);
     }
@@ -289,11 +382,31 @@ mod tests {
     #[test]
     fn gather_concatenates_parts_in_order() {
         let pool = TensorPool::default();
-        let joined = pool.gather(&[b"abc", b"", b"defg"]);
+        let joined = pool.gather(&[b"abc", b"", b"defg"]).unwrap();
         assert_eq!(joined.as_slice(), b"abcdefg");
         assert_eq!(pool.stats().bytes_gathered, 7);
-        let empty = pool.gather(&[]);
+        let empty = pool.gather(&[]).unwrap();
         assert!(empty.is_empty());
+    }
+
+    #[test]
+    fn a_shared_pool_hands_out_offsets_into_its_segment() {
+        let name = format!("/tritonfast-test-{}-pool", std::process::id());
+        let pool = TensorPool::in_segment(&name, 4096, 2).unwrap();
+        assert_eq!(pool.segment_name(), Some(name.as_str()));
+        let first = pool.gather(&[b"hello"]).unwrap();
+        let second = pool.gather(&[b"world!"]).unwrap();
+        assert_eq!((first.offset(), second.offset()), (Some(0), Some(256)));
+        // What another process sees when it maps the segment by name.
+        let seen = std::fs::read(format!("/dev/shm{name}")).unwrap();
+        assert_eq!(&seen[256..262], b"world!");
+        drop(first);
+        let again = pool.acquire(10).unwrap();
+        assert_eq!(again.offset(), Some(0), "recycled, not carved again");
+        let full = pool.acquire(8192).unwrap_err();
+        assert_eq!(full.code, crate::Code::Unavailable);
+        drop((pool, second, again));
+        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
     }
 
     #[test]
@@ -305,7 +418,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for round in 0..200u8 {
                         let part = [i, round];
-                        let buffer = pool.gather(&[&part, &part]);
+                        let buffer = pool.gather(&[&part, &part]).unwrap();
                         assert_eq!(buffer.as_slice(), &[i, round, i, round]);
                     }
                 })

@@ -199,6 +199,87 @@ fn page_size() -> u64 {
     u64::try_from(size).unwrap_or(4096)
 }
 
+/// A shared-memory object this process creates, maps read-write, and unlinks when dropped:
+/// memory another process can map by [`name`](OwnedSegment::name) and address by offset.
+#[derive(Debug)]
+pub struct OwnedSegment {
+    name: String,
+    mapping: Mapping,
+    len: usize,
+}
+
+impl OwnedSegment {
+    /// Creates the object `name` (a POSIX name; it must not exist yet) of `len` bytes.
+    ///
+    /// # Errors
+    /// `INVALID_ARG` for a bad name; `INTERNAL` when the system refuses (name taken, no space).
+    pub fn create(name: &str, len: usize) -> Result<Self, CoreError> {
+        let path = posix_name(name)?;
+        let failed = |what: &str| {
+            let reason = std::io::Error::last_os_error();
+            CoreError::internal(format!(
+                "cannot {what} shared memory segment '{name}': {reason}"
+            ))
+        };
+        // SAFETY: `path` is NUL-terminated; O_EXCL never opens an object someone else made.
+        let fd = unsafe {
+            libc::shm_open(
+                path.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(failed("create"));
+        }
+        let fd = Fd(fd);
+        let unlink = || {
+            // SAFETY: `path` is NUL-terminated; removing the name we just created.
+            unsafe { libc::shm_unlink(path.as_ptr()) };
+        };
+        let size = libc::off_t::try_from(len).map_err(|_| CoreError::invalid_arg("too large"))?;
+        // SAFETY: a descriptor we own; the kernel checks the size.
+        if unsafe { libc::ftruncate(fd.0, size) } != 0 {
+            let error = failed("size");
+            unlink();
+            return Err(error);
+        }
+        let mapping = Mapping::open(name, name, 0, len as u64).inspect_err(|_| unlink())?;
+        Ok(Self {
+            name: path.to_string_lossy().into_owned(),
+            mapping,
+            len,
+        })
+    }
+
+    /// The POSIX name other processes open (with its leading `/`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The first byte; `len()` bytes from here are mapped while `self` lives.
+    pub fn start(&self) -> *mut u8 {
+        self.mapping.start()
+    }
+}
+
+impl Drop for OwnedSegment {
+    fn drop(&mut self) {
+        if let Ok(path) = CString::new(self.name.clone()) {
+            // SAFETY: a NUL-terminated name this value created; mappings elsewhere stay valid.
+            unsafe { libc::shm_unlink(path.as_ptr()) };
+        }
+    }
+}
+
 /// One registered region: a mapped window of a client's shared-memory object.
 #[derive(Debug)]
 pub struct Region {
@@ -527,6 +608,25 @@ mod tests {
         let region = registry.get("e").unwrap();
         assert!(region.address(0, 0).is_ok());
         assert!(region.read(0, 1).is_err());
+    }
+
+    #[test]
+    fn owned_segments_are_visible_by_name_and_removed_on_drop() {
+        let name = format!("/tritonfast-test-{}-owned", std::process::id());
+        let segment = OwnedSegment::create(&name, 8192).unwrap();
+        assert_eq!(segment.name(), name);
+        assert!(
+            OwnedSegment::create(&name, 10).is_err(),
+            "names are exclusive"
+        );
+        // SAFETY: 8192 mapped bytes.
+        unsafe { segment.start().add(5000).write(42) };
+        // Another process would register (map) it by name, as a client region.
+        let registry = RegionRegistry::new();
+        registry.register("seen", &name, 4096, 4096).unwrap();
+        assert_eq!(registry.get("seen").unwrap().read(904, 1).unwrap(), [42]);
+        drop(segment);
+        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
     }
 
     #[test]

@@ -31,12 +31,26 @@ pub(crate) fn contiguous_bytes(array: &Bound<'_, PyAny>) -> PyResult<(usize, usi
 
 #[pymethods]
 impl PyTensorPool {
+    /// A heap pool; or, given `segment` (a POSIX name) and `segment_bytes`, a pool whose
+    /// buffers are ranges of that new shared-memory segment (see `PooledBuffer.offset`).
     #[new]
-    #[pyo3(signature = (max_free_per_class = 4))]
-    fn new(max_free_per_class: usize) -> Self {
-        Self {
-            pool: TensorPool::new(max_free_per_class),
-        }
+    #[pyo3(signature = (max_free_per_class = 4, segment = None, segment_bytes = 0))]
+    fn new(
+        max_free_per_class: usize,
+        segment: Option<&str>,
+        segment_bytes: usize,
+    ) -> PyResult<Self> {
+        let pool = match segment {
+            Some(name) => TensorPool::in_segment(name, segment_bytes, max_free_per_class)?,
+            None => TensorPool::new(max_free_per_class),
+        };
+        Ok(Self { pool })
+    }
+
+    /// The shared segment's POSIX name (None for a heap pool).
+    #[getter]
+    fn segment(&self) -> Option<&str> {
+        self.pool.segment_name()
     }
 
     /// One pooled buffer holding the bytes of `arrays` (C-contiguous numpy arrays) back to
@@ -49,7 +63,7 @@ impl PyTensorPool {
         let pool = self.pool.clone();
         // `arrays` (borrowed from the caller) keeps every array, and so every address, alive
         // until this method returns.
-        let buffer = py.detach(move || {
+        let buffer = py.detach(move || -> Result<PoolBuffer, crate::CoreError> {
             let slices: Vec<&[u8]> = parts
                 .iter()
                 .map(|&(address, len)| {
@@ -64,13 +78,13 @@ impl PyTensorPool {
                 })
                 .collect();
             pool.gather(&slices)
-        });
+        })?;
         Ok(PyPooledBuffer::new(buffer))
     }
 
     /// A pooled buffer of `nbytes` bytes (contents unspecified).
-    fn acquire(&self, nbytes: usize) -> PyPooledBuffer {
-        PyPooledBuffer::new(self.pool.acquire(nbytes))
+    fn acquire(&self, nbytes: usize) -> PyResult<PyPooledBuffer> {
+        Ok(PyPooledBuffer::new(self.pool.acquire(nbytes)?))
     }
 
     /// `{"allocated", "reused", "bytes_gathered", "idle_buffers"}`.
@@ -88,8 +102,8 @@ impl PyTensorPool {
 /// Bytes on loan from a `TensorPool`, returned to it when this object is collected.
 #[pyclass(name = "PooledBuffer", module = "tritonfast._core", frozen)]
 pub(crate) struct PyPooledBuffer {
-    // Never touched again until drop: numpy writes through `address` meanwhile.
-    _buffer: PoolBuffer,
+    // Only its metadata is read until drop: numpy writes through `address` meanwhile.
+    buffer: PoolBuffer,
     address: usize,
     len: usize,
 }
@@ -99,7 +113,7 @@ impl PyPooledBuffer {
         let address = buffer.as_mut_ptr() as usize;
         let len = buffer.len();
         Self {
-            _buffer: buffer,
+            buffer,
             address,
             len,
         }
@@ -111,6 +125,12 @@ impl PyPooledBuffer {
     #[getter]
     fn nbytes(&self) -> usize {
         self.len
+    }
+
+    /// Where the buffer starts in its pool's shared segment (None for heap buffers).
+    #[getter]
+    fn offset(&self) -> Option<usize> {
+        self.buffer.offset()
     }
 
     /// numpy's array interface (version 3): a writable 1-D `uint8` array over the buffer.
