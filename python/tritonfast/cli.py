@@ -35,6 +35,8 @@ class ServeOptions:
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
     strict_model_config: bool = False
     exit_on_error: bool = True
     exit_timeout_secs: int = 30
@@ -71,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-http", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--allow-grpc", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--allow-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument("--allow-cpu-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument(
+        "--allow-gpu-metrics",
+        default=True,
+        help="accepted for tritonserver compatibility; no GPU metrics are exported yet",
+        **bool_arg,  # type: ignore[arg-type]
+    )
     serve.add_argument(
         "--strict-model-config",
         default=False,

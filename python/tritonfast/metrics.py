@@ -1,25 +1,276 @@
-"""The Prometheus endpoint on the metrics port (``GET /metrics``).
+"""The Prometheus endpoint on the metrics port (``GET /metrics``), with Triton's metrics.
 
-Serves ``REGISTRY``. Nothing is registered on it yet: the nv_inference_* families (read from
-the Rust core's statistics at scrape time) and models' custom metrics are issue 5's work.
+Nothing is counted per request in Python: at scrape time :class:`InferenceMetrics` reads each
+served model version's counters from the Rust core, :class:`CpuMetrics` reads ``/proc``, and
+:class:`ModelMetrics` exports the families models made with ``pb_utils.MetricFamily``. They
+are prometheus-client collectors on one registry.
+
+The text is written as Triton writes it: counters keep their names (prometheus-client's own
+writer would rename them ``*_total``), integral values print without a fraction, and metrics
+with the same name appear once per label set. Names, help texts and labels are Triton's::
+
+    # HELP nv_inference_count Number of inferences performed (does not include cached requests)
+    # TYPE nv_inference_count counter
+    nv_inference_count{model="add_sub",version="1"} 3
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+from tritonfast.custommetrics import CUSTOM_METRICS, HISTOGRAM, CustomMetrics
+
+if TYPE_CHECKING:
+    from tritonfast.repository.manager import ModelRepository
+
+CONTENT_TYPE = "text/plain; charset=utf-8"
+
+# (name, help, where the value is in a version's statistics); Triton's names and texts.
+_REQUEST_COUNTERS = (
+    (
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes",
+        ("inference_stats", "success", "count"),
+    ),
+    (
+        "nv_inference_count",
+        "Number of inferences performed (does not include cached requests)",
+        ("inference_count",),
+    ),
+    (
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)",
+        ("execution_count",),
+    ),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        ("inference_stats", "success", "ns"),
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        ("inference_stats", "queue", "ns"),
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        ("inference_stats", "compute_input", "ns"),
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        ("inference_stats", "compute_infer", "ns"),
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds (does not include cached"
+        " requests)",
+        ("inference_stats", "compute_output", "ns"),
+    ),
+)
+FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 
 
-async def _metrics(_request: web.Request) -> web.Response:
-    body = generate_latest(REGISTRY)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+def _lookup(counters: dict[str, Any], path: tuple[str, ...]) -> int:
+    value: Any = counters
+    for key in path:
+        value = value[key]
+    # Durations are kept in nanoseconds; Triton exports whole microseconds.
+    return int(value) // 1000 if path[-1] == "ns" else int(value)
 
 
-async def start_metrics_server(host: str, port: int) -> web.AppRunner:
+class InferenceMetrics(Collector):
+    """``nv_inference_*`` for every served model version, read from the core's counters."""
+
+    def __init__(self, repository: ModelRepository) -> None:
+        self._repository = repository
+
+    def collect(self) -> Iterator[Metric]:
+        versions = [
+            ({"model": v.name, "version": str(v.version)}, v.counters(), v.pending())
+            for v in self._repository.serving()
+        ]
+        success_name, success_help, success_path = _REQUEST_COUNTERS[0]
+        yield _family(
+            success_name,
+            success_help,
+            "counter",
+            ((labels, _lookup(counters, success_path)) for labels, counters, _ in versions),
+        )
+        yield _family(
+            "nv_inference_request_failure",
+            "Number of failed inference requests, all batch sizes",
+            "counter",
+            (
+                ({**labels, "reason": reason}, counters["failure_reasons"].get(reason, 0))
+                for labels, counters, _ in versions
+                for reason in FAILURE_REASONS
+            ),
+        )
+        for name, documentation, path in _REQUEST_COUNTERS[1:]:
+            yield _family(
+                name,
+                documentation,
+                "counter",
+                ((labels, _lookup(counters, path)) for labels, counters, _ in versions),
+            )
+        yield _family(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            "gauge",
+            ((labels, pending) for labels, _, pending in versions),
+        )
+
+
+class CpuMetrics(Collector):
+    """Triton's CPU metrics from ``/proc``: utilization since the previous scrape, memory."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self._proc = proc
+        self._last = self._cpu_times()
+
+    def _cpu_times(self) -> tuple[int, int] | None:
+        """(busy, total) jiffies of all CPUs."""
+        try:
+            fields = (self._proc / "stat").read_text().split("\n", 1)[0].split()[1:]
+        except OSError:
+            return None
+        values = [int(v) for v in fields]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        total = sum(values[:8])  # guest time is already counted in user
+        return total - idle, total
+
+    def _memory(self) -> tuple[int, int] | None:
+        """(total, used) bytes; used is what is not available to new programs."""
+        try:
+            lines = (self._proc / "meminfo").read_text().splitlines()
+        except OSError:
+            return None
+        kib = {line.split(":")[0]: int(line.split()[1]) for line in lines if ":" in line}
+        total = kib.get("MemTotal", 0) * 1024
+        available = kib.get("MemAvailable", kib.get("MemFree", 0)) * 1024
+        return total, total - available
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._cpu_times()
+        if now is not None:
+            utilization = 0.0
+            if self._last is not None and now[1] > self._last[1]:
+                utilization = (now[0] - self._last[0]) / (now[1] - self._last[1])
+            self._last = now
+            yield _family(
+                "nv_cpu_utilization",
+                "CPU utilization rate [0.0 - 1.0]",
+                "gauge",
+                [({}, min(max(utilization, 0.0), 1.0))],
+            )
+        memory = self._memory()
+        if memory is not None:
+            yield _family(
+                "nv_cpu_memory_total_bytes",
+                "CPU total memory (RAM), in bytes",
+                "gauge",
+                [({}, memory[0])],
+            )
+            yield _family(
+                "nv_cpu_memory_used_bytes",
+                "CPU used memory (RAM), in bytes",
+                "gauge",
+                [({}, memory[1])],
+            )
+
+
+class ModelMetrics(Collector):
+    """The families models registered with ``pb_utils.MetricFamily``."""
+
+    def __init__(self, metrics: CustomMetrics = CUSTOM_METRICS) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        for family, series in self._metrics.snapshot():
+            metric = Metric(family.name, family.description, family.kind)
+            for one in series:
+                labels = dict(one.labels)
+                if family.kind != HISTOGRAM:
+                    metric.add_sample(family.name, labels, one.value)
+                    continue
+                cumulative = 0
+                for bound, count in zip(one.buckets, one.bucket_counts, strict=True):
+                    cumulative += count
+                    le = {**labels, "le": _number(bound)}
+                    metric.add_sample(family.name + "_bucket", le, cumulative)
+                metric.add_sample(family.name + "_bucket", {**labels, "le": "+Inf"}, one.count)
+                metric.add_sample(family.name + "_sum", labels, one.value)
+                metric.add_sample(family.name + "_count", labels, one.count)
+            yield metric
+
+
+def _family(
+    name: str, documentation: str, kind: str, samples: Iterable[tuple[dict[str, str], float]]
+) -> Metric:
+    metric = Metric(name, documentation, kind)
+    for labels, value in samples:
+        metric.add_sample(name, labels, value)
+    return metric
+
+
+def _number(value: float) -> str:
+    """A sample value as Triton prints it: integral values without a fraction."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    if value == int(value) and abs(value) < 2**63:
+        return str(int(value))
+    return repr(float(value))
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The registry in Prometheus' text format, with metric names exactly as collected."""
+    lines: list[str] = []
+    for metric in registry.collect():
+        documentation = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        kind = "untyped" if metric.type == "unknown" else metric.type
+        lines.append(f"# HELP {metric.name} {documentation}")
+        lines.append(f"# TYPE {metric.name} {kind}")
+        for sample in metric.samples:
+            # Labels sorted by name, a histogram's `le` last (as Triton prints them).
+            ordered = sorted(sample.labels.items(), key=lambda item: (item[0] == "le", item[0]))
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in ordered)
+            series = f"{sample.name}{{{labels}}}" if labels else sample.name
+            lines.append(f"{series} {_number(sample.value)}")
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+def metrics_registry(repository: ModelRepository, *, cpu: bool = True) -> CollectorRegistry:
+    """A registry with Triton's metrics for ``repository`` and the models' own."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(InferenceMetrics(repository))
+    if cpu:
+        registry.register(CpuMetrics())
+    registry.register(ModelMetrics())
+    return registry
+
+
+async def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> web.AppRunner:
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=exposition(registry), headers={"Content-Type": CONTENT_TYPE})
+
     app = web.Application()
-    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

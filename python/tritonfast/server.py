@@ -119,9 +119,12 @@ async def _start_frontends(
         stoppers.append(http_runner.cleanup)
         print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)
     if options.allow_metrics:
-        from tritonfast.metrics import start_metrics_server
+        from tritonfast.metrics import metrics_registry, start_metrics_server
 
-        metrics_runner = await start_metrics_server(options.metrics_address, options.metrics_port)
+        registry = metrics_registry(dataplane.repository, cpu=options.allow_cpu_metrics)
+        metrics_runner = await start_metrics_server(
+            registry, options.metrics_address, options.metrics_port
+        )
         stoppers.append(metrics_runner.cleanup)
         print(
             f"Started Metrics Service at {options.metrics_address}:{options.metrics_port}",

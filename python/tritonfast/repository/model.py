@@ -34,6 +34,15 @@ class ModelVersion:
         request.model_version = self._version_text
         return await self._scheduler.submit(request, batch_size)
 
+    def counters(self) -> dict[str, Any]:
+        """The core's counters for this version (the statistics layout plus
+        ``failure_reasons``; see :class:`~tritonfast.runtime.scheduler.Scheduler`)."""
+        return self._scheduler.statistics()
+
+    def pending(self) -> int:
+        """Requests queued and not yet taken by an instance."""
+        return self._scheduler.pending()
+
     def statistics(self) -> dict[str, Any]:
         """One ``model_stats`` entry of Triton's statistics extension for this version."""
         counters = self._scheduler.statistics()

@@ -162,6 +162,10 @@ class Scheduler:
         """The model version's statistics (layout in the module docstring), read lock-free."""
         return self._queue.statistics()
 
+    def pending(self) -> int:
+        """Requests in the queue, not yet taken by an instance."""
+        return len(self._queue)
+
     def stop(self, timeout: float) -> None:
         """Stop taking work, let queued and running requests finish, then finalize."""
         self._queue.close()

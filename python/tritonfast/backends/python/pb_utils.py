@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonfast import custommetrics
+from tritonfast.custommetrics import CUSTOM_METRICS
 from tritonfast.errors import Code
 from tritonfast.runtime import rawtensor
 
@@ -525,3 +527,62 @@ class Logger:
     @classmethod
     def log_verbose(cls, message: str) -> None:
         cls.log(message, LogLevel.VERBOSE)
+
+
+# -- custom metrics ---------------------------------------------------------------------------
+_METRIC_KINDS = {0: custommetrics.COUNTER, 1: custommetrics.GAUGE, 2: custommetrics.HISTOGRAM}
+
+
+def _metric_call(operation: Any, *args: Any) -> Any:
+    try:
+        return operation(*args)
+    except custommetrics.MetricError as error:
+        raise TritonModelException(str(error)) from None
+
+
+class Metric:
+    """One labelled metric of a :class:`MetricFamily` (made by ``MetricFamily.Metric``)."""
+
+    def __init__(self, family: custommetrics.Family, series: custommetrics.Series) -> None:
+        # The internal family, not the MetricFamily object: deleting that object ends the
+        # family, after which this metric refuses every operation (as in Triton).
+        self._family = family
+        self._series = series
+
+    def increment(self, value: float) -> None:
+        _metric_call(CUSTOM_METRICS.increment, self._family, self._series, float(value))
+
+    def set(self, value: float) -> None:
+        _metric_call(CUSTOM_METRICS.set, self._family, self._series, float(value))
+
+    def observe(self, value: float) -> None:
+        _metric_call(CUSTOM_METRICS.observe, self._family, self._series, float(value))
+
+    def value(self) -> float:
+        return float(_metric_call(CUSTOM_METRICS.value, self._family, self._series))
+
+
+class MetricFamily:
+    """A custom metric family exported on the server's ``/metrics`` (Triton's API)."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        if kind not in _METRIC_KINDS:
+            raise TritonModelException(f"unknown metric family kind {kind!r}")
+        self._family = _metric_call(
+            CUSTOM_METRICS.acquire_family, name, description, _METRIC_KINDS[kind]
+        )
+
+    def Metric(  # Triton's name
+        self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
+    ) -> Metric:
+        series = _metric_call(CUSTOM_METRICS.series, self._family, labels or {}, buckets)
+        return Metric(self._family, series)
+
+    def __del__(self) -> None:
+        family = getattr(self, "_family", None)
+        if family is not None:
+            CUSTOM_METRICS.release_family(family)

@@ -1,0 +1,168 @@
+"""Metrics that models define themselves (``pb_utils.MetricFamily``), kept for ``/metrics``.
+
+Semantics follow Triton's Python backend:
+
+- A family is registered by name; asking again for the same name and kind shares the first
+  registration (its description stays), a different kind is an error.
+- ``family.Metric(labels)`` with the same labels is the same metric (one value).
+- Counters only go up (``increment`` with a non-negative value); gauges ``increment`` (either
+  way) and ``set``; histograms take ``observe`` only, and need strictly increasing ``buckets``.
+- When the last ``MetricFamily`` object of a name is gone, the family leaves ``/metrics`` and
+  its metrics refuse every operation.
+
+Everything here is thread-safe: model instances run on their own threads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+COUNTER = "counter"
+GAUGE = "gauge"
+HISTOGRAM = "histogram"
+KINDS = (COUNTER, GAUGE, HISTOGRAM)
+
+DELETED_FAMILY = "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class MetricError(Exception):
+    """A misuse of the custom-metrics API (pb_utils turns it into TritonModelException)."""
+
+
+@dataclass
+class Series:
+    """One labelled metric: a value, or a histogram's bucket counts, sum and count."""
+
+    labels: Labels
+    value: float = 0.0
+    buckets: tuple[float, ...] = ()
+    bucket_counts: list[int] = field(default_factory=list)
+    count: int = 0
+
+
+@dataclass
+class Family:
+    name: str
+    description: str
+    kind: str
+    series: dict[Labels, Series] = field(default_factory=dict)
+    holders: int = 0  # live MetricFamily objects
+    alive: bool = True
+
+
+class CustomMetrics:
+    """The process's custom metric families."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Family] = {}
+        self._lock = threading.Lock()
+
+    # -- families ------------------------------------------------------------------------------
+    def acquire_family(self, name: str, description: str, kind: str) -> Family:
+        if kind not in KINDS:
+            raise MetricError(f"unknown metric kind '{kind}'")
+        if not name:
+            raise MetricError("a metric family needs a name")
+        with self._lock:
+            family = self._families.get(name)
+            if family is None:
+                family = self._families[name] = Family(name, description, kind)
+            elif family.kind != kind:
+                raise MetricError(
+                    f"metric family '{name}' already exists as a {family.kind}, not a {kind}"
+                )
+            family.holders += 1
+            return family
+
+    def release_family(self, family: Family) -> None:
+        with self._lock:
+            family.holders -= 1
+            if family.holders <= 0 and self._families.get(family.name) is family:
+                family.alive = False
+                del self._families[family.name]
+
+    def series(
+        self, family: Family, labels: dict[str, str], buckets: Sequence[float] | None
+    ) -> Series:
+        """The metric of ``family`` with ``labels`` (made on first use)."""
+        key = tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
+        if family.kind == HISTOGRAM:
+            if buckets is None:
+                raise MetricError("a histogram metric needs 'buckets'")
+            bounds = tuple(float(b) for b in buckets)
+            if any(a >= b for a, b in itertools.pairwise(bounds)):
+                raise MetricError("histogram buckets must be strictly increasing")
+        else:
+            bounds = ()
+        with self._lock:
+            self._check(family)
+            found = family.series.get(key)
+            if found is None:
+                found = family.series[key] = Series(key, 0.0, bounds, [0] * len(bounds))
+            return found
+
+    # -- operations (Metric methods) -------------------------------------------------------------
+    def value(self, family: Family, series: Series) -> float:
+        with self._lock:
+            self._check(family)
+            if family.kind == HISTOGRAM:
+                raise MetricError("value() is not available for a histogram metric")
+            return series.value
+
+    def increment(self, family: Family, series: Series, amount: float) -> None:
+        with self._lock:
+            self._check(family)
+            if family.kind == HISTOGRAM:
+                raise MetricError("increment() is not available for a histogram metric")
+            if family.kind == COUNTER and amount < 0:
+                raise MetricError("a counter can only be incremented by a non-negative value")
+            series.value += amount
+
+    def set(self, family: Family, series: Series, value: float) -> None:
+        with self._lock:
+            self._check(family)
+            if family.kind != GAUGE:
+                raise MetricError(f"set() is not available for a {family.kind} metric")
+            series.value = value
+
+    def observe(self, family: Family, series: Series, value: float) -> None:
+        with self._lock:
+            self._check(family)
+            if family.kind != HISTOGRAM:
+                raise MetricError(f"observe() is not available for a {family.kind} metric")
+            index = bisect.bisect_left(series.buckets, value)
+            if index < len(series.buckets):
+                series.bucket_counts[index] += 1
+            series.count += 1
+            series.value += value
+
+    @staticmethod
+    def _check(family: Family) -> None:
+        if not family.alive:
+            raise MetricError(DELETED_FAMILY)
+
+    # -- export ----------------------------------------------------------------------------------
+    def snapshot(self) -> Iterator[tuple[Family, list[Series]]]:
+        """Each live family with copies of its series, in registration order."""
+        with self._lock:
+            families = [
+                (family, [_copy(s) for s in family.series.values()])
+                for family in self._families.values()
+            ]
+        yield from families
+
+
+def _copy(series: Series) -> Series:
+    return Series(
+        series.labels, series.value, series.buckets, list(series.bucket_counts), series.count
+    )
+
+
+# The one registry of the process (pb_utils.MetricFamily registers here).
+CUSTOM_METRICS = CustomMetrics()
