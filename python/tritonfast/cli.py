@@ -38,6 +38,10 @@ class ServeOptions:
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
     strict_model_config: bool = False
+    model_control_mode: str = "none"
+    load_model: list[str] = field(default_factory=list)
+    repository_poll_secs: float = 15.0
+    strict_readiness: bool = True
     exit_on_error: bool = True
     exit_timeout_secs: int = 30
     log_verbose: int = 0
@@ -91,6 +95,28 @@ def build_parser() -> argparse.ArgumentParser:
         dest="strict_model_config",
         action="store_true",
         help="same as --strict-model-config=true",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default="none",
+        help="none: load everything at start-up; explicit: the repository API loads and"
+        " unloads; poll: reload what changes on disk",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode=explicit: load this model at start-up (repeatable;"
+        " '*' loads all)",
+    )
+    serve.add_argument("--repository-poll-secs", type=float, default=15.0)
+    serve.add_argument(
+        "--strict-readiness",
+        default=True,
+        help="ready only while every model meant to serve is ready (default true)",
+        **bool_arg,  # type: ignore[arg-type]
     )
     serve.add_argument(
         "--exit-on-error",

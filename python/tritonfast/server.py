@@ -11,6 +11,7 @@ from typing import Any
 from tritonfast import __version__
 from tritonfast.cli import ServeOptions
 from tritonfast.frontends.dataplane import DataPlane
+from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
 from tritonfast.runtime.allocator import keep_large_buffers
 
@@ -65,8 +66,15 @@ async def serve(options: ServeOptions) -> int:
     repository = ModelRepository(
         options.model_repositories, loop, strict_config=options.strict_model_config
     )
+    control = ModelControl(
+        repository,
+        options.model_control_mode,
+        load_models=options.load_model,
+        poll_secs=options.repository_poll_secs,
+        exit_timeout=options.exit_timeout_secs,
+    )
     try:
-        entries = await asyncio.to_thread(repository.load_all)
+        entries = await asyncio.to_thread(control.startup)
     except Exception as exc:
         log.error("failed to load the model repository: %s", exc)
         return 1
@@ -80,7 +88,9 @@ async def serve(options: ServeOptions) -> int:
         await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
         return 1
 
-    dataplane = DataPlane(repository, server_id=options.server_id)
+    dataplane = DataPlane(
+        control, server_id=options.server_id, strict_readiness=options.strict_readiness
+    )
     stoppers: list[Any] = []
     try:
         await _start_frontends(options, dataplane, stoppers)
@@ -89,12 +99,15 @@ async def serve(options: ServeOptions) -> int:
         await _stop(stoppers, repository, options)
         return 1
     print(f"tritonfast {__version__} ready", flush=True)
+    poller = asyncio.ensure_future(control.poll_forever()) if control.mode == POLL else None
 
     stop_event = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop_event.set)
     await stop_event.wait()
     log.info("shutting down")
+    if poller is not None:
+        poller.cancel()
     dataplane.shutting_down()
     await _stop(stoppers, repository, options)
     return 0

@@ -17,6 +17,7 @@ from tritonfast.runtime.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
     from tritonfast._proto import model_config_pb2
+    from tritonfast.repository.control import ModelControl
     from tritonfast.repository.manager import ModelRepository
 
 # Protocol extensions this server implements (reported in server metadata).
@@ -24,6 +25,8 @@ EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "parameters",
     "model_configuration",
+    "model_repository",
+    "model_repository(unload_dependents)",
     "system_shared_memory",
     "cuda_shared_memory",
     "statistics",
@@ -33,13 +36,16 @@ EXTENSIONS: tuple[str, ...] = (
 class DataPlane:
     def __init__(
         self,
-        repository: ModelRepository,
+        control: ModelControl,
         *,
         server_id: str = "triton",
+        strict_readiness: bool = True,
         shared_memory: SharedMemory | None = None,
     ) -> None:
-        self._repository = repository
+        self._control = control
+        self._repository = control.repository
         self._server_id = server_id
+        self._strict_readiness = strict_readiness
         self._live = True
         self._shared_memory = shared_memory or SharedMemory()
 
@@ -47,11 +53,17 @@ class DataPlane:
     def repository(self) -> ModelRepository:
         return self._repository
 
+    @property
+    def control(self) -> ModelControl:
+        return self._control
+
     # -- health ---------------------------------------------------------------------------
     def live(self) -> bool:
         return self._live
 
     def ready(self) -> bool:
+        if not self._strict_readiness:
+            return self._live
         return self._live and self._repository.all_ready()
 
     def shutting_down(self) -> None:
@@ -98,6 +110,18 @@ class DataPlane:
         response = await model.infer(request)
         shared_memory.write_outputs(response, output_windows)
         return response
+
+    # -- model repository -------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """``[{"name", "version", "state", "reason"}]`` for every model in the repository."""
+        return self._control.index(ready_only)
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Load (or reload) ``name``; ``parameters`` may hold ``config`` and ``file:*``."""
+        await self._control.load(name, parameters)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        await self._control.unload(name, unload_dependents)
 
     # -- shared memory ----------------------------------------------------------------------
     def system_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:

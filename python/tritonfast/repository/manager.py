@@ -3,12 +3,19 @@
 A model is a directory holding ``config.pbtxt`` and numbered version directories. A model
 that fails to load (bad config, missing model file, exception while initializing) is kept
 as UNAVAILABLE with its reason; the others serve normally.
+
+Loading is split so that a reload never drops a request: :meth:`ModelRepository.prepare`
+builds a new entry off the event loop (imports, ``initialize``), :meth:`ModelRepository.publish`
+swaps it in on the event loop (requests arriving after that reach the new versions), and
+:meth:`ModelRepository.retire` stops the replaced entry's versions, which first finish every
+request already queued or running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +37,9 @@ log = logging.getLogger(__name__)
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
+LOADING = "LOADING"
+UNLOADING = "UNLOADING"
+UNLOADED_REASON = "unloaded"
 
 
 @dataclass
@@ -62,8 +72,8 @@ class ModelRepository:
         self._models: dict[str, ModelEntry] = {}
 
     # -- loading ------------------------------------------------------------------------
-    def discover(self) -> list[Path]:
-        """Model directories in every repository path (first path wins on a name clash)."""
+    def discover(self) -> dict[str, Path]:
+        """Model directories in every repository path, by model name."""
         found: dict[str, Path] = {}
         for root in self._paths:
             if not root.is_dir():
@@ -75,29 +85,79 @@ class ModelRepository:
                             f"model '{child.name}' appears in multiple repositories"
                         )
                     found[child.name] = child
-        return list(found.values())
+        return found
 
-    def load_all(self) -> list[ModelEntry]:
-        for model_dir in self.discover():
-            self.load(model_dir)
+    def load_all(self, names: Iterable[str] | None = None) -> list[ModelEntry]:
+        """Load every model found (or only ``names``) at start-up; returns all entries."""
+        found = self.discover()
+        for name in found if names is None else names:
+            if name not in found:
+                entry = ModelEntry(name=name, path=Path(name))
+                entry.reason = f"failed to load '{name}', no version is available"
+                self._models[name] = entry
+                continue
+            self.publish(self.prepare(name, found[name]))
         return self.entries()
 
     def load(self, model_dir: Path) -> ModelEntry:
-        entry = ModelEntry(name=model_dir.name, path=model_dir)
-        self._models[entry.name] = entry
+        """Load and publish one model directory (used before serving starts)."""
+        entry = self.prepare(model_dir.name, model_dir)
+        self.publish(entry)
+        return entry
+
+    def prepare(
+        self, name: str, model_dir: Path, config: model_config_pb2.ModelConfig | None = None
+    ) -> ModelEntry:
+        """Build a new entry for ``model_dir`` (its ``config.pbtxt``, or ``config`` instead),
+        READY or UNAVAILABLE with the reason. Blocking: imports and initializes the model.
+        Nothing serves it until :meth:`publish`."""
+        entry = ModelEntry(name=name, path=model_dir, state=LOADING)
         try:
-            self._load_versions(entry)
+            self._load_versions(entry, config)
             entry.state = READY
-            log.info("successfully loaded '%s' version(s) %s", entry.name, sorted(entry.versions))
+            log.info("successfully loaded '%s' version(s) %s", name, sorted(entry.versions))
         except TritonError as exc:
             self._stop_versions(entry)
             entry.state, entry.reason = UNAVAILABLE, exc.message
-            log.error("failed to load '%s': %s", entry.name, exc.message)
+            log.error("failed to load '%s': %s", name, exc.message)
         return entry
 
-    def _load_versions(self, entry: ModelEntry) -> None:
+    def publish(self, entry: ModelEntry) -> ModelEntry | None:
+        """Serve ``entry`` from now on (call on the event loop); returns the entry it replaces,
+        whose versions the caller must :meth:`retire`."""
+        previous = self._models.get(entry.name)
+        self._models[entry.name] = entry
+        return previous
+
+    def retire(self, entry: ModelEntry, timeout: float) -> None:
+        """Stop a replaced or unloaded entry: its queued and running requests finish first.
+        Blocking."""
+        self._stop_versions(entry, timeout)
+
+    def begin_unload(self, name: str) -> ModelEntry | None:
+        """Stop serving ``name`` (call on the event loop); returns its entry, now UNLOADING, to
+        :meth:`retire` and then mark with :meth:`finish_unload`."""
+        entry = self._models.get(name)
+        if entry is None or entry.state != READY:
+            return None
+        unloading = ModelEntry(name, entry.path, UNLOADING, config=entry.config)
+        self._models[name] = unloading
+        return entry
+
+    def finish_unload(self, name: str) -> None:
+        entry = self._models.get(name)
+        if entry is not None and entry.state == UNLOADING:
+            entry.state, entry.reason = UNAVAILABLE, UNLOADED_REASON
+
+    def _load_versions(
+        self, entry: ModelEntry, override: model_config_pb2.ModelConfig | None = None
+    ) -> None:
         model_dir = entry.path
-        config = config_load.read_config(model_dir, required=self._strict_config)
+        if override is None:
+            config = config_load.read_config(model_dir, required=self._strict_config)
+        else:
+            config = model_config_pb2.ModelConfig()
+            config.CopyFrom(override)
         config_load.fill_defaults(config, model_dir)
         versions = _select_versions(config, model_dir)
         if config.backend != "python":
@@ -172,6 +232,9 @@ class ModelRepository:
     def entries(self) -> list[ModelEntry]:
         return sorted(self._models.values(), key=lambda e: e.name)
 
+    def entry(self, name: str) -> ModelEntry | None:
+        return self._models.get(name)
+
     def get(self, name: str, version: str = "") -> ModelVersion:
         entry = self._models.get(name)
         if entry is None:
@@ -214,7 +277,8 @@ class ModelRepository:
         return True
 
     def all_ready(self) -> bool:
-        return all(e.state == READY for e in self._models.values())
+        """Every model that is meant to serve is READY (unloaded ones do not count)."""
+        return all(e.state == READY or e.reason == UNLOADED_REASON for e in self._models.values())
 
     # -- shutdown -----------------------------------------------------------------------
     def stop(self, timeout: float) -> None:

@@ -141,6 +141,17 @@ def encode_parameters(values: Mapping[str, Any], target: MutableMapping[str, Any
             param.string_param = str(value)
 
 
+def decode_repository_parameters(
+    parameters: Mapping[str, pb.ModelRepositoryParameter],
+) -> dict[str, Any]:
+    """Repository load/unload parameters as plain values (``file:*`` contents as bytes)."""
+    decoded: dict[str, Any] = {}
+    for key, parameter in parameters.items():
+        which = parameter.WhichOneof("parameter_choice")
+        decoded[key] = None if which is None else getattr(parameter, which)
+    return decoded
+
+
 # -- tensors -----------------------------------------------------------------------------------
 
 # Typed-contents members in the order Triton examines them.

@@ -122,6 +122,33 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stats = self._dataplane.model_statistics(request.name, request.version)
         return codec.encode_statistics(stats)
 
+    # -- the model repository -------------------------------------------------------------------
+    @_triton_errors
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        rows = self._dataplane.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
+        )
+
+    @_triton_errors
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters = codec.decode_repository_parameters(request.parameters)
+        await self._dataplane.load_model(request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    @_triton_errors
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        parameters = codec.decode_repository_parameters(request.parameters)
+        dependents = parameters.get("unload_dependents", False)
+        await self._dataplane.unload_model(request.model_name, dependents is True)
+        return pb.RepositoryModelUnloadResponse()
+
     # -- shared memory --------------------------------------------------------------------------
     @_triton_errors
     async def SystemSharedMemoryStatus(
@@ -244,9 +271,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await reader
 
     # -- not implemented yet ------------------------------------------------------------------
-    RepositoryIndex = _not_implemented("RepositoryIndex")
-    RepositoryModelLoad = _not_implemented("RepositoryModelLoad")
-    RepositoryModelUnload = _not_implemented("RepositoryModelUnload")
     TraceSetting = _not_implemented("TraceSetting")
     LogSettings = _not_implemented("LogSettings")
 

@@ -119,6 +119,40 @@ async def model_statistics(
     return _json_or_error(dataplane.model_statistics, model, version)
 
 
+# -- the model repository ---------------------------------------------------------------------
+# These handlers get the model named in the path (or "") and ignore the version.
+async def repository_index(
+    request: web.BaseRequest, dataplane: DataPlane, _: str, __: str
+) -> web.Response:
+    try:
+        ready_only = codec.decode_index_request(await _read_body(request))
+        return _json(dataplane.repository_index(ready_only))
+    except TritonError as err:
+        return _error(err)
+
+
+async def repository_load(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
+) -> web.Response:
+    try:
+        parameters = codec.decode_load_request(await _read_body(request))
+        await dataplane.load_model(model, parameters)
+    except TritonError as err:
+        return _error(err)
+    return web.Response(status=200)
+
+
+async def repository_unload(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
+) -> web.Response:
+    try:
+        unload_dependents = codec.decode_unload_request(await _read_body(request))
+        await dataplane.unload_model(model, unload_dependents)
+    except TritonError as err:
+        return _error(err)
+    return web.Response(status=200)
+
+
 # -- shared memory ----------------------------------------------------------------------------
 # These handlers get the region name (possibly "") where the others get the model.
 async def system_shm_status(
@@ -318,6 +352,9 @@ HANDLERS: dict[Endpoint, Handler] = {
     Endpoint.MODEL_CONFIG: model_config,
     Endpoint.MODEL_STATISTICS: model_statistics,
     Endpoint.INFER: infer,
+    Endpoint.REPOSITORY_INDEX: repository_index,
+    Endpoint.REPOSITORY_LOAD: repository_load,
+    Endpoint.REPOSITORY_UNLOAD: repository_unload,
     Endpoint.SYSTEM_SHM_STATUS: system_shm_status,
     Endpoint.SYSTEM_SHM_REGISTER: system_shm_register,
     Endpoint.SYSTEM_SHM_UNREGISTER: system_shm_unregister,

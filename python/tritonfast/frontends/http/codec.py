@@ -275,6 +275,57 @@ def _decode_output(entry: Any) -> RequestedOutput:
     return RequestedOutput(name, dict(params))
 
 
+# -- the model repository extension -----------------------------------------------------------
+def _object_body(body: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
+    """A request body that is empty or a JSON object."""
+    if not len(body):
+        return {}
+    doc = jsonparse.loads(memoryview(body))
+    if type(doc) is not dict:
+        raise InvalidArgumentError(f"{what} request must be a JSON object")
+    return doc
+
+
+def decode_index_request(body: bytes | bytearray | memoryview) -> bool:
+    """Whether a repository index request asks for ready models only."""
+    doc = _object_body(body, "repository index")
+    return bool(_require(doc["ready"], bool, "ready")) if "ready" in doc else False
+
+
+def _repository_parameters(doc: dict[str, Any]) -> dict[str, Any]:
+    params = doc.get("parameters", {})
+    if type(params) is not dict:
+        raise _unable("parameters", _TYPE_ERRORS[dict])
+    return params
+
+
+def decode_load_request(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A model load request's parameters: ``config`` as text, ``file:<path>`` as bytes
+    (base64 on the wire)."""
+    params = _repository_parameters(_object_body(body, "model load"))
+    decoded: dict[str, Any] = {}
+    for key, value in params.items():
+        if key.startswith("file:"):
+            try:
+                decoded[key] = base64.b64decode(_require(value, str, key), validate=True)
+            except binascii.Error:
+                raise InvalidArgumentError(
+                    f"failed to decode the base64 content of parameter '{key}'"
+                ) from None
+        elif key == "config":
+            decoded[key] = _require(value, str, key)
+        else:
+            decoded[key] = value
+    return decoded
+
+
+def decode_unload_request(body: bytes | bytearray | memoryview) -> bool:
+    """Whether a model unload request also unloads the model's dependents."""
+    params = _repository_parameters(_object_body(body, "model unload"))
+    flag = params.get("unload_dependents", False)
+    return bool(_require(flag, bool, "unload_dependents"))
+
+
 # -- shared-memory registration ---------------------------------------------------------------
 def _register_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     doc = jsonparse.loads(memoryview(body)) if body else {}

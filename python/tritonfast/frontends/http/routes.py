@@ -20,6 +20,9 @@ class Endpoint(Enum):
     MODEL_CONFIG = ("GET", "config")
     MODEL_STATISTICS = ("GET", "stats")
     INFER = ("POST", "infer")
+    REPOSITORY_INDEX = ("POST", "repository/index")
+    REPOSITORY_LOAD = ("POST", "repository/load")
+    REPOSITORY_UNLOAD = ("POST", "repository/unload")
     SYSTEM_SHM_STATUS = ("GET", "systemsharedmemory/status")
     SYSTEM_SHM_REGISTER = ("POST", "systemsharedmemory/register")
     SYSTEM_SHM_UNREGISTER = ("POST", "systemsharedmemory/unregister")
@@ -48,6 +51,8 @@ _MODEL_ACTIONS = {
     "stats": Endpoint.MODEL_STATISTICS,
 }
 _HEALTH = {"live": Endpoint.HEALTH_LIVE, "ready": Endpoint.HEALTH_READY}
+# /v2/repository/models/{model}/{action}
+_REPOSITORY_ACTIONS = {"load": Endpoint.REPOSITORY_LOAD, "unload": Endpoint.REPOSITORY_UNLOAD}
 # /v2/{kind}[/region/{name}]/{action}
 _SHARED_MEMORY = {
     (kind, endpoint.value[1].rpartition("/")[2]): endpoint
@@ -69,6 +74,13 @@ def resolve(path: str) -> Route | None:
     if section == "health":
         endpoint = _HEALTH.get(parts[3]) if count == 4 else None
         return Route(endpoint) if endpoint is not None else None
+    if section == "repository":
+        if count == 4 and parts[3] == "index":
+            return Route(Endpoint.REPOSITORY_INDEX)
+        if count == 6 and parts[3] == "models" and parts[4]:
+            endpoint = _REPOSITORY_ACTIONS.get(parts[5])
+            return Route(endpoint, parts[4]) if endpoint is not None else None
+        return None
     if section in ("systemsharedmemory", "cudasharedmemory"):
         region = ""
         if count == 6 and parts[3] == "region" and parts[4]:

@@ -1,0 +1,262 @@
+"""Model control: which models load at start-up, and loading / unloading while serving.
+
+``--model-control-mode``:
+
+- ``none`` (default): every model in the repository loads at start-up; the repository API
+  cannot load or unload.
+- ``explicit``: only the ``--load-model`` names load at start-up (``*``: all); the repository
+  API loads, reloads and unloads.
+- ``poll``: like ``none`` at start-up, then every ``--repository-poll-secs`` the repository is
+  rescanned: new models load, removed ones unload, changed ones reload.
+
+A reload never drops a request: the new versions are built beside the old ones, swapped in on
+the event loop, and the old ones finish what they had queued before they stop. A reload that
+fails leaves the serving versions in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from google.protobuf import json_format
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.errors import InternalError, InvalidArgumentError, UnavailableError
+from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
+
+log = logging.getLogger(__name__)
+
+NONE, POLL, EXPLICIT = "none", "poll", "explicit"
+MODES = (NONE, POLL, EXPLICIT)
+FILE_PREFIX = "file:"
+
+
+class ModelControl:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        mode: str = NONE,
+        *,
+        load_models: list[str] | None = None,
+        poll_secs: float = 15.0,
+        exit_timeout: float = 30.0,
+    ) -> None:
+        if mode not in MODES:
+            raise InvalidArgumentError(f"unknown model control mode '{mode}'")
+        self.repository = repository
+        self.mode = mode
+        self._load_models = list(load_models or [])
+        self._poll_secs = poll_secs
+        self._exit_timeout = exit_timeout
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._fingerprints: dict[str, str] = {}
+        self._temp_dirs: dict[str, Path] = {}
+
+    # -- start-up -----------------------------------------------------------------------------
+    def startup(self) -> list[ModelEntry]:
+        """Load what the mode loads at start-up (blocking); returns the entries."""
+        if self.mode == EXPLICIT:
+            wanted = self._load_models
+            names = None if "*" in wanted else list(dict.fromkeys(wanted))
+            entries = self.repository.load_all(names)
+        else:
+            if self._load_models:
+                log.warning("--load-model is ignored unless --model-control-mode=explicit")
+            entries = self.repository.load_all()
+        if self.mode == POLL:
+            self._fingerprints = self._scan()
+        return entries
+
+    # -- the repository API ---------------------------------------------------------------------
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model in the repository with its versions' state (Triton's index)."""
+        rows: list[dict[str, str]] = []
+        names = set(self.repository.discover()) | {e.name for e in self.repository.entries()}
+        for name in sorted(names):
+            entry = self.repository.entry(name)
+            if entry is None:
+                if not ready_only:
+                    rows.append({"name": name})
+                continue
+            if ready_only and entry.state != READY:
+                continue
+            versions: list[int | None] = [*sorted(entry.versions)] or [None]
+            for version in versions:
+                row = {"name": name}
+                if version is not None:
+                    row["version"] = str(version)
+                row["state"] = entry.state
+                row["reason"] = entry.reason
+                rows.append(row)
+        return rows
+
+    async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Load ``name`` (reload it when loaded): parameters ``config`` (the model
+        configuration as JSON, instead of config.pbtxt) and ``file:<path>`` (file contents,
+        for a model that is not on disk)."""
+        self._require_explicit("load")
+        parameters = dict(parameters or {})
+        override = _config_override(parameters.pop("config", None))
+        files = {
+            k[len(FILE_PREFIX) :]: v for k, v in parameters.items() if k.startswith(FILE_PREFIX)
+        }
+        async with self._lock(name):
+            if files:
+                if override is None:
+                    raise InvalidArgumentError(
+                        f"failed to load '{name}', file content overrides need a 'config' override"
+                    )
+                model_dir = await asyncio.to_thread(_write_model_files, name, files)
+            else:
+                found = self.repository.discover().get(name)
+                if found is None:
+                    raise InvalidArgumentError(
+                        f"failed to load '{name}', failed to poll from model repository"
+                    )
+                model_dir = found
+            entry = await asyncio.to_thread(self.repository.prepare, name, model_dir, override)
+            if entry.state != READY:
+                if files:
+                    shutil.rmtree(model_dir.parent, ignore_errors=True)
+                current = self.repository.entry(name)
+                if current is None or current.state != READY:
+                    self.repository.publish(entry)  # the index reports why
+                raise InvalidArgumentError(f"load failed for model '{name}': {entry.reason}")
+            replaced = self.repository.publish(entry)
+            previous_dir = self._temp_dirs.pop(name, None)
+            if files:
+                self._temp_dirs[name] = model_dir.parent
+            if replaced is not None:
+                await asyncio.to_thread(self.repository.retire, replaced, self._exit_timeout)
+            if previous_dir is not None:
+                shutil.rmtree(previous_dir, ignore_errors=True)
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Stop serving ``name`` once its queued and running requests are done. (No model has
+        dependents without ensembles, so ``unload_dependents`` changes nothing yet.)"""
+        self._require_explicit("unload")
+        async with self._lock(name):
+            entry = self.repository.begin_unload(name)
+            if entry is None:
+                return
+            await asyncio.to_thread(self.repository.retire, entry, self._exit_timeout)
+            self.repository.finish_unload(name)
+            temp_dir = self._temp_dirs.pop(name, None)
+            if temp_dir is not None:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+
+    def _require_explicit(self, what: str) -> None:
+        if self.mode == POLL:
+            raise UnavailableError(f"explicit model {what} is not allowed if polling is enabled")
+        if self.mode != EXPLICIT:
+            raise UnavailableError(
+                f"explicit model {what} is not allowed if model control is disabled"
+            )
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    # -- poll mode --------------------------------------------------------------------------------
+    async def poll_forever(self) -> None:
+        """Apply the repository's changes every poll interval (poll mode)."""
+        while True:
+            await asyncio.sleep(self._poll_secs)
+            try:
+                await self.poll_once()
+            except Exception:  # one bad scan must not end polling
+                log.exception("polling the model repository failed")
+
+    async def poll_once(self) -> None:
+        now = await asyncio.to_thread(self._scan)
+        before = self._fingerprints
+        for name in sorted(set(before) - set(now)):
+            log.info("model '%s' left the repository: unloading", name)
+            await self._apply(self._unload_polled, name)
+        for name, fingerprint in sorted(now.items()):
+            if before.get(name) != fingerprint:
+                log.info(
+                    "model '%s' %s: loading", name, "changed" if name in before else "appeared"
+                )
+                await self._apply(self._load_polled, name)
+        self._fingerprints = now
+
+    async def _apply(self, action: Any, name: str) -> None:
+        try:
+            await action(name)
+        except (InvalidArgumentError, InternalError) as error:
+            log.error("%s", error.message)
+
+    async def _load_polled(self, name: str) -> None:
+        mode, self.mode = self.mode, EXPLICIT  # the same path as an API load
+        try:
+            await self.load(name)
+        finally:
+            self.mode = mode
+
+    async def _unload_polled(self, name: str) -> None:
+        mode, self.mode = self.mode, EXPLICIT
+        try:
+            await self.unload(name)
+        finally:
+            self.mode = mode
+
+    def _scan(self) -> dict[str, str]:
+        """A fingerprint of every model directory: names, sizes and times of its files."""
+        fingerprints = {}
+        for name, model_dir in self.repository.discover().items():
+            digest = hashlib.sha256()
+            for path in sorted(model_dir.rglob("*")):
+                if "__pycache__" in path.parts:
+                    continue
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                digest.update(
+                    f"{path.relative_to(model_dir)}|{stat.st_size}|{stat.st_mtime_ns}\n".encode()
+                )
+            fingerprints[name] = digest.hexdigest()
+        return fingerprints
+
+
+def _config_override(text: Any) -> model_config_pb2.ModelConfig | None:
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str):
+        raise InvalidArgumentError("the 'config' parameter must be a string of JSON")
+    config = model_config_pb2.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except json_format.ParseError as error:
+        raise InvalidArgumentError(f"failed to parse the 'config' parameter: {error}") from None
+    return config
+
+
+def _write_model_files(name: str, files: Mapping[str, Any]) -> Path:
+    """A temporary model directory holding ``files`` (relative paths -> bytes)."""
+    root = Path(tempfile.mkdtemp(prefix="tritonfast-model-"))
+    model_dir = root / name
+    model_dir.mkdir()
+    try:
+        for relative, content in files.items():
+            parts = PurePosixPath(relative).parts
+            if not parts or PurePosixPath(relative).is_absolute() or ".." in parts:
+                raise InvalidArgumentError(
+                    f"file override path '{relative}' must stay inside the model directory"
+                )
+            target = model_dir.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content if isinstance(content, bytes) else str(content).encode())
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return model_dir

@@ -1,0 +1,303 @@
+"""The model repository extension and model control modes, against a server of our own.
+
+The server runs with ``--model-control-mode=explicit`` over a temporary repository that the
+tests write; a second one polls its repository.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import EXAMPLES, RunningServer, start_server
+
+# A model whose answer says which generation of its code is running.
+GENERATION_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "GENERATION" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { }
+"""
+GENERATION_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+GENERATION = {generation}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            rows = pb_utils.get_input_tensor_by_name(request, "X").as_numpy().shape[0]
+            out = np.full((rows, 1), GENERATION, dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("GENERATION", out)]))
+        return responses
+"""
+
+
+def write_generation_model(repository: Path, name: str, generation: int, version: int = 1) -> None:
+    model_dir = repository / name
+    (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(GENERATION_CONFIG)
+    (model_dir / str(version) / "model.py").write_text(
+        GENERATION_MODEL.format(generation=generation)
+    )
+
+
+def generation_of(client: Any, module: Any, name: str = "generation") -> int:
+    tensor = module.InferInput("X", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.zeros((1, 1), dtype=np.int32))
+    return int(client.infer(name, [tensor]).as_numpy("GENERATION")[0, 0])
+
+
+@pytest.fixture(scope="module")
+def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+    repository = tmp_path_factory.mktemp("repository")
+    shutil.copytree(EXAMPLES / "add_sub", repository / "add_sub")
+    shutil.copytree(EXAMPLES / "string_upper", repository / "string_upper")
+    write_generation_model(repository, "generation", 1)
+    broken = repository / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('backend: "python"\ninput [ this is not protobuf')
+    log_path = tmp_path_factory.mktemp("explicit") / "server.log"
+    server = start_server(
+        [repository], log_path, "--model-control-mode=explicit", "--load-model=add_sub"
+    )
+    yield server, repository
+    assert server.stop() == 0, server.log()
+
+
+def index(client: httpclient.InferenceServerClient) -> dict[str, dict[str, str]]:
+    return {row["name"]: row for row in client.get_model_repository_index()}
+
+
+def test_explicit_mode_loads_only_the_named_models(explicit: tuple[RunningServer, Path]) -> None:
+    server, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        rows = index(client)
+        assert rows["add_sub"] == {
+            "name": "add_sub",
+            "version": "1",
+            "state": "READY",
+            "reason": "",
+        }
+        assert rows["string_upper"] == {"name": "string_upper"}
+        assert set(rows) == {"add_sub", "string_upper", "generation", "broken"}
+        assert not client.is_model_ready("string_upper")
+        assert client.is_server_ready()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_load_and_unload(explicit: tuple[RunningServer, Path], protocol: str) -> None:
+    server, _ = explicit
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)
+    try:
+        client.load_model("string_upper")
+        assert client.is_model_ready("string_upper")
+        text = module.InferInput("TEXT", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"abc"]], dtype=np.object_))
+        assert client.infer("string_upper", [text]).as_numpy("UPPER")[0, 0] == b"ABC"
+        client.unload_model("string_upper")
+        assert not client.is_model_ready("string_upper")
+        with pytest.raises(InferenceServerException, match="string_upper"):
+            client.infer("string_upper", [text])
+        rows = {
+            r["name"]: r
+            for r in httpclient.InferenceServerClient(server.http_url).get_model_repository_index()
+        }
+        assert rows["string_upper"]["state"] == "UNAVAILABLE"
+        assert rows["string_upper"]["reason"] == "unloaded"
+        client.unload_model("string_upper")  # unloading again is not an error
+    finally:
+        client.close()
+
+
+def test_reload_under_load_loses_nothing(explicit: tuple[RunningServer, Path]) -> None:
+    server, repository = explicit
+    admin = httpclient.InferenceServerClient(server.http_url)
+    admin.load_model("generation")
+    stop = threading.Event()
+    seen: list[int] = []
+    failures: list[str] = []
+
+    def traffic() -> None:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            while not stop.is_set():
+                try:
+                    seen.append(generation_of(client, grpcclient))
+                except InferenceServerException as error:
+                    failures.append(str(error))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=traffic) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        for generation in (2, 3, 4):
+            time.sleep(0.3)
+            write_generation_model(repository, "generation", generation)
+            admin.load_model("generation")  # a reload: the new code serves new requests
+            assert generation_of(admin, httpclient) == generation
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        admin.close()
+    assert failures == []
+    assert len(seen) > 20
+    assert set(seen) == {1, 2, 3, 4}
+    # Generations only move forward for the requests of one client thread as a whole.
+    assert seen[-1] == 4
+
+
+def test_failed_reload_keeps_the_serving_version(explicit: tuple[RunningServer, Path]) -> None:
+    server, repository = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        write_generation_model(repository, "generation", 5)
+        client.load_model("generation")
+        (repository / "generation" / "1" / "model.py").write_text("raise RuntimeError('broken')")
+        with pytest.raises(InferenceServerException, match="broken"):
+            client.load_model("generation")
+        assert generation_of(client, httpclient) == 5
+        assert index(client)["generation"]["state"] == "READY"
+    finally:
+        write_generation_model(repository, "generation", 5)
+        client.close()
+
+
+def test_config_override_and_files(explicit: tuple[RunningServer, Path]) -> None:
+    server, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    config = {
+        "name": "uploaded",
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "GENERATION", "data_type": "TYPE_INT32", "dims": [1]}],
+    }
+    code = GENERATION_MODEL.format(generation=42).encode()
+    try:
+        # A model that is not on disk: configuration and code in the request.
+        client.load_model("uploaded", config=json.dumps(config), files={"file:1/model.py": code})
+        assert generation_of(client, httpclient, "uploaded") == 42
+        assert client.get_model_config("uploaded")["max_batch_size"] == 4
+        # Over gRPC too, with a changed configuration and new code (a reload).
+        config["max_batch_size"] = 2
+        code = GENERATION_MODEL.format(generation=43).encode()
+        grpc.load_model("uploaded", config=json.dumps(config), files={"file:1/model.py": code})
+        assert generation_of(grpc, grpcclient, "uploaded") == 43
+        assert grpc.get_model_config("uploaded").config.max_batch_size == 2
+        grpc.unload_model("uploaded")
+    finally:
+        client.close()
+        grpc.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "message"),
+    [
+        ("no_such_model", {}, "no_such_model"),
+        ("broken", {}, "broken"),
+        ("add_sub", {"config": "{not json"}, "config"),
+        ("add_sub", {"files": {"file:1/model.py": b"x"}}, "config"),
+    ],
+)
+def test_load_errors(
+    explicit: tuple[RunningServer, Path], name: str, kwargs: dict[str, Any], message: str
+) -> None:
+    server, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        with pytest.raises(InferenceServerException, match=message):
+            client.load_model(name, **kwargs)
+        assert client.is_model_ready("add_sub")  # nothing else is disturbed
+    finally:
+        client.close()
+
+
+def test_load_is_refused_without_explicit_mode(server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        with pytest.raises(InferenceServerException, match="not allowed"):
+            client.load_model("add_sub")
+        with pytest.raises(InferenceServerException, match="not allowed"):
+            client.unload_model("add_sub")
+        assert client.is_model_ready("add_sub")
+        names = {row["name"] for row in client.get_model_repository_index()}
+        assert {"add_sub", "string_upper"} <= names
+    finally:
+        client.close()
+
+
+def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    write_generation_model(repository, "generation", 1)
+    server = start_server(
+        [repository],
+        tmp_path / "server.log",
+        "--model-control-mode=poll",
+        "--repository-poll-secs=0.2",
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+
+    def wait_for(check: Any) -> None:
+        deadline = time.monotonic() + 15
+        while not check():
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.1)
+
+    try:
+        assert generation_of(client, httpclient) == 1
+        # A changed model reloads.
+        write_generation_model(repository, "generation", 2)
+        wait_for(lambda: generation_of(client, httpclient) == 2)
+        # A new model appears.
+        shutil.copytree(EXAMPLES / "add_sub", repository / "add_sub")
+        wait_for(lambda: client.is_model_ready("add_sub"))
+        # A broken change leaves the serving version in place.
+        (repository / "generation" / "1" / "model.py").write_text("raise RuntimeError('x')")
+        time.sleep(1.0)
+        assert generation_of(client, httpclient) == 2
+        # A removed model unloads.
+        shutil.rmtree(repository / "add_sub")
+        wait_for(lambda: not client.is_model_ready("add_sub"))
+        with pytest.raises(InferenceServerException, match="not allowed"):
+            client.load_model("generation")
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()
+
+
+def test_file_paths_must_stay_in_the_model_directory(explicit: tuple[RunningServer, Path]) -> None:
+    server, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    config = json.dumps({"name": "escape", "backend": "python"})
+    try:
+        with pytest.raises(InferenceServerException, match="inside the model directory"):
+            client.load_model("escape", config=config, files={"file:../../evil.py": b"x"})
+    finally:
+        client.close()
