@@ -93,7 +93,6 @@ def test_explicit_mode_loads_only_the_named_models(explicit: tuple[RunningServer
             "name": "add_sub",
             "version": "1",
             "state": "READY",
-            "reason": "",
         }
         assert rows["string_upper"] == {"name": "string_upper"}
         assert set(rows) == {"add_sub", "string_upper", "generation", "broken"}
@@ -219,10 +218,10 @@ def test_config_override_and_files(explicit: tuple[RunningServer, Path]) -> None
 @pytest.mark.parametrize(
     ("name", "kwargs", "message"),
     [
-        ("no_such_model", {}, "no_such_model"),
-        ("broken", {}, "broken"),
-        ("add_sub", {"config": "{not json"}, "config"),
-        ("add_sub", {"files": {"file:1/model.py": b"x"}}, "config"),
+        ("no_such_model", {}, "failed to poll from model repository: model not found"),
+        ("broken", {}, "load failed for model 'broken'"),
+        ("add_sub", {"config": "{not json"}, "Invalid config override"),
+        ("add_sub", {"files": {"file:1/model.py": b"x"}}, "'config' must be specified"),
     ],
 )
 def test_load_errors(
@@ -241,9 +240,11 @@ def test_load_errors(
 def test_load_is_refused_without_explicit_mode(server: RunningServer) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
     try:
-        with pytest.raises(InferenceServerException, match="not allowed"):
+        message = "explicit model load / unload is not allowed if polling is enabled"
+        with pytest.raises(InferenceServerException, match=message) as info:
             client.load_model("add_sub")
-        with pytest.raises(InferenceServerException, match="not allowed"):
+        assert info.value.status() == "503"
+        with pytest.raises(InferenceServerException, match=message):
             client.unload_model("add_sub")
         assert client.is_model_ready("add_sub")
         names = {row["name"] for row in client.get_model_repository_index()}

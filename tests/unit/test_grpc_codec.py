@@ -463,3 +463,25 @@ def test_malformed_request_bytes() -> None:
         codec.parse_infer_request(b"\x3a\x05ab")  # a field longer than the message
     with pytest.raises(InvalidArgumentError, match="malformed"):
         codec.parse_infer_request(b"\x0a\x02\xff")  # model_name cut short
+
+
+def test_load_parameters_have_tritons_types() -> None:
+    request = pb.RepositoryModelLoadRequest(model_name="m")
+    request.parameters["config"].string_param = "{}"
+    request.parameters["file:1/model.py"].bytes_param = b"code"
+    assert codec.decode_load_parameters(request.parameters) == {
+        "config": "{}",
+        "file:1/model.py": b"code",
+    }
+    request.parameters["config"].bytes_param = b"{}"
+    with pytest.raises(InvalidArgumentError, match="'config', expected string_param"):
+        codec.decode_load_parameters(request.parameters)
+    other = pb.RepositoryModelLoadRequest(model_name="m")
+    other.parameters["foo"].bool_param = True
+    with pytest.raises(InvalidArgumentError, match="unrecognized load parameter 'foo'"):
+        codec.decode_load_parameters(other.parameters)
+    unload = pb.RepositoryModelUnloadRequest(model_name="m")
+    assert codec.decode_unload_dependents(unload.parameters) is False
+    unload.parameters["unload_dependents"].string_param = "yes"
+    with pytest.raises(InvalidArgumentError, match="expected bool_param"):
+        codec.decode_unload_dependents(unload.parameters)

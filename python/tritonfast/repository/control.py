@@ -57,6 +57,9 @@ class ModelControl:
         self._exit_timeout = exit_timeout
         self._locks: dict[str, asyncio.Lock] = {}
         self._fingerprints: dict[str, str] = {}
+        # What each loaded model was loaded from (a fingerprint of its directory; "" when
+        # from a configuration or files in the request): an unchanged one is not reloaded.
+        self._loaded_from: dict[str, str] = {}
         self._temp_dirs: dict[str, Path] = {}
 
     # -- start-up -----------------------------------------------------------------------------
@@ -64,22 +67,31 @@ class ModelControl:
         """Load what the mode loads at start-up (blocking); returns the entries."""
         if self.mode == EXPLICIT:
             wanted = self._load_models
+            if "*" in wanted and len(set(wanted)) > 1:
+                raise InvalidArgumentError(
+                    "Wildcard model name '*' must be the ONLY startup model if specified at all."
+                )
             names = None if "*" in wanted else list(dict.fromkeys(wanted))
             entries = self.repository.load_all(names)
         else:
             if self._load_models:
                 log.warning("--load-model is ignored unless --model-control-mode=explicit")
             entries = self.repository.load_all()
+        found = self.repository.discover()
+        self._loaded_from = {
+            e.name: _fingerprint(found[e.name]) for e in entries if e.name in found
+        }
         if self.mode == POLL:
             self._fingerprints = self._scan()
         return entries
 
     # -- the repository API ---------------------------------------------------------------------
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model in the repository with its versions' state (Triton's index)."""
+        """Every model directory in the repository with its versions' state, as Triton lists
+        them: by name then version; a model never loaded is just its name; an empty reason is
+        left out (models loaded from uploaded files only are served but not listed)."""
         rows: list[dict[str, str]] = []
-        names = set(self.repository.discover()) | {e.name for e in self.repository.entries()}
-        for name in sorted(names):
+        for name in sorted(self.repository.discover()):
             entry = self.repository.entry(name)
             if entry is None:
                 if not ready_only:
@@ -93,7 +105,8 @@ class ModelControl:
                 if version is not None:
                     row["version"] = str(version)
                 row["state"] = entry.state
-                row["reason"] = entry.reason
+                if entry.reason:
+                    row["reason"] = entry.reason
                 rows.append(row)
         return rows
 
@@ -101,26 +114,30 @@ class ModelControl:
         """Load ``name`` (reload it when loaded): parameters ``config`` (the model
         configuration as JSON, instead of config.pbtxt) and ``file:<path>`` (file contents,
         for a model that is not on disk)."""
-        self._require_explicit("load")
+        self._require_explicit()
         parameters = dict(parameters or {})
-        override = _config_override(parameters.pop("config", None))
+        override = _config_override(name, parameters.pop("config", None))
         files = {
             k[len(FILE_PREFIX) :]: v for k, v in parameters.items() if k.startswith(FILE_PREFIX)
         }
         async with self._lock(name):
             if files:
                 if override is None:
-                    raise InvalidArgumentError(
-                        f"failed to load '{name}', file content overrides need a 'config' override"
+                    raise _poll_failure(
+                        name, "Load parameter 'config' must be specified for model file override"
                     )
                 model_dir = await asyncio.to_thread(_write_model_files, name, files)
+                fingerprint = ""
             else:
                 found = self.repository.discover().get(name)
                 if found is None:
-                    raise InvalidArgumentError(
-                        f"failed to load '{name}', failed to poll from model repository"
-                    )
+                    raise _poll_failure(name, "model not found in any model repository.")
                 model_dir = found
+                fingerprint = "" if override else await asyncio.to_thread(_fingerprint, found)
+                current = self.repository.entry(name)
+                unchanged = fingerprint and self._loaded_from.get(name) == fingerprint
+                if unchanged and current is not None and current.state == READY:
+                    return  # nothing changed on disk: Triton does nothing either
             entry = await asyncio.to_thread(self.repository.prepare, name, model_dir, override)
             if entry.state != READY:
                 if files:
@@ -130,6 +147,7 @@ class ModelControl:
                     self.repository.publish(entry)  # the index reports why
                 raise InvalidArgumentError(f"load failed for model '{name}': {entry.reason}")
             replaced = self.repository.publish(entry)
+            self._loaded_from[name] = fingerprint
             previous_dir = self._temp_dirs.pop(name, None)
             if files:
                 self._temp_dirs[name] = model_dir.parent
@@ -141,7 +159,7 @@ class ModelControl:
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving ``name`` once its queued and running requests are done. (No model has
         dependents without ensembles, so ``unload_dependents`` changes nothing yet.)"""
-        self._require_explicit("unload")
+        self._require_explicit()
         async with self._lock(name):
             entry = self.repository.begin_unload(name)
             if entry is None:
@@ -152,12 +170,10 @@ class ModelControl:
             if temp_dir is not None:
                 shutil.rmtree(temp_dir, ignore_errors=True)
 
-    def _require_explicit(self, what: str) -> None:
-        if self.mode == POLL:
-            raise UnavailableError(f"explicit model {what} is not allowed if polling is enabled")
-        if self.mode != EXPLICIT:
+    def _require_explicit(self) -> None:
+        if self.mode != EXPLICIT:  # Triton's words, in "none" mode too
             raise UnavailableError(
-                f"explicit model {what} is not allowed if model control is disabled"
+                "explicit model load / unload is not allowed if polling is enabled"
             )
 
     def _lock(self, name: str) -> asyncio.Lock:
@@ -208,25 +224,33 @@ class ModelControl:
             self.mode = mode
 
     def _scan(self) -> dict[str, str]:
-        """A fingerprint of every model directory: names, sizes and times of its files."""
-        fingerprints = {}
-        for name, model_dir in self.repository.discover().items():
-            digest = hashlib.sha256()
-            for path in sorted(model_dir.rglob("*")):
-                if "__pycache__" in path.parts:
-                    continue
-                try:
-                    stat = path.stat()
-                except OSError:
-                    continue
-                digest.update(
-                    f"{path.relative_to(model_dir)}|{stat.st_size}|{stat.st_mtime_ns}\n".encode()
-                )
-            fingerprints[name] = digest.hexdigest()
-        return fingerprints
+        """The fingerprint of every model directory in the repository."""
+        return {name: _fingerprint(path) for name, path in self.repository.discover().items()}
 
 
-def _config_override(text: Any) -> model_config_pb2.ModelConfig | None:
+def _fingerprint(model_dir: Path) -> str:
+    """What a model directory holds: the names, sizes and modification times of its files."""
+    digest = hashlib.sha256()
+    for path in sorted(model_dir.rglob("*")):
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        line = f"{path.relative_to(model_dir)}|{stat.st_size}|{stat.st_mtime_ns}\n"
+        digest.update(line.encode())
+    return digest.hexdigest()
+
+
+def _poll_failure(name: str, detail: str) -> InternalError:
+    """Triton's answer when a model cannot be found or read for loading (Triton only logs the
+    detail; we also append it)."""
+    log.error("failed to load '%s': %s", name, detail)
+    return InternalError(f"failed to load '{name}', failed to poll from model repository: {detail}")
+
+
+def _config_override(name: str, text: Any) -> model_config_pb2.ModelConfig | None:
     if text is None:
         return None
     if isinstance(text, bytes):
@@ -237,7 +261,7 @@ def _config_override(text: Any) -> model_config_pb2.ModelConfig | None:
     try:
         json_format.Parse(text, config)
     except json_format.ParseError as error:
-        raise InvalidArgumentError(f"failed to parse the 'config' parameter: {error}") from None
+        raise _poll_failure(name, f"Invalid config override: {error}") from None
     return config
 
 

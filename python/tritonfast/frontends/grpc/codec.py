@@ -141,15 +141,35 @@ def encode_parameters(values: Mapping[str, Any], target: MutableMapping[str, Any
             param.string_param = str(value)
 
 
-def decode_repository_parameters(
+def decode_load_parameters(
     parameters: Mapping[str, pb.ModelRepositoryParameter],
 ) -> dict[str, Any]:
-    """Repository load/unload parameters as plain values (``file:*`` contents as bytes)."""
+    """A model load's parameters: ``config`` (string_param), ``file:*`` (bytes_param)."""
     decoded: dict[str, Any] = {}
     for key, parameter in parameters.items():
-        which = parameter.WhichOneof("parameter_choice")
-        decoded[key] = None if which is None else getattr(parameter, which)
+        if key == "config":
+            expected = "string_param"
+        elif key.startswith("file:"):
+            expected = "bytes_param"
+        else:
+            raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
+        if parameter.WhichOneof("parameter_choice") != expected:
+            raise InvalidArgumentError(
+                f"invalid value type for load parameter '{key}', expected {expected}."
+            )
+        decoded[key] = getattr(parameter, expected)
     return decoded
+
+
+def decode_unload_dependents(parameters: Mapping[str, pb.ModelRepositoryParameter]) -> bool:
+    if "unload_dependents" not in parameters:
+        return False
+    parameter = parameters["unload_dependents"]
+    if parameter.WhichOneof("parameter_choice") != "bool_param":
+        raise InvalidArgumentError(
+            "invalid value type for 'unload_dependents' parameter, expected bool_param."
+        )
+    return parameter.bool_param
 
 
 # -- tensors -----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import grpc
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast._proto import grpc_service_pb2_grpc as pb_grpc
 from tritonfast._proto import health_pb2, health_pb2_grpc
-from tritonfast.errors import InvalidArgumentError, TritonError
+from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
 from tritonfast.runtime.types import InferResponse
 
@@ -127,6 +127,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
+        if request.repository_name:
+            raise UnsupportedError("'repository_name' specification is not supported")
         rows = self._dataplane.repository_index(request.ready)
         return pb.RepositoryIndexResponse(
             models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
@@ -136,7 +138,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
-        parameters = codec.decode_repository_parameters(request.parameters)
+        parameters = codec.decode_load_parameters(request.parameters)
         await self._dataplane.load_model(request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
 
@@ -144,9 +146,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
-        parameters = codec.decode_repository_parameters(request.parameters)
-        dependents = parameters.get("unload_dependents", False)
-        await self._dataplane.unload_model(request.model_name, dependents is True)
+        dependents = codec.decode_unload_dependents(request.parameters)
+        await self._dataplane.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory --------------------------------------------------------------------------
