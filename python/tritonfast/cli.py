@@ -45,6 +45,8 @@ class ServeOptions:
     exit_on_error: bool = True
     exit_timeout_secs: int = 30
     log_verbose: int = 0
+    log_format: str = "default"
+    log_file: str = ""
     log_info: bool = True
     log_warning: bool = True
     log_error: bool = True
@@ -126,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--exit-timeout-secs", type=int, default=30)
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    serve.add_argument("--log-file", default="", help="write the log here instead of stderr")
     serve.add_argument("--log-info", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--log-warning", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--log-error", default=True, **bool_arg)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from typing import Any
 from tritonfast import __version__
 from tritonfast.cli import ServeOptions
 from tritonfast.frontends.dataplane import DataPlane
+from tritonfast.logsettings import LogSettings, ServerLog
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
 from tritonfast.runtime.allocator import keep_large_buffers
@@ -18,22 +19,17 @@ from tritonfast.runtime.allocator import keep_large_buffers
 log = logging.getLogger("tritonfast")
 
 
-def configure_logging(options: ServeOptions) -> None:
-    if options.log_verbose > 0:
-        level = logging.DEBUG
-    elif options.log_info:
-        level = logging.INFO
-    elif options.log_warning:
-        level = logging.WARNING
-    elif options.log_error:
-        level = logging.ERROR
-    else:
-        level = logging.CRITICAL + 1
-    logging.basicConfig(
-        level=level,
-        format="%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(name)s] %(message)s",
-        datefmt="%m%d %H:%M:%S",
-        stream=sys.stderr,
+def server_log(options: ServeOptions) -> ServerLog:
+    """The log as the command line sets it up (changeable later by the logging extension)."""
+    return ServerLog(
+        LogSettings(
+            log_file=options.log_file,
+            log_info=options.log_info,
+            log_warning=options.log_warning,
+            log_error=options.log_error,
+            log_verbose_level=max(options.log_verbose, 0),
+            log_format=options.log_format,
+        )
     )
 
 
@@ -55,7 +51,7 @@ def model_table(entries: list[ModelEntry]) -> str:
     return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])
 
 
-async def serve(options: ServeOptions) -> int:
+async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> int:
     loop = asyncio.get_running_loop()
     if options.using_example_repository:
         print(
@@ -89,7 +85,10 @@ async def serve(options: ServeOptions) -> int:
         return 1
 
     dataplane = DataPlane(
-        control, server_id=options.server_id, strict_readiness=options.strict_readiness
+        control,
+        server_id=options.server_id,
+        strict_readiness=options.strict_readiness,
+        server_log=server_log,
     )
     stoppers: list[Any] = []
     try:
@@ -155,7 +154,11 @@ async def _stop(stoppers: list[Any], repository: ModelRepository, options: Serve
 
 
 def run(options: ServeOptions) -> int:
-    configure_logging(options)
+    try:
+        log_ = server_log(options)
+    except OSError as exc:
+        print(f"error: cannot open the log file: {exc}", file=sys.stderr)
+        return 1
     keep_large_buffers()
     try:
         import uvloop
@@ -163,4 +166,7 @@ def run(options: ServeOptions) -> int:
         runner: Any = uvloop.run
     except ImportError:  # uvloop is optional (e.g. Windows)
         runner = asyncio.run
-    return int(runner(serve(options)))
+    try:
+        return int(runner(serve(options, log_)))
+    finally:
+        log_.close()

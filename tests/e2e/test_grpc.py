@@ -148,9 +148,9 @@ def test_grpc_health_check(channel: grpc.Channel) -> None:
 
 def test_unimplemented_rpc_says_so(grpc_client: grpcclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as info:
-        grpc_client.get_log_settings()
+        grpc_client.get_trace_settings()
     assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "LogSettings" in info.value.message()
+    assert "TraceSetting" in info.value.message()
 
 
 # -- inference ---------------------------------------------------------------------------------

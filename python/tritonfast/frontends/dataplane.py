@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
 from tritonfast.config.jsonform import config_to_json
+from tritonfast.logsettings import ServerLog
 from tritonfast.runtime.sharedmemory import SharedMemory
 from tritonfast.runtime.types import InferRequest, InferResponse
 
@@ -30,6 +31,7 @@ EXTENSIONS: tuple[str, ...] = (
     "system_shared_memory",
     "cuda_shared_memory",
     "statistics",
+    "logging",
 )
 
 
@@ -41,11 +43,13 @@ class DataPlane:
         server_id: str = "triton",
         strict_readiness: bool = True,
         shared_memory: SharedMemory | None = None,
+        server_log: ServerLog | None = None,
     ) -> None:
         self._control = control
         self._repository = control.repository
         self._server_id = server_id
         self._strict_readiness = strict_readiness
+        self._log = server_log or ServerLog.current()
         self._live = True
         self._shared_memory = shared_memory or SharedMemory()
 
@@ -110,6 +114,15 @@ class DataPlane:
         response = await model.infer(request)
         shared_memory.write_outputs(response, output_windows)
         return response
+
+    # -- logging ------------------------------------------------------------------------------
+    def log_settings(self) -> dict[str, Any]:
+        """``log_file, log_info, log_warning, log_error, log_verbose_level, log_format``."""
+        return self._log.settings.as_dict()
+
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change the given settings (``None``: unchanged); returns them all."""
+        return self._log.update(changes)
 
     # -- model repository -------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:

@@ -141,6 +141,43 @@ def encode_parameters(values: Mapping[str, Any], target: MutableMapping[str, Any
             param.string_param = str(value)
 
 
+# The logging extension's settings and the SettingValue member each takes.
+_LOG_SETTINGS = {
+    "log_file": "string_param",
+    "log_info": "bool_param",
+    "log_warning": "bool_param",
+    "log_error": "bool_param",
+    "log_verbose_level": "uint32_param",
+    "log_format": "string_param",
+}
+_LOG_EXPECT = {"bool_param": "boolean", "uint32_param": "int32", "string_param": "string"}
+
+
+def decode_log_settings(
+    settings: Mapping[str, pb.LogSettingsRequest.SettingValue],
+) -> dict[str, Any]:
+    """The settings a LogSettings request changes (unset values and unknown keys ignored)."""
+    changes: dict[str, Any] = {}
+    for key, setting in settings.items():
+        member = _LOG_SETTINGS.get(key)
+        which = setting.WhichOneof("parameter_choice")
+        if member is None or which is None:
+            continue
+        if which != member:
+            raise InvalidArgumentError(f"expect {_LOG_EXPECT[member]} for '{key}'")
+        changes[key] = getattr(setting, member)
+    return changes
+
+
+def encode_log_settings(settings: Mapping[str, Any]) -> pb.LogSettingsResponse:
+    reply = pb.LogSettingsResponse()
+    for key, value in settings.items():
+        member = _LOG_SETTINGS.get(key)
+        if member is not None:
+            setattr(reply.settings[key], member, value)
+    return reply
+
+
 def decode_load_parameters(
     parameters: Mapping[str, pb.ModelRepositoryParameter],
 ) -> dict[str, Any]:

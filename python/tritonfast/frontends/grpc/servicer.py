@@ -122,6 +122,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stats = self._dataplane.model_statistics(request.name, request.version)
         return codec.encode_statistics(stats)
 
+    # -- logging --------------------------------------------------------------------------------
+    @_triton_errors
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LogSettingsResponse:
+        changes = codec.decode_log_settings(request.settings)
+        settings = (
+            self._dataplane.update_log_settings(changes)
+            if changes
+            else self._dataplane.log_settings()
+        )
+        return codec.encode_log_settings(settings)
+
     # -- the model repository -------------------------------------------------------------------
     @_triton_errors
     async def RepositoryIndex(
@@ -273,7 +286,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- not implemented yet ------------------------------------------------------------------
     TraceSetting = _not_implemented("TraceSetting")
-    LogSettings = _not_implemented("LogSettings")
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

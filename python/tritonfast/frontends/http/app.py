@@ -119,6 +119,20 @@ async def model_statistics(
     return _json_or_error(dataplane.model_statistics, model, version)
 
 
+# -- logging ----------------------------------------------------------------------------------
+async def logging_settings(
+    request: web.BaseRequest, dataplane: DataPlane, _: str, __: str
+) -> web.Response:
+    """GET: the log settings; POST: change some, answer with all."""
+    try:
+        if request.method == "GET":
+            return _json(dataplane.log_settings())
+        changes = codec.decode_log_settings(await _read_body(request))
+        return _json(dataplane.update_log_settings(changes))
+    except TritonError as err:
+        return _error(err)
+
+
 # -- the model repository ---------------------------------------------------------------------
 # These handlers get the model named in the path (or "") and ignore the version.
 async def repository_index(
@@ -352,6 +366,7 @@ HANDLERS: dict[Endpoint, Handler] = {
     Endpoint.MODEL_CONFIG: model_config,
     Endpoint.MODEL_STATISTICS: model_statistics,
     Endpoint.INFER: infer,
+    Endpoint.LOGGING: logging_settings,
     Endpoint.REPOSITORY_INDEX: repository_index,
     Endpoint.REPOSITORY_LOAD: repository_load,
     Endpoint.REPOSITORY_UNLOAD: repository_unload,
@@ -375,7 +390,7 @@ def dispatcher(
         if route is None:
             return web.Response(status=404, body=_NOT_FOUND, headers=_JSON)
         endpoint = route.endpoint
-        if request.method != endpoint.method:
+        if not endpoint.allows(request.method):
             return _method_not_allowed()
         return await HANDLERS[endpoint](request, dataplane, route.name, route.version)
 

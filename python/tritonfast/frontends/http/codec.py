@@ -275,6 +275,27 @@ def _decode_output(entry: Any) -> RequestedOutput:
     return RequestedOutput(name, dict(params))
 
 
+# -- the logging extension ----------------------------------------------------------------------
+_LOG_SETTING_TYPES = {
+    "log_file": str,
+    "log_info": bool,
+    "log_warning": bool,
+    "log_error": bool,
+    "log_verbose_level": int,
+    "log_format": str,
+}
+
+
+def decode_log_settings(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The settings a logging request changes (unknown keys and nulls are ignored)."""
+    doc = _object_body(body, "log settings")
+    return {
+        key: _require(value, _LOG_SETTING_TYPES[key], key)
+        for key, value in doc.items()
+        if key in _LOG_SETTING_TYPES and value is not None
+    }
+
+
 # -- the model repository extension -----------------------------------------------------------
 def _object_body(body: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
     """A request body that is empty or a JSON object."""

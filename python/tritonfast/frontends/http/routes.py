@@ -12,27 +12,27 @@ from typing import NamedTuple
 
 
 class Endpoint(Enum):
-    SERVER_METADATA = ("GET", "")
-    HEALTH_LIVE = ("GET", "live")
-    HEALTH_READY = ("GET", "ready")
-    MODEL_METADATA = ("GET", "metadata")
-    MODEL_READY = ("GET", "model-ready")
-    MODEL_CONFIG = ("GET", "config")
-    MODEL_STATISTICS = ("GET", "stats")
-    INFER = ("POST", "infer")
-    REPOSITORY_INDEX = ("POST", "repository/index")
-    REPOSITORY_LOAD = ("POST", "repository/load")
-    REPOSITORY_UNLOAD = ("POST", "repository/unload")
-    SYSTEM_SHM_STATUS = ("GET", "systemsharedmemory/status")
-    SYSTEM_SHM_REGISTER = ("POST", "systemsharedmemory/register")
-    SYSTEM_SHM_UNREGISTER = ("POST", "systemsharedmemory/unregister")
-    CUDA_SHM_STATUS = ("GET", "cudasharedmemory/status")
-    CUDA_SHM_REGISTER = ("POST", "cudasharedmemory/register")
-    CUDA_SHM_UNREGISTER = ("POST", "cudasharedmemory/unregister")
+    SERVER_METADATA = (("GET",), "")
+    HEALTH_LIVE = (("GET",), "live")
+    HEALTH_READY = (("GET",), "ready")
+    MODEL_METADATA = (("GET",), "metadata")
+    MODEL_READY = (("GET",), "model-ready")
+    MODEL_CONFIG = (("GET",), "config")
+    MODEL_STATISTICS = (("GET",), "stats")
+    INFER = (("POST",), "infer")
+    LOGGING = (("GET", "POST"), "logging")
+    REPOSITORY_INDEX = (("POST",), "repository/index")
+    REPOSITORY_LOAD = (("POST",), "repository/load")
+    REPOSITORY_UNLOAD = (("POST",), "repository/unload")
+    SYSTEM_SHM_STATUS = (("GET",), "systemsharedmemory/status")
+    SYSTEM_SHM_REGISTER = (("POST",), "systemsharedmemory/register")
+    SYSTEM_SHM_UNREGISTER = (("POST",), "systemsharedmemory/unregister")
+    CUDA_SHM_STATUS = (("GET",), "cudasharedmemory/status")
+    CUDA_SHM_REGISTER = (("POST",), "cudasharedmemory/register")
+    CUDA_SHM_UNREGISTER = (("POST",), "cudasharedmemory/unregister")
 
-    @property
-    def method(self) -> str:
-        return self.value[0]
+    def allows(self, method: str) -> bool:
+        return method in self.value[0]
 
 
 class Route(NamedTuple):
@@ -74,6 +74,8 @@ def resolve(path: str) -> Route | None:
     if section == "health":
         endpoint = _HEALTH.get(parts[3]) if count == 4 else None
         return Route(endpoint) if endpoint is not None else None
+    if section == "logging":
+        return Route(Endpoint.LOGGING) if count == 3 else None
     if section == "repository":
         if count == 4 and parts[3] == "index":
             return Route(Endpoint.REPOSITORY_INDEX)
