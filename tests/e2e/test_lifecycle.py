@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -11,7 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import BROKEN_MODELS, EXAMPLES, ROOT, start_server
+from tests.conftest import BROKEN_MODELS, EXAMPLES, ROOT, TEST_MODELS, start_server
 
 
 def test_startup_prints_model_table_and_addresses(server) -> None:
@@ -47,7 +50,8 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
         assert client.is_server_live()
         assert not client.is_server_ready()  # some models failed
         assert client.is_model_ready("healthy")
-        for name in ("broken_cfg", "no_model_py", "init_fail", "bad_mode", "proc_init_fail"):
+        broken = ("broken_cfg", "no_model_py", "init_fail", "bad_mode", "proc_init_fail")
+        for name in (*broken, "warmup_fail"):
             assert not client.is_model_ready(name)
         a = np.ones(4, dtype=np.float32)
         inputs = [
@@ -74,6 +78,46 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
     # initialize() failing inside a worker process reports the model's own error.
     assert "Failed to initialize model instance 'proc_init_fail_0_0'" in log
     assert log.count("init_fail cannot start") >= 2
+    assert "failed to warm up model 'warmup_fail' with sample 'missing'" in log
+    assert "nope.raw" in log
+
+
+def test_warmup_runs_before_the_model_is_ready(server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 4), 7, dtype=np.float32))
+        zeros, ones = client.infer("warmed", [tensor]).as_numpy("COUNT")[0]
+        assert (zeros, ones) == (3, 1)
+    finally:
+        client.close()
+
+
+def test_sigterm_finishes_requests_in_flight(tmp_path) -> None:
+    server = start_server([TEST_MODELS], tmp_path / "server.log")
+    results: list[object] = []
+
+    def call() -> None:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            tensor = httpclient.InferInput("X", [1], "INT32")
+            tensor.set_data_from_numpy(np.zeros(1, dtype=np.int32))
+            results.append(client.infer("sleeper", [tensor]).as_numpy("SEEN_PARALLEL"))
+        except Exception as error:  # recorded, then asserted below
+            results.append(error)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)  # the requests are running (each takes 0.5 s)
+    server.proc.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join(30)
+    assert server.wait_exit(30) == 0, server.log()
+    assert len(results) == 3
+    assert all(isinstance(r, np.ndarray) for r in results), results
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -31,6 +31,7 @@ from tritonfast.errors import (
     UnsupportedError,
 )
 from tritonfast.repository.model import ModelVersion
+from tritonfast.repository.warmup import warm_up
 from tritonfast.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,7 @@ class ModelRepository:
                                 version=version,
                             )
                         )
+            warm_up(config, instances, model_dir)
         except BaseException:
             for started in instances:  # worker processes and their segments must not leak
                 started.finalize()
