@@ -46,6 +46,7 @@ class ServeOptions:
     exit_timeout_secs: int = 30
     log_verbose: int = 0
     log_format: str = "default"
+    trace_config: list[str] = field(default_factory=list)
     log_file: str = ""
     log_info: bool = True
     log_warning: bool = True
@@ -129,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--exit-timeout-secs", type=int, default=30)
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[triton,]KEY=VALUE",
+        help="request tracing: file=PATH, level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N,"
+        " log-frequency=N (repeatable)",
+    )
     serve.add_argument("--log-file", default="", help="write the log here instead of stderr")
     serve.add_argument("--log-info", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--log-warning", default=True, **bool_arg)  # type: ignore[arg-type]

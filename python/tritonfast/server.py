@@ -10,11 +10,13 @@ from typing import Any
 
 from tritonfast import __version__
 from tritonfast.cli import ServeOptions
+from tritonfast.errors import TritonError
 from tritonfast.frontends.dataplane import DataPlane
 from tritonfast.logsettings import LogSettings, ServerLog
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
 from tritonfast.runtime.allocator import keep_large_buffers
+from tritonfast.tracing import Tracer, parse_trace_config
 
 log = logging.getLogger("tritonfast")
 
@@ -84,11 +86,18 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
         await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
         return 1
 
+    try:
+        tracer = Tracer(parse_trace_config(options.trace_config))
+    except TritonError as exc:
+        log.error("%s", exc.message)
+        await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
+        return 1
     dataplane = DataPlane(
         control,
         server_id=options.server_id,
         strict_readiness=options.strict_readiness,
         server_log=server_log,
+        tracer=tracer,
     )
     stoppers: list[Any] = []
     try:
@@ -109,6 +118,7 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
         poller.cancel()
     dataplane.shutting_down()
     await _stop(stoppers, repository, options)
+    tracer.flush()
     return 0
 
 

@@ -146,11 +146,17 @@ def test_grpc_health_check(channel: grpc.Channel) -> None:
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_unimplemented_rpc_says_so(grpc_client: grpcclient.InferenceServerClient) -> None:
-    with pytest.raises(InferenceServerException) as info:
-        grpc_client.get_trace_settings()
-    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "TraceSetting" in info.value.message()
+def test_unimplemented_rpc_says_so(server: Any) -> None:
+    # Health/Watch (a stream of status changes) is the one RPC not implemented.
+    channel = grpc.insecure_channel(server.grpc_url)
+    try:
+        stream = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+        with pytest.raises(grpc.RpcError) as info:
+            next(iter(stream))
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "Health/Watch" in (info.value.details() or "")
+    finally:
+        channel.close()
 
 
 # -- inference ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ HTTP or gRPC type crosses this boundary, and nothing here imports a frontend.
 
 from __future__ import annotations
 
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
@@ -15,6 +16,7 @@ from tritonfast.config.jsonform import config_to_json
 from tritonfast.logsettings import ServerLog
 from tritonfast.runtime.sharedmemory import SharedMemory
 from tritonfast.runtime.types import InferRequest, InferResponse
+from tritonfast.tracing import RequestTrace, Tracer
 
 if TYPE_CHECKING:
     from tritonfast._proto import model_config_pb2
@@ -32,6 +34,7 @@ EXTENSIONS: tuple[str, ...] = (
     "cuda_shared_memory",
     "statistics",
     "logging",
+    "trace",
 )
 
 
@@ -44,12 +47,14 @@ class DataPlane:
         strict_readiness: bool = True,
         shared_memory: SharedMemory | None = None,
         server_log: ServerLog | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._control = control
         self._repository = control.repository
         self._server_id = server_id
         self._strict_readiness = strict_readiness
         self._log = server_log or ServerLog.current()
+        self.tracer = tracer or Tracer()
         self._live = True
         self._shared_memory = shared_memory or SharedMemory()
 
@@ -100,20 +105,65 @@ class DataPlane:
         return {"model_stats": [v.statistics() for v in versions]}
 
     # -- inference --------------------------------------------------------------------------
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, received: tuple[str, int, int] | None = None
+    ) -> InferResponse:
         """Validate ``request`` against its model, queue it, and await the response.
 
-        Raises :class:`~tritonfast.errors.TritonError` with Triton's code and message for
-        every failure (unknown model, bad input, model error).
+        ``received`` is ``(protocol, start_ns, end_ns)`` of reading the request, for tracing;
+        a traced request keeps its trace in ``request.trace`` for the frontend to finish with
+        :meth:`trace_sent`. Raises :class:`~tritonfast.errors.TritonError` with Triton's code
+        and message for every failure (unknown model, bad input, model error).
         """
         model = self._repository.get(request.model_name, request.model_version)
-        if not request.uses_shared_memory:
-            return await model.infer(request)
-        shared_memory = self._shared_memory
-        output_windows = shared_memory.resolve_inputs(request)
-        response = await model.infer(request)
-        shared_memory.write_outputs(response, output_windows)
-        return response
+        trace = self.tracer.start(model.name, str(model.version), request.id)
+        if trace is not None:
+            self._begin_trace(request, trace, received)
+        try:
+            if not request.uses_shared_memory:
+                return await model.infer(request)
+            shared_memory = self._shared_memory
+            output_windows = shared_memory.resolve_inputs(request)
+            response = await model.infer(request)
+            shared_memory.write_outputs(response, output_windows)
+            return response
+        finally:
+            if trace is not None:
+                trace.stamp("REQUEST_END", perf_counter_ns())
+
+    @staticmethod
+    def _begin_trace(
+        request: InferRequest, trace: RequestTrace, received: tuple[str, int, int] | None
+    ) -> None:
+        if received is not None:
+            protocol, start, end = received
+            first, last = ("HTTP_RECV_START", "HTTP_RECV_END")
+            if protocol == "GRPC":
+                first, last = ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END")
+            trace.stamp(first, start)
+            trace.stamp(last, end)
+        trace.stamp("REQUEST_START", perf_counter_ns())
+        request.trace = trace
+
+    def trace_sent(self, request: InferRequest, protocol: str, start: int, end: int) -> None:
+        """Finish a traced request once its response went out."""
+        trace = request.trace
+        if trace is None:
+            return
+        trace.stamp(f"{protocol}_SEND_START", start)
+        trace.stamp(f"{protocol}_SEND_END", end)
+        self.tracer.finish(trace)
+
+    # -- trace settings ---------------------------------------------------------------------
+    def trace_settings(self, model: str = "") -> dict[str, Any]:
+        if model:
+            self._repository.get(model)
+        return self.tracer.settings(model).as_dict()
+
+    def update_trace_settings(self, changes: dict[str, Any], model: str = "") -> dict[str, Any]:
+        if model:
+            self._repository.get(model)
+        return self.tracer.update(changes, model).as_dict()
 
     # -- logging ------------------------------------------------------------------------------
     def log_settings(self) -> dict[str, Any]:

@@ -82,8 +82,12 @@ class InstanceLoop:
         requests = [item[0] for item in items]
         results = self._run_backend(requests, clock)
         futures = [item[1] for item in items]
+        end = perf_counter_ns()
+        for request in requests:
+            if request.trace is not None:
+                _stamp_compute(request.trace, clock, end)
         try:
-            batch.report(results, *clock.split(perf_counter_ns()))
+            batch.report(results, *clock.split(end))
         except Exception:  # statistics must never cost a response
             log.exception("instance %s could not record a batch's statistics", self.name)
         self._deliver(batch.seq, futures, results)
@@ -104,3 +108,13 @@ class InstanceLoop:
             )
             return [error] * len(requests)
         return results
+
+
+def _stamp_compute(trace: Any, clock: PhaseClock, end: int) -> None:
+    """A traced request's compute timestamps, from its batch's phases."""
+    input_end = clock.input_end or clock.start
+    output_start = max(clock.infer_end or end, input_end)
+    trace.stamp("COMPUTE_START", clock.start)
+    trace.stamp("COMPUTE_INPUT_END", input_end)
+    trace.stamp("COMPUTE_OUTPUT_START", output_start)
+    trace.stamp("COMPUTE_END", end)

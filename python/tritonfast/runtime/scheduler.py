@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from time import perf_counter_ns
 from typing import Any, Literal
 
 from tritonfast._core import QUEUE_FULL_MESSAGE, QueuePolicy, RequestQueue, Ticket
@@ -112,6 +113,8 @@ class Scheduler:
 
     async def submit(self, request: InferRequest, batch_size: int) -> InferResponse:
         future: asyncio.Future[Any] = self._loop.create_future()
+        if request.trace is not None:
+            request.trace.stamp("QUEUE_START", perf_counter_ns())
         ticket = self._push(request, future, batch_size)
         try:
             return await future

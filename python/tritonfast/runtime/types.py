@@ -86,6 +86,8 @@ class InferRequest:
     # Set by codecs when an input or requested output names a shared-memory region (its
     # parameters say where); such inputs arrive with empty data for the data plane to fill.
     uses_shared_memory: bool = False
+    # A tracing.RequestTrace when this request is traced (every layer stamps it), else None.
+    trace: Any = None
 
 
 @dataclass(slots=True)

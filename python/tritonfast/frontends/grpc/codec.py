@@ -178,6 +178,31 @@ def encode_log_settings(settings: Mapping[str, Any]) -> pb.LogSettingsResponse:
     return reply
 
 
+def decode_trace_settings(
+    settings: Mapping[str, pb.TraceSettingRequest.SettingValue],
+) -> dict[str, Any]:
+    """Trace setting changes: an empty value clears the setting (``None``)."""
+    changes: dict[str, Any] = {}
+    for key, setting in settings.items():
+        values = list(setting.value)
+        if not values:
+            changes[key] = None
+        elif key == "trace_level":
+            changes[key] = values
+        elif len(values) != 1:
+            raise InvalidArgumentError(f"expect only 1 value for '{key}'")
+        else:
+            changes[key] = values[0]
+    return changes
+
+
+def encode_trace_settings(settings: Mapping[str, Any]) -> pb.TraceSettingResponse:
+    reply = pb.TraceSettingResponse()
+    for key, value in settings.items():
+        reply.settings[key].value.extend(value if isinstance(value, list) else [value])
+    return reply
+
+
 def decode_load_parameters(
     parameters: Mapping[str, pb.ModelRepositoryParameter],
 ) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -18,9 +19,9 @@ import grpc
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast._proto import grpc_service_pb2_grpc as pb_grpc
 from tritonfast._proto import health_pb2, health_pb2_grpc
-from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
+from tritonfast.errors import InvalidArgumentError, NotFoundError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
-from tritonfast.runtime.types import InferResponse
+from tritonfast.runtime.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
@@ -122,6 +123,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stats = self._dataplane.model_statistics(request.name, request.version)
         return codec.encode_statistics(stats)
 
+    # -- trace settings -------------------------------------------------------------------------
+    @_triton_errors
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TraceSettingResponse:
+        model = request.model_name
+        try:
+            if request.settings:
+                changes = codec.decode_trace_settings(request.settings)
+                settings = self._dataplane.update_trace_settings(changes, model)
+            else:
+                settings = self._dataplane.trace_settings(model)
+        except NotFoundError:
+            raise InvalidArgumentError(f"Request for unknown model : {model}") from None
+        return codec.encode_trace_settings(settings)
+
     # -- logging --------------------------------------------------------------------------------
     @_triton_errors
     async def LogSettings(
@@ -220,9 +237,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ------------------------------------------------------------------------------
     async def _run(
-        self, request: pb.ModelInferRequest, raw_inputs: list[memoryview] | None = None
-    ) -> tuple[InferResponse, list[str] | None]:
-        """The response to ``request`` and the output names it asked for (None: all)."""
+        self,
+        request: pb.ModelInferRequest,
+        raw_inputs: list[memoryview] | None = None,
+        received: tuple[str, int, int] | None = None,
+    ) -> tuple[InferRequest, InferResponse, list[str] | None]:
+        """The decoded request, its response, and the output names it asked for (None: all)."""
         try:
             infer_request = codec.decode_infer_request(request, raw_inputs)
         except InvalidArgumentError:
@@ -230,19 +250,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             # is reported as such even when the request is malformed too.
             self._dataplane.model_config(request.model_name, request.model_version)
             raise
-        response = await self._dataplane.infer(infer_request)
-        return response, [o.name for o in request.outputs] if request.outputs else None
+        response = await self._dataplane.infer(infer_request, received)
+        requested = [o.name for o in request.outputs] if request.outputs else None
+        return infer_request, response, requested
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        response, requested = await self._run(request)
+        _, response, requested = await self._run(request)
         return codec.encode_infer_response(response, requested, request.id)
 
     @_triton_errors
     async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Registered without (de)serializers: tensors stay out of protobuf (see codec)."""
+        received = perf_counter_ns()  # the message has been read when we are called
         request, raw_inputs = codec.parse_infer_request(data)
-        response, requested = await self._run(request, raw_inputs)
-        return codec.serialize_infer_response(response, requested, request.id)
+        infer_request, response, requested = await self._run(
+            request, raw_inputs, ("GRPC", received, received)
+        )
+        if infer_request.trace is None:
+            return codec.serialize_infer_response(response, requested, request.id)
+        send_start = perf_counter_ns()
+        reply = codec.serialize_infer_response(response, requested, request.id)
+        self._dataplane.trace_sent(infer_request, "GRPC", send_start, perf_counter_ns())
+        return reply
 
     async def _stream_reply(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         try:
@@ -285,7 +314,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await reader
 
     # -- not implemented yet ------------------------------------------------------------------
-    TraceSetting = _not_implemented("TraceSetting")
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

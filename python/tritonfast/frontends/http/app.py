@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
+from tritonfast.errors import InvalidArgumentError, NotFoundError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.bufferpool import pooled_memory
@@ -133,6 +134,22 @@ async def logging_settings(
         return _error(err)
 
 
+# -- trace settings ---------------------------------------------------------------------------
+async def trace_setting(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
+) -> web.Response:
+    """GET: the trace settings (global, or the model's); POST: change some, answer with all."""
+    try:
+        if request.method == "GET":
+            return _json(dataplane.trace_settings(model))
+        changes = codec.decode_trace_settings(await _read_body(request))
+        return _json(dataplane.update_trace_settings(changes, model))
+    except NotFoundError:  # Triton's wording for the per-model setting of an unknown model
+        return _error(InvalidArgumentError(f"Request for unknown model : {model}"))
+    except TritonError as err:
+        return _error(err)
+
+
 # -- the model repository ---------------------------------------------------------------------
 # These handlers get the model named in the path (or "") and ignore the version.
 async def repository_index(
@@ -229,6 +246,7 @@ async def cuda_shm_unregister(
 async def infer(
     request: web.BaseRequest, dataplane: DataPlane, model_name: str, model_version: str
 ) -> web.StreamResponse:
+    received_start = perf_counter_ns()  # for tracing
     encoding = request.headers.get("Content-Encoding")
     if encoding and encoding not in _REQUEST_ENCODINGS:
         try:
@@ -242,6 +260,7 @@ async def infer(
     try:
         try:
             body = await _read_body(request)
+            received = ("HTTP", received_start, perf_counter_ns())
             if encoding and encoding != "identity":
                 body = _inflate(body)
             length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
@@ -253,14 +272,25 @@ async def infer(
             # good path the data plane's own look-up reports it.)
             dataplane.model_metadata(model_name, model_version)
             raise
-        response = await dataplane.infer(infer_request)
+        response = await dataplane.infer(infer_request, received)
         header, buffers = codec.encode_infer_response_parts(response, infer_request, binary_default)
     except TritonError as err:
         return _error(err)
     except Exception as exc:  # a bug, not a client error: answer like Triton, keep the trace
         log.exception("inference request for model '%s' failed", model_name)
         return web.Response(status=500, body=codec.error_body(str(exc)), headers=_JSON)
+    if infer_request.trace is None:
+        return await _respond(request, header, buffers)
+    send_start = perf_counter_ns()
+    reply = await _respond(request, header, buffers)
+    dataplane.trace_sent(infer_request, "HTTP", send_start, perf_counter_ns())
+    return reply
 
+
+async def _respond(
+    request: web.BaseRequest, header: bytes, buffers: list[Any]
+) -> web.StreamResponse:
+    """The inference response: JSON, or JSON and binary outputs (compressed if asked)."""
     if not buffers:
         headers = {"Content-Type": "application/json"}
     else:
@@ -367,6 +397,8 @@ HANDLERS: dict[Endpoint, Handler] = {
     Endpoint.MODEL_STATISTICS: model_statistics,
     Endpoint.INFER: infer,
     Endpoint.LOGGING: logging_settings,
+    Endpoint.TRACE_SETTING: trace_setting,
+    Endpoint.MODEL_TRACE_SETTING: trace_setting,
     Endpoint.REPOSITORY_INDEX: repository_index,
     Endpoint.REPOSITORY_LOAD: repository_load,
     Endpoint.REPOSITORY_UNLOAD: repository_unload,

@@ -296,6 +296,21 @@ def decode_log_settings(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     }
 
 
+# -- the trace extension ----------------------------------------------------------------------
+def decode_trace_settings(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Trace setting changes: strings (``trace_level``: a list of strings), ``None`` resets."""
+    doc = _object_body(body, "trace setting")
+    changes: dict[str, Any] = {}
+    for key, value in doc.items():
+        if value is None:
+            changes[key] = None
+        elif key == "trace_level":
+            changes[key] = [_require(v, str, key) for v in _require(value, list, key)]
+        else:
+            changes[key] = _require(value, str, key)
+    return changes
+
+
 # -- the model repository extension -----------------------------------------------------------
 def _object_body(body: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
     """A request body that is empty or a JSON object."""

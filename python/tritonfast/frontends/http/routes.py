@@ -21,6 +21,8 @@ class Endpoint(Enum):
     MODEL_STATISTICS = (("GET",), "stats")
     INFER = (("POST",), "infer")
     LOGGING = (("GET", "POST"), "logging")
+    TRACE_SETTING = (("GET", "POST"), "trace/setting")
+    MODEL_TRACE_SETTING = (("GET", "POST"), "models/trace/setting")
     REPOSITORY_INDEX = (("POST",), "repository/index")
     REPOSITORY_LOAD = (("POST",), "repository/load")
     REPOSITORY_UNLOAD = (("POST",), "repository/unload")
@@ -76,6 +78,8 @@ def resolve(path: str) -> Route | None:
         return Route(endpoint) if endpoint is not None else None
     if section == "logging":
         return Route(Endpoint.LOGGING) if count == 3 else None
+    if section == "trace":
+        return Route(Endpoint.TRACE_SETTING) if count == 4 and parts[3] == "setting" else None
     if section == "repository":
         if count == 4 and parts[3] == "index":
             return Route(Endpoint.REPOSITORY_INDEX)
@@ -111,4 +115,6 @@ def resolve(path: str) -> Route | None:
         endpoint = _MODEL_ACTIONS.get(parts[rest])
         if endpoint is not None:
             return Route(endpoint, model, version)
+    if count == rest + 2 and parts[rest] == "trace" and parts[rest + 1] == "setting":
+        return Route(Endpoint.MODEL_TRACE_SETTING, model, version)
     return None

@@ -1,0 +1,250 @@
+"""Request tracing in Triton's own ("triton") mode: settings, sampling and the trace file.
+
+Settings exist globally and per model (a model's own setting, while set, wins over the global
+one): ``trace_level`` (``OFF``, or ``TIMESTAMPS`` and/or ``TENSORS``), ``trace_rate`` (trace
+one request in N), ``trace_count`` (how many more to trace; -1: no limit), ``log_frequency``
+(write the file every N traces, to ``<file>.0``, ``<file>.1``…; 0: once, at shutdown),
+``trace_file`` and ``trace_mode``. They come from ``--trace-config`` and the trace extension.
+
+A traced request carries a :class:`RequestTrace`; every layer it passes through stamps it
+(monotonic nanoseconds): the frontend (``HTTP_RECV_*``/``HTTP_SEND_*``, ``GRPC_*``), the data
+plane (``REQUEST_START``/``REQUEST_END``), the scheduler (``QUEUE_START``) and the instance
+(``COMPUTE_START``, ``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``). The file
+is Triton's: one JSON array of events, ``{"id", "model_name", "model_version"[,
+"request_id"]}`` and ``{"id", "timestamps": [{"name", "ns"}]}``. (``TENSORS`` is accepted but
+tensor contents are not recorded.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tritonfast.errors import InvalidArgumentError, UnsupportedError
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+SETTING_KEYS = (
+    "trace_level",
+    "trace_rate",
+    "trace_count",
+    "log_frequency",
+    "trace_file",
+    "trace_mode",
+)
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    level: tuple[str, ...] = ("OFF",)
+    rate: int = 1000
+    count: int = -1
+    log_frequency: int = 0
+    file: str = ""
+    mode: str = "triton"
+
+    @property
+    def active(self) -> bool:
+        return "OFF" not in self.level and bool(self.level)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The extension's JSON form: every value a string, the level a list."""
+        return {
+            "trace_level": list(self.level),
+            "trace_rate": str(self.rate),
+            "trace_count": str(self.count),
+            "log_frequency": str(self.log_frequency),
+            "trace_file": self.file,
+            "trace_mode": self.mode,
+        }
+
+
+@dataclass
+class RequestTrace:
+    id: int
+    model_name: str
+    model_version: str = ""
+    request_id: str = ""
+    timestamps: list[tuple[str, int]] = field(default_factory=list)
+
+    def stamp(self, name: str, ns: int) -> None:
+        self.timestamps.append((name, ns))
+
+    def events(self) -> list[dict[str, Any]]:
+        head: dict[str, Any] = {"id": self.id, "model_name": self.model_name}
+        head["model_version"] = int(self.model_version) if self.model_version.isdigit() else -1
+        if self.request_id:
+            head["request_id"] = self.request_id
+        stamps = [{"name": n, "ns": ns} for n, ns in self.timestamps]
+        return [head, {"id": self.id, "timestamps": stamps}]
+
+
+def parse_trace_config(values: list[str]) -> TraceSettings:
+    """``--trace-config`` values: ``[triton,]key=value`` with keys file, log-frequency, rate,
+    count, level (repeatable), mode."""
+    settings = TraceSettings()
+    levels: list[str] = []
+    for value in values:
+        _, _, setting = value.rpartition(",") if "," in value else ("", "", value)
+        key, separator, text = setting.partition("=")
+        if not separator:
+            raise InvalidArgumentError(f"--trace-config expects key=value, got '{value}'")
+        if key == "level":
+            if text.upper() not in LEVELS:
+                raise InvalidArgumentError(f"unknown trace level '{text}'")
+            levels.append(text.upper())
+        elif key == "file":
+            settings = replace(settings, file=text)
+        elif key == "mode":
+            settings = replace(settings, mode=text)
+        elif key == "rate":
+            settings = replace(settings, rate=_integer(key, text, 0))
+        elif key == "count":
+            settings = replace(settings, count=_integer(key, text, -1))
+        elif key == "log-frequency":
+            settings = replace(settings, log_frequency=_integer(key, text, 0))
+        else:
+            raise InvalidArgumentError(f"unknown --trace-config setting '{key}'")
+    if levels:
+        settings = replace(settings, level=tuple(dict.fromkeys(levels)))
+    return settings
+
+
+def _integer(key: str, text: str, minimum: int) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"Unable to parse '{key}', got: {text}") from None
+    if number < minimum:
+        raise InvalidArgumentError(
+            f"Unable to parse '{key}'. Expecting value >= {minimum}, got:{number}"
+        )
+    return number
+
+
+class Tracer:
+    """Sampling, the settings in force, and writing traces out."""
+
+    def __init__(self, settings: TraceSettings | None = None) -> None:
+        self._startup = settings or TraceSettings()
+        self._global = self._startup
+        self._models: dict[str, dict[str, Any]] = {}  # a model's own settings, key by key
+        self._lock = threading.Lock()
+        self._seen: dict[str, int] = {}
+        self._remaining: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self._done: list[RequestTrace] = []
+        self._files = itertools.count()
+        self._any_active = self._global.active
+
+    # -- settings (the trace extension) ----------------------------------------------------------
+    def settings(self, model: str = "") -> TraceSettings:
+        if not model or model not in self._models:
+            return self._global
+        return replace(self._global, **self._models[model])
+
+    def update(self, changes: dict[str, Any], model: str = "") -> TraceSettings:
+        """Apply the extension's changes (strings, level a list; ``None`` resets a setting: a
+        model's to the global value, a global one to its start-up value)."""
+        parsed: dict[str, Any] = {}
+        resets: list[str] = []
+        for key, value in changes.items():
+            if key not in SETTING_KEYS:
+                continue
+            if value is None:
+                resets.append(key)
+                continue
+            if key == "trace_file":
+                raise UnsupportedError(
+                    "trace file location can not be updated through network protocol"
+                )
+            if key == "trace_level":
+                levels = [str(v) for v in value]
+                if not levels:
+                    continue  # an empty list changes nothing
+                if "OFF" in levels and len(levels) > 1:
+                    raise InvalidArgumentError("Expect only one trace level 'OFF' is specified")
+                parsed["level"] = tuple(level for level in levels if level in LEVELS) or ("OFF",)
+            elif key == "trace_rate":
+                parsed["rate"] = _integer("trace_rate", value, 0)
+            elif key == "trace_count":
+                parsed["count"] = _integer("trace_count", value, -1)
+            elif key == "log_frequency":
+                parsed["log_frequency"] = _integer("log_frequency", value, 0)
+            elif key == "trace_mode":
+                parsed["mode"] = str(value)
+        with self._lock:
+            fields = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count"}
+            fields |= {"log_frequency": "log_frequency", "trace_mode": "mode"}
+            if model:
+                own = self._models.setdefault(model, {})
+                own.update(parsed)
+                for key in resets:
+                    own.pop(fields.get(key, key), None)
+            else:
+                reset_values = {
+                    fields[k]: getattr(self._startup, fields[k]) for k in resets if k in fields
+                }
+                self._global = replace(self._global, **parsed, **reset_values)
+            if "count" in parsed:
+                self._remaining.pop(model, None)
+            if self.settings(model).active and not self.settings(model).file:
+                raise InvalidArgumentError(
+                    "Attempting to set invalid trace setting :trace file name is not given"
+                )
+            self._any_active = self._global.active or any(
+                self.settings(m).active for m in self._models
+            )
+            return self.settings(model)
+
+    # -- tracing requests --------------------------------------------------------------------------
+    def start(self, model: str, version: str, request_id: str) -> RequestTrace | None:
+        """A trace for this request if it is sampled (one in ``trace_rate``), else None."""
+        if not self._any_active:
+            return None
+        settings = self.settings(model)
+        if not settings.active or settings.rate <= 0:
+            return None
+        with self._lock:
+            seen = self._seen.get(model, 0) + 1
+            self._seen[model] = seen
+            if (seen - 1) % settings.rate:
+                return None
+            remaining = self._remaining.get(model, settings.count)
+            if remaining == 0:
+                return None
+            if remaining > 0:
+                self._remaining[model] = remaining - 1
+            return RequestTrace(next(self._ids), model, version, request_id)
+
+    def finish(self, trace: RequestTrace) -> None:
+        settings = self.settings(trace.model_name)
+        with self._lock:
+            self._done.append(trace)
+            if settings.log_frequency and len(self._done) >= settings.log_frequency:
+                self._write(f"{settings.file}.{next(self._files)}")
+
+    def flush(self) -> None:
+        """Write what is left (at shutdown)."""
+        with self._lock:
+            if not self._done:
+                return
+            settings = self._global
+            path = settings.file if not settings.log_frequency else None
+            self._write(path or f"{settings.file}.{next(self._files)}")
+
+    def _write(self, path: str) -> None:
+        events = [event for trace in self._done for event in trace.events()]
+        self._done = []
+        if not path:
+            return
+        try:
+            Path(path).write_text(json.dumps(events))
+        except OSError as error:
+            log.error("cannot write the trace file %s: %s", path, error)

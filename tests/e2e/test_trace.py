@@ -1,0 +1,152 @@
+"""The trace extension and Triton-mode trace files."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import EXAMPLES, start_server
+
+DEFAULTS = {
+    "trace_level": ["OFF"],
+    "trace_rate": "1000",
+    "trace_count": "-1",
+    "log_frequency": "0",
+    "trace_file": "",
+    "trace_mode": "triton",
+}
+COMPUTE_ORDER = [
+    "REQUEST_START",
+    "QUEUE_START",
+    "COMPUTE_START",
+    "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START",
+    "COMPUTE_END",
+    "REQUEST_END",
+]
+
+
+def add_sub(client: Any, module: Any, request_id: str = "") -> None:
+    tensors = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(name, [4], "FP32")
+        tensor.set_data_from_numpy(np.ones(4, dtype=np.float32))
+        tensors.append(tensor)
+    client.infer("add_sub", tensors, request_id=request_id)
+
+
+def traces(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Trace id -> {"model": head event, "stamps": [(name, ns)]}."""
+    by_id: dict[int, dict[str, Any]] = {}
+    for event in events:
+        entry = by_id.setdefault(event["id"], {"stamps": []})
+        if "timestamps" in event:
+            entry["stamps"] += [(t["name"], t["ns"]) for t in event["timestamps"]]
+        else:
+            entry["model"] = event
+    return by_id
+
+
+def test_settings_defaults_and_errors(server: Any) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert client.get_trace_settings() == DEFAULTS
+        assert client.get_trace_settings(model_name="add_sub") == DEFAULTS
+        for settings, status, message in (
+            ({"trace_file": "/tmp/t.json"}, "501", "can not be updated through network"),
+            ({"trace_level": ["OFF", "TIMESTAMPS"]}, "400", "only one trace level 'OFF'"),
+            ({"trace_rate": "abc"}, "400", "Unable to parse 'trace_rate', got: abc"),
+            ({"trace_count": "-2"}, "400", "Expecting value >= -1, got:-2"),
+            ({"trace_level": ["TIMESTAMPS"]}, "400", "trace file name is not given"),
+        ):
+            with pytest.raises(InferenceServerException, match=message) as info:
+                client.update_trace_settings(settings=settings)
+            assert info.value.status() == status
+        with pytest.raises(InferenceServerException, match="unknown model : nosuch"):
+            client.get_trace_settings(model_name="nosuch")
+    finally:
+        client.close()
+
+
+def test_traces_cover_every_stage(tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(
+        [EXAMPLES],
+        tmp_path / "server.log",
+        f"--trace-config=triton,file={trace_file}",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=rate=1",
+        "--trace-config=triton,log-frequency=1",
+    )
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        settings = http.get_trace_settings()
+        assert settings["trace_level"] == ["TIMESTAMPS"]
+        assert settings["trace_file"] == str(trace_file)
+        add_sub(http, httpclient, request_id="via-http")
+        add_sub(grpc, grpcclient)
+        deadline = time.monotonic() + 10
+        while len(list(tmp_path.glob("trace.json.*"))) < 2:
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.05)
+        events = []
+        for path in sorted(tmp_path.glob("trace.json.*")):
+            events += json.loads(path.read_text())
+        found = traces(events)
+        assert len(found) == 2
+        by_protocol = {}
+        for trace in found.values():
+            assert trace["model"]["model_name"] == "add_sub"
+            assert trace["model"]["model_version"] == 1
+            names = [name for name, _ in trace["stamps"]]
+            protocol = "HTTP" if "HTTP_RECV_START" in names else "GRPC"
+            by_protocol[protocol] = trace
+            stamps = dict(trace["stamps"])
+            ordered = [stamps[name] for name in COMPUTE_ORDER]
+            assert ordered == sorted(ordered), trace["stamps"]
+            assert stamps[f"{protocol}_SEND_END"] >= stamps["REQUEST_END"]
+        assert by_protocol["HTTP"]["model"]["request_id"] == "via-http"
+        assert "request_id" not in by_protocol["GRPC"]["model"]
+        assert by_protocol["HTTP"]["stamps"][0][0] == "HTTP_RECV_START"
+        # A model's own rate wins until it is reset to the global one.
+        changed = http.update_trace_settings(model_name="add_sub", settings={"trace_rate": "5"})
+        assert changed["trace_rate"] == "5"
+        assert http.get_trace_settings()["trace_rate"] == "1"
+        reset = grpc.update_trace_settings(
+            model_name="add_sub", settings={"trace_rate": None}, as_json=True
+        )
+        assert reset["settings"]["trace_rate"]["value"] == ["1"]
+    finally:
+        http.close()
+        grpc.close()
+        assert server.stop() == 0
+
+
+def test_without_log_frequency_the_file_is_written_at_shutdown(tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(
+        [EXAMPLES],
+        tmp_path / "server.log",
+        f"--trace-config=triton,file={trace_file}",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=rate=2",
+        "--trace-config=count=2",
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        for _ in range(8):  # one in two traced, at most two in all
+            add_sub(client, httpclient)
+        assert not trace_file.exists()
+    finally:
+        client.close()
+        assert server.stop() == 0
+    assert len(traces(json.loads(trace_file.read_text()))) == 2
