@@ -11,8 +11,9 @@ A traced request carries a :class:`RequestTrace`; every layer it passes through 
 plane (``REQUEST_START``/``REQUEST_END``), the scheduler (``QUEUE_START``) and the instance
 (``COMPUTE_START``, ``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``). The file
 is Triton's: one JSON array of events, ``{"id", "model_name", "model_version"[,
-"request_id"]}`` and ``{"id", "timestamps": [{"name", "ns"}]}``. (``TENSORS`` is accepted but
-tensor contents are not recorded.)
+"request_id"]}``, ``{"id", "timestamps": [{"name", "ns"}]}`` (level ``TIMESTAMPS``) and, with
+level ``TENSORS``, ``{"id", "activity": "TENSOR_QUEUE_INPUT" | "TENSOR_BACKEND_OUTPUT",
+"tensor": {"name", "data": "1,2,3", "shape": "1,3", "dtype": "FP32"}}`` per tensor.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import itertools
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tritonfast.errors import InvalidArgumentError, UnsupportedError
 
@@ -71,18 +75,59 @@ class RequestTrace:
     model_name: str
     model_version: str = ""
     request_id: str = ""
+    with_timestamps: bool = True
+    with_tensors: bool = False
     timestamps: list[tuple[str, int]] = field(default_factory=list)
+    tensors: list[dict[str, Any]] = field(default_factory=list)
 
     def stamp(self, name: str, ns: int) -> None:
-        self.timestamps.append((name, ns))
+        if self.with_timestamps:
+            self.timestamps.append((name, ns))
+
+    def record_tensors(self, activity: str, tensors: Iterable[Any]) -> None:
+        """Record tensors (objects with name, datatype, shape, data) at ``activity``."""
+        if not self.with_tensors:
+            return
+        for tensor in tensors:
+            self.tensors.append(
+                {
+                    "id": self.id,
+                    "activity": activity,
+                    "tensor": {
+                        "name": tensor.name,
+                        "data": _tensor_text(tensor.data),
+                        "shape": ",".join(str(int(d)) for d in tensor.shape),
+                        "dtype": tensor.datatype,
+                    },
+                }
+            )
 
     def events(self) -> list[dict[str, Any]]:
         head: dict[str, Any] = {"id": self.id, "model_name": self.model_name}
         head["model_version"] = int(self.model_version) if self.model_version.isdigit() else -1
         if self.request_id:
             head["request_id"] = self.request_id
-        stamps = [{"name": n, "ns": ns} for n, ns in self.timestamps]
-        return [head, {"id": self.id, "timestamps": stamps}]
+        events = [head, *self.tensors]
+        if self.with_timestamps:
+            stamps = [{"name": n, "ns": ns} for n, ns in self.timestamps]
+            events.append({"id": self.id, "timestamps": stamps})
+        return events
+
+
+def _tensor_text(data: Any) -> str:
+    """A tensor's elements as Triton writes them in a trace: comma-separated, as a C++ stream
+    prints them (``1`` for 1.0, six significant digits, booleans as 0/1)."""
+    return ",".join(_element_text(item) for item in np.asarray(data).ravel().tolist())
+
+
+def _element_text(item: Any) -> str:
+    if isinstance(item, bytes):
+        return item.decode("utf-8", "replace")
+    if isinstance(item, bool):
+        return "1" if item else "0"
+    if isinstance(item, float):
+        return format(item, "g")
+    return str(item)
 
 
 def parse_trace_config(values: list[str]) -> TraceSettings:
@@ -221,7 +266,14 @@ class Tracer:
                 return None
             if remaining > 0:
                 self._remaining[model] = remaining - 1
-            return RequestTrace(next(self._ids), model, version, request_id)
+            return RequestTrace(
+                next(self._ids),
+                model,
+                version,
+                request_id,
+                with_timestamps="TIMESTAMPS" in settings.level,
+                with_tensors="TENSORS" in settings.level,
+            )
 
     def finish(self, trace: RequestTrace) -> None:
         settings = self.settings(trace.model_name)

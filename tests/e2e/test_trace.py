@@ -150,3 +150,31 @@ def test_without_log_frequency_the_file_is_written_at_shutdown(tmp_path: Path) -
         client.close()
         assert server.stop() == 0
     assert len(traces(json.loads(trace_file.read_text()))) == 2
+
+
+def test_tensors_level_records_inputs_and_outputs(tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = start_server(
+        [EXAMPLES],
+        tmp_path / "server.log",
+        f"--trace-config=triton,file={trace_file}",
+        "--trace-config=level=TENSORS",
+        "--trace-config=rate=1",
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        add_sub(client, httpclient)
+    finally:
+        client.close()
+        assert server.stop() == 0
+    events = json.loads(trace_file.read_text())
+    tensors = {(e["activity"], e["tensor"]["name"]): e["tensor"] for e in events if "tensor" in e}
+    assert tensors[("TENSOR_QUEUE_INPUT", "INPUT0")] == {
+        "name": "INPUT0",
+        "data": "1,1,1,1",
+        "shape": "4",
+        "dtype": "FP32",
+    }
+    assert tensors[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")]["data"] == "2,2,2,2"
+    assert ("TENSOR_BACKEND_OUTPUT", "OUTPUT1") in tensors
+    assert not any("timestamps" in e for e in events)  # TIMESTAMPS was not asked for

@@ -120,12 +120,13 @@ class DataPlane:
         if trace is not None:
             self._begin_trace(request, trace, received)
         try:
-            if not request.uses_shared_memory:
-                return await model.infer(request)
-            shared_memory = self._shared_memory
-            output_windows = shared_memory.resolve_inputs(request)
+            shared_memory = self._shared_memory if request.uses_shared_memory else None
+            windows = shared_memory.resolve_inputs(request) if shared_memory else {}
             response = await model.infer(request)
-            shared_memory.write_outputs(response, output_windows)
+            if trace is not None:
+                trace.record_tensors("TENSOR_BACKEND_OUTPUT", response.outputs)
+            if shared_memory is not None:
+                shared_memory.write_outputs(response, windows)
             return response
         finally:
             if trace is not None:

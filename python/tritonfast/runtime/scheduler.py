@@ -115,6 +115,7 @@ class Scheduler:
         future: asyncio.Future[Any] = self._loop.create_future()
         if request.trace is not None:
             request.trace.stamp("QUEUE_START", perf_counter_ns())
+            request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
         ticket = self._push(request, future, batch_size)
         try:
             return await future
