@@ -117,6 +117,7 @@ class RequestQueue:
         default_priority_level: int = 0,
         default_queue_policy: QueuePolicy | None = None,
         priority_queue_policy: dict[int, QueuePolicy] | None = None,
+        latency_summaries: bool = False,
     ) -> Self: ...
     def push(
         self,
@@ -173,6 +174,10 @@ class RequestQueue:
         """Count one request that failed outside the queue's view."""
 
     def __len__(self) -> int: ...
+    def latency_summaries(
+        self, quantiles: list[float]
+    ) -> dict[str, tuple[int, int, list[tuple[float, float]]]] | None:
+        """Latency summaries (µs) per duration, when the queue keeps them."""
 
 @final
 class PooledBuffer:

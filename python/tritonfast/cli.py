@@ -37,6 +37,7 @@ class ServeOptions:
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
+    metrics_config: list[str] = field(default_factory=list)
     strict_model_config: bool = False
     model_control_mode: str = "none"
     load_model: list[str] = field(default_factory=list)
@@ -81,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-grpc", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--allow-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--allow-cpu-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="summary_latencies=true adds latency summaries; summary_quantiles=0.5:0.05,..."
+        " chooses their quantiles (repeatable)",
+    )
     serve.add_argument(
         "--allow-gpu-metrics",
         default=True,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from tritonfast.custommetrics import CUSTOM_METRICS, HISTOGRAM, CustomMetrics
+from tritonfast.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from tritonfast.repository.manager import ModelRepository
@@ -78,6 +80,68 @@ _REQUEST_COUNTERS = (
     ),
 )
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
+# Triton's default summary quantiles (the error terms after ':' are accepted and ignored).
+DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
+# Latency summaries: (name, help, key in the core's summaries); Triton's names and texts.
+_SUMMARIES = (
+    (
+        "nv_inference_request_summary_us",
+        "Summary of inference request duration in microseconds (includes cached requests)",
+        "request",
+    ),
+    (
+        "nv_inference_queue_summary_us",
+        "Summary of inference queuing duration in microseconds (includes cached requests)",
+        "queue",
+    ),
+    (
+        "nv_inference_compute_input_summary_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        "compute_input",
+    ),
+    (
+        "nv_inference_compute_infer_summary_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        "compute_infer",
+    ),
+    (
+        "nv_inference_compute_output_summary_us",
+        "Cumulative inference compute output duration in microseconds (does not include cached"
+        " requests)",
+        "compute_output",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``--metrics-config`` settings."""
+
+    summary_latencies: bool = False
+    summary_quantiles: tuple[float, ...] = DEFAULT_QUANTILES
+
+
+def parse_metrics_config(values: list[str]) -> MetricsConfig:
+    config = MetricsConfig()
+    for value in values:
+        key, separator, text = value.partition("=")
+        if not separator:
+            raise InvalidArgumentError(f"--metrics-config expects key=value, got '{value}'")
+        if key == "summary_latencies":
+            config = replace(config, summary_latencies=text.lower() in ("true", "1", "yes", "on"))
+        elif key == "summary_quantiles":
+            try:
+                quantiles = tuple(float(item.split(":")[0]) for item in text.split(",") if item)
+            except ValueError:
+                raise InvalidArgumentError(f"bad summary_quantiles '{text}'") from None
+            if not quantiles or not all(0 <= q <= 1 for q in quantiles):
+                raise InvalidArgumentError(f"bad summary_quantiles '{text}'")
+            config = replace(config, summary_quantiles=quantiles)
+        elif key in ("histogram_latencies", "counter_latencies"):
+            pass  # histograms cover decoupled models' first responses; counters are always on
+        else:
+            raise InvalidArgumentError(f"unknown --metrics-config setting '{key}'")
+    return config
 
 
 def _lookup(counters: dict[str, Any], path: tuple[str, ...]) -> int:
@@ -91,10 +155,34 @@ def _lookup(counters: dict[str, Any], path: tuple[str, ...]) -> int:
 class InferenceMetrics(Collector):
     """``nv_inference_*`` for every served model version, read from the core's counters."""
 
-    def __init__(self, repository: ModelRepository) -> None:
+    def __init__(self, repository: ModelRepository, config: MetricsConfig | None = None) -> None:
         self._repository = repository
+        self._config = config or MetricsConfig()
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._counters()
+        if self._config.summary_latencies:
+            yield from self._summaries()
+
+    def _summaries(self) -> Iterator[Metric]:
+        quantiles = list(self._config.summary_quantiles)
+        versions = [
+            ({"model": v.name, "version": str(v.version)}, v.latency_summaries(quantiles))
+            for v in self._repository.serving()
+        ]
+        for name, documentation, key in _SUMMARIES:
+            metric = Metric(name, documentation, "summary")
+            for labels, summaries in versions:
+                if summaries is None:
+                    continue
+                count, total, values = summaries[key]
+                metric.add_sample(name + "_count", labels, count)
+                metric.add_sample(name + "_sum", labels, total)
+                for quantile, value in values:
+                    metric.add_sample(name, {**labels, "quantile": _number(quantile)}, value)
+            yield metric
+
+    def _counters(self) -> Iterator[Metric]:
         versions = [
             ({"model": v.name, "version": str(v.version)}, v.counters(), v.pending())
             for v in self._repository.serving()
@@ -247,18 +335,22 @@ def exposition(registry: CollectorRegistry) -> bytes:
         lines.append(f"# HELP {metric.name} {documentation}")
         lines.append(f"# TYPE {metric.name} {kind}")
         for sample in metric.samples:
-            # Labels sorted by name, a histogram's `le` last (as Triton prints them).
-            ordered = sorted(sample.labels.items(), key=lambda item: (item[0] == "le", item[0]))
+            # Labels sorted by name, `le` and `quantile` last (as Triton prints them).
+            ordered = sorted(
+                sample.labels.items(), key=lambda item: (item[0] in ("le", "quantile"), item[0])
+            )
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in ordered)
             series = f"{sample.name}{{{labels}}}" if labels else sample.name
             lines.append(f"{series} {_number(sample.value)}")
     return ("\n".join(lines) + "\n").encode() if lines else b""
 
 
-def metrics_registry(repository: ModelRepository, *, cpu: bool = True) -> CollectorRegistry:
+def metrics_registry(
+    repository: ModelRepository, *, cpu: bool = True, config: MetricsConfig | None = None
+) -> CollectorRegistry:
     """A registry with Triton's metrics for ``repository`` and the models' own."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(InferenceMetrics(repository))
+    registry.register(InferenceMetrics(repository, config))
     if cpu:
         registry.register(CpuMetrics())
     registry.register(ModelMetrics())

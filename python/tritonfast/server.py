@@ -13,6 +13,7 @@ from tritonfast.cli import ServeOptions
 from tritonfast.errors import TritonError
 from tritonfast.frontends.dataplane import DataPlane
 from tritonfast.logsettings import LogSettings, ServerLog
+from tritonfast.metrics import parse_metrics_config
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
 from tritonfast.runtime.allocator import keep_large_buffers
@@ -55,14 +56,28 @@ def model_table(entries: list[ModelEntry]) -> str:
 
 async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> int:
     loop = asyncio.get_running_loop()
+    # From the start: a signal that arrives while models load or frontends start still means
+    # a clean shutdown (exit 0) once start-up is done, never the default kill.
+    stop_event = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_event.set)
     if options.using_example_repository:
         print(
             f"No --model-repository given: serving the bundled example repository"
             f" {options.model_repositories[0]}",
             flush=True,
         )
+    try:
+        metrics_config = parse_metrics_config(options.metrics_config)
+        tracer = Tracer(parse_trace_config(options.trace_config))
+    except TritonError as exc:
+        log.error("%s", exc.message)
+        return 1
     repository = ModelRepository(
-        options.model_repositories, loop, strict_config=options.strict_model_config
+        options.model_repositories,
+        loop,
+        strict_config=options.strict_model_config,
+        latency_summaries=metrics_config.summary_latencies,
     )
     control = ModelControl(
         repository,
@@ -86,12 +101,6 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
         await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
         return 1
 
-    try:
-        tracer = Tracer(parse_trace_config(options.trace_config))
-    except TritonError as exc:
-        log.error("%s", exc.message)
-        await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
-        return 1
     dataplane = DataPlane(
         control,
         server_id=options.server_id,
@@ -109,9 +118,6 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
     print(f"tritonfast {__version__} ready", flush=True)
     poller = asyncio.ensure_future(control.poll_forever()) if control.mode == POLL else None
 
-    stop_event = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop_event.set)
     await stop_event.wait()
     log.info("shutting down")
     if poller is not None:
@@ -143,7 +149,11 @@ async def _start_frontends(
     if options.allow_metrics:
         from tritonfast.metrics import metrics_registry, start_metrics_server
 
-        registry = metrics_registry(dataplane.repository, cpu=options.allow_cpu_metrics)
+        registry = metrics_registry(
+            dataplane.repository,
+            cpu=options.allow_cpu_metrics,
+            config=parse_metrics_config(options.metrics_config),
+        )
         metrics_runner = await start_metrics_server(
             registry, options.metrics_address, options.metrics_port
         )

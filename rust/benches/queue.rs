@@ -200,6 +200,7 @@ fn features(c: &mut Criterion) {
                 ..timeout
             },
         )],
+        latency_summaries: false,
     })
     .unwrap();
     group.throughput(Throughput::Elements(8));

@@ -173,6 +173,8 @@ pub struct QueueConfig {
     pub default_queue_policy: QueuePolicy,
     /// `(level, policy)` overrides.
     pub priority_queue_policy: Vec<(u32, QueuePolicy)>,
+    /// Keep recent request durations for latency quantiles (Prometheus summaries).
+    pub latency_summaries: bool,
 }
 
 impl From<BatchPolicy> for QueueConfig {
@@ -565,7 +567,11 @@ impl<T> RequestQueue<T> {
             counted: levels.iter().any(Level::counted),
             timed: policies_timed.iter().any(|&timed| timed),
             default_level: config.default_priority_level.saturating_sub(1),
-            stats: Arc::new(ModelStats::new(config.batch.max_batch_size)),
+            stats: Arc::new(if config.latency_summaries {
+                ModelStats::with_latency_summaries(config.batch.max_batch_size)
+            } else {
+                ModelStats::new(config.batch.max_batch_size)
+            }),
             config,
             levels,
             id: NEXT_QUEUE_ID.fetch_add(1, Ordering::Relaxed),

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+use crate::latency::{LatencySummaries, SummarySnapshot};
+
 /// A count and a cumulative duration, as Triton's `StatisticDuration`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatDuration {
@@ -191,6 +193,8 @@ pub struct ModelStats {
     batches: Box<[BatchTally]>,
     /// Sizes beyond `batches` (not expected: batches never exceed the maximum batch size).
     oversized: Mutex<Vec<(u32, BatchTally)>>,
+    /// Recent durations for quantiles, when asked for.
+    summaries: Option<LatencySummaries>,
 }
 
 /// Saturating nanoseconds of a duration.
@@ -216,7 +220,26 @@ impl ModelStats {
             failures: Default::default(),
             batches: (0..slots).map(|_| BatchTally::default()).collect(),
             oversized: Mutex::new(Vec::new()),
+            summaries: None,
         }
+    }
+
+    /// Like [`ModelStats::new`], also keeping recent durations for latency summaries.
+    pub fn with_latency_summaries(max_batch_size: u32) -> Self {
+        Self {
+            summaries: Some(LatencySummaries::default()),
+            ..Self::new(max_batch_size)
+        }
+    }
+
+    /// The latency summaries (microseconds) at `quantiles`, when they are kept.
+    pub fn latency_summaries(
+        &self,
+        quantiles: &[f64],
+    ) -> Option<[(&'static str, SummarySnapshot); 5]> {
+        self.summaries
+            .as_ref()
+            .map(|summaries| summaries.snapshot(quantiles))
     }
 
     /// Records one execution: `requests` are the batch's requests with whether each succeeded,
@@ -246,9 +269,15 @@ impl ModelStats {
                 ok += 1;
                 ok_size += size;
                 ok_ns = ok_ns.saturating_add(request_ns);
-                queue_ns = queue_ns.saturating_add(nanos(
-                    dequeued_at.saturating_duration_since(timing.enqueued_at),
-                ));
+                let waited = nanos(dequeued_at.saturating_duration_since(timing.enqueued_at));
+                queue_ns = queue_ns.saturating_add(waited);
+                if let Some(summaries) = &self.summaries {
+                    summaries.request.record(now, request_ns / 1000);
+                    summaries.queue.record(now, waited / 1000);
+                    summaries.compute_input.record(now, compute_ns.0 / 1000);
+                    summaries.compute_infer.record(now, compute_ns.1 / 1000);
+                    summaries.compute_output.record(now, compute_ns.2 / 1000);
+                }
             } else {
                 failed += 1;
                 failed_ns = failed_ns.saturating_add(request_ns);

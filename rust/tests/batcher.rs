@@ -485,6 +485,7 @@ fn stress_priorities_timeouts_and_cancellation() {
                 (1, policy(TimeoutAction::Reject, Duration::ZERO, 0)),
                 (3, policy(TimeoutAction::Delay, Duration::from_millis(1), 0)),
             ],
+            latency_summaries: true,
         })
         .unwrap(),
     );

@@ -18,6 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import EXAMPLES, start_server
+
 Sample = tuple[str, frozenset[tuple[str, str]]]
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -211,3 +213,46 @@ def test_custom_metrics_from_a_model(server: Any) -> None:
     count_before = before.get(("tf_test_values_count", frozenset(labels.items())), 0.0)
     assert value(after, "tf_test_values_count", **labels) - count_before == 3
     assert 'tf_test_values_bucket{model="custom_metrics",version="1",le="0.5"}' in text
+
+
+def test_latency_summaries_when_configured(server: Any, tmp_path: Any) -> None:
+    _, default = scrape(server)
+    assert not any(name.endswith("_summary_us_count") for name, _ in default)
+    summarized = start_server(
+        [EXAMPLES], tmp_path / "server.log", "--metrics-config=summary_latencies=true"
+    )
+    client = httpclient.InferenceServerClient(summarized.http_url)
+    try:
+        for _ in range(5):
+            client.infer("add_sub", add_sub_inputs(httpclient))
+        text, samples = scrape(summarized)
+    finally:
+        client.close()
+        assert summarized.stop() == 0
+    labels = {"model": "add_sub", "version": "1"}
+    for name in (
+        "nv_inference_request_summary_us",
+        "nv_inference_queue_summary_us",
+        "nv_inference_compute_input_summary_us",
+        "nv_inference_compute_infer_summary_us",
+        "nv_inference_compute_output_summary_us",
+    ):
+        assert f"# TYPE {name} summary\n" in text
+        assert value(samples, name + "_count", **labels) == 5
+        quantiles = [value(samples, name, **labels, quantile=q) for q in QUANTILES]
+        assert quantiles == sorted(quantiles)
+        assert quantiles[-1] <= value(samples, name + "_sum", **labels)
+    request_median = value(samples, "nv_inference_request_summary_us", **labels, quantile="0.5")
+    assert request_median > 0
+    idle = value(
+        samples,
+        "nv_inference_request_summary_us",
+        model="string_upper",
+        version="1",
+        quantile="0.5",
+    )
+    assert idle != idle  # NaN: no request in the window
+    assert 'nv_inference_request_summary_us{model="add_sub",version="1",quantile="0.5"}' in text
+
+
+QUANTILES = ("0.5", "0.9", "0.95", "0.99", "0.999")

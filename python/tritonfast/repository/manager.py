@@ -66,9 +66,11 @@ class ModelRepository:
         loop: asyncio.AbstractEventLoop,
         *,
         strict_config: bool = False,
+        latency_summaries: bool = False,
     ) -> None:
         self._paths = paths
         self._loop = loop
+        self._latency_summaries = latency_summaries
         self._strict_config = strict_config
         self._models: dict[str, ModelEntry] = {}
 
@@ -227,7 +229,13 @@ class ModelRepository:
             for started in instances:  # worker processes and their segments must not leak
                 started.finalize()
             raise
-        scheduler = Scheduler(f"{config.name}_{version}", config, instances, self._loop)
+        scheduler = Scheduler(
+            f"{config.name}_{version}",
+            config,
+            instances,
+            self._loop,
+            latency_summaries=self._latency_summaries,
+        )
         return ModelVersion(config, version, scheduler, served)
 
     # -- queries ------------------------------------------------------------------------

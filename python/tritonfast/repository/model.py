@@ -39,6 +39,9 @@ class ModelVersion:
         ``failure_reasons``; see :class:`~tritonfast.runtime.scheduler.Scheduler`)."""
         return self._scheduler.statistics()
 
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
+        return self._scheduler.latency_summaries(quantiles)
+
     def pending(self) -> int:
         """Requests queued and not yet taken by an instance."""
         return self._scheduler.pending()

@@ -73,6 +73,8 @@ class Scheduler:
         config: model_config_pb2.ModelConfig,
         backends: list[Backend],
         loop: asyncio.AbstractEventLoop,
+        *,
+        latency_summaries: bool = False,
     ) -> None:
         self._batching = config.HasField("dynamic_batching") and config.max_batch_size > 0
         preserve_ordering = False
@@ -92,13 +94,14 @@ class Scheduler:
                     level: _queue_policy(policy)
                     for level, policy in batching.priority_queue_policy.items()
                 },
+                latency_summaries=latency_summaries,
             )
             preserve_ordering = batching.preserve_ordering
             self._keyed = _shape_checked_inputs(config)
             self._optional_inputs = any(tensor.optional for tensor in config.input)
         else:
             # Triton's default scheduler: one request per execution, FIFO to idle instances.
-            self._queue = RequestQueue()
+            self._queue = RequestQueue(latency_summaries=latency_summaries)
         self._loop = loop
         # preserve_ordering: batches settle in the order they left the queue.
         self._next_seq = 0
@@ -165,6 +168,10 @@ class Scheduler:
     def statistics(self) -> dict[str, Any]:
         """The model version's statistics (layout in the module docstring), read lock-free."""
         return self._queue.statistics()
+
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
+        """``{name: (count, sum_us, [(quantile, us)])}`` when summaries are kept, else None."""
+        return self._queue.latency_summaries(quantiles)
 
     def pending(self) -> int:
         """Requests in the queue, not yet taken by an instance."""

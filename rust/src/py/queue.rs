@@ -273,6 +273,7 @@ impl PyRequestQueue {
         default_priority_level = 0,
         default_queue_policy = None,
         priority_queue_policy = None,
+        latency_summaries = false,
     ))]
     #[allow(clippy::too_many_arguments)] // mirrors Triton's ModelDynamicBatching fields
     fn new(
@@ -283,6 +284,7 @@ impl PyRequestQueue {
         default_priority_level: u32,
         default_queue_policy: Option<Bound<'_, PyQueuePolicy>>,
         priority_queue_policy: Option<HashMap<u32, Bound<'_, PyQueuePolicy>>>,
+        latency_summaries: bool,
     ) -> PyResult<Self> {
         let mut levels: Vec<(u32, QueuePolicy)> = priority_queue_policy
             .unwrap_or_default()
@@ -302,6 +304,7 @@ impl PyRequestQueue {
                 .map(|policy| policy.get().inner.clone())
                 .unwrap_or_default(),
             priority_queue_policy: levels,
+            latency_summaries,
         })?;
         Ok(Self { inner })
     }
@@ -395,6 +398,24 @@ impl PyRequestQueue {
     /// The model version's statistics as a dict (see `tritonfast.runtime.scheduler`).
     fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         snapshot_dict(py, &self.inner.stats().snapshot())
+    }
+
+    /// `{"request" | "queue" | "compute_input" | "compute_infer" | "compute_output":
+    /// (count, sum_us, [(quantile, value_us)])}`, or None when summaries are not kept.
+    #[allow(clippy::needless_pass_by_value)] // PyO3 hands over owned arguments
+    fn latency_summaries<'py>(
+        &self,
+        py: Python<'py>,
+        quantiles: Vec<f64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(summaries) = self.inner.stats().latency_summaries(&quantiles) else {
+            return Ok(None);
+        };
+        let dict = PyDict::new(py);
+        for (name, snapshot) in summaries {
+            dict.set_item(name, (snapshot.count, snapshot.sum, snapshot.quantiles))?;
+        }
+        Ok(Some(dict))
     }
 
     /// Counts one request that failed outside the queue's view (`reason`: "REJECTED",
