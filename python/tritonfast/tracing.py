@@ -52,6 +52,9 @@ class TraceSettings:
     log_frequency: int = 0
     file: str = ""
     mode: str = "triton"
+    # mode "opentelemetry": where spans go, and resource attributes (start-up only).
+    url: str = ""
+    resource: tuple[tuple[str, str], ...] = ()
 
     @property
     def active(self) -> bool:
@@ -136,17 +139,26 @@ def parse_trace_config(values: list[str]) -> TraceSettings:
     settings = TraceSettings()
     levels: list[str] = []
     for value in values:
-        _, _, setting = value.rpartition(",") if "," in value else ("", "", value)
+        scope, _, setting = value.partition(",") if "," in value else ("", "", value)
         key, separator, text = setting.partition("=")
         if not separator:
             raise InvalidArgumentError(f"--trace-config expects key=value, got '{value}'")
-        if key == "level":
+        if scope == "opentelemetry" and key == "url":
+            settings = replace(settings, url=text)
+        elif scope == "opentelemetry" and key == "resource":
+            name, _, attribute = text.partition("=")
+            settings = replace(settings, resource=(*settings.resource, (name, attribute)))
+        elif scope == "opentelemetry":
+            continue  # batch-processor tuning Triton accepts; the SDK's defaults apply
+        elif key == "level":
             if text.upper() not in LEVELS:
                 raise InvalidArgumentError(f"unknown trace level '{text}'")
             levels.append(text.upper())
         elif key == "file":
             settings = replace(settings, file=text)
         elif key == "mode":
+            if text not in ("triton", "opentelemetry"):
+                raise InvalidArgumentError(f"unknown trace mode '{text}'")
             settings = replace(settings, mode=text)
         elif key == "rate":
             settings = replace(settings, rate=_integer(key, text, 0))
@@ -178,6 +190,12 @@ class Tracer:
 
     def __init__(self, settings: TraceSettings | None = None) -> None:
         self._startup = settings or TraceSettings()
+        self._exporter: Any = None
+        if self._startup.mode == "opentelemetry":
+            from tritonfast.otel import DEFAULT_URL, OpenTelemetryExporter
+
+            url = self._startup.url or DEFAULT_URL
+            self._exporter = OpenTelemetryExporter(url, dict(self._startup.resource))
         self._global = self._startup
         self._models: dict[str, dict[str, Any]] = {}  # a model's own settings, key by key
         self._lock = threading.Lock()
@@ -239,7 +257,8 @@ class Tracer:
                 self._global = replace(self._global, **parsed, **reset_values)
             if "count" in parsed:
                 self._remaining.pop(model, None)
-            if self.settings(model).active and not self.settings(model).file:
+            settings = self.settings(model)
+            if settings.active and not settings.file and self._exporter is None:
                 raise InvalidArgumentError(
                     "Attempting to set invalid trace setting :trace file name is not given"
                 )
@@ -276,6 +295,9 @@ class Tracer:
             )
 
     def finish(self, trace: RequestTrace) -> None:
+        if self._exporter is not None:
+            self._exporter.export(trace)
+            return
         settings = self.settings(trace.model_name)
         with self._lock:
             self._done.append(trace)
@@ -283,7 +305,10 @@ class Tracer:
                 self._write(f"{settings.file}.{next(self._files)}")
 
     def flush(self) -> None:
-        """Write what is left (at shutdown)."""
+        """Write (or send) what is left (at shutdown)."""
+        if self._exporter is not None:
+            self._exporter.shutdown()
+            return
         with self._lock:
             if not self._done:
                 return

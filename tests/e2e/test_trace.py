@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -178,3 +180,64 @@ def test_tensors_level_records_inputs_and_outputs(tmp_path: Path) -> None:
     assert tensors[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")]["data"] == "2,2,2,2"
     assert ("TENSOR_BACKEND_OUTPUT", "OUTPUT1") in tensors
     assert not any("timestamps" in e for e in events)  # TIMESTAMPS was not asked for
+
+
+def test_opentelemetry_export(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the opentelemetry extra is not installed")
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    received: list[bytes] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=collector.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{collector.server_port}/v1/traces"
+    server = start_server(
+        [EXAMPLES],
+        tmp_path / "server.log",
+        "--trace-config=mode=opentelemetry",
+        f"--trace-config=opentelemetry,url={url}",
+        "--trace-config=opentelemetry,resource=deployment=test",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=rate=1",
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        add_sub(client, httpclient, request_id="otel-1")
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()  # shutdown sends the batched spans
+        collector.shutdown()
+        collector.server_close()
+    spans = []
+    resources = []
+    for body in received:
+        message = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+        for resource_spans in message.resource_spans:
+            resources.append(
+                {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            )
+            for scope in resource_spans.scope_spans:
+                spans.extend(scope.spans)
+    assert len(spans) == 1
+    span = spans[0]
+    assert span.name == "InferRequest"
+    attributes = {a.key: a.value for a in span.attributes}
+    assert attributes["triton.model_name"].string_value == "add_sub"
+    assert attributes["triton.request_id"].string_value == "otel-1"
+    events = [event.name for event in span.events]
+    assert events[0] == "HTTP_RECV_START"
+    assert {"REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END"} <= set(events)
+    assert span.end_time_unix_nano >= span.start_time_unix_nano > 0
+    assert resources[0]["deployment"] == "test"
+    assert resources[0]["service.name"] == "triton-inference-server"
