@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-gpu-metrics",
         default=True,
-        help="accepted for tritonserver compatibility; no GPU metrics are exported yet",
+        help="export nv_gpu_* metrics when NVML (nvidia-ml-py) and a GPU are present",
         **bool_arg,  # type: ignore[arg-type]
     )
     serve.add_argument(

@@ -277,6 +277,68 @@ class CpuMetrics(Collector):
             )
 
 
+class GpuMetrics(Collector):
+    """Triton's GPU gauges per device (label ``gpu_uuid``), read through NVML (the
+    ``nvidia-ml-py`` package). Without NVML or a GPU it exports nothing."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._energy_start: dict[str, float] = {}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception:  # no package, no driver or no device: no GPU metrics
+            return
+
+    def _devices(self) -> Iterator[tuple[str, Any]]:
+        nvml = self._nvml
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            yield (uuid.decode() if isinstance(uuid, bytes) else uuid), handle
+
+    def collect(self) -> Iterator[Metric]:
+        if self._nvml is None:
+            return
+        nvml = self._nvml
+        rows: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for uuid, handle in self._devices():
+            labels = {"gpu_uuid": uuid}
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            energy = nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000  # mJ -> J
+            start = self._energy_start.setdefault(uuid, energy)
+            values = {
+                "nv_gpu_utilization": nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100,
+                "nv_gpu_memory_total_bytes": memory.total,
+                "nv_gpu_memory_used_bytes": memory.used,
+                "nv_gpu_power_usage": nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+                "nv_gpu_power_limit": nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
+                "nv_energy_consumption": energy - start,
+            }
+            for name, value in values.items():
+                rows.setdefault(name, []).append((labels, value))
+        for name, documentation, kind in _GPU_FAMILIES:
+            if name in rows:
+                yield _family(name, documentation, kind, rows[name])
+
+
+# Triton's GPU metric families (name, help, type).
+_GPU_FAMILIES = (
+    ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", "gauge"),
+    ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", "gauge"),
+    ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", "gauge"),
+    ("nv_gpu_power_usage", "GPU power usage in watts", "gauge"),
+    ("nv_gpu_power_limit", "GPU power management limit in watts", "gauge"),
+    (
+        "nv_energy_consumption",
+        "GPU energy consumption in joules since the Triton Server started",
+        "counter",
+    ),
+)
+
+
 class ModelMetrics(Collector):
     """The families models registered with ``pb_utils.MetricFamily``."""
 
@@ -346,11 +408,17 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 
 def metrics_registry(
-    repository: ModelRepository, *, cpu: bool = True, config: MetricsConfig | None = None
+    repository: ModelRepository,
+    *,
+    cpu: bool = True,
+    gpu: bool = True,
+    config: MetricsConfig | None = None,
 ) -> CollectorRegistry:
     """A registry with Triton's metrics for ``repository`` and the models' own."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceMetrics(repository, config))
+    if gpu:
+        registry.register(GpuMetrics())
     if cpu:
         registry.register(CpuMetrics())
     registry.register(ModelMetrics())

@@ -152,6 +152,7 @@ async def _start_frontends(
         registry = metrics_registry(
             dataplane.repository,
             cpu=options.allow_cpu_metrics,
+            gpu=options.allow_gpu_metrics,
             config=parse_metrics_config(options.metrics_config),
         )
         metrics_runner = await start_metrics_server(

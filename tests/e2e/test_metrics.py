@@ -256,3 +256,16 @@ def test_latency_summaries_when_configured(server: Any, tmp_path: Any) -> None:
 
 
 QUANTILES = ("0.5", "0.9", "0.95", "0.99", "0.999")
+
+
+def test_gpu_metrics_follow_the_hardware(server: Any) -> None:
+    text, _ = scrape(server)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        has_gpu = pynvml.nvmlDeviceGetCount() > 0
+    except Exception:  # no NVML package, driver or device
+        has_gpu = False
+    assert ("# TYPE nv_gpu_utilization gauge\n" in text) == has_gpu
+    assert ("# TYPE nv_gpu_memory_used_bytes gauge\n" in text) == has_gpu
