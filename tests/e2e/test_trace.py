@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import EXAMPLES, start_server
+from tests.conftest import EXAMPLES, RunningServer, start_server
 
 DEFAULTS = {
     "trace_level": ["OFF"],
@@ -43,6 +43,12 @@ def add_sub(client: Any, module: Any, request_id: str = "") -> None:
         tensor.set_data_from_numpy(np.ones(4, dtype=np.float32))
         tensors.append(tensor)
     client.infer("add_sub", tensors, request_id=request_id)
+
+
+def start_traced(tmp_path: Path, *trace_config: str) -> RunningServer:
+    """A server on the example models with these ``--trace-config`` values."""
+    flags = [f"--trace-config={value}" for value in trace_config]
+    return start_server([EXAMPLES], tmp_path / "server.log", *flags)
 
 
 def traces(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -80,13 +86,12 @@ def test_settings_defaults_and_errors(server: Any) -> None:
 
 def test_traces_cover_every_stage(tmp_path: Path) -> None:
     trace_file = tmp_path / "trace.json"
-    server = start_server(
-        [EXAMPLES],
-        tmp_path / "server.log",
-        f"--trace-config=triton,file={trace_file}",
-        "--trace-config=level=TIMESTAMPS",
-        "--trace-config=rate=1",
-        "--trace-config=triton,log-frequency=1",
+    server = start_traced(
+        tmp_path,
+        f"triton,file={trace_file}",
+        "level=TIMESTAMPS",
+        "rate=1",
+        "triton,log-frequency=1",
     )
     http = httpclient.InferenceServerClient(server.http_url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
@@ -135,13 +140,12 @@ def test_traces_cover_every_stage(tmp_path: Path) -> None:
 
 def test_without_log_frequency_the_file_is_written_at_shutdown(tmp_path: Path) -> None:
     trace_file = tmp_path / "trace.json"
-    server = start_server(
-        [EXAMPLES],
-        tmp_path / "server.log",
-        f"--trace-config=triton,file={trace_file}",
-        "--trace-config=level=TIMESTAMPS",
-        "--trace-config=rate=2",
-        "--trace-config=count=2",
+    server = start_traced(
+        tmp_path,
+        f"triton,file={trace_file}",
+        "level=TIMESTAMPS",
+        "rate=2",
+        "count=2",
     )
     client = httpclient.InferenceServerClient(server.http_url)
     try:
@@ -156,12 +160,11 @@ def test_without_log_frequency_the_file_is_written_at_shutdown(tmp_path: Path) -
 
 def test_tensors_level_records_inputs_and_outputs(tmp_path: Path) -> None:
     trace_file = tmp_path / "trace.json"
-    server = start_server(
-        [EXAMPLES],
-        tmp_path / "server.log",
-        f"--trace-config=triton,file={trace_file}",
-        "--trace-config=level=TENSORS",
-        "--trace-config=rate=1",
+    server = start_traced(
+        tmp_path,
+        f"triton,file={trace_file}",
+        "level=TENSORS",
+        "rate=1",
     )
     client = httpclient.InferenceServerClient(server.http_url)
     try:
@@ -202,14 +205,13 @@ def test_opentelemetry_export(tmp_path: Path) -> None:
     thread = threading.Thread(target=collector.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{collector.server_port}/v1/traces"
-    server = start_server(
-        [EXAMPLES],
-        tmp_path / "server.log",
-        "--trace-config=mode=opentelemetry",
-        f"--trace-config=opentelemetry,url={url}",
-        "--trace-config=opentelemetry,resource=deployment=test",
-        "--trace-config=level=TIMESTAMPS",
-        "--trace-config=rate=1",
+    server = start_traced(
+        tmp_path,
+        "mode=opentelemetry",
+        f"opentelemetry,url={url}",
+        "opentelemetry,resource=deployment=test",
+        "level=TIMESTAMPS",
+        "rate=1",
     )
     client = httpclient.InferenceServerClient(server.http_url)
     try:

@@ -162,26 +162,33 @@ async def repository_index(
         return _error(err)
 
 
-async def repository_load(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
-) -> web.Response:
+async def _ok_or_error(work: Awaitable[object]) -> web.Response:
+    """An empty 200 once ``work`` is done, or the TritonError it raised."""
     try:
-        parameters = codec.decode_load_request(await _read_body(request))
-        await dataplane.load_model(model, parameters)
+        await work
     except TritonError as err:
         return _error(err)
     return web.Response(status=200)
+
+
+async def repository_load(
+    request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
+) -> web.Response:
+    async def load() -> None:
+        parameters = codec.decode_load_request(await _read_body(request))
+        await dataplane.load_model(model, parameters)
+
+    return await _ok_or_error(load())
 
 
 async def repository_unload(
     request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
 ) -> web.Response:
-    try:
+    async def unload() -> None:
         unload_dependents = codec.decode_unload_request(await _read_body(request))
         await dataplane.unload_model(model, unload_dependents)
-    except TritonError as err:
-        return _error(err)
-    return web.Response(status=200)
+
+    return await _ok_or_error(unload())
 
 
 # -- shared memory ----------------------------------------------------------------------------
@@ -198,34 +205,34 @@ async def cuda_shm_status(
     return _json_or_error(dataplane.cuda_shared_memory_status, region)
 
 
+def _region_to_register(region: str, kind: str) -> str:
+    if not region:
+        raise InvalidArgumentError(
+            f"'region name' is necessary to register {kind} shared memory region"
+        )
+    return region
+
+
 async def system_shm_register(
     request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
 ) -> web.Response:
-    try:
-        if not region:
-            raise InvalidArgumentError(
-                "'region name' is necessary to register system shared memory region"
-            )
+    async def register() -> None:
+        name = _region_to_register(region, "system")
         key, offset, byte_size = codec.decode_system_register(await _read_body(request))
-        dataplane.register_system_shared_memory(region, key, offset, byte_size)
-    except TritonError as err:
-        return _error(err)
-    return web.Response(status=200)
+        dataplane.register_system_shared_memory(name, key, offset, byte_size)
+
+    return await _ok_or_error(register())
 
 
 async def cuda_shm_register(
     request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
 ) -> web.Response:
-    try:
-        if not region:
-            raise InvalidArgumentError(
-                "'region name' is necessary to register cuda shared memory region"
-            )
+    async def register() -> None:
+        name = _region_to_register(region, "cuda")
         raw_handle, device_id, byte_size = codec.decode_cuda_register(await _read_body(request))
-        dataplane.register_cuda_shared_memory(region, raw_handle, device_id, byte_size)
-    except TritonError as err:
-        return _error(err)
-    return web.Response(status=200)
+        dataplane.register_cuda_shared_memory(name, raw_handle, device_id, byte_size)
+
+    return await _ok_or_error(register())
 
 
 async def system_shm_unregister(
