@@ -10,7 +10,10 @@ Semantics follow Triton's Python backend:
 - When the last ``MetricFamily`` object of a name is gone, the family leaves ``/metrics`` and
   its metrics refuse every operation.
 
-Everything here is thread-safe: model instances run on their own threads.
+Everything here is thread-safe: model instances run on their own threads. Models in worker
+processes keep their own registry; each worker sends its state (:meth:`CustomMetrics.state`)
+with its replies, and :data:`REMOTE_METRICS` holds the latest one per worker for ``/metrics``,
+where series with the same family and labels add up (gauges: the latest value wins).
 """
 
 from __future__ import annotations
@@ -62,6 +65,23 @@ class CustomMetrics:
     def __init__(self) -> None:
         self._families: dict[str, Family] = {}
         self._lock = threading.Lock()
+        self._changes = 0  # bumped by every change, so a worker sends its state only then
+        self._sent = -1
+
+    def state_if_changed(self) -> State | None:
+        """:meth:`state`, or None when nothing changed since the last call returned one."""
+        with self._lock:
+            if self._changes == self._sent:
+                return None
+            self._sent = self._changes
+        return self.state()
+
+    def state(self) -> State:
+        """Every live family with copies of its series (picklable)."""
+        return [
+            (family.name, family.description, family.kind, series)
+            for family, series in self.snapshot()
+        ]
 
     # -- families ------------------------------------------------------------------------------
     def acquire_family(self, name: str, description: str, kind: str) -> Family:
@@ -78,6 +98,7 @@ class CustomMetrics:
                     f"metric family '{name}' already exists as a {family.kind}, not a {kind}"
                 )
             family.holders += 1
+            self._changes += 1
             return family
 
     def release_family(self, family: Family) -> None:
@@ -86,6 +107,7 @@ class CustomMetrics:
             if family.holders <= 0 and self._families.get(family.name) is family:
                 family.alive = False
                 del self._families[family.name]
+                self._changes += 1
 
     def series(
         self, family: Family, labels: dict[str, str], buckets: Sequence[float] | None
@@ -105,6 +127,7 @@ class CustomMetrics:
             found = family.series.get(key)
             if found is None:
                 found = family.series[key] = Series(key, 0.0, bounds, [0] * len(bounds))
+                self._changes += 1
             return found
 
     # -- operations (Metric methods) -------------------------------------------------------------
@@ -123,6 +146,7 @@ class CustomMetrics:
             if family.kind == COUNTER and amount < 0:
                 raise MetricError("a counter can only be incremented by a non-negative value")
             series.value += amount
+            self._changes += 1
 
     def set(self, family: Family, series: Series, value: float) -> None:
         with self._lock:
@@ -130,6 +154,7 @@ class CustomMetrics:
             if family.kind != GAUGE:
                 raise MetricError(f"set() is not available for a {family.kind} metric")
             series.value = value
+            self._changes += 1
 
     def observe(self, family: Family, series: Series, value: float) -> None:
         with self._lock:
@@ -141,6 +166,7 @@ class CustomMetrics:
                 series.bucket_counts[index] += 1
             series.count += 1
             series.value += value
+            self._changes += 1
 
     @staticmethod
     def _check(family: Family) -> None:
@@ -164,5 +190,55 @@ def _copy(series: Series) -> Series:
     )
 
 
-# The one registry of the process (pb_utils.MetricFamily registers here).
+# A registry's exported state: (name, description, kind, series) per family.
+State = list[tuple[str, str, str, list[Series]]]
+
+
+class RemoteMetrics:
+    """The latest state each worker process sent, by worker."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, State] = {}
+        self._lock = threading.Lock()
+
+    def update(self, source: str, state: State) -> None:
+        with self._lock:
+            self._states[source] = state
+
+    def remove(self, source: str) -> None:
+        with self._lock:
+            self._states.pop(source, None)
+
+    def states(self) -> list[State]:
+        with self._lock:
+            return list(self._states.values())
+
+
+def merge(states: list[State]) -> list[tuple[str, str, str, list[Series]]]:
+    """Families of several registries as one: the first description and kind of a name win;
+    series with the same labels add up (a gauge takes the later state's value)."""
+    merged: dict[str, tuple[str, str, str, dict[Labels, Series]]] = {}
+    for state in states:
+        for name, description, kind, series in state:
+            known = merged.setdefault(name, (name, description, kind, {}))
+            if known[2] != kind:
+                continue
+            for one in series:
+                total = known[3].get(one.labels)
+                if total is None:
+                    known[3][one.labels] = _copy(one)
+                elif kind == GAUGE:
+                    total.value = one.value
+                elif total.buckets == one.buckets:
+                    total.value += one.value
+                    total.count += one.count
+                    total.bucket_counts = [
+                        a + b for a, b in zip(total.bucket_counts, one.bucket_counts, strict=True)
+                    ]
+    return [(name, doc, kind, list(series.values())) for name, doc, kind, series in merged.values()]
+
+
+# The one registry of the process (pb_utils.MetricFamily registers here), and what worker
+# processes' registries last reported.
 CUSTOM_METRICS = CustomMetrics()
+REMOTE_METRICS = RemoteMetrics()

@@ -27,7 +27,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from tritonfast.custommetrics import CUSTOM_METRICS, HISTOGRAM, CustomMetrics
+from tritonfast.custommetrics import (
+    CUSTOM_METRICS,
+    HISTOGRAM,
+    REMOTE_METRICS,
+    CustomMetrics,
+    RemoteMetrics,
+    merge,
+)
 from tritonfast.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -342,25 +349,30 @@ _GPU_FAMILIES = (
 class ModelMetrics(Collector):
     """The families models registered with ``pb_utils.MetricFamily``."""
 
-    def __init__(self, metrics: CustomMetrics = CUSTOM_METRICS) -> None:
+    def __init__(
+        self, metrics: CustomMetrics = CUSTOM_METRICS, remote: RemoteMetrics = REMOTE_METRICS
+    ) -> None:
         self._metrics = metrics
+        self._remote = remote
 
     def collect(self) -> Iterator[Metric]:
-        for family, series in self._metrics.snapshot():
-            metric = Metric(family.name, family.description, family.kind)
+        for name, description, kind, series in merge(
+            [self._metrics.state(), *self._remote.states()]
+        ):
+            metric = Metric(name, description, kind)
             for one in series:
                 labels = dict(one.labels)
-                if family.kind != HISTOGRAM:
-                    metric.add_sample(family.name, labels, one.value)
+                if kind != HISTOGRAM:
+                    metric.add_sample(name, labels, one.value)
                     continue
                 cumulative = 0
                 for bound, count in zip(one.buckets, one.bucket_counts, strict=True):
                     cumulative += count
                     le = {**labels, "le": _number(bound)}
-                    metric.add_sample(family.name + "_bucket", le, cumulative)
-                metric.add_sample(family.name + "_bucket", {**labels, "le": "+Inf"}, one.count)
-                metric.add_sample(family.name + "_sum", labels, one.value)
-                metric.add_sample(family.name + "_count", labels, one.count)
+                    metric.add_sample(name + "_bucket", le, cumulative)
+                metric.add_sample(name + "_bucket", {**labels, "le": "+Inf"}, one.count)
+                metric.add_sample(name + "_sum", labels, one.value)
+                metric.add_sample(name + "_count", labels, one.count)
             yield metric
 
 

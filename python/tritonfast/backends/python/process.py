@@ -36,6 +36,7 @@ import numpy as np
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, PhaseClock, Result
+from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import rawtensor
 from tritonfast.runtime.shmsegment import (
@@ -143,6 +144,7 @@ class ProcessInstance(Backend):
         # Where the worker creates its output segments; removed here if the worker dies.
         self._output_prefix = f"tritonfast-out-{os.getpid()}-{serial}"
         self._generations = itertools.count()
+        self._metrics_source = f"{self._model_name}:{version}:{instance_name}:{serial}"
         self._outputs = SegmentReader()
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
@@ -176,6 +178,7 @@ class ProcessInstance(Backend):
         if reply[0] != "ready":
             self._stop_process()
             raise InternalError(reply[1])
+        self._take_metrics(reply[1])
 
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:
         if self._conn is None:
@@ -226,9 +229,15 @@ class ProcessInstance(Backend):
                 " for the next request"
             )
             return [error] * len(requests)
-        _, out_name, out_size, results = reply
+        _, out_name, out_size, results, metrics = reply
+        self._take_metrics(metrics)
         segment = self._outputs.map(out_name, out_size) if out_name else None
         return [self._result(segment, r) for r in results]
+
+    def _take_metrics(self, state: State | None) -> None:
+        """The worker's custom metrics, when they changed (exported on /metrics)."""
+        if state is not None:
+            REMOTE_METRICS.update(self._metrics_source, state)
 
     def _result(self, segment: Any, result: tuple[Any, ...]) -> Result:
         if result[0] == "error":
@@ -254,6 +263,7 @@ class ProcessInstance(Backend):
             except (EOFError, OSError):
                 pass
         self._stop_process()
+        REMOTE_METRICS.remove(self._metrics_source)
         self._inputs.close()
         self._outputs.close()
         self._cancel.close()
@@ -299,7 +309,7 @@ def worker_main(
     except TritonError as exc:
         conn.send(("error", exc.message))
         return
-    conn.send(("ready",))
+    conn.send(("ready", CUSTOM_METRICS.state_if_changed()))
     inputs = SegmentReader()
     cancel_flags = SegmentReader()
     outputs = SegmentWriter(output_prefix)
@@ -318,7 +328,7 @@ def worker_main(
                 for index, d in enumerate(described)
             ]
             results = instance.execute(requests, PhaseClock())
-            conn.send(_describe_results(outputs, results))
+            conn.send((*_describe_results(outputs, results), CUSTOM_METRICS.state_if_changed()))
     except EOFError:  # the server went away
         return
     finally:

@@ -1,0 +1,1 @@
+../../custom_metrics/1/model.py
