@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,37 @@ HISTOGRAM = "histogram"
 KINDS = (COUNTER, GAUGE, HISTOGRAM)
 
 DELETED_FAMILY = "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# The server's own families (metrics.py): a model may not take these names.
+RESERVED_NAMES = frozenset(
+    f"nv_{name}"
+    for name in (
+        "inference_request_success",
+        "inference_request_failure",
+        "inference_count",
+        "inference_exec_count",
+        "inference_request_duration_us",
+        "inference_queue_duration_us",
+        "inference_compute_input_duration_us",
+        "inference_compute_infer_duration_us",
+        "inference_compute_output_duration_us",
+        "inference_pending_request_count",
+        "inference_request_summary_us",
+        "inference_queue_summary_us",
+        "inference_compute_input_summary_us",
+        "inference_compute_infer_summary_us",
+        "inference_compute_output_summary_us",
+        "cpu_utilization",
+        "cpu_memory_total_bytes",
+        "cpu_memory_used_bytes",
+        "gpu_utilization",
+        "gpu_memory_total_bytes",
+        "gpu_memory_used_bytes",
+        "gpu_power_usage",
+        "gpu_power_limit",
+        "energy_consumption",
+    )
+)
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -87,8 +119,12 @@ class CustomMetrics:
     def acquire_family(self, name: str, description: str, kind: str) -> Family:
         if kind not in KINDS:
             raise MetricError(f"unknown metric kind '{kind}'")
-        if not name:
-            raise MetricError("a metric family needs a name")
+        if not _NAME.fullmatch(name or ""):
+            raise MetricError(
+                f"invalid metric family name '{name}': it must match [a-zA-Z_:][a-zA-Z0-9_:]*"
+            )
+        if name in RESERVED_NAMES:
+            raise MetricError(f"metric family name '{name}' is one of the server's own metrics")
         with self._lock:
             family = self._families.get(name)
             if family is None:

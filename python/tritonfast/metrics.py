@@ -17,7 +17,7 @@ with the same name appear once per label set. Names, help texts and labels are T
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -299,6 +299,30 @@ class GpuMetrics(Collector):
         except Exception:  # no package, no driver or no device: no GPU metrics
             return
 
+    def _readings(self, uuid: str, handle: Any) -> Iterator[tuple[str, float]]:
+        """Each reading the GPU supports (one it does not is left out, not an error)."""
+        nvml = self._nvml
+        reads: tuple[tuple[str, Callable[[], float]], ...] = (
+            ("nv_gpu_utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100),
+            ("nv_gpu_memory_total_bytes", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).total),
+            ("nv_gpu_memory_used_bytes", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used),
+            ("nv_gpu_power_usage", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000),
+            (
+                "nv_gpu_power_limit",
+                lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
+            ),
+            ("nv_energy_consumption", lambda: self._energy_since_start(uuid, handle)),
+        )
+        for name, read in reads:
+            try:
+                yield name, float(read())
+            except Exception:  # an NVML error for this reading
+                continue
+
+    def _energy_since_start(self, uuid: str, handle: Any) -> float:
+        energy = self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000  # mJ -> J
+        return float(energy - self._energy_start.setdefault(uuid, energy))
+
     def _devices(self) -> Iterator[tuple[str, Any]]:
         nvml = self._nvml
         for index in range(nvml.nvmlDeviceGetCount()):
@@ -309,23 +333,14 @@ class GpuMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         if self._nvml is None:
             return
-        nvml = self._nvml
         rows: dict[str, list[tuple[dict[str, str], float]]] = {}
-        for uuid, handle in self._devices():
-            labels = {"gpu_uuid": uuid}
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            energy = nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000  # mJ -> J
-            start = self._energy_start.setdefault(uuid, energy)
-            values = {
-                "nv_gpu_utilization": nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100,
-                "nv_gpu_memory_total_bytes": memory.total,
-                "nv_gpu_memory_used_bytes": memory.used,
-                "nv_gpu_power_usage": nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
-                "nv_gpu_power_limit": nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
-                "nv_energy_consumption": energy - start,
-            }
-            for name, value in values.items():
-                rows.setdefault(name, []).append((labels, value))
+        try:
+            devices = list(self._devices())
+        except Exception:  # NVML failing must not fail the scrape
+            devices = []
+        for uuid, handle in devices:
+            for name, value in self._readings(uuid, handle):
+                rows.setdefault(name, []).append(({"gpu_uuid": uuid}, value))
         for name, documentation, kind in _GPU_FAMILIES:
             if name in rows:
                 yield _family(name, documentation, kind, rows[name])

@@ -123,6 +123,7 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
     if poller is not None:
         poller.cancel()
     dataplane.shutting_down()
+    await control.drain()  # a load or unload in progress finishes before models stop
     await _stop(stoppers, repository, options)
     tracer.flush()
     return 0

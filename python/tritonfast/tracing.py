@@ -275,16 +275,20 @@ class Tracer:
         settings = self.settings(model)
         if not settings.active or settings.rate <= 0:
             return None
+        # Sampling counts per owner of the settings in force: the model when it has its own
+        # rate or count, else the global settings (shared by every such model, as in Triton).
+        own = self._models.get(model, {})
+        owner = model if ("rate" in own or "count" in own) else ""
         with self._lock:
-            seen = self._seen.get(model, 0) + 1
-            self._seen[model] = seen
+            seen = self._seen.get(owner, 0) + 1
+            self._seen[owner] = seen
             if (seen - 1) % settings.rate:
                 return None
-            remaining = self._remaining.get(model, settings.count)
+            remaining = self._remaining.get(owner, settings.count)
             if remaining == 0:
                 return None
             if remaining > 0:
-                self._remaining[model] = remaining - 1
+                self._remaining[owner] = remaining - 1
             return RequestTrace(
                 next(self._ids),
                 model,

@@ -90,8 +90,9 @@ impl SegmentArena {
     fn carve(&self, bytes: usize) -> Result<Block, CoreError> {
         let mut next = self.next.lock();
         let offset = *next;
-        let end = offset
-            .checked_add(bytes.div_ceil(ALIGN) * ALIGN)
+        let end = bytes
+            .checked_next_multiple_of(ALIGN)
+            .and_then(|rounded| offset.checked_add(rounded))
             .filter(|&end| end <= self.segment.len())
             .ok_or_else(|| {
                 CoreError::unavailable(format!(
@@ -193,10 +194,15 @@ impl TensorPool {
             counters.reused.fetch_add(1, Ordering::Relaxed);
             block
         } else {
-            let bytes = class.map_or(len, class_bytes);
-            let block = match &self.shared.arena {
-                Some(arena) => arena.carve(bytes)?,
-                None => Block::on_heap(bytes),
+            let block = match (&self.shared.arena, class) {
+                (Some(arena), Some(class)) => arena.carve(class_bytes(class))?,
+                // A segment's ranges are never returned, so only pooled sizes come from it.
+                (Some(_), None) => {
+                    return Err(CoreError::invalid_arg(format!(
+                        "{len} bytes is too large for a shared tensor pool buffer"
+                    )));
+                }
+                (None, class) => Block::on_heap(class.map_or(len, class_bytes)),
             };
             counters.allocated.fetch_add(1, Ordering::Relaxed);
             block
@@ -327,7 +333,9 @@ impl Drop for PoolBuffer {
             return;
         };
         let mut free = self.pool.free[class].lock();
-        if free.len() < self.pool.max_free_per_class {
+        // Heap blocks beyond the bound go back to the allocator; a segment's blocks must stay
+        // on the list (their range of the segment would be lost otherwise).
+        if free.len() < self.pool.max_free_per_class || block.offset.is_some() {
             free.push(block);
         }
     }
@@ -405,6 +413,15 @@ mod tests {
         assert_eq!(again.offset(), Some(0), "recycled, not carved again");
         let full = pool.acquire(8192).unwrap_err();
         assert_eq!(full.code, crate::Code::Unavailable);
+        assert!(pool.acquire(usize::MAX).is_err(), "no overflow, no huge buffer");
+        // More buffers than the idle bound come back to the list: no range is lost.
+        let name2 = format!("{name}-b");
+        let small = TensorPool::in_segment(&name2, 4 * 256, 1).unwrap();
+        let loans: Vec<_> = (0..4).map(|_| small.acquire(10).unwrap()).collect();
+        drop(loans);
+        let reused: Vec<_> = (0..4).map(|_| small.acquire(10).unwrap()).collect();
+        assert_eq!(small.stats().reused, 4);
+        drop((reused, small));
         drop((pool, second, again));
         assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
     }

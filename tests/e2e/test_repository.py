@@ -302,3 +302,29 @@ def test_file_paths_must_stay_in_the_model_directory(explicit: tuple[RunningServ
             client.load_model("escape", config=config, files={"file:../../evil.py": b"x"})
     finally:
         client.close()
+
+
+def test_a_failed_model_can_be_unloaded(explicit: tuple[RunningServer, Path]) -> None:
+    server, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        with pytest.raises(InferenceServerException, match="load failed for model 'broken'"):
+            client.load_model("broken")
+        assert not client.is_server_ready()  # strict readiness: a model failed
+        client.unload_model("broken")
+        assert index(client)["broken"]["reason"] == "unloaded"
+        assert client.is_server_ready()
+    finally:
+        client.close()
+
+
+def test_model_names_cannot_leave_the_repository(explicit: tuple[RunningServer, Path]) -> None:
+    server, _ = explicit
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    config = json.dumps({"name": "x", "backend": "python"})
+    try:
+        for name in ("../escape", ".", "a/b"):
+            with pytest.raises(InferenceServerException, match="invalid model name"):
+                client.load_model(name, config=config, files={"file:1/model.py": b"x = 1"})
+    finally:
+        client.close()

@@ -99,3 +99,9 @@ def test_metrics_of_a_deleted_family_refuse_every_operation() -> None:
         with pytest.raises(pb_utils.TritonModelException, match=DELETED_FAMILY):
             operation()
     assert name not in rendered()
+
+
+@pytest.mark.parametrize("name", ["my-metric", "", "1abc", "nv_inference_count"])
+def test_family_names_are_checked(name: str) -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="name"):
+        Family(name, "bad", Family.COUNTER)

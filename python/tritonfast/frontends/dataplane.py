@@ -127,10 +127,15 @@ class DataPlane:
                 trace.record_tensors("TENSOR_BACKEND_OUTPUT", response.outputs)
             if shared_memory is not None:
                 shared_memory.write_outputs(response, windows)
-            return response
-        finally:
-            if trace is not None:
+        except BaseException:
+            if trace is not None:  # a failed request's trace ends here
                 trace.stamp("REQUEST_END", perf_counter_ns())
+                request.trace = None
+                self.tracer.finish(trace)
+            raise
+        if trace is not None:
+            trace.stamp("REQUEST_END", perf_counter_ns())
+        return response
 
     @staticmethod
     def _begin_trace(

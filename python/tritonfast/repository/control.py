@@ -21,7 +21,7 @@ import hashlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -61,6 +61,7 @@ class ModelControl:
         # from a configuration or files in the request): an unchanged one is not reloaded.
         self._loaded_from: dict[str, str] = {}
         self._temp_dirs: dict[str, Path] = {}
+        self._operations: set[asyncio.Future[None]] = set()
 
     # -- start-up -----------------------------------------------------------------------------
     def startup(self) -> list[ModelEntry]:
@@ -113,8 +114,32 @@ class ModelControl:
     async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         """Load ``name`` (reload it when loaded): parameters ``config`` (the model
         configuration as JSON, instead of config.pbtxt) and ``file:<path>`` (file contents,
-        for a model that is not on disk)."""
+        for a model that is not on disk).
+
+        Once started, a load runs to its end even if the caller goes away (a half-done load
+        would leave instances running that nothing serves or stops)."""
         self._require_explicit()
+        await self._run_to_end(self._load(name, parameters))
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Stop serving ``name`` once its queued and running requests are done. (No model has
+        dependents without ensembles, so ``unload_dependents`` changes nothing yet.)"""
+        self._require_explicit()
+        await self._run_to_end(self._unload(name))
+
+    async def drain(self) -> None:
+        """Wait for loads and unloads in progress (before the server stops its models)."""
+        while self._operations:
+            await asyncio.gather(*self._operations, return_exceptions=True)
+
+    async def _run_to_end(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._operations.add(task)
+        task.add_done_callback(self._operations.discard)
+        await asyncio.shield(task)
+
+    async def _load(self, name: str, parameters: Mapping[str, Any] | None) -> None:
+        _check_model_name(name)
         parameters = dict(parameters or {})
         override = _config_override(name, parameters.pop("config", None))
         files = {
@@ -156,10 +181,7 @@ class ModelControl:
             if previous_dir is not None:
                 shutil.rmtree(previous_dir, ignore_errors=True)
 
-    async def unload(self, name: str, unload_dependents: bool = False) -> None:
-        """Stop serving ``name`` once its queued and running requests are done. (No model has
-        dependents without ensembles, so ``unload_dependents`` changes nothing yet.)"""
-        self._require_explicit()
+    async def _unload(self, name: str) -> None:
         async with self._lock(name):
             entry = self.repository.begin_unload(name)
             if entry is None:
@@ -181,7 +203,13 @@ class ModelControl:
 
     # -- poll mode --------------------------------------------------------------------------------
     async def poll_forever(self) -> None:
-        """Apply the repository's changes every poll interval (poll mode)."""
+        """Apply the repository's changes every poll interval (poll mode; an interval of 0
+        or less means no polling)."""
+        if self._poll_secs <= 0:
+            log.warning(
+                "--repository-poll-secs is %s: the repository is not polled", self._poll_secs
+            )
+            return
         while True:
             await asyncio.sleep(self._poll_secs)
             try:
@@ -210,22 +238,20 @@ class ModelControl:
             log.error("%s", error.message)
 
     async def _load_polled(self, name: str) -> None:
-        mode, self.mode = self.mode, EXPLICIT  # the same path as an API load
-        try:
-            await self.load(name)
-        finally:
-            self.mode = mode
+        await self._run_to_end(self._load(name, None))
 
     async def _unload_polled(self, name: str) -> None:
-        mode, self.mode = self.mode, EXPLICIT
-        try:
-            await self.unload(name)
-        finally:
-            self.mode = mode
+        await self._run_to_end(self._unload(name))
 
     def _scan(self) -> dict[str, str]:
         """The fingerprint of every model directory in the repository."""
         return {name: _fingerprint(path) for name, path in self.repository.discover().items()}
+
+
+def _check_model_name(name: str) -> None:
+    """A model name is one directory name: nothing that could step out of a repository."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise InvalidArgumentError(f"invalid model name '{name}'")
 
 
 def _fingerprint(model_dir: Path) -> str:

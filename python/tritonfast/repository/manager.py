@@ -141,7 +141,10 @@ class ModelRepository:
         """Stop serving ``name`` (call on the event loop); returns its entry, now UNLOADING, to
         :meth:`retire` and then mark with :meth:`finish_unload`."""
         entry = self._models.get(name)
-        if entry is None or entry.state != READY:
+        if entry is None:
+            return None
+        if entry.state != READY:  # a failed (or already unloaded) model: nothing runs
+            entry.state, entry.reason = UNAVAILABLE, UNLOADED_REASON
             return None
         unloading = ModelEntry(name, entry.path, UNLOADING, config=entry.config)
         self._models[name] = unloading

@@ -39,6 +39,10 @@ def warm_up(
                 f"failed to warm up model '{config.name}' with sample '{sample.name}':"
                 f" {error.message}"
             ) from None
+        except (ValueError, TypeError, OverflowError) as error:  # e.g. dims of -1
+            raise InvalidArgumentError(
+                f"failed to warm up model '{config.name}' with sample '{sample.name}': {error}"
+            ) from None
 
 
 def _request(

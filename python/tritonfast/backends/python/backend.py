@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -52,10 +53,15 @@ def load_model_class(path: Path, model_name: str) -> type:
     if spec is None or spec.loader is None:
         raise InvalidArgumentError(f"unable to import the Python model file '{path}'")
     module: ModuleType = importlib.util.module_from_spec(spec)
-    # Models import helpers that sit next to model.py, as they can under Triton.
+    # Models import helpers that sit next to model.py, as they can under Triton; a reload must
+    # import them afresh, not reuse the modules a previous load cached.
     model_dir = str(path.parent)
     if model_dir not in sys.path:
         sys.path.insert(0, model_dir)
+    for name, cached in list(sys.modules.items()):
+        cached_file = getattr(cached, "__file__", None)
+        if cached_file and os.path.dirname(cached_file) == model_dir:
+            del sys.modules[name]
     try:
         spec.loader.exec_module(module)
     except Exception as exc:

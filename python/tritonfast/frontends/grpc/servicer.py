@@ -255,8 +255,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return infer_request, response, requested
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        _, response, requested = await self._run(request)
-        return codec.encode_infer_response(response, requested, request.id)
+        """One request of a stream."""
+        infer_request, response, requested = await self._run(request)
+        send_start = perf_counter_ns()
+        reply = codec.encode_infer_response(response, requested, request.id)
+        self._dataplane.trace_sent(infer_request, "GRPC", send_start, perf_counter_ns())
+        return reply
 
     @_triton_errors
     async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -382,8 +382,14 @@ def decode_system_register(body: bytes | bytearray | memoryview) -> tuple[str, i
     """``(key, offset, byte_size)`` from a system shared-memory register body."""
     doc = _register_body(body)
     key = _register_field(doc, "key", str)
-    offset = _register_field(doc, "offset", int, 0)
-    return key, offset, _register_field(doc, "byte_size", int)
+    offset = _uint64(_register_field(doc, "offset", int, 0), "offset")
+    return key, offset, _uint64(_register_field(doc, "byte_size", int), "byte_size")
+
+
+def _uint64(value: int, what: str) -> int:
+    if value >= 1 << 64:
+        raise _unable(what, "value does not fit in an unsigned 64-bit integer")
+    return value
 
 
 def decode_cuda_register(body: bytes | bytearray | memoryview) -> tuple[bytes, int, int]:
@@ -396,8 +402,8 @@ def decode_cuda_register(body: bytes | bytearray | memoryview) -> tuple[bytes, i
         raise InvalidArgumentError(
             "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
         ) from None
-    device_id = _register_field(doc, "device_id", int)
-    return raw_handle, device_id, _register_field(doc, "byte_size", int)
+    device_id = _uint64(_register_field(doc, "device_id", int), "device_id")
+    return raw_handle, device_id, _uint64(_register_field(doc, "byte_size", int), "byte_size")
 
 
 # -- responses --------------------------------------------------------------------------------
