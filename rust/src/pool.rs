@@ -413,7 +413,10 @@ mod tests {
         assert_eq!(again.offset(), Some(0), "recycled, not carved again");
         let full = pool.acquire(8192).unwrap_err();
         assert_eq!(full.code, crate::Code::Unavailable);
-        assert!(pool.acquire(usize::MAX).is_err(), "no overflow, no huge buffer");
+        assert!(
+            pool.acquire(usize::MAX).is_err(),
+            "no overflow, no huge buffer"
+        );
         // More buffers than the idle bound come back to the list: no range is lost.
         let name2 = format!("{name}-b");
         let small = TensorPool::in_segment(&name2, 4 * 256, 1).unwrap();
