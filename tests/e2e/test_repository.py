@@ -276,6 +276,12 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
         # A changed model reloads.
         write_generation_model(repository, "generation", 2)
         wait_for(lambda: generation_of(client, httpclient) == 2)
+        # A new version appears: the default policy (latest 1) serves it instead.
+        write_generation_model(repository, "generation", 3, version=2)
+        wait_for(lambda: client.get_model_metadata("generation")["versions"] == ["2"])
+        assert generation_of(client, httpclient) == 3
+        shutil.rmtree(repository / "generation" / "2")
+        wait_for(lambda: client.get_model_metadata("generation")["versions"] == ["1"])
         # A new model appears.
         shutil.copytree(EXAMPLES / "add_sub", repository / "add_sub")
         wait_for(lambda: client.is_model_ready("add_sub"))
