@@ -39,6 +39,7 @@ from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import rawtensor
+from tritonfast.runtime.bufferpool import POOL
 from tritonfast.runtime.shmsegment import (
     Segment,
     SegmentReader,
@@ -108,10 +109,13 @@ def _write(
 
 
 def _read(buffer: Any, slot: TensorSlot, model: str, *, copy: bool) -> np.ndarray:
+    """A tensor in a segment: a view, or (``copy``) a copy in a recycled pool buffer, made
+    with the GIL released, that outlives the segment's next reuse."""
     name, datatype, shape, offset, nbytes = slot
     view = memoryview(buffer)[offset : offset + nbytes]
-    array = rawtensor.from_raw(datatype, shape, view, name, model)
-    return array.copy() if copy and datatype != "BYTES" else array
+    if copy and datatype != "BYTES":
+        view = np.asarray(POOL.gather([np.frombuffer(view, np.uint8)])).data
+    return rawtensor.from_raw(datatype, shape, view, name, model)
 
 
 # -- the server side ----------------------------------------------------------------------------
