@@ -5,11 +5,48 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 EXAMPLE_REPOSITORY = Path(__file__).parent / "examples" / "models"
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
+
+
+# tritonserver flags that tune Triton's C++ internals (memory pools, thread counts, backend
+# and agent directories, response cache, rate limiter): accepted so that existing launch
+# commands work unchanged, reported at start-up, and otherwise without effect here.
+IGNORED_FLAGS = (
+    "--backend-directory",
+    "--backend-config",
+    "--repoagent-directory",
+    "--pinned-memory-pool-byte-size",
+    "--cuda-memory-pool-byte-size",
+    "--cuda-virtual-address-size",
+    "--min-supported-compute-capability",
+    "--buffer-manager-thread-count",
+    "--model-load-thread-count",
+    "--model-load-retry-count",
+    "--model-namespacing",
+    "--http-thread-count",
+    "--grpc-infer-allocation-pool-size",
+    "--grpc-keepalive-time",
+    "--grpc-keepalive-timeout",
+    "--metrics-interval-ms",
+    "--rate-limit",
+    "--rate-limit-resource",
+    "--cache-config",
+    "--cache-directory",
+    "--response-cache-byte-size",
+    "--host-policy",
+)
+
+
+class _Ignored(argparse.Action):
+    """Collects an ignored tritonserver flag with its value."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: str | None = None) -> None:
+        namespace.ignored_flags = [*namespace.ignored_flags, f"{option}={values}"]
 
 
 def _flag_bool(text: str) -> bool:
@@ -48,6 +85,7 @@ class ServeOptions:
     log_verbose: int = 0
     log_format: str = "default"
     trace_config: list[str] = field(default_factory=list)
+    ignored_flags: list[str] = field(default_factory=list)
     log_file: str = ""
     log_info: bool = True
     log_warning: bool = True
@@ -152,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-warning", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--log-error", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--id", dest="server_id", default="triton")
+    ignored = serve.add_argument_group(
+        "tritonserver flags accepted without effect (tuning of Triton's C++ internals)"
+    )
+    for flag in IGNORED_FLAGS:
+        ignored.add_argument(flag, action=_Ignored, dest="ignored_flags", metavar="VALUE")
+    serve.set_defaults(ignored_flags=[])
     return parser
 
 

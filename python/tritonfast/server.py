@@ -67,6 +67,8 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
             f" {options.model_repositories[0]}",
             flush=True,
         )
+    for flag in options.ignored_flags:
+        log.warning("%s has no effect in tritonfast (it tunes Triton's C++ internals)", flag)
     try:
         metrics_config = parse_metrics_config(options.metrics_config)
         tracer = Tracer(parse_trace_config(options.trace_config))

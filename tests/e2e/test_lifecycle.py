@@ -154,6 +154,26 @@ def test_help_lists_tritonserver_flags() -> None:
         assert flag in result.stdout
 
 
+def test_tritonserver_tuning_flags_are_accepted(tmp_path) -> None:
+    server = start_server(
+        [EXAMPLES],
+        tmp_path / "server.log",
+        "--backend-directory=/opt/tritonserver/backends",
+        "--pinned-memory-pool-byte-size=0",
+        "--cuda-memory-pool-byte-size=0:0",
+        "--http-thread-count=4",
+    )
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_server_ready()
+        client.close()
+    finally:
+        assert server.stop() == 0
+    log = server.log()
+    assert "--pinned-memory-pool-byte-size=0 has no effect in tritonfast" in log
+    assert "--cuda-memory-pool-byte-size=0:0 has no effect" in log
+
+
 def test_default_repository_is_the_bundled_examples(tmp_path) -> None:
     server = start_server([], tmp_path / "log", "--allow-grpc=false", "--allow-metrics=false")
     try:
