@@ -22,7 +22,7 @@ import bisect
 import itertools
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 COUNTER = "counter"
@@ -109,11 +109,17 @@ class CustomMetrics:
         return self.state()
 
     def state(self) -> State:
-        """Every live family with copies of its series (picklable)."""
-        return [
-            (family.name, family.description, family.kind, series)
-            for family, series in self.snapshot()
-        ]
+        """Every live family, in registration order, with copies of its series (picklable)."""
+        with self._lock:
+            return [
+                (
+                    family.name,
+                    family.description,
+                    family.kind,
+                    [_copy(s) for s in family.series.values()],
+                )
+                for family in self._families.values()
+            ]
 
     # -- families ------------------------------------------------------------------------------
     def acquire_family(self, name: str, description: str, kind: str) -> Family:
@@ -208,16 +214,6 @@ class CustomMetrics:
     def _check(family: Family) -> None:
         if not family.alive:
             raise MetricError(DELETED_FAMILY)
-
-    # -- export ----------------------------------------------------------------------------------
-    def snapshot(self) -> Iterator[tuple[Family, list[Series]]]:
-        """Each live family with copies of its series, in registration order."""
-        with self._lock:
-            families = [
-                (family, [_copy(s) for s in family.series.values()])
-                for family in self._families.values()
-            ]
-        yield from families
 
 
 def _copy(series: Series) -> Series:

@@ -48,7 +48,7 @@ class OpenTelemetryExporter:
         offset = self._epoch_offset
         attributes: dict[str, Any] = {
             "triton.model_name": trace.model_name,
-            "triton.model_version": int(trace.model_version or -1),
+            "triton.model_version": trace.model_version,
             "triton.trace_id": trace.id,
         }
         if trace.request_id:

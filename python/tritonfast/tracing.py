@@ -76,7 +76,7 @@ class TraceSettings:
 class RequestTrace:
     id: int
     model_name: str
-    model_version: str = ""
+    model_version: int = -1
     request_id: str = ""
     with_timestamps: bool = True
     with_tensors: bool = False
@@ -107,7 +107,7 @@ class RequestTrace:
 
     def events(self) -> list[dict[str, Any]]:
         head: dict[str, Any] = {"id": self.id, "model_name": self.model_name}
-        head["model_version"] = int(self.model_version) if self.model_version.isdigit() else -1
+        head["model_version"] = self.model_version
         if self.request_id:
             head["request_id"] = self.request_id
         events = [head, *self.tensors]
@@ -268,7 +268,12 @@ class Tracer:
             return self.settings(model)
 
     # -- tracing requests --------------------------------------------------------------------------
-    def start(self, model: str, version: str, request_id: str) -> RequestTrace | None:
+    @property
+    def enabled(self) -> bool:
+        """Whether any request may be traced (frontends skip their stamps otherwise)."""
+        return self._any_active
+
+    def start(self, model: str, version: int, request_id: str) -> RequestTrace | None:
         """A trace for this request if it is sampled (one in ``trace_rate``), else None."""
         if not self._any_active:
             return None

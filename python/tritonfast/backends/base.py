@@ -30,11 +30,15 @@ class PhaseClock:
     def infer_done(self) -> None:
         self.infer_end = perf_counter_ns()
 
+    def marks(self, end: int) -> tuple[int, int, int, int]:
+        """(start, input end, infer end, end) for an execution that ended at ``end``."""
+        input_end = self.input_end or self.start
+        return self.start, input_end, max(self.infer_end or end, input_end), end
+
     def split(self, end: int) -> tuple[int, int, int]:
         """(input, infer, output) nanoseconds for an execution that ended at ``end``."""
-        input_end = self.input_end or self.start
-        infer_end = max(self.infer_end or end, input_end)
-        return input_end - self.start, infer_end - input_end, end - infer_end
+        start, input_end, infer_end, _ = self.marks(end)
+        return input_end - start, infer_end - input_end, end - infer_end
 
 
 class Backend(abc.ABC):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
 from tritonfast.config.jsonform import config_to_json
+from tritonfast.errors import InvalidArgumentError
 from tritonfast.logsettings import ServerLog
 from tritonfast.runtime.sharedmemory import SharedMemory
 from tritonfast.runtime.types import InferRequest, InferResponse
@@ -116,9 +117,11 @@ class DataPlane:
         and message for every failure (unknown model, bad input, model error).
         """
         model = self._repository.get(request.model_name, request.model_version)
-        trace = self.tracer.start(model.name, str(model.version), request.id)
-        if trace is not None:
-            self._begin_trace(request, trace, received)
+        trace = None
+        if self.tracer.enabled:
+            trace = self.tracer.start(model.name, model.version, request.id)
+            if trace is not None:
+                self._begin_trace(request, trace, received)
         try:
             shared_memory = self._shared_memory if request.uses_shared_memory else None
             windows = shared_memory.resolve_inputs(request) if shared_memory else {}
@@ -162,14 +165,17 @@ class DataPlane:
 
     # -- trace settings ---------------------------------------------------------------------
     def trace_settings(self, model: str = "") -> dict[str, Any]:
-        if model:
-            self._repository.get(model)
+        self._check_traced_model(model)
         return self.tracer.settings(model).as_dict()
 
     def update_trace_settings(self, changes: dict[str, Any], model: str = "") -> dict[str, Any]:
-        if model:
-            self._repository.get(model)
+        self._check_traced_model(model)
         return self.tracer.update(changes, model).as_dict()
+
+    def _check_traced_model(self, model: str) -> None:
+        """Per-model trace settings need a servable model (Triton's words, INVALID_ARG)."""
+        if model and not self._repository.is_ready(model):
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
 
     # -- logging ------------------------------------------------------------------------------
     def log_settings(self) -> dict[str, Any]:

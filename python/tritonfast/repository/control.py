@@ -222,26 +222,21 @@ class ModelControl:
         before = self._fingerprints
         for name in sorted(set(before) - set(now)):
             log.info("model '%s' left the repository: unloading", name)
-            await self._apply(self._unload_polled, name)
+            await self._apply(self._unload(name))
         for name, fingerprint in sorted(now.items()):
             if before.get(name) != fingerprint:
                 log.info(
                     "model '%s' %s: loading", name, "changed" if name in before else "appeared"
                 )
-                await self._apply(self._load_polled, name)
+                await self._apply(self._load(name, None))
         self._fingerprints = now
 
-    async def _apply(self, action: Any, name: str) -> None:
+    async def _apply(self, change: Coroutine[Any, Any, None]) -> None:
+        """A load or unload the poller found needed; its failure is logged, polling goes on."""
         try:
-            await action(name)
+            await self._run_to_end(change)
         except (InvalidArgumentError, InternalError) as error:
             log.error("%s", error.message)
-
-    async def _load_polled(self, name: str) -> None:
-        await self._run_to_end(self._load(name, None))
-
-    async def _unload_polled(self, name: str) -> None:
-        await self._run_to_end(self._unload(name))
 
     def _scan(self) -> dict[str, str]:
         """The fingerprint of every model directory in the repository."""

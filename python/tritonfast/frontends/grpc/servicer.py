@@ -19,7 +19,7 @@ import grpc
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast._proto import grpc_service_pb2_grpc as pb_grpc
 from tritonfast._proto import health_pb2, health_pb2_grpc
-from tritonfast.errors import InvalidArgumentError, NotFoundError, TritonError, UnsupportedError
+from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
 from tritonfast.runtime.types import InferRequest, InferResponse
 
@@ -129,14 +129,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext
     ) -> pb.TraceSettingResponse:
         model = request.model_name
-        try:
-            if request.settings:
-                changes = codec.decode_trace_settings(request.settings)
-                settings = self._dataplane.update_trace_settings(changes, model)
-            else:
-                settings = self._dataplane.trace_settings(model)
-        except NotFoundError:
-            raise InvalidArgumentError(f"Request for unknown model : {model}") from None
+        if request.settings:
+            changes = codec.decode_trace_settings(request.settings)
+            settings = self._dataplane.update_trace_settings(changes, model)
+        else:
+            settings = self._dataplane.trace_settings(model)
         return codec.encode_trace_settings(settings)
 
     # -- logging --------------------------------------------------------------------------------
@@ -257,6 +254,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         """One request of a stream."""
         infer_request, response, requested = await self._run(request)
+        if infer_request.trace is None:
+            return codec.encode_infer_response(response, requested, request.id)
         send_start = perf_counter_ns()
         reply = codec.encode_infer_response(response, requested, request.id)
         self._dataplane.trace_sent(infer_request, "GRPC", send_start, perf_counter_ns())
@@ -265,11 +264,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_triton_errors
     async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Registered without (de)serializers: tensors stay out of protobuf (see codec)."""
-        received = perf_counter_ns()  # the message has been read when we are called
+        received = None
+        if self._dataplane.tracer.enabled:  # the message was read before we were called
+            now = perf_counter_ns()
+            received = ("GRPC", now, now)
         request, raw_inputs = codec.parse_infer_request(data)
-        infer_request, response, requested = await self._run(
-            request, raw_inputs, ("GRPC", received, received)
-        )
+        infer_request, response, requested = await self._run(request, raw_inputs, received)
         if infer_request.trace is None:
             return codec.serialize_infer_response(response, requested, request.id)
         send_start = perf_counter_ns()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tritonfast.errors import InvalidArgumentError, NotFoundError, TritonError, UnsupportedError
+from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.bufferpool import pooled_memory
@@ -144,8 +144,6 @@ async def trace_setting(
             return _json(dataplane.trace_settings(model))
         changes = codec.decode_trace_settings(await _read_body(request))
         return _json(dataplane.update_trace_settings(changes, model))
-    except NotFoundError:  # Triton's wording for the per-model setting of an unknown model
-        return _error(InvalidArgumentError(f"Request for unknown model : {model}"))
     except TritonError as err:
         return _error(err)
 
@@ -253,7 +251,8 @@ async def cuda_shm_unregister(
 async def infer(
     request: web.BaseRequest, dataplane: DataPlane, model_name: str, model_version: str
 ) -> web.StreamResponse:
-    received_start = perf_counter_ns()  # for tracing
+    tracing = dataplane.tracer.enabled  # clock reads only when a request may be traced
+    received_start = perf_counter_ns() if tracing else 0
     encoding = request.headers.get("Content-Encoding")
     if encoding and encoding not in _REQUEST_ENCODINGS:
         try:
@@ -267,7 +266,7 @@ async def infer(
     try:
         try:
             body = await _read_body(request)
-            received = ("HTTP", received_start, perf_counter_ns())
+            received = ("HTTP", received_start, perf_counter_ns()) if tracing else None
             if encoding and encoding != "identity":
                 body = _inflate(body)
             length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))

@@ -363,13 +363,6 @@ def decode_unload_request(body: bytes | bytearray | memoryview) -> bool:
 
 
 # -- shared-memory registration ---------------------------------------------------------------
-def _register_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
-    doc = jsonparse.loads(memoryview(body)) if body else {}
-    if type(doc) is not dict:
-        raise InvalidArgumentError("Shared memory register request must be a JSON object")
-    return doc
-
-
 def _register_field(doc: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
     if key not in doc:
         if default is not None:
@@ -380,7 +373,7 @@ def _register_field(doc: dict[str, Any], key: str, kind: type, default: Any = No
 
 def decode_system_register(body: bytes | bytearray | memoryview) -> tuple[str, int, int]:
     """``(key, offset, byte_size)`` from a system shared-memory register body."""
-    doc = _register_body(body)
+    doc = _object_body(body, "Shared memory register")
     key = _register_field(doc, "key", str)
     offset = _uint64(_register_field(doc, "offset", int, 0), "offset")
     return key, offset, _uint64(_register_field(doc, "byte_size", int), "byte_size")
@@ -394,7 +387,7 @@ def _uint64(value: int, what: str) -> int:
 
 def decode_cuda_register(body: bytes | bytearray | memoryview) -> tuple[bytes, int, int]:
     """``(raw_handle, device_id, byte_size)`` from a CUDA shared-memory register body."""
-    doc = _register_body(body)
+    doc = _object_body(body, "Shared memory register")
     handle = _register_field(doc, "raw_handle", dict)
     try:
         raw_handle = base64.b64decode(_require(handle.get("b64"), str, "b64"), validate=True)
