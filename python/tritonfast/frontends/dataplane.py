@@ -87,6 +87,11 @@ class DataPlane:
     def model_ready(self, name: str, version: str = "") -> bool:
         return self._repository.is_ready(name, version)
 
+    def require_model(self, name: str, version: str = "") -> None:
+        """Raise Triton's unknown-model error unless ``name`` (``version``) serves. Frontends
+        call it first when a request is also malformed: Triton names the unknown model."""
+        self._repository.get(name, version)
+
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """KServe v2 model metadata: name, versions, platform, inputs and outputs."""
         model = self._repository.get(name, version)
@@ -123,13 +128,14 @@ class DataPlane:
             if trace is not None:
                 self._begin_trace(request, trace, received)
         try:
-            shared_memory = self._shared_memory if request.uses_shared_memory else None
-            windows = shared_memory.resolve_inputs(request) if shared_memory else {}
+            windows = None
+            if request.uses_shared_memory:
+                windows = self._shared_memory.resolve_inputs(request)
             response = await model.infer(request)
             if trace is not None:
                 trace.record_tensors("TENSOR_BACKEND_OUTPUT", response.outputs)
-            if shared_memory is not None:
-                shared_memory.write_outputs(response, windows)
+            if windows is not None:
+                self._shared_memory.write_outputs(response, windows)
         except BaseException:
             if trace is not None:  # a failed request's trace ends here
                 trace.stamp("REQUEST_END", perf_counter_ns())

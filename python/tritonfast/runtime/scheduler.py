@@ -49,6 +49,7 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, Result
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.instance import InstanceLoop
+from tritonfast.runtime.rawtensor import request_prefix
 from tritonfast.runtime.types import InferRequest, InferResponse
 
 # Triton's answer to a request whose queue timeout expired under the REJECT action.
@@ -102,6 +103,7 @@ class Scheduler:
         else:
             # Triton's default scheduler: one request per execution, FIFO to idle instances.
             self._queue = RequestQueue(latency_summaries=latency_summaries)
+        self._needs_shape_key = bool(self._keyed) or self._optional_inputs
         self._loop = loop
         # preserve_ordering: batches settle in the order they left the queue.
         self._next_seq = 0
@@ -137,13 +139,13 @@ class Scheduler:
             params = request.parameters
             priority = _unsigned(params.get("priority", 0), _U32) if params else 0
             timeout = _unsigned(params.get("timeout", 0), _U64) if params else 0
-            shape_key = self._shape_key(request) if self._keyed or self._optional_inputs else 0
+            shape_key = self._shape_key(request) if self._needs_shape_key else 0
             return self._queue.push_cancellable(
                 (request, future), batch_size, priority, timeout, shape_key
             )
         except UnavailableError as exc:
             # Triton prefixes these with the request id ("<id_unknown>" without one).
-            prefix = f"[request id: {request.id or '<id_unknown>'}] "
+            prefix = request_prefix(request.id)
             if exc.message == QUEUE_FULL_MESSAGE:
                 raise UnavailableError(prefix + QUEUE_FULL_MESSAGE) from None
             if self._queue.closed:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.errors import InvalidArgumentError
+from tritonfast.runtime.rawtensor import request_prefix
 from tritonfast.runtime.types import InferRequest
 
 # Config DataType enum -> wire datatype name.
@@ -58,7 +59,6 @@ class RequestValidator:
     def check(self, request: InferRequest) -> int:
         """Raise InvalidArgumentError for a bad request; return its batch size (1 if none)."""
         model = self.model_name
-        prefix = f"[request id: {request.id or '<id_unknown>'}] "
         batch_size = 1
         seen: set[str] = set()
         for tensor in request.inputs:
@@ -68,46 +68,49 @@ class RequestValidator:
                     f"unexpected inference input '{tensor.name}' for model '{model}'"
                 )
             if tensor.name in seen:
-                raise InvalidArgumentError(
-                    f"{prefix}input '{tensor.name}' is specified more than once for model '{model}'"
+                raise _refused(
+                    request,
+                    f"input '{tensor.name}' is specified more than once for model '{model}'",
                 )
             seen.add(tensor.name)
             if tensor.datatype != spec.datatype:
-                raise InvalidArgumentError(
-                    f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}',"
-                    f" but model '{model}' expects '{spec.datatype}'"
+                raise _refused(
+                    request,
+                    f"inference input '{tensor.name}' data-type is '{tensor.datatype}',"
+                    f" but model '{model}' expects '{spec.datatype}'",
                 )
             shape = tensor.shape
             if self.max_batch_size > 0:
                 if len(shape) != len(spec.dims) + 1:
-                    raise InvalidArgumentError(
-                        f"{prefix}{self._shape_error(tensor.name, tensor.shape, spec)}"
-                        f"{_BATCH_DIM_NOTE}"
+                    raise _refused(
+                        request,
+                        f"{self._shape_error(tensor.name, tensor.shape, spec)}{_BATCH_DIM_NOTE}",
                     )
                 this_batch = shape[0]
                 if this_batch > self.max_batch_size:
-                    raise InvalidArgumentError(
-                        f"{prefix}inference request batch-size must be <= {self.max_batch_size}"
-                        f" for '{model}'"
+                    raise _refused(
+                        request,
+                        f"inference request batch-size must be <= {self.max_batch_size}"
+                        f" for '{model}'",
                     )
                 if len(seen) > 1 and this_batch != batch_size:
-                    raise InvalidArgumentError(
-                        f"{prefix}input '{tensor.name}' batch size does not match other inputs"
-                        f" for '{model}'"
+                    raise _refused(
+                        request,
+                        f"input '{tensor.name}' batch size does not match other inputs"
+                        f" for '{model}'",
                     )
                 batch_size = this_batch
                 shape = shape[1:]
             if not _shape_matches(shape, spec.dims):
-                raise InvalidArgumentError(
-                    f"{prefix}{self._shape_error(tensor.name, tensor.shape, spec)}"
-                )
+                raise _refused(request, f"{self._shape_error(tensor.name, tensor.shape, spec)}")
         missing = [n for n in self._required if n not in seen]
         if missing:
-            raise InvalidArgumentError(
-                f"{prefix}expected {len(self.inputs)} inputs but got {len(seen)} inputs for"
+            raise _refused(
+                request,
+                f"expected {len(self.inputs)} inputs but got {len(seen)} inputs for"
                 f" model '{model}'. Got input(s) {_name_list(t.name for t in request.inputs)},"
                 f" but missing required input(s) {_name_list(missing)}. Please provide all"
-                " required input(s)."
+                " required input(s).",
             )
         if request.outputs is not None:
             for output in request.outputs:
@@ -151,3 +154,9 @@ def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
 
 def _name_list(names: Iterable[str]) -> str:
     return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+def _refused(request: InferRequest, message: str) -> InvalidArgumentError:
+    """Triton's request-level validation error: the message after the request-id prefix
+    (built only when a request is refused)."""
+    return InvalidArgumentError(request_prefix(request.id) + message)

@@ -112,8 +112,11 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
     """The inverse of :func:`serialize_byte_tensor`: a 1-D object array of bytes."""
-    raw = encoded_tensor.tobytes() if isinstance(encoded_tensor, np.ndarray) else encoded_tensor
-    return rawtensor.bytes_array(rawtensor.split_bytes(memoryview(raw).cast("B")))
+    if isinstance(encoded_tensor, np.ndarray):  # viewed, not copied
+        raw = np.ascontiguousarray(encoded_tensor).data.cast("B")
+    else:
+        raw = memoryview(encoded_tensor).cast("B")
+    return rawtensor.bytes_array(rawtensor.split_bytes(raw))
 
 
 class TritonError:

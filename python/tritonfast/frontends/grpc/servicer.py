@@ -245,7 +245,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except InvalidArgumentError:
             # Triton looks the model up before it examines the tensors: an unknown model
             # is reported as such even when the request is malformed too.
-            self._dataplane.model_config(request.model_name, request.model_version)
+            self._dataplane.require_model(request.model_name, request.model_version)
             raise
         response = await self._dataplane.infer(infer_request, received)
         requested = [o.name for o in request.outputs] if request.outputs else None

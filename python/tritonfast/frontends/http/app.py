@@ -256,7 +256,7 @@ async def infer(
     encoding = request.headers.get("Content-Encoding")
     if encoding and encoding not in _REQUEST_ENCODINGS:
         try:
-            dataplane.model_metadata(model_name, model_version)  # an unknown model comes first
+            dataplane.require_model(model_name, model_version)  # an unknown model comes first
         except TritonError as err:
             return _error(err)
         return _error(
@@ -276,7 +276,7 @@ async def infer(
         except TritonError:
             # Like Triton, name an unknown model before what is wrong with the body. (On the
             # good path the data plane's own look-up reports it.)
-            dataplane.model_metadata(model_name, model_version)
+            dataplane.require_model(model_name, model_version)
             raise
         response = await dataplane.infer(infer_request, received)
         header, buffers = codec.encode_infer_response_parts(response, infer_request, binary_default)
