@@ -166,13 +166,6 @@ class RequestQueue:
     def statistics(self) -> dict[str, Any]:
         """The model version's statistics (layout: ``tritonfast.runtime.scheduler``)."""
 
-    def record_failure(
-        self,
-        reason: Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"] = "OTHER",
-        duration_ns: int = 0,
-    ) -> None:
-        """Count one request that failed outside the queue's view."""
-
     def __len__(self) -> int: ...
     def latency_summaries(
         self, quantiles: list[float]

@@ -321,11 +321,6 @@ pub struct Queued<T> {
 }
 
 impl<T> Queued<T> {
-    /// Its priority level: 1 (highest) and up; 0 when the queue has no priority levels.
-    pub fn priority_level(&self, queue_has_levels: bool) -> u32 {
-        if queue_has_levels { self.level + 1 } else { 0 }
-    }
-
     /// When it was enqueued.
     pub fn enqueued_at(&self) -> Instant {
         self.enqueued_at

@@ -15,7 +15,7 @@ use crate::queue::{
     BatchPolicy, PopResult, QueueConfig, QueuePolicy, Queued, RequestMeta, RequestQueue, Ticket,
     TicketStatus, TimeoutAction,
 };
-use crate::stats::{ComputeTimes, FailureReason, RequestTiming};
+use crate::stats::{ComputeTimes, RequestTiming};
 
 /// Longest stretch a `pop` waits without coming back for the GIL to check for signals, so
 /// Ctrl-C reaches a main thread blocked in `pop`.
@@ -416,21 +416,6 @@ impl PyRequestQueue {
             dict.set_item(name, (snapshot.count, snapshot.sum, snapshot.quantiles))?;
         }
         Ok(Some(dict))
-    }
-
-    /// Counts one request that failed outside the queue's view (`reason`: "REJECTED",
-    /// "CANCELED", "BACKEND" or "OTHER"), after `duration_ns`.
-    #[pyo3(signature = (reason = "OTHER", duration_ns = 0))]
-    fn record_failure(&self, reason: &str, duration_ns: u64) -> PyResult<()> {
-        let reason = FailureReason::from_name(reason).ok_or_else(|| {
-            CoreError::invalid_arg(format!(
-                "failure reason must be REJECTED, CANCELED, BACKEND or OTHER, got '{reason}'"
-            ))
-        })?;
-        self.inner
-            .stats()
-            .record_failure(reason, Duration::from_nanos(duration_ns));
-        Ok(())
     }
 
     fn __len__(&self) -> usize {
