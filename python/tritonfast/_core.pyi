@@ -158,6 +158,13 @@ class RequestQueue:
         ``max_queue_delay_us`` after its oldest item was enqueued), even past ``timeout_us``.
         """
 
+    def pop_or_hand_off(self, timeout_us: int, handoff: Handoff, instance: int) -> Batch | None:
+        """Like :meth:`pop`, for instance ``instance`` of a model whose batches may run on the
+        event loop: while ``handoff`` is on, each batch is offered to it and the calling thread
+        waits (GIL released) until the loop has run it, then takes the next. Returns what the
+        caller must handle itself: a batch to run (handoff off) or rejections, an empty batch
+        once ``timeout_us`` has passed, ``None`` once closed and drained."""
+
     def close(self) -> None:
         """Reject further pushes and wake every waiter; queued items are still handed out."""
 
@@ -239,3 +246,19 @@ def split_message_field(message: bytes, field: int) -> tuple[bytes, list[tuple[i
 
 def length_delimited_prefix(field: int, length: int) -> bytes:
     """The key and length that precede ``length`` payload bytes of ``field`` on the wire."""
+
+@final
+class Handoff:
+    """Batches that instance threads formed and the event loop runs (switched off when
+    created). Watch :meth:`fileno` for readability, then call :meth:`take`."""
+
+    def __new__(cls, queue: RequestQueue) -> Handoff: ...
+    def fileno(self) -> int: ...
+    enabled: bool
+    def take(self) -> list[tuple[int, Batch, HandoffDone]]:
+        """The offered batches, oldest first: (instance index, batch, done). Call
+        ``done.complete()`` once the batch has run (dropping ``done`` does the same)."""
+
+@final
+class HandoffDone:
+    def complete(self) -> None: ...

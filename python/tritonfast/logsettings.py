@@ -83,6 +83,16 @@ class SeverityFilter(logging.Filter):
         return settings.log_verbose_level > 0
 
 
+def _lowest_enabled(settings: LogSettings) -> int:
+    if settings.log_verbose_level > 0:
+        return logging.DEBUG
+    if settings.log_info:
+        return logging.INFO
+    if settings.log_warning:
+        return logging.WARNING
+    return logging.ERROR
+
+
 class ServerLog:
     """The process's log configuration: installed once by the server at start-up."""
 
@@ -115,8 +125,8 @@ class ServerLog:
         for old in list(root.handlers):
             root.removeHandler(old)
         root.addHandler(handler)
-        root.setLevel(logging.DEBUG)
         self._handler = handler
+        self._apply_level()
         ServerLog._installed = self
 
     def close(self) -> None:
@@ -142,4 +152,12 @@ class ServerLog:
             for key in ("log_info", "log_warning", "log_error", "log_verbose_level", "log_format"):
                 if changes.get(key) is not None:
                     setattr(self.settings, key, changes[key])
+            if self._handler is not None:
+                self._apply_level()
             return self.settings.as_dict()
+
+    def _apply_level(self) -> None:
+        """The root logger's level: the lowest severity switched on. The filter alone would do,
+        but libraries log debug messages on hot paths (grpcio does for every RPC), and a record
+        the level lets through costs microseconds to build before the filter drops it."""
+        logging.getLogger().setLevel(_lowest_enabled(self.settings))

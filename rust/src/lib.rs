@@ -11,6 +11,7 @@ compile_error!("tritonfast's core needs a Unix system (POSIX shared memory)");
 pub mod batcher;
 pub mod copy;
 pub mod error;
+pub mod handoff;
 pub mod latency;
 pub mod pool;
 pub mod queue;

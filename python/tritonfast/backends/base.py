@@ -42,7 +42,13 @@ class PhaseClock:
 
 
 class Backend(abc.ABC):
-    """A model instance. ``execute`` runs on the instance's own thread, never on the loop."""
+    """A model instance. ``execute`` runs on the instance's own thread, or, for a backend that
+    allows it and whose executions are short, on the event loop (see runtime.looprun); one
+    batch at a time either way."""
+
+    # Whether execute() may run on the event loop's thread: it holds the GIL throughout (no
+    # waiting on other threads or processes) and needs no thread of its own.
+    may_run_on_event_loop = False
 
     @abc.abstractmethod
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:

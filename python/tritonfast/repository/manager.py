@@ -200,7 +200,8 @@ class ModelRepository:
         served: list[int],
         model_dir: Path,
     ) -> ModelVersion:
-        in_processes = instance_mode(config) == "process"
+        mode = instance_mode(config)
+        in_processes = mode == "process"
         instances: list[Backend] = []
         try:
             for group in config.instance_group:
@@ -238,6 +239,7 @@ class ModelRepository:
             instances,
             self._loop,
             latency_summaries=self._latency_summaries,
+            loop_execution=mode == "auto",
         )
         return ModelVersion(config, version, scheduler, served)
 

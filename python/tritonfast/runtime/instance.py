@@ -4,6 +4,10 @@ The wait for a batch happens inside the Rust core with the GIL released. Each ba
 execution is reported to the core's statistics with one call, and its results are handed to the
 scheduler's ``deliver`` (which moves them to the event loop in one ``call_soon_threadsafe``),
 not one call per request.
+
+With a :class:`~tritonfast._core.Handoff` (see :mod:`.looprun`) the thread still forms its
+batches in the core, but while the handoff is on it offers each one to the event loop, which
+runs it with :meth:`InstanceLoop.run`, and waits (GIL released) until the loop is done.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Callable, Sequence
 from time import perf_counter_ns
 from typing import Any
 
-from tritonfast._core import Batch, RequestQueue
+from tritonfast._core import Batch, Handoff, RequestQueue
 from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime.types import InferRequest
@@ -31,6 +35,8 @@ QueueItem = tuple[InferRequest, "asyncio.Future[Any]"]
 Deliver = Callable[[int, list["asyncio.Future[Any]"], Sequence[Result]], None]
 # Called on the instance thread with the futures of requests rejected by a queue timeout.
 Reject = Callable[[list["asyncio.Future[Any]"]], None]
+# Told how long each batch took to run (nanoseconds), and whether it ran on the event loop.
+Observe = Callable[[int, bool], None]
 
 
 class InstanceLoop:
@@ -41,12 +47,18 @@ class InstanceLoop:
         backend: Backend,
         deliver: Deliver,
         reject: Reject,
+        *,
+        handoff: tuple[Handoff, int] | None = None,
+        observe: Observe | None = None,
     ) -> None:
         self.name = name
         self._queue = queue
         self._backend = backend
         self._deliver = deliver
         self._reject = reject
+        # (the model's handoff, this instance's index in it)
+        self._handoff = handoff
+        self._observe = observe
         self._thread = threading.Thread(target=self._run, name=f"instance:{name}", daemon=True)
 
     def start(self) -> None:
@@ -64,20 +76,31 @@ class InstanceLoop:
             log.exception("finalize failed for instance %s", self.name)
 
     def _run(self) -> None:
-        pop = self._queue.pop
+        if self._handoff is None:
+            pop = self._queue.pop
+        else:
+            handoff, index = self._handoff
+            queue = self._queue
+
+            def pop(timeout_us: int) -> Batch | None:
+                return queue.pop_or_hand_off(timeout_us, handoff, index)
+
         while True:
             batch = pop(_POLL_US)
             if batch is None:  # closed and drained
                 return
-            items = batch.items
-            if items:
-                self._execute(batch, items)
+            if batch.items:
+                self._deliver(*self.run(batch, on_loop=False))
             else:  # a batch never comes with rejections; both are empty on a timeout
                 rejected = batch.rejected
                 if rejected:
                     self._reject([item[1] for item in rejected])
 
-    def _execute(self, batch: Batch, items: list[QueueItem]) -> None:
+    def run(
+        self, batch: Batch, *, on_loop: bool
+    ) -> tuple[int, list[asyncio.Future[Any]], Sequence[Result]]:
+        """Run one batch and record it: (batch seq, futures, one result per future)."""
+        items: list[QueueItem] = batch.items
         clock = PhaseClock()
         requests = [item[0] for item in items]
         results = self._run_backend(requests, clock)
@@ -90,7 +113,9 @@ class InstanceLoop:
             batch.report(results, *clock.split(end))
         except Exception:  # statistics must never cost a response
             log.exception("instance %s could not record a batch's statistics", self.name)
-        self._deliver(batch.seq, futures, results)
+        if self._observe is not None:
+            self._observe(end - clock.start, on_loop)
+        return batch.seq, futures, results
 
     def _run_backend(self, requests: list[InferRequest], clock: PhaseClock) -> Sequence[Result]:
         """The backend's results for one batch, or the error for every request."""

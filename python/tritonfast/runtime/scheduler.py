@@ -49,6 +49,7 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, Result
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.instance import InstanceLoop
+from tritonfast.runtime.looprun import LoopExecution
 from tritonfast.runtime.rawtensor import request_prefix
 from tritonfast.runtime.types import InferRequest, InferResponse
 
@@ -76,6 +77,7 @@ class Scheduler:
         loop: asyncio.AbstractEventLoop,
         *,
         latency_summaries: bool = False,
+        loop_execution: bool = False,
     ) -> None:
         self._batching = config.HasField("dynamic_batching") and config.max_batch_size > 0
         preserve_ordering = False
@@ -109,10 +111,26 @@ class Scheduler:
         self._next_seq = 0
         self._held: dict[int, tuple[list[asyncio.Future[Any]], Sequence[Result]]] = {}
         deliver = self._deliver_in_order if preserve_ordering else self._deliver
+        # Short executions may run on the event loop (see looprun) when every instance can.
+        self._on_loop: LoopExecution | None = None
+        if loop_execution and all(backend.may_run_on_event_loop for backend in backends):
+            self._on_loop = LoopExecution(name, self._queue, loop)
+        on_loop = self._on_loop
         self._instances = [
-            InstanceLoop(f"{name}_{index}", self._queue, backend, deliver, self._reject)
+            InstanceLoop(
+                f"{name}_{index}",
+                self._queue,
+                backend,
+                deliver,
+                self._reject,
+                handoff=None if on_loop is None else (on_loop.handoff, index),
+                observe=None if on_loop is None else on_loop.observe,
+            )
             for index, backend in enumerate(backends)
         ]
+        if on_loop is not None:
+            settle = self._settle_in_order if preserve_ordering else _settle_batch
+            on_loop.start(self._instances, settle)
         for instance in self._instances:
             instance.start()
 
@@ -179,11 +197,22 @@ class Scheduler:
         """Requests in the queue, not yet taken by an instance."""
         return len(self._queue)
 
+    @property
+    def runs_on_loop(self) -> bool:
+        """Whether the model's batches run on the event loop now (see looprun)."""
+        return self._on_loop is not None and self._on_loop.on_loop
+
     def stop(self, timeout: float) -> None:
-        """Stop taking work, let queued and running requests finish, then finalize."""
+        """Stop taking work, let queued and running requests finish, then finalize.
+
+        Called off the event loop: batches already handed to the loop still need it to run."""
+        if self._on_loop is not None:
+            self._on_loop.stop()
         self._queue.close()
         for instance in self._instances:
             instance.join(timeout)
+        if self._on_loop is not None:
+            self._on_loop.unwatch()
         for instance in self._instances:
             instance.finalize()
 
@@ -210,6 +239,10 @@ class Scheduler:
 
     def _reject(self, futures: list[asyncio.Future[Any]]) -> None:
         self._loop.call_soon_threadsafe(_fail_timed_out, futures)
+
+
+def _settle_batch(seq: int, futures: list[asyncio.Future[Any]], results: Sequence[Result]) -> None:
+    _settle(futures, results)
 
 
 def _settle(futures: list[asyncio.Future[Any]], results: Sequence[Result]) -> None:

@@ -5,6 +5,7 @@
 
 mod error;
 mod gil;
+mod handoff;
 mod pool;
 mod queue;
 mod shm;
@@ -22,6 +23,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyQueuePolicy>()?;
     m.add_class::<queue::PyTicket>()?;
     m.add_class::<queue::PyBatch>()?;
+    m.add_class::<handoff::PyHandoff>()?;
+    m.add_class::<handoff::HandoffDone>()?;
     m.add_class::<pool::PyTensorPool>()?;
     m.add_class::<pool::PyPooledBuffer>()?;
     m.add_class::<shm::PySharedMemoryRegistry>()?;

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::gil::without_gil;
+use super::handoff::{PyHandoff, pop_or_hand_off};
 use super::stats::snapshot_dict;
 use crate::error::CoreError;
 use crate::queue::{
@@ -19,7 +20,7 @@ use crate::stats::{ComputeTimes, RequestTiming};
 
 /// Longest stretch a `pop` waits without coming back for the GIL to check for signals, so
 /// Ctrl-C reaches a main thread blocked in `pop`.
-const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+pub(super) const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// One priority level's queue policy (Triton's `ModelQueuePolicy`).
 #[pyclass(name = "QueuePolicy", module = "tritonfast._core", frozen)]
@@ -258,7 +259,7 @@ impl Timings {
 /// so an item should not hold the only path to its queue in a reference cycle.
 #[pyclass(name = "RequestQueue", module = "tritonfast._core", frozen)]
 pub(crate) struct PyRequestQueue {
-    inner: RequestQueue<Py<PyAny>>,
+    pub(super) inner: RequestQueue<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -383,6 +384,20 @@ impl PyRequestQueue {
         }
     }
 
+    /// Like `pop`, for instance `instance` of a model whose batches may run on the event loop:
+    /// while `handoff` is on, each batch is offered to it and this thread waits (GIL released)
+    /// until the loop has run it, then takes the next. Returns what the thread must handle
+    /// itself: a `Batch` to run (handoff off) or with rejections, an empty `Batch` once
+    /// `timeout_us` has passed, `None` once closed and drained.
+    fn pop_or_hand_off(
+        slf: &Bound<'_, Self>,
+        timeout_us: u64,
+        handoff: &Bound<'_, PyHandoff>,
+        instance: usize,
+    ) -> PyResult<Option<PyBatch>> {
+        pop_or_hand_off(slf, timeout_us, handoff, instance)
+    }
+
     /// Closes the queue: pushes fail from now on, blocked `pop` calls wake, and queued items
     /// are still handed out before `pop` returns `None`.
     fn close(&self) {
@@ -447,7 +462,7 @@ fn request_meta(batch_size: u32, priority: u32, timeout_us: u64, shape_key: u64)
 }
 
 /// The Python face of a pop result: `None` when closed, else a `Batch`.
-fn to_batch(
+pub(super) fn to_batch(
     queue: &Bound<'_, PyRequestQueue>,
     result: PopResult<Queued<Py<PyAny>>>,
 ) -> PyResult<Option<PyBatch>> {

@@ -8,6 +8,7 @@ own thread.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
 import json
 import os
@@ -118,6 +119,10 @@ class PythonInstance(Backend):
         self._model = model_class()
         # A model may take whole-batch arrays instead of a list of requests (tritonfast only).
         self._batched = getattr(self._model, "execute_batched", None)
+        # A coroutine execute() needs an event loop of its own, never the server's.
+        self.may_run_on_event_loop = not inspect.iscoroutinefunction(
+            self._batched or self._model.execute
+        )
         initialize = getattr(self._model, "initialize", None)
         if initialize is not None:
             args = {

@@ -4,7 +4,9 @@ Chosen per model in ``config.pbtxt``::
 
     parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "process" } }
 
-(``"thread"``, the default, runs instances in the server process.) Each instance then has its
+(``"auto"``, the default, runs instances in the server process, and short executions on the
+event loop, see ``runtime.looprun``; ``"thread"`` runs them in the server process, always on
+the instances' own threads.) Each instance then has its
 own interpreter and GIL, so N instances execute Python code truly in parallel.
 
 Tensors never go through pickle: the server writes a batch's input tensors into a
@@ -56,7 +58,7 @@ from tritonfast.runtime.types import (
 )
 
 MODE_PARAMETER = "TRITONFAST_INSTANCE_MODE"
-MODES = ("thread", "process")
+MODES = ("auto", "thread", "process")
 # How long a worker may take to start (import the model, run initialize) or to finalize.
 START_TIMEOUT_S = 120.0
 FINALIZE_TIMEOUT_S = 30.0
@@ -70,9 +72,9 @@ TensorSlot = tuple[str, str, tuple[int, ...], int, int]
 
 
 def instance_mode(config: model_config_pb2.ModelConfig) -> str:
-    """``"thread"`` or ``"process"``, from the model's parameters."""
+    """``"auto"``, ``"thread"`` or ``"process"``, from the model's parameters."""
     if MODE_PARAMETER not in config.parameters:
-        return "thread"
+        return "auto"
     mode = config.parameters[MODE_PARAMETER].string_value
     if mode not in MODES:
         raise InvalidArgumentError(

@@ -1,0 +1,246 @@
+//! Hands work from instance threads to one executor thread that sleeps in `epoll` (the server's
+//! event loop) and is woken through an `eventfd`.
+//!
+//! Why: an instance thread of an in-process Python model needs the GIL to run the model, and
+//! the event loop needs it to answer the requests. Under load the two pass the GIL back and
+//! forth for every batch, and each pass costs two context switches. When a model's executions
+//! are short, running them on the event loop itself is cheaper: the instance thread still forms
+//! the batch in the core (waits and batching rules unchanged, no GIL), then offers it here and
+//! sleeps until the loop has run it. One batch per instance is outstanding at a time, so an
+//! instance never runs two batches at once and a batch is still formed only when its instance
+//! is free, exactly as before.
+//!
+//! The offer is refused while the handoff is switched off; the instance thread then runs the
+//! batch itself.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+/// One offered item and the completion its offerer waits on.
+pub type Offered<T> = (T, Arc<Completion>);
+
+/// Signalled by the executor once it has run an offered item.
+#[derive(Debug, Default)]
+pub struct Completion {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Completion {
+    /// Marks the item run and wakes its offerer. Idempotent.
+    pub fn complete(&self) {
+        let mut done = self.done.lock();
+        if !*done {
+            *done = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Blocks until [`complete`](Self::complete) has been called.
+    pub fn wait(&self) {
+        let mut done = self.done.lock();
+        while !*done {
+            self.cv.wait(&mut done);
+        }
+    }
+
+    pub fn is_complete(&self) -> bool {
+        *self.done.lock()
+    }
+}
+
+struct Inbox<T> {
+    enabled: bool,
+    items: Vec<Offered<T>>,
+}
+
+/// The offers waiting for the executor, and the `eventfd` that tells it about them.
+pub struct Handoff<T> {
+    inbox: Mutex<Inbox<T>>,
+    /// Readable while offers may be waiting; the executor watches it (`add_reader`).
+    event: OwnedFd,
+}
+
+impl<T> std::fmt::Debug for Handoff<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inbox = self.inbox.lock();
+        f.debug_struct("Handoff")
+            .field("enabled", &inbox.enabled)
+            .field("waiting", &inbox.items.len())
+            .field("fd", &self.event.as_raw_fd())
+            .finish()
+    }
+}
+
+impl<T> Handoff<T> {
+    /// A new handoff, switched off.
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes two integers and returns a new descriptor or -1; it touches no
+        // memory of ours.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            inbox: Mutex::new(Inbox {
+                enabled: false,
+                items: Vec::new(),
+            }),
+            // SAFETY: `fd` was just returned by eventfd, is valid and owned by nobody else.
+            event: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// The descriptor the executor waits on for readability.
+    pub fn fd(&self) -> RawFd {
+        self.event.as_raw_fd()
+    }
+
+    /// Switches offers on or off; returns the previous setting. Offers already made stay until
+    /// taken.
+    pub fn set_enabled(&self, enabled: bool) -> bool {
+        std::mem::replace(&mut self.inbox.lock().enabled, enabled)
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.inbox.lock().enabled
+    }
+
+    /// Offers `item` to the executor. `Ok` with the completion to wait on, or the item back when
+    /// the handoff is switched off.
+    pub fn offer(&self, item: T) -> Result<Arc<Completion>, T> {
+        let completion = Arc::new(Completion::default());
+        {
+            let mut inbox = self.inbox.lock();
+            if !inbox.enabled {
+                return Err(item);
+            }
+            inbox.items.push((item, Arc::clone(&completion)));
+        }
+        self.signal();
+        Ok(completion)
+    }
+
+    /// Everything offered so far, oldest first; clears the descriptor's readability.
+    pub fn take(&self) -> Vec<Offered<T>> {
+        self.drain_event();
+        std::mem::take(&mut self.inbox.lock().items)
+    }
+
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of `one`, which lives for the call, to our own eventfd.
+        // The counter cannot overflow in practice (it would take 2^64 - 1 unread offers); a
+        // failed write then only delays the executor to its next wake-up.
+        unsafe {
+            libc::write(self.fd(), (&raw const one).cast(), 8);
+        }
+    }
+
+    fn drain_event(&self) {
+        let mut count: u64 = 0;
+        // SAFETY: reads at most 8 bytes into `count`, which lives for the call, from our own
+        // non-blocking eventfd; EAGAIN (nothing to read) leaves `count` untouched.
+        unsafe {
+            libc::read(self.fd(), (&raw mut count).cast(), 8);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread;
+    use std::time::Duration;
+
+    fn readable(fd: RawFd) -> bool {
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd that lives for the call.
+        let ready = unsafe { libc::poll(&raw mut poll, 1, 0) };
+        ready == 1 && poll.revents & libc::POLLIN != 0
+    }
+
+    #[test]
+    fn refuses_offers_while_switched_off() {
+        let handoff = Handoff::new().unwrap();
+        assert_eq!(handoff.offer(7).unwrap_err(), 7);
+        assert!(!readable(handoff.fd()));
+        assert!(handoff.take().is_empty());
+    }
+
+    #[test]
+    fn offers_wake_the_executor_and_are_taken_in_order() {
+        let handoff = Handoff::new().unwrap();
+        assert!(!handoff.set_enabled(true));
+        let first = handoff.offer(1).unwrap();
+        let second = handoff.offer(2).unwrap();
+        assert!(readable(handoff.fd()));
+        let taken = handoff.take();
+        assert!(!readable(handoff.fd()));
+        assert_eq!(taken.iter().map(|(v, _)| *v).collect::<Vec<_>>(), [1, 2]);
+        assert!(!first.is_complete() && !second.is_complete());
+        for (_, completion) in taken {
+            completion.complete();
+        }
+        assert!(first.is_complete() && second.is_complete());
+    }
+
+    #[test]
+    fn switching_off_keeps_offers_already_made() {
+        let handoff = Handoff::new().unwrap();
+        handoff.set_enabled(true);
+        let _completion = handoff.offer("kept").unwrap();
+        assert!(handoff.set_enabled(false));
+        assert_eq!(handoff.offer("refused").unwrap_err(), "refused");
+        let taken = handoff.take();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].0, "kept");
+    }
+
+    #[test]
+    fn offerer_sleeps_until_the_executor_completes() {
+        let handoff = Arc::new(Handoff::new().unwrap());
+        handoff.set_enabled(true);
+        let executor = {
+            let handoff = Arc::clone(&handoff);
+            thread::spawn(move || {
+                let mut ran = Vec::new();
+                while ran.len() < 100 {
+                    for (value, completion) in handoff.take() {
+                        ran.push(value);
+                        completion.complete();
+                    }
+                    thread::sleep(Duration::from_micros(50));
+                }
+                ran
+            })
+        };
+        let offerers: Vec<_> = (0..4)
+            .map(|t| {
+                let handoff = Arc::clone(&handoff);
+                thread::spawn(move || {
+                    for i in 0..25 {
+                        handoff.offer(t * 100 + i).unwrap().wait();
+                    }
+                })
+            })
+            .collect();
+        for offerer in offerers {
+            offerer.join().unwrap();
+        }
+        let mut ran = executor.join().unwrap();
+        ran.sort_unstable();
+        let mut expected: Vec<i32> = (0..4)
+            .flat_map(|t| (0..25).map(move |i| t * 100 + i))
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(ran, expected);
+    }
+}

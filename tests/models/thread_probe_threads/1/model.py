@@ -1,0 +1,1 @@
+../../thread_probe/1/model.py
