@@ -313,3 +313,61 @@ def test_empty_tensor(client):
     array = np.zeros((1, 0), dtype=np.float32)
     result = identity(client, "FP32", array, binary_in=True, binary_out=True)
     assert result.as_numpy("OUTPUT0").shape == (1, 0)
+
+
+def test_answers_keep_the_connection_open_unless_told_otherwise(server):
+    """Inference answers are written in one piece (frontends/http/answer.py); the connection
+    stays open for the next request over HTTP/1.1 and closes when the client asks."""
+    path = "/v2/models/identity_int64/infer"
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    try:
+        sockets = []
+        for values in ([1, 2], [3, 4, 5]):
+            conn.request("POST", path, body=json_identity_body(values))
+            response = conn.getresponse()
+            reply = response.read()
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "application/json"
+            assert int(response.headers["Content-Length"]) == len(reply)
+            assert json.loads(reply)["outputs"][0]["data"] == values
+            assert not response.will_close
+            sockets.append(conn.sock)
+        assert sockets[0] is sockets[1], "the second request reused the connection"
+        conn.request("POST", path, body=json_identity_body([6]), headers={"Connection": "close"})
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.headers["Connection"] == "close"
+        assert json.loads(response.read())["outputs"][0]["data"] == [6]
+        assert response.will_close
+    finally:
+        conn.close()
+
+
+def test_binary_answers_carry_the_header_length(server):
+    data = np.arange(6, dtype=np.int64).reshape(1, 6)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "INT64",
+                    "shape": [1, 6],
+                    "parameters": {"binary_data_size": data.nbytes},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    status, headers, reply = post(
+        server,
+        "/v2/models/identity_int64/infer",
+        header + data.tobytes(),
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert status == 200
+    assert headers["Content-Type"] == "application/octet-stream"
+    json_length = int(headers["Inference-Header-Content-Length"])
+    assert int(headers["Content-Length"]) == len(reply) == json_length + data.nbytes
+    answer = json.loads(reply[:json_length])
+    assert answer["outputs"][0]["parameters"]["binary_data_size"] == data.nbytes
+    assert np.array_equal(np.frombuffer(reply[json_length:], np.int64).reshape(1, 6), data)

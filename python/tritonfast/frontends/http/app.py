@@ -24,6 +24,7 @@ from aiohttp import web
 
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec
+from tritonfast.frontends.http.answer import Answer
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.bufferpool import pooled_memory
 
@@ -36,6 +37,7 @@ log = logging.getLogger("tritonfast.http")
 MAX_BODY_BYTES = (1 << 31) - 1
 
 _JSON = {"Content-Type": "application/json"}
+_BINARY = "application/octet-stream"
 _METHOD_NOT_ALLOWED = codec.error_body("Method Not Allowed")
 _ZLIB_AUTO = 15 + 32  # zlib or gzip framing, detected from the data (as Triton inflates)
 _COMPRESSORS = {"gzip": 16 + 15, "deflate": 15}
@@ -297,23 +299,27 @@ async def _respond(
     request: web.BaseRequest, header: bytes, buffers: list[Any]
 ) -> web.StreamResponse:
     """The inference response: JSON, or JSON and binary outputs (compressed if asked)."""
-    if not buffers:
-        headers = {"Content-Type": "application/json"}
-    else:
-        headers = {
-            "Content-Type": "application/octet-stream",
-            codec.HEADER_LENGTH: str(len(header)),
-        }
     encoding = _response_encoding(request.headers.get("Accept-Encoding"))
     if encoding is not None:
+        headers = _content_headers(header, buffers)
         compressor = zlib.compressobj(6, zlib.DEFLATED, _COMPRESSORS[encoding])
         payload = compressor.compress(b"".join([header, *buffers])) + compressor.flush()
         headers["Content-Encoding"] = encoding
         return web.Response(body=payload, headers=headers)
+    if not buffers:
+        return Answer([header], len(header), "application/json")
     binary_bytes = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
     if binary_bytes < LARGE_BYTES:
-        return web.Response(body=b"".join([header, *buffers]), headers=headers)
+        extra = f"{codec.HEADER_LENGTH}: {len(header)}\r\n"
+        return Answer([header, *buffers], len(header) + binary_bytes, _BINARY, extra)
+    headers = _content_headers(header, buffers)
     return await _stream(request, headers, header, buffers, binary_bytes)
+
+
+def _content_headers(header: bytes, buffers: list[Any]) -> dict[str, str]:
+    if not buffers:
+        return {"Content-Type": "application/json"}
+    return {"Content-Type": _BINARY, codec.HEADER_LENGTH: str(len(header))}
 
 
 async def _stream(
