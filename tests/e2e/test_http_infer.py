@@ -271,22 +271,27 @@ def test_accept_encoding_weights(server, accept, expected):
         assert json.loads(reply)["outputs"][0]["data"] == [1, 2]
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
-def test_compressed_binary_request_on_the_wire(server, encoding):
-    data = np.arange(1000, dtype=np.int64).reshape(1, 1000)
-    header = json.dumps(
+def binary_identity_header(data: np.ndarray) -> bytes:
+    """The JSON part of a binary-extension request of INT64 ``data``, output asked binary."""
+    return json.dumps(
         {
             "inputs": [
                 {
                     "name": "INPUT0",
                     "datatype": "INT64",
-                    "shape": [1, 1000],
+                    "shape": list(data.shape),
                     "parameters": {"binary_data_size": data.nbytes},
                 }
             ],
             "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
         }
     ).encode()
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_binary_request_on_the_wire(server, encoding):
+    data = np.arange(1000, dtype=np.int64).reshape(1, 1000)
+    header = binary_identity_header(data)
     plain = header + data.tobytes()
     packed = gzip.compress(plain) if encoding == "gzip" else zlib.compress(plain)
     status, headers, reply = post(
@@ -345,19 +350,7 @@ def test_answers_keep_the_connection_open_unless_told_otherwise(server):
 
 def test_binary_answers_carry_the_header_length(server):
     data = np.arange(6, dtype=np.int64).reshape(1, 6)
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "datatype": "INT64",
-                    "shape": [1, 6],
-                    "parameters": {"binary_data_size": data.nbytes},
-                }
-            ],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
+    header = binary_identity_header(data)
     status, headers, reply = post(
         server,
         "/v2/models/identity_int64/infer",

@@ -9,29 +9,38 @@ import tritonclient.grpc as grpcclient
 from tritonfast.runtime import looprun
 
 
+def _infer_all_at_once(
+    client: grpcclient.InferenceServerClient, model: str, shape: list[int], output: str, count: int
+) -> list[np.ndarray]:
+    """Send ``count`` requests of zeros at once; every answer's ``output``, once all are in."""
+    answers: list[np.ndarray] = []
+    errors: list[object] = []
+
+    def done(result, error) -> None:
+        if error is not None:
+            errors.append(error)
+        else:
+            answers.append(result.as_numpy(output))
+
+    for _ in range(count):
+        tensor = grpcclient.InferInput("X", shape, "INT32")
+        tensor.set_data_from_numpy(np.zeros(shape, dtype=np.int32))
+        client.async_infer(model, [tensor], done)
+    deadline = time.monotonic() + 30
+    while len(answers) + len(errors) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not errors, errors
+    assert len(answers) == count
+    return answers
+
+
 def test_four_instances_execute_concurrently(server) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        results: list[int] = []
-        errors: list[object] = []
-
-        def done(result, error) -> None:
-            if error is not None:
-                errors.append(error)
-            else:
-                results.append(int(result.as_numpy("SEEN_PARALLEL")[0]))
-
-        for _ in range(4):
-            tensor = grpcclient.InferInput("X", [1], "INT32")
-            tensor.set_data_from_numpy(np.zeros(1, dtype=np.int32))
-            client.async_infer("sleeper", [tensor], done)
-        # Each execution sleeps 0.5 s; all four were sent at once.
-        for _ in range(200):
-            if len(results) + len(errors) == 4:
-                break
-            time.sleep(0.05)
-        assert not errors, errors
-        assert len(results) == 4
+        # Each execution sleeps 0.5 s; all four are sent at once.
+        results = [
+            int(a[0]) for a in _infer_all_at_once(client, "sleeper", [1], "SEEN_PARALLEL", 4)
+        ]
         assert max(results) == 4, f"peak overlapping executions {max(results)}, expected 4"
     finally:
         client.close()
@@ -59,24 +68,8 @@ def test_short_executions_move_to_the_event_loop_and_keep_batching(server) -> No
         executions, inferences = _executions(client, "thread_probe")
         assert inferences == len(seen)
 
-        answers: list[int] = []
-        errors: list[object] = []
-
-        def done(result, error) -> None:
-            if error is not None:
-                errors.append(error)
-            else:
-                answers.append(int(result.as_numpy("ON_LOOP")[0, 0]))
-
-        for _ in range(200):
-            tensor = grpcclient.InferInput("X", [1, 1], "INT32")
-            tensor.set_data_from_numpy(np.zeros((1, 1), dtype=np.int32))
-            client.async_infer("thread_probe", [tensor], done)
-        deadline = time.monotonic() + 30
-        while len(answers) + len(errors) < 200 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not errors, errors
-        assert answers == [1] * 200
+        answers = _infer_all_at_once(client, "thread_probe", [1, 1], "ON_LOOP", 200)
+        assert [int(a[0, 0]) for a in answers] == [1] * 200
         after, inferences_after = _executions(client, "thread_probe")
         assert inferences_after - inferences == 200
         assert after - executions < 200, "concurrent requests were batched"
