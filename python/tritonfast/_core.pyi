@@ -255,6 +255,9 @@ class Handoff:
     def __new__(cls, queue: RequestQueue) -> Handoff: ...
     def fileno(self) -> int: ...
     enabled: bool
+    def close(self) -> None:
+        """Switch offers off for good (``enabled = True`` no longer switches them on)."""
+
     def take(self) -> list[tuple[int, Batch, HandoffDone]]:
         """The offered batches, oldest first: (instance index, batch, done). Call
         ``done.complete()`` once the batch has run (dropping ``done`` does the same)."""

@@ -54,6 +54,8 @@ impl Completion {
 
 struct Inbox<T> {
     enabled: bool,
+    /// Switched off for good: `set_enabled(true)` no longer switches it on.
+    closed: bool,
     items: Vec<Offered<T>>,
 }
 
@@ -87,6 +89,7 @@ impl<T> Handoff<T> {
         Ok(Self {
             inbox: Mutex::new(Inbox {
                 enabled: false,
+                closed: false,
                 items: Vec::new(),
             }),
             // SAFETY: `fd` was just returned by eventfd, is valid and owned by nobody else.
@@ -99,10 +102,20 @@ impl<T> Handoff<T> {
         self.event.as_raw_fd()
     }
 
-    /// Switches offers on or off; returns the previous setting. Offers already made stay until
-    /// taken.
+    /// Switches offers on or off (on only while not closed); returns the previous setting.
+    /// Offers already made stay until taken.
     pub fn set_enabled(&self, enabled: bool) -> bool {
-        std::mem::replace(&mut self.inbox.lock().enabled, enabled)
+        let mut inbox = self.inbox.lock();
+        let enabled = enabled && !inbox.closed;
+        std::mem::replace(&mut inbox.enabled, enabled)
+    }
+
+    /// Switches offers off for good (a decision no later `set_enabled(true)` may undo, whichever
+    /// thread makes it). Offers already made stay until taken.
+    pub fn close(&self) {
+        let mut inbox = self.inbox.lock();
+        inbox.closed = true;
+        inbox.enabled = false;
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -202,6 +215,16 @@ mod tests {
         let taken = handoff.take();
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].0, "kept");
+    }
+
+    #[test]
+    fn a_closed_handoff_stays_off() {
+        let handoff = Handoff::new().unwrap();
+        handoff.set_enabled(true);
+        handoff.close();
+        assert!(!handoff.set_enabled(true));
+        assert!(!handoff.is_enabled());
+        assert_eq!(handoff.offer(1).unwrap_err(), 1);
     }
 
     #[test]

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from tritonfast.backends.base import Backend, PhaseClock, Result
+from tritonfast.errors import InternalError
 from tritonfast.runtime import looprun
 from tritonfast.runtime.scheduler import Scheduler
 from tritonfast.runtime.types import InferRequest, InferResponse
@@ -193,5 +194,60 @@ def test_stopping_with_batches_in_flight_on_the_loop_answers_them_all() -> None:
         assert time.monotonic() - started < WAIT_S / 2, "stop waited for a timeout"
         answers = await asyncio.gather(*pending)
         assert [a.id for a in answers] == [f"p{i}" for i in range(100)]
+
+    run_with("", [backend], scenario)
+
+
+class Failing(Timed):
+    """Like Timed, until ``fail`` is set: then it answers with an error, or raises ``raises``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+        self.raises: BaseException | None = None
+
+    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:
+        if self.raises is not None:
+            raise self.raises
+        if self.fail:
+            self.runs.append((threading.current_thread(), len(requests)))
+            return [InternalError("cannot run here") for _ in requests]
+        return super().execute(requests, clock)
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_that_fails_on_the_loop_sends_the_model_back_for_good() -> None:
+    backend = Failing()
+
+    async def scenario(scheduler: Scheduler) -> None:
+        await one_by_one(scheduler, looprun.WARM_BATCHES)
+        assert scheduler.runs_on_loop
+        backend.fail = True
+        with pytest.raises(InternalError, match="cannot run here"):
+            await scheduler.submit(request("failing"), 1)
+        assert not scheduler.runs_on_loop
+        backend.fail = False
+        before = len(backend.runs)
+        await one_by_one(scheduler, looprun.WARM_BATCHES * 2, "after")
+        assert not scheduler.runs_on_loop
+        assert not any(backend.on_loop_since(before))
+
+    run_with("", [backend], scenario)
+
+
+@pytest.mark.timeout(120)
+def test_a_model_raising_system_exit_on_the_loop_fails_its_batch_not_the_server() -> None:
+    backend = Failing()
+
+    async def scenario(scheduler: Scheduler) -> None:
+        await one_by_one(scheduler, looprun.WARM_BATCHES)
+        assert scheduler.runs_on_loop
+        backend.raises = SystemExit(3)
+        with pytest.raises(InternalError, match="SystemExit"):
+            await scheduler.submit(request("exits"), 1)
+        assert not scheduler.runs_on_loop
+        backend.raises = None
+        answer = await scheduler.submit(request("next"), 1)
+        assert answer.id == "next"
 
     run_with("", [backend], scenario)

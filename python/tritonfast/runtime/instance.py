@@ -35,8 +35,9 @@ QueueItem = tuple[InferRequest, "asyncio.Future[Any]"]
 Deliver = Callable[[int, list["asyncio.Future[Any]"], Sequence[Result]], None]
 # Called on the instance thread with the futures of requests rejected by a queue timeout.
 Reject = Callable[[list["asyncio.Future[Any]"]], None]
-# Told how long each batch took to run (nanoseconds), and whether it ran on the event loop.
-Observe = Callable[[int, bool], None]
+# Told how long each batch took to run (nanoseconds), whether it ran on the event loop, and
+# whether some request of it failed.
+Observe = Callable[[int, bool, bool], None]
 
 
 class InstanceLoop:
@@ -114,7 +115,8 @@ class InstanceLoop:
         except Exception:  # statistics must never cost a response
             log.exception("instance %s could not record a batch's statistics", self.name)
         if self._observe is not None:
-            self._observe(end - clock.start, on_loop)
+            failed = any(isinstance(result, TritonError) for result in results)
+            self._observe(end - clock.start, on_loop, failed)
         return batch.seq, futures, results
 
     def _run_backend(self, requests: list[InferRequest], clock: PhaseClock) -> Sequence[Result]:

@@ -11,7 +11,9 @@ runs it and answers its requests directly.
 When: after :data:`WARM_BATCHES` batches, while the moving average of batch run times stays
 under :data:`FAST_NS`; back to the threads when it rises above :data:`SLOW_NS`. A batch that
 holds the loop longer than :data:`BLOCK_LIMIT_NS` sends the model version back to its threads
-for good: the loop must never be held up twice by the same model. Chosen by the model's
+for good: the loop must never be held up twice by the same model; so does a batch that fails
+on the loop (a model that needs a thread of its own, e.g. one calling ``asyncio.run``, fails
+quickly there). Chosen by the model's
 ``TRITONFAST_INSTANCE_MODE`` (``"auto"``, the default; ``"thread"`` keeps every batch on the
 instance threads).
 """
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonfast._core import Handoff, RequestQueue
 from tritonfast.backends.base import Result
+from tritonfast.errors import InternalError
 
 if TYPE_CHECKING:
     from tritonfast.runtime.instance import InstanceLoop
@@ -68,35 +71,43 @@ class LoopExecution:
         self._loop.call_soon_threadsafe(self._loop.add_reader, self.handoff, self._run_offered)
 
     def stop(self) -> None:
-        """No more offers; batches already offered still run on the loop."""
+        """No more offers, for good; batches already offered still run on the loop."""
         self._banned = True
-        self.handoff.enabled = False
+        self.handoff.close()
 
     def unwatch(self) -> None:
-        """Stop watching the handoff (after the instance threads have finished)."""
+        """Stop watching the handoff (after :meth:`stop`), running what is still offered."""
         if self._watching and not self._loop.is_closed():
             self._watching = False
-            self._loop.call_soon_threadsafe(self._loop.remove_reader, self.handoff)
+            self._loop.call_soon_threadsafe(self._last_run)
+
+    def _last_run(self) -> None:
+        self._loop.remove_reader(self.handoff)
+        self._run_offered()
+
+    def _ban(self, why: str) -> None:
+        self._banned = True
+        self.handoff.close()
+        log.info(
+            "model %s: %s; its batches run on its instance threads from now on", self.name, why
+        )
 
     @property
     def on_loop(self) -> bool:
         return self.handoff.enabled
 
-    def observe(self, run_ns: int, on_loop: bool) -> None:
-        """Told after every batch, wherever it ran (always with the GIL held)."""
+    def observe(self, run_ns: int, on_loop: bool, failed: bool) -> None:
+        """Told after every batch, wherever it ran (always with the GIL held); ``failed``:
+        some request of it got an error."""
         self._batches += 1
         self._average_ns += (run_ns - self._average_ns) * _ALPHA
         if self._banned:
             return
         if on_loop and run_ns > BLOCK_LIMIT_NS:
-            self._banned = True
-            self.handoff.enabled = False
-            log.info(
-                "model %s: a batch held the event loop for %.1f ms; its batches run on its"
-                " instance threads from now on",
-                self.name,
-                run_ns / 1e6,
-            )
+            self._ban(f"a batch held the event loop for {run_ns / 1e6:.1f} ms")
+            return
+        if on_loop and failed:
+            self._ban("a batch failed on the event loop")
             return
         if self._batches < WARM_BATCHES:
             return
@@ -113,6 +124,12 @@ class LoopExecution:
         for index, batch, done in self.handoff.take():
             try:
                 outcome = self._instances[index].run(batch, on_loop=True)
+            except BaseException as exc:  # even SystemExit from a model must not stop the loop
+                log.exception("model %s: a batch failed on the event loop", self.name)
+                self._ban("a batch raised on the event loop")
+                items = batch.items
+                error = InternalError(f"model {self.name}: {exc!r}")
+                outcome = (batch.seq, [item[1] for item in items], [error] * len(items))
             finally:
                 done.complete()
             settle(*outcome)

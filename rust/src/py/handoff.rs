@@ -51,14 +51,26 @@ impl PyHandoff {
         self.inner.set_enabled(enabled);
     }
 
+    /// Switches offers off for good (`enabled = True` no longer switches them on).
+    fn close(&self) {
+        self.inner.close();
+    }
+
     /// The offered batches, oldest first, as `(instance index, Batch, HandoffDone)`. Call
     /// `done.complete()` once the batch has run (dropping `done` does the same), which lets the
     /// instance take its next batch.
     fn take<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let queue = self.queue.bind(py);
+        // Every completion is wrapped first: if a conversion below fails, the batches not yet
+        // converted are dropped with their `HandoffDone`, which lets their instances go on.
+        let offered: Vec<_> = self
+            .inner
+            .take()
+            .into_iter()
+            .map(|((instance, batch), completion)| (instance, batch, HandoffDone(completion)))
+            .collect();
         let taken = PyList::empty(py);
-        for ((instance, batch), completion) in self.inner.take() {
-            let done = HandoffDone(completion);
+        for (instance, batch, done) in offered {
             let batch = to_batch(queue, PopResult::Batch(batch))?;
             taken.append((instance, batch, done))?;
         }
