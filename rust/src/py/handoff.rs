@@ -115,9 +115,8 @@ pub(super) fn pop_or_hand_off(
     handoff: &Bound<'_, PyHandoff>,
     instance: usize,
 ) -> PyResult<Option<PyBatch>> {
-    let slf = queue;
-    let py = slf.py();
-    let this = slf.get();
+    let py = queue.py();
+    let this = queue.get();
     let handoff = &handoff.get().inner;
     let deadline = Instant::now().checked_add(Duration::from_micros(timeout_us));
     loop {
@@ -140,9 +139,9 @@ pub(super) fn pop_or_hand_off(
             })
         })?;
         match stretch {
-            Stretch::Pop(result) => return to_batch(slf, result),
+            Stretch::Pop(result) => return to_batch(queue, result),
             Stretch::SliceOver if deadline.is_some_and(|d| Instant::now() >= d) => {
-                return to_batch(slf, PopResult::TimedOut);
+                return to_batch(queue, PopResult::TimedOut);
             }
             Stretch::SliceOver => py.check_signals()?,
         }
