@@ -68,6 +68,7 @@ class ServeOptions:
     metrics_port: int = 8002
     http_address: str = "0.0.0.0"
     grpc_address: str = "0.0.0.0"
+    grpc_engine: str = "core"
     metrics_address: str = "0.0.0.0"
     allow_http: bool = True
     allow_grpc: bool = True
@@ -116,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-address", default="0.0.0.0")
     serve.add_argument("--grpc-address", default="0.0.0.0")
     serve.add_argument("--metrics-address", default="0.0.0.0")
+    serve.add_argument(
+        "--grpc-engine",
+        choices=("core", "aio"),
+        default="core",
+        help="tritonfast only. core: serve gRPC on grpcio's core with our own call handling"
+        " (the fast default); aio: grpc.aio's server",
+    )
     serve.add_argument("--allow-http", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--allow-grpc", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--allow-metrics", default=True, **bool_arg)  # type: ignore[arg-type]

@@ -137,7 +137,9 @@ async def _start_frontends(
     if options.allow_grpc:
         from tritonfast.frontends.grpc.servicer import start_grpc_server
 
-        grpc_server = await start_grpc_server(dataplane, options.grpc_address, options.grpc_port)
+        grpc_server = await start_grpc_server(
+            dataplane, options.grpc_address, options.grpc_port, options.grpc_engine
+        )
         stoppers.append(lambda: grpc_server.stop(options.exit_timeout_secs))
         print(
             f"Started GRPCInferenceService at {options.grpc_address}:{options.grpc_port}",

@@ -131,7 +131,7 @@ def test_slow_executions_stay_on_instance_threads() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_batch_that_holds_the_loop_sends_the_model_back_for_good() -> None:
+def test_a_batch_that_holds_the_loop_sends_the_model_back_for_twice_the_warm_up() -> None:
     backend = Timed()
 
     async def scenario(scheduler: Scheduler) -> None:
@@ -143,9 +143,29 @@ def test_a_batch_that_holds_the_loop_sends_the_model_back_for_good() -> None:
         assert backend.on_loop_since(before) == [True]
         assert not scheduler.runs_on_loop
         backend.delay_s = 0.0
-        await one_by_one(scheduler, looprun.WARM_BATCHES * 2, "after")
+        await one_by_one(scheduler, looprun.WARM_BATCHES * 2 - 1, "after")
         assert not scheduler.runs_on_loop
         assert not any(backend.on_loop_since(before + 1))
+        await one_by_one(scheduler, 2, "back")
+        assert scheduler.runs_on_loop, "fast again after the longer wait"
+        assert backend.on_loop_since(len(backend.runs) - 1) == [True]
+
+    run_with("", [backend], scenario)
+
+
+@pytest.mark.timeout(120)
+def test_a_model_slow_on_the_loop_goes_back_to_its_threads() -> None:
+    backend = Timed()
+
+    async def scenario(scheduler: Scheduler) -> None:
+        await one_by_one(scheduler, looprun.WARM_BATCHES)
+        assert scheduler.runs_on_loop
+        # Slower than SLOW_NS, faster than BLOCK_LIMIT_NS: it takes a full window to tell.
+        backend.delay_s = (looprun.SLOW_NS + looprun.BLOCK_LIMIT_NS) / 2e9
+        before = len(backend.runs)
+        await one_by_one(scheduler, looprun.WINDOW, "slow")
+        assert backend.on_loop_since(before) == [True] * looprun.WINDOW
+        assert not scheduler.runs_on_loop
 
     run_with("", [backend], scenario)
 

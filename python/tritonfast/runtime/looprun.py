@@ -8,20 +8,25 @@ Rust core exactly as before (same waits, same batching rules, one batch per inst
 time) but hand each batch to the loop through a :class:`~tritonfast._core.Handoff`, and the loop
 runs it and answers its requests directly.
 
-When: after :data:`WARM_BATCHES` batches, while the moving average of batch run times stays
-under :data:`FAST_NS`; back to the threads when it rises above :data:`SLOW_NS`. A batch that
-holds the loop longer than :data:`BLOCK_LIMIT_NS` sends the model version back to its threads
-for good: the loop must never be held up twice by the same model; so does a batch that fails
-on the loop (a model that needs a thread of its own, e.g. one calling ``asyncio.run``, fails
-quickly there). Chosen by the model's
-``TRITONFAST_INSTANCE_MODE`` (``"auto"``, the default; ``"thread"`` keeps every batch on the
-instance threads).
+When: after :data:`WARM_BATCHES` batches, once the shortest of the last :data:`WINDOW` batch
+run times is under :data:`FAST_NS`; back to the threads when the shortest of the last
+:data:`WINDOW` on the loop is over :data:`SLOW_NS`, or at once when one batch holds the loop
+longer than :data:`BLOCK_LIMIT_NS`. The shortest rather than the average, because waiting for
+the GIL or for a core only ever adds to a run time: under load, with the frontends' threads
+wanting the GIL too, even a fast model's average says little, while a model that is really slow
+(or sleeps, or waits on I/O) is slow every time. Each move back doubles the batches the model
+must run on its threads before it may return, so a model that only now and then holds the
+loop does so rarely. A batch that fails on the loop sends the model back for good (a model
+that needs a thread of its own, e.g. one calling ``asyncio.run``, fails quickly there).
+Chosen by the model's ``TRITONFAST_INSTANCE_MODE`` (``"auto"``, the default; ``"thread"``
+keeps every batch on the instance threads).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,14 +41,16 @@ log = logging.getLogger(__name__)
 
 # Batches a model runs on its threads before its run times count.
 WARM_BATCHES = 64
-# Moving average of batch run times under which batches move to the loop, and over which they
-# move back (nanoseconds).
+# The run times looked at: the last WINDOW batches'.
+WINDOW = 16
+# Shortest recent run time under which batches move to the loop, and over which they move back
+# (nanoseconds).
 FAST_NS = 150_000
 SLOW_NS = 400_000
-# A batch that holds the loop this long keeps the model on its threads from then on.
+# A batch that holds the loop this long sends the model back to its threads at once.
 BLOCK_LIMIT_NS = 2_000_000
-# Weight of the newest run time in the moving average.
-_ALPHA = 1 / 16
+# Retreats after which the wait before the next try stops doubling.
+_MAX_BACKOFF = 12
 
 # Settles one batch's futures on the loop: (batch seq, futures, results).
 Settle = Callable[[int, list["asyncio.Future[Any]"], Sequence[Result]], None]
@@ -59,7 +66,9 @@ class LoopExecution:
         self._instances: list[InstanceLoop] = []
         self._settle: Settle | None = None
         self._batches = 0
-        self._average_ns = float(SLOW_NS)
+        self._recent: deque[int] = deque(maxlen=WINDOW)
+        self._retreats = 0
+        self._next_try = WARM_BATCHES
         self._banned = False
         self._watching = False
 
@@ -100,22 +109,36 @@ class LoopExecution:
         """Told after every batch, wherever it ran (always with the GIL held); ``failed``:
         some request of it got an error."""
         self._batches += 1
-        self._average_ns += (run_ns - self._average_ns) * _ALPHA
         if self._banned:
-            return
-        if on_loop and run_ns > BLOCK_LIMIT_NS:
-            self._ban(f"a batch held the event loop for {run_ns / 1e6:.1f} ms")
             return
         if on_loop and failed:
             self._ban("a batch failed on the event loop")
             return
-        if self._batches < WARM_BATCHES:
-            return
-        enabled = self.handoff.enabled
-        if not enabled and self._average_ns < FAST_NS:
-            self.handoff.enabled = True
-        elif enabled and self._average_ns > SLOW_NS:
-            self.handoff.enabled = False
+        recent = self._recent
+        recent.append(run_ns)
+        if not self.handoff.enabled:
+            if self._batches >= self._next_try and min(recent) < FAST_NS:
+                recent.clear()
+                self.handoff.enabled = True
+        elif on_loop:
+            if run_ns > BLOCK_LIMIT_NS:
+                self._retreat(f"a batch held the event loop for {run_ns / 1e6:.1f} ms")
+            elif len(recent) == WINDOW and min(recent) > SLOW_NS:
+                self._retreat(f"its last {WINDOW} batches took over {SLOW_NS / 1e3:.0f} µs each")
+
+    def _retreat(self, why: str) -> None:
+        """Back to the instance threads, for twice as many batches as last time."""
+        self.handoff.enabled = False
+        self._recent.clear()
+        self._retreats += 1
+        wait = WARM_BATCHES << min(self._retreats, _MAX_BACKOFF)
+        self._next_try = self._batches + wait
+        log.info(
+            "model %s: %s; its batches run on its instance threads for the next %d",
+            self.name,
+            why,
+            wait,
+        )
 
     def _run_offered(self) -> None:
         """On the loop: run every offered batch, let its instance go on, answer its requests."""

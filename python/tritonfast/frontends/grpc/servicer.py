@@ -21,6 +21,7 @@ from tritonfast._proto import grpc_service_pb2_grpc as pb_grpc
 from tritonfast._proto import health_pb2, health_pb2_grpc
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
+from tritonfast.frontends.grpc.core import CoreServer, Method
 from tritonfast.runtime.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -348,16 +349,20 @@ class _HandlerCapture:
         self.handlers = dict(handlers)
 
 
-def _add_inference_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
-    """The generated handlers, except that ModelInfer takes and returns raw bytes."""
-    capture = _HandlerCapture()
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
-    handlers = capture.handlers
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(capture.service, handlers),)
-    )
-    server.add_registered_method_handlers(capture.service, handlers)
+def _method_handlers(dataplane: DataPlane) -> dict[str, grpc.RpcMethodHandler]:
+    """Path -> handler of both services, from the generated code, except that ModelInfer
+    takes and returns raw bytes."""
+    servicer = InferenceServicer(dataplane)
+    inference = _HandlerCapture()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, inference)
+    inference.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer)
+    health = _HandlerCapture()
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), health)
+    return {
+        f"/{capture.service}/{name}": handler
+        for capture in (inference, health)
+        for name, handler in capture.handlers.items()
+    }
 
 
 def _address(host: str, port: int) -> str:
@@ -366,14 +371,22 @@ def _address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-async def start_grpc_server(dataplane: DataPlane, host: str, port: int) -> grpc.aio.Server:
+async def start_grpc_server(
+    dataplane: DataPlane, host: str, port: int, engine: str = "core"
+) -> CoreServer | grpc.aio.Server:
     """Start serving both services on ``host:port``; returns once it is listening.
 
-    Stop it with ``await server.stop(grace)``.
+    ``engine``: ``core`` (:mod:`.core`, the default) or ``aio`` (grpc.aio). Stop the server
+    with ``await server.stop(grace)``.
     """
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    _add_inference_service(InferenceServicer(dataplane), server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), server)
+    handlers = _method_handlers(dataplane)
+    server: CoreServer | grpc.aio.Server
+    if engine == "aio":
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server.add_generic_rpc_handlers((_PathHandler(handlers),))
+    else:
+        methods = {path: Method.of(handler) for path, handler in handlers.items()}
+        server = CoreServer(asyncio.get_running_loop(), methods, SERVER_OPTIONS)
     address = _address(host, port)
     try:
         bound = server.add_insecure_port(address)
@@ -381,5 +394,18 @@ async def start_grpc_server(dataplane: DataPlane, host: str, port: int) -> grpc.
         raise OSError(f"gRPC server cannot listen on {address}: {error}") from error
     if bound == 0:
         raise OSError(f"gRPC server cannot listen on {address}")
-    await server.start()
+    if isinstance(server, CoreServer):
+        server.start()
+    else:
+        await server.start()
     return server
+
+
+class _PathHandler(grpc.GenericRpcHandler):
+    """grpc.aio's lookup of a method handler by its path."""
+
+    def __init__(self, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._handlers = handlers
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self._handlers.get(details.method)  # type: ignore[attr-defined]

@@ -1,0 +1,328 @@
+"""A gRPC server on grpcio's core, without grpc.aio's per-call machinery.
+
+Why: grpc.aio runs several Python tasks, futures and checks for every call; on this machine
+that is ~0.2-0.4 ms of CPU per RPC before a handler runs, and a bare grpc.aio echo server
+tops out at about half of what the same echo does on grpcio's core (``bench/README.md``).
+This module drives the core directly (``grpc._cython.cygrpc``, the layer grpcio's own
+synchronous server is built on) and keeps everything else asyncio: handlers are the same
+``async def Method(request, context)`` coroutines and async generators grpc.aio calls.
+
+How a call flows:
+
+- One thread waits on the completion queue with the GIL released and handles each event.
+- A new call: its close (``RECV_CLOSE_ON_SERVER``, which reports cancellation and deadline
+  expiry) and, for a unary request, its one message are asked for at once.
+- When the request is in, the handler starts on the event loop (one ``call_soon_threadsafe``
+  per call); a unary reply leaves in one batch (initial metadata, message, status) from the
+  loop, and its completion needs nothing more.
+- A cancelled call cancels its handler's task. Streams read and write one message at a time,
+  each step an awaited batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc._cython import cygrpc
+
+log = logging.getLogger("tritonfast.grpc")
+
+_NO_FLAGS = 0
+_OK = cygrpc.StatusCode.ok
+_QUEUE_TIMEOUT = cygrpc.CompletionType.queue_timeout
+_QUEUE_SHUTDOWN = cygrpc.CompletionType.queue_shutdown
+# Calls asked for ahead of time, so that a burst of new calls never waits for us.
+_CALLS_AHEAD = 64
+
+
+class _Abort(Exception):
+    """Raised by ``context.abort``: the call ends with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class Method:
+    """What a method's path runs: grpc's own ``RpcMethodHandler`` fields."""
+
+    request_streaming: bool
+    response_streaming: bool
+    handler: Callable[..., Any]
+    deserialize: Callable[[bytes], Any] | None
+    serialize: Callable[[Any], bytes] | None
+
+    @classmethod
+    def of(cls, handler: grpc.RpcMethodHandler) -> Method:
+        function = (
+            handler.unary_unary
+            or handler.unary_stream
+            or handler.stream_unary
+            or handler.stream_stream
+        )
+        return cls(
+            handler.request_streaming,
+            handler.response_streaming,
+            function,
+            handler.request_deserializer,
+            handler.response_serializer,
+        )
+
+
+class Context:
+    """The part of ``grpc.aio.ServicerContext`` our handlers use."""
+
+    __slots__ = ("_metadata",)
+
+    def __init__(self, metadata: tuple[tuple[str, Any], ...]) -> None:
+        self._metadata = metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise _Abort(code, details)
+
+    def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
+        return self._metadata
+
+
+def _status_op(code: Any, details: str) -> cygrpc.SendStatusFromServerOperation:
+    return cygrpc.SendStatusFromServerOperation(None, code, details, _NO_FLAGS)
+
+
+def _ignore(event: Any) -> None:
+    """The tag of batches whose completion needs nothing (a unary reply, a status)."""
+
+
+class _Call:
+    """One RPC: lives from its arrival until its handler is done or it is cancelled."""
+
+    __slots__ = ("call", "cancelled", "metadata", "metadata_sent", "method", "server", "task")
+
+    def __init__(self, server: CoreServer, call: Any, method: Method, metadata: Any) -> None:
+        self.server = server
+        self.call = call
+        self.method = method
+        self.metadata = metadata
+        self.task: asyncio.Task[None] | None = None
+        self.cancelled = False
+        self.metadata_sent = False
+
+    # -- on the completion-queue thread ------------------------------------------------------
+    def on_close(self, event: Any) -> None:
+        if event.batch_operations[0].cancelled():
+            self.server.call_soon(self.cancel)
+
+    def on_first_message(self, event: Any) -> None:
+        data = event.batch_operations[0].message()
+        if data is not None:
+            self.server.call_soon(self.start, data)
+        # None: the call was cancelled before its request arrived (on_close saw it).
+
+    # -- on the event loop -------------------------------------------------------------------
+    def start(self, data: bytes | None) -> None:
+        if not self.cancelled:
+            self.task = self.server.loop.create_task(self.run(data))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.task is not None:
+            self.task.cancel()
+
+    async def run(self, data: bytes | None) -> None:
+        method = self.method
+        context = Context(self.metadata)
+        try:
+            if method.request_streaming:
+                request: Any = _Requests(self)
+            else:
+                assert data is not None  # a unary call starts once its message is in
+                request = method.deserialize(data) if method.deserialize else data
+            if method.response_streaming:
+                await self._stream_replies(method.handler(request, context))
+                self.finish(_OK, "")
+            else:
+                reply = await method.handler(request, context)
+                payload = method.serialize(reply) if method.serialize else reply
+                self.reply(payload)
+        except _Abort as abort:
+            self.finish(abort.code.value[0], abort.details)
+        except asyncio.CancelledError:
+            if not self.cancelled:  # the server is stopping, not the client
+                self.finish(cygrpc.StatusCode.cancelled, "the server is shutting down")
+            raise
+        except Exception as error:
+            log.exception("unexpected error in the gRPC handler of %s", self.method.handler)
+            self.finish(cygrpc.StatusCode.unknown, f"Unexpected {type(error)}: {error}")
+
+    async def _stream_replies(self, replies: Any) -> None:
+        if not hasattr(replies, "__aiter__"):  # a coroutine that answers with abort()
+            await replies
+            return
+        serialize = self.method.serialize
+        async for reply in replies:
+            message = cygrpc.SendMessageOperation(
+                serialize(reply) if serialize else reply, _NO_FLAGS
+            )
+            if self.metadata_sent:
+                await self.batch((message,))
+            else:
+                self.metadata_sent = True
+                await self.batch((cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), message))
+
+    def reply(self, payload: bytes) -> None:
+        self.metadata_sent = True
+        self.call.start_server_batch(
+            (
+                cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
+                cygrpc.SendMessageOperation(payload, _NO_FLAGS),
+                _status_op(_OK, ""),
+            ),
+            _ignore,
+        )
+
+    def finish(self, code: Any, details: str) -> None:
+        if self.cancelled:
+            return  # the core has ended the call already
+        status = _status_op(code, details)
+        if self.metadata_sent:
+            operations: tuple[Any, ...] = (status,)
+        else:
+            self.metadata_sent = True
+            operations = (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), status)
+        self.call.start_server_batch(operations, _ignore)
+
+    def batch(self, operations: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """Start ``operations``; the future gets the completion event (on the loop)."""
+        future = self.server.loop.create_future()
+        server = self.server
+
+        def completed(event: Any) -> None:  # on the completion-queue thread
+            server.call_soon(_resolve, future, event)
+
+        self.call.start_server_batch(operations, completed)
+        return future
+
+
+def _resolve(future: asyncio.Future[Any], event: Any) -> None:
+    if not future.done():
+        future.set_result(event)
+
+
+class _Requests:
+    """A streaming call's requests, read one message at a time."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: _Call) -> None:
+        self._call = call
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        event = await self._call.batch((cygrpc.ReceiveMessageOperation(_NO_FLAGS),))
+        data = event.batch_operations[0].message()
+        if data is None:
+            raise StopAsyncIteration
+        deserialize = self._call.method.deserialize
+        return deserialize(data) if deserialize else data
+
+
+class CoreServer:
+    """Serves ``methods`` (path -> :class:`Method`) on the event loop ``loop``."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        methods: Mapping[str, Method],
+        options: list[tuple[str, Any]],
+    ) -> None:
+        self.loop = loop
+        self._methods = {path.encode(): method for path, method in methods.items()}
+        self._queue = cygrpc.CompletionQueue()
+        self._server = cygrpc.Server(tuple(options), False)
+        self._server.register_completion_queue(self._queue)
+        self._thread = threading.Thread(target=self._serve, name="grpc-core", daemon=True)
+        self._stopping = False
+        self._stopped: asyncio.Future[None] = loop.create_future()
+
+    def add_insecure_port(self, address: str) -> int:
+        return int(self._server.add_http2_port(address.encode()))
+
+    def start(self) -> None:
+        self._server.start()
+        for _ in range(_CALLS_AHEAD):
+            self._request_call()
+        self._thread.start()
+
+    async def stop(self, grace: float | None) -> None:
+        """Refuse new calls, give running ones ``grace`` seconds, then cancel them."""
+        if not self._stopping:
+            self._stopping = True
+            self._server.shutdown(self._queue, self._on_shutdown)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._stopped), grace)
+        except TimeoutError:
+            self._server.cancel_all_calls()
+            await self._stopped
+        await asyncio.to_thread(self._thread.join)
+        self._server.destroy()
+
+    def call_soon(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run ``callback`` on the event loop (from the completion-queue thread)."""
+        with contextlib.suppress(RuntimeError):  # a closed loop: the process is exiting
+            self.loop.call_soon_threadsafe(callback, *args)
+
+    # -- the completion-queue thread ----------------------------------------------------------
+    def _request_call(self) -> None:
+        self._server.request_call(self._queue, self._queue, self._on_new_call)
+
+    def _serve(self) -> None:
+        queue = self._queue
+        while True:
+            event = queue.poll()
+            kind = event.completion_type
+            if kind is _QUEUE_TIMEOUT:
+                continue
+            if kind is _QUEUE_SHUTDOWN:
+                return
+            event.tag(event)
+            event = None  # drop the call before waiting again
+
+    def _on_new_call(self, event: Any) -> None:
+        if not event.success:  # the server is shutting down
+            return
+        if not self._stopping:
+            self._request_call()
+        call = event.call
+        method = self._methods.get(event.call_details.method)
+        if method is None:
+            call.start_server_batch(
+                (
+                    cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
+                    _status_op(cygrpc.StatusCode.unimplemented, "Method not found!"),
+                ),
+                _ignore,
+            )
+            return
+        rpc = _Call(self, call, method, event.invocation_metadata)
+        call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),), rpc.on_close)
+        if method.request_streaming:
+            self.call_soon(rpc.start, None)
+        else:
+            call.start_server_batch(
+                (cygrpc.ReceiveMessageOperation(_NO_FLAGS),), rpc.on_first_message
+            )
+
+    def _on_shutdown(self, event: Any) -> None:
+        """Every call is over: close the queue (the thread ends) and tell ``stop``."""
+        self._queue.shutdown()
+        self.call_soon(_resolve, self._stopped, None)
