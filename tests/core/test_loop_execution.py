@@ -30,6 +30,7 @@ class Timed(Backend):
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
+        self.spin_s = 0.0  # computing, not sleeping
         self.runs: list[tuple[threading.Thread, int]] = []
         self.running = 0
         self.overlapped = False
@@ -40,6 +41,10 @@ class Timed(Backend):
         try:
             if self.delay_s:
                 time.sleep(self.delay_s)
+            if self.spin_s:
+                end = time.thread_time() + self.spin_s
+                while time.thread_time() < end:
+                    pass
             self.runs.append((threading.current_thread(), len(requests)))
             return [InferResponse(r.model_name, r.model_version, r.id) for r in requests]
         finally:
@@ -131,24 +136,45 @@ def test_slow_executions_stay_on_instance_threads() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_batch_that_holds_the_loop_sends_the_model_back_for_twice_the_warm_up() -> None:
+@pytest.mark.parametrize("how", ["computes", "sleeps"])
+def test_a_batch_that_holds_the_loop_sends_the_model_back_for_twice_the_warm_up(how: str) -> None:
     backend = Timed()
 
     async def scenario(scheduler: Scheduler) -> None:
         await one_by_one(scheduler, looprun.WARM_BATCHES)
         assert scheduler.runs_on_loop
-        backend.delay_s = looprun.BLOCK_LIMIT_NS / 1e9 * 2
+        if how == "computes":
+            backend.spin_s = looprun.BLOCK_LIMIT_NS / 1e9 * 2
+        else:
+            backend.delay_s = looprun.STALL_LIMIT_NS / 1e9 * 1.5
         before = len(backend.runs)
         await scheduler.submit(request("slow"), 1)
         assert backend.on_loop_since(before) == [True]
         assert not scheduler.runs_on_loop
-        backend.delay_s = 0.0
+        backend.spin_s = backend.delay_s = 0.0
         await one_by_one(scheduler, looprun.WARM_BATCHES * 2 - 1, "after")
         assert not scheduler.runs_on_loop
         assert not any(backend.on_loop_since(before + 1))
         await one_by_one(scheduler, 2, "back")
         assert scheduler.runs_on_loop, "fast again after the longer wait"
         assert backend.on_loop_since(len(backend.runs) - 1) == [True]
+
+    run_with("", [backend], scenario)
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_held_up_but_not_by_its_model_stays_on_the_loop() -> None:
+    """Past BLOCK_LIMIT_NS but short of STALL_LIMIT_NS without computing: what a batch looks
+    like when the loop's thread waited for a core or for the GIL."""
+    backend = Timed()
+
+    async def scenario(scheduler: Scheduler) -> None:
+        await one_by_one(scheduler, looprun.WARM_BATCHES)
+        assert scheduler.runs_on_loop
+        backend.delay_s = (looprun.BLOCK_LIMIT_NS + looprun.STALL_LIMIT_NS) / 2e9
+        await scheduler.submit(request("held up"), 1)
+        backend.delay_s = 0.0
+        assert scheduler.runs_on_loop
 
     run_with("", [backend], scenario)
 

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 from tritonfast._core import Batch, Handoff, RequestQueue
@@ -35,9 +35,9 @@ QueueItem = tuple[InferRequest, "asyncio.Future[Any]"]
 Deliver = Callable[[int, list["asyncio.Future[Any]"], Sequence[Result]], None]
 # Called on the instance thread with the futures of requests rejected by a queue timeout.
 Reject = Callable[[list["asyncio.Future[Any]"]], None]
-# Told how long each batch took to run (nanoseconds), whether it ran on the event loop, and
-# whether some request of it failed.
-Observe = Callable[[int, bool, bool], None]
+# Told how long each batch took to run (wall clock and this thread's CPU time, nanoseconds),
+# whether it ran on the event loop, and whether some request of it failed.
+Observe = Callable[[int, int, bool, bool], None]
 
 
 class InstanceLoop:
@@ -102,6 +102,7 @@ class InstanceLoop:
     ) -> tuple[int, list[asyncio.Future[Any]], Sequence[Result]]:
         """Run one batch and record it: (batch seq, futures, one result per future)."""
         items: list[QueueItem] = batch.items
+        cpu_start = thread_time_ns()
         clock = PhaseClock()
         requests = [item[0] for item in items]
         results = self._run_backend(requests, clock)
@@ -116,7 +117,7 @@ class InstanceLoop:
             log.exception("instance %s could not record a batch's statistics", self.name)
         if self._observe is not None:
             failed = any(isinstance(result, TritonError) for result in results)
-            self._observe(end - clock.start, on_loop, failed)
+            self._observe(end - clock.start, thread_time_ns() - cpu_start, on_loop, failed)
         return batch.seq, futures, results
 
     def _run_backend(self, requests: list[InferRequest], clock: PhaseClock) -> Sequence[Result]:

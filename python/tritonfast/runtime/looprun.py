@@ -11,13 +11,14 @@ runs it and answers its requests directly.
 When: after :data:`WARM_BATCHES` batches, once the shortest of the last :data:`WINDOW` batch
 run times is under :data:`FAST_NS`; back to the threads when the shortest of the last
 :data:`WINDOW` on the loop is over :data:`SLOW_NS`, or at once when one batch holds the loop
-longer than :data:`BLOCK_LIMIT_NS`. The shortest rather than the average, because waiting for
-the GIL or for a core only ever adds to a run time: under load, with the frontends' threads
-wanting the GIL too, even a fast model's average says little, while a model that is really slow
-(or sleeps, or waits on I/O) is slow every time. Each move back doubles the batches the model
-must run on its threads before it may return, so a model that only now and then holds the
-loop does so rarely. A batch that fails on the loop sends the model back for good (a model
-that needs a thread of its own, e.g. one calling ``asyncio.run``, fails quickly there).
+longer than :data:`BLOCK_LIMIT_NS` by its model's doing (see there). The shortest rather than
+the average, because waiting for the GIL or for a core only ever adds to a run time: under
+load, with the frontends' threads wanting the GIL too, even a fast model's average says
+little, while a model that is really slow (or sleeps, or waits on I/O) is slow every time.
+Each move back doubles the batches the model must run on its threads before it may return, so
+a model that only now and then holds the loop does so rarely. A batch that fails on the loop
+sends the model back for good (a model that needs a thread of its own, e.g. one calling
+``asyncio.run``, fails quickly there).
 Chosen by the model's ``TRITONFAST_INSTANCE_MODE`` (``"auto"``, the default; ``"thread"``
 keeps every batch on the instance threads).
 """
@@ -47,8 +48,13 @@ WINDOW = 16
 # (nanoseconds).
 FAST_NS = 150_000
 SLOW_NS = 400_000
-# A batch that holds the loop this long sends the model back to its threads at once.
+# A batch that holds the loop this long sends the model back to its threads at once, when the
+# model computed for at least half of it, or when it held the loop past STALL_LIMIT_NS in any
+# case (a model that sleeps or waits on I/O). Between the two, a batch that took long while its
+# model hardly ran was waiting for a core or for the GIL: not the model's doing, and no reason
+# to move it (a model slow every time is caught by SLOW_NS).
 BLOCK_LIMIT_NS = 2_000_000
+STALL_LIMIT_NS = 20_000_000
 # Retreats after which the wait before the next try stops doubling.
 _MAX_BACKOFF = 12
 
@@ -105,9 +111,9 @@ class LoopExecution:
     def on_loop(self) -> bool:
         return self.handoff.enabled
 
-    def observe(self, run_ns: int, on_loop: bool, failed: bool) -> None:
-        """Told after every batch, wherever it ran (always with the GIL held); ``failed``:
-        some request of it got an error."""
+    def observe(self, run_ns: int, cpu_ns: int, on_loop: bool, failed: bool) -> None:
+        """Told after every batch, wherever it ran (always with the GIL held): its wall-clock
+        and thread CPU times; ``failed``: some request of it got an error."""
         self._batches += 1
         if self._banned:
             return
@@ -121,7 +127,9 @@ class LoopExecution:
                 recent.clear()
                 self.handoff.enabled = True
         elif on_loop:
-            if run_ns > BLOCK_LIMIT_NS:
+            if run_ns > BLOCK_LIMIT_NS and (
+                cpu_ns > BLOCK_LIMIT_NS // 2 or run_ns > STALL_LIMIT_NS
+            ):
                 self._retreat(f"a batch held the event loop for {run_ns / 1e6:.1f} ms")
             elif len(recent) == WINDOW and min(recent) > SLOW_NS:
                 self._retreat(f"its last {WINDOW} batches took over {SLOW_NS / 1e3:.0f} µs each")

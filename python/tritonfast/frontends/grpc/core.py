@@ -104,7 +104,16 @@ def _ignore(event: Any) -> None:
 class _Call:
     """One RPC: lives from its arrival until its handler is done or it is cancelled."""
 
-    __slots__ = ("call", "cancelled", "metadata", "metadata_sent", "method", "server", "task")
+    __slots__ = (
+        "call",
+        "cancelled",
+        "metadata",
+        "metadata_sent",
+        "method",
+        "payload",
+        "server",
+        "task",
+    )
 
     def __init__(self, server: CoreServer, call: Any, method: Method, metadata: Any) -> None:
         self.server = server
@@ -114,6 +123,7 @@ class _Call:
         self.task: asyncio.Task[None] | None = None
         self.cancelled = False
         self.metadata_sent = False
+        self.payload: bytes | None = None
 
     # -- on the completion-queue thread ------------------------------------------------------
     def on_close(self, event: Any) -> None:
@@ -178,7 +188,16 @@ class _Call:
                 await self.batch((cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), message))
 
     def reply(self, payload: bytes) -> None:
+        """Send a unary reply: from the completion-queue thread, bounced there through an
+        empty batch (which completes at once). The transport work of a send runs on the
+        thread that starts it; on that thread it costs half what it costs on the loop, which
+        would also contend with the completion-queue thread for the call."""
         self.metadata_sent = True
+        self.payload = payload
+        self.call.start_server_batch((), self.send_reply)
+
+    def send_reply(self, event: Any) -> None:  # on the completion-queue thread
+        payload, self.payload = self.payload, None
         self.call.start_server_batch(
             (
                 cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
