@@ -1,12 +1,12 @@
 """Both gRPC engines (``--grpc-engine``): ``core`` (the default, calls driven on grpcio's core by
 ``frontends.grpc.core``) and ``aio`` (grpc.aio). The rest of the gRPC tests run on the default;
 these run the behaviours the engine itself owns on both: answers and errors, streams, unknown
-methods, calls cancelled while queued or running, and stopping with calls in flight."""
+methods, compressed requests, calls cancelled while queued (stopping with calls in flight:
+test_lifecycle)."""
 
 from __future__ import annotations
 
 import queue
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -147,31 +147,3 @@ def test_a_request_given_up_while_queued_never_runs(engine_server: RunningServer
 def canceled_failures(server: RunningServer) -> float:
     labels = frozenset({("model", "cancel_watch"), ("version", "1"), ("reason", "CANCELED")})
     return scrape(server)[1].get(("nv_inference_request_failure", labels), 0.0)
-
-
-@pytest.mark.parametrize("engine", ["core", "aio"])
-def test_sigterm_finishes_grpc_calls_in_flight(tmp_path: Any, engine: str) -> None:
-    server = start_server([TEST_MODELS], tmp_path / "server.log", f"--grpc-engine={engine}")
-    results: list[object] = []
-
-    def call() -> None:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        try:
-            tensor = grpcclient.InferInput("X", [1], "INT32")
-            tensor.set_data_from_numpy(np.zeros(1, dtype=np.int32))
-            results.append(client.infer("sleeper", [tensor]).as_numpy("SEEN_PARALLEL"))
-        except Exception as error:  # recorded, then asserted below
-            results.append(error)
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=call) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.2)  # the calls are running (each takes 0.5 s)
-    server.proc.send_signal(signal.SIGTERM)
-    for thread in threads:
-        thread.join(30)
-    assert server.wait_exit(30) == 0, server.log()
-    assert len(results) == 3
-    assert all(isinstance(r, np.ndarray) for r in results), results

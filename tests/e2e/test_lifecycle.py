@@ -11,6 +11,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -95,14 +96,19 @@ def test_warmup_runs_before_the_model_is_ready(server) -> None:
         client.close()
 
 
-def test_sigterm_finishes_requests_in_flight(tmp_path) -> None:
-    server = start_server([TEST_MODELS], tmp_path / "server.log")
+@pytest.mark.parametrize("via", ["http", "grpc-core", "grpc-aio"])
+def test_sigterm_finishes_requests_in_flight(tmp_path, via: str) -> None:
+    protocol, _, engine = via.partition("-")
+    extra = [f"--grpc-engine={engine}"] if engine else []
+    server = start_server([TEST_MODELS], tmp_path / "server.log", *extra)
+    client_module = grpcclient if protocol == "grpc" else httpclient
+    url = server.grpc_url if protocol == "grpc" else server.http_url
     results: list[object] = []
 
     def call() -> None:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = client_module.InferenceServerClient(url)
         try:
-            tensor = httpclient.InferInput("X", [1], "INT32")
+            tensor = client_module.InferInput("X", [1], "INT32")
             tensor.set_data_from_numpy(np.zeros(1, dtype=np.int32))
             results.append(client.infer("sleeper", [tensor]).as_numpy("SEEN_PARALLEL"))
         except Exception as error:  # recorded, then asserted below
