@@ -102,7 +102,7 @@ class InstanceLoop:
     ) -> tuple[int, list[asyncio.Future[Any]], Sequence[Result]]:
         """Run one batch and record it: (batch seq, futures, one result per future)."""
         items: list[QueueItem] = batch.items
-        cpu_start = thread_time_ns()
+        cpu_start = 0 if self._observe is None else thread_time_ns()
         clock = PhaseClock()
         requests = [item[0] for item in items]
         results = self._run_backend(requests, clock)

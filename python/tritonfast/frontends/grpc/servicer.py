@@ -255,12 +255,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         """One request of a stream."""
         infer_request, response, requested = await self._run(request)
-        if infer_request.trace is None:
-            return codec.encode_infer_response(response, requested, request.id)
-        send_start = perf_counter_ns()
-        reply = codec.encode_infer_response(response, requested, request.id)
-        self._dataplane.trace_sent(infer_request, "GRPC", send_start, perf_counter_ns())
-        return reply
+        return self._encode(
+            infer_request, codec.encode_infer_response, response, requested, request.id
+        )
 
     @_triton_errors
     async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -271,10 +268,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             received = ("GRPC", now, now)
         request, raw_inputs = codec.parse_infer_request(data)
         infer_request, response, requested = await self._run(request, raw_inputs, received)
+        return self._encode(
+            infer_request, codec.serialize_infer_response, response, requested, request.id
+        )
+
+    def _encode(
+        self, infer_request: InferRequest, encode: Callable[..., Reply], *args: Any
+    ) -> Reply:
+        """``encode(*args)``; a traced request's trace ends with the time that took."""
         if infer_request.trace is None:
-            return codec.serialize_infer_response(response, requested, request.id)
+            return encode(*args)
         send_start = perf_counter_ns()
-        reply = codec.serialize_infer_response(response, requested, request.id)
+        reply = encode(*args)
         self._dataplane.trace_sent(infer_request, "GRPC", send_start, perf_counter_ns())
         return reply
 
@@ -317,8 +322,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     leftover.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-
-    # -- not implemented yet ------------------------------------------------------------------
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

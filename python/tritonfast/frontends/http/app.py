@@ -14,6 +14,7 @@ from the model's arrays rather than joined into one body first.
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
@@ -122,32 +123,40 @@ async def model_statistics(
     return _json_or_error(dataplane.model_statistics, model, version)
 
 
-# -- logging ----------------------------------------------------------------------------------
+# -- logging and trace settings ----------------------------------------------------------------
+async def _settings(
+    request: web.BaseRequest,
+    read: Callable[[], dict[str, Any]],
+    decode: Callable[[bytes | bytearray | memoryview], dict[str, Any]],
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+) -> web.Response:
+    """GET: the settings; POST: change some, answer with all."""
+    try:
+        if request.method == "GET":
+            return _json(read())
+        return _json(change(decode(await _read_body(request))))
+    except TritonError as err:
+        return _error(err)
+
+
 async def logging_settings(
     request: web.BaseRequest, dataplane: DataPlane, _: str, __: str
 ) -> web.Response:
-    """GET: the log settings; POST: change some, answer with all."""
-    try:
-        if request.method == "GET":
-            return _json(dataplane.log_settings())
-        changes = codec.decode_log_settings(await _read_body(request))
-        return _json(dataplane.update_log_settings(changes))
-    except TritonError as err:
-        return _error(err)
+    return await _settings(
+        request, dataplane.log_settings, codec.decode_log_settings, dataplane.update_log_settings
+    )
 
 
-# -- trace settings ---------------------------------------------------------------------------
 async def trace_setting(
     request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
 ) -> web.Response:
-    """GET: the trace settings (global, or the model's); POST: change some, answer with all."""
-    try:
-        if request.method == "GET":
-            return _json(dataplane.trace_settings(model))
-        changes = codec.decode_trace_settings(await _read_body(request))
-        return _json(dataplane.update_trace_settings(changes, model))
-    except TritonError as err:
-        return _error(err)
+    """The global trace settings, or the model's."""
+    return await _settings(
+        request,
+        functools.partial(dataplane.trace_settings, model),
+        codec.decode_trace_settings,
+        functools.partial(dataplane.update_trace_settings, model=model),
+    )
 
 
 # -- the model repository ---------------------------------------------------------------------
