@@ -13,7 +13,7 @@ from tritonfast.cli import ServeOptions
 from tritonfast.errors import TritonError
 from tritonfast.frontends.dataplane import DataPlane
 from tritonfast.logsettings import LogSettings, ServerLog
-from tritonfast.metrics import parse_metrics_config
+from tritonfast.metrics import MetricsConfig, parse_metrics_config
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
 from tritonfast.runtime.allocator import keep_large_buffers
@@ -112,7 +112,7 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
     )
     stoppers: list[Any] = []
     try:
-        await _start_frontends(options, dataplane, stoppers)
+        await _start_frontends(options, dataplane, metrics_config, stoppers)
     except OSError as exc:
         log.error("failed to start a frontend: %s", exc)
         await _stop(stoppers, repository, options)
@@ -132,7 +132,10 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
 
 
 async def _start_frontends(
-    options: ServeOptions, dataplane: DataPlane, stoppers: list[Any]
+    options: ServeOptions,
+    dataplane: DataPlane,
+    metrics_config: MetricsConfig,
+    stoppers: list[Any],
 ) -> None:
     if options.allow_grpc:
         from tritonfast.frontends.grpc.servicer import start_grpc_server
@@ -158,7 +161,7 @@ async def _start_frontends(
             dataplane.repository,
             cpu=options.allow_cpu_metrics,
             gpu=options.allow_gpu_metrics,
-            config=parse_metrics_config(options.metrics_config),
+            config=metrics_config,
         )
         metrics_runner = await start_metrics_server(
             registry, options.metrics_address, options.metrics_port

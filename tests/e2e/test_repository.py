@@ -186,6 +186,32 @@ def test_failed_reload_keeps_the_serving_version(explicit: tuple[RunningServer, 
         client.close()
 
 
+def test_reload_imports_helper_packages_afresh(explicit: tuple[RunningServer, Path]) -> None:
+    """A helper package in a folder beside model.py is re-imported by a reload, as a helper
+    module is."""
+    server, repository = explicit
+    model_dir = repository / "packaged"
+    (model_dir / "1" / "packaged_helpers").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(GENERATION_CONFIG)
+    model = GENERATION_MODEL.replace(
+        "GENERATION = {generation}", "from packaged_helpers.values import GENERATION"
+    )
+    (model_dir / "1" / "model.py").write_text(model)
+    (model_dir / "1" / "packaged_helpers" / "__init__.py").write_text("")
+    values = model_dir / "1" / "packaged_helpers" / "values.py"
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        values.write_text("GENERATION = 1\n")
+        client.load_model("packaged")
+        assert generation_of(client, httpclient, "packaged") == 1
+        values.write_text("GENERATION = 2\n")
+        client.load_model("packaged")
+        assert generation_of(client, httpclient, "packaged") == 2
+    finally:
+        client.unload_model("packaged")
+        client.close()
+
+
 def test_config_override_and_files(explicit: tuple[RunningServer, Path]) -> None:
     server, _ = explicit
     client = httpclient.InferenceServerClient(server.http_url)

@@ -63,10 +63,6 @@ class DataPlane:
     def repository(self) -> ModelRepository:
         return self._repository
 
-    @property
-    def control(self) -> ModelControl:
-        return self._control
-
     # -- health ---------------------------------------------------------------------------
     def live(self) -> bool:
         return self._live

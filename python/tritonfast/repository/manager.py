@@ -102,12 +102,6 @@ class ModelRepository:
             self.publish(self.prepare(name, found[name]))
         return self.entries()
 
-    def load(self, model_dir: Path) -> ModelEntry:
-        """Load and publish one model directory (used before serving starts)."""
-        entry = self.prepare(model_dir.name, model_dir)
-        self.publish(entry)
-        return entry
-
     def prepare(
         self, name: str, model_dir: Path, config: model_config_pb2.ModelConfig | None = None
     ) -> ModelEntry:

@@ -59,9 +59,10 @@ def load_model_class(path: Path, model_name: str) -> type:
     model_dir = str(path.parent)
     if model_dir not in sys.path:
         sys.path.insert(0, model_dir)
+    inside = model_dir + os.sep
     for name, cached in list(sys.modules.items()):
         cached_file = getattr(cached, "__file__", None)
-        if cached_file and os.path.dirname(cached_file) == model_dir:
+        if cached_file and cached_file.startswith(inside):  # helper modules and packages
             del sys.modules[name]
     try:
         spec.loader.exec_module(module)
