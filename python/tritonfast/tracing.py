@@ -204,13 +204,15 @@ class Tracer:
         self._ids = itertools.count(1)
         self._done: list[RequestTrace] = []
         self._files = itertools.count()
+        # What update() derives, so that start() only looks up: a model's settings in force,
+        # the models that sample on their own (own rate or count), and whether any is active.
+        self._effective: dict[str, TraceSettings] = {}
+        self._own_sampling: frozenset[str] = frozenset()
         self._any_active = self._global.active
 
     # -- settings (the trace extension) ----------------------------------------------------------
     def settings(self, model: str = "") -> TraceSettings:
-        if not model or model not in self._models:
-            return self._global
-        return replace(self._global, **self._models[model])
+        return self._effective.get(model, self._global) if model else self._global
 
     def update(self, changes: dict[str, Any], model: str = "") -> TraceSettings:
         """Apply the extension's changes (strings, level a list; ``None`` resets a setting: a
@@ -257,15 +259,22 @@ class Tracer:
                 self._global = replace(self._global, **parsed, **reset_values)
             if "count" in parsed:
                 self._remaining.pop(model, None)
+            self._derive()
             settings = self.settings(model)
             if settings.active and not settings.file and self._exporter is None:
                 raise InvalidArgumentError(
                     "Attempting to set invalid trace setting :trace file name is not given"
                 )
-            self._any_active = self._global.active or any(
-                self.settings(m).active for m in self._models
-            )
-            return self.settings(model)
+            return settings
+
+    def _derive(self) -> None:
+        """Recompute what :meth:`start` looks up (with the lock held)."""
+        models = self._models
+        self._effective = {m: replace(self._global, **own) for m, own in models.items()}
+        self._own_sampling = frozenset(
+            m for m, own in models.items() if "rate" in own or "count" in own
+        )
+        self._any_active = self._global.active or any(s.active for s in self._effective.values())
 
     # -- tracing requests --------------------------------------------------------------------------
     @property
@@ -282,8 +291,7 @@ class Tracer:
             return None
         # Sampling counts per owner of the settings in force: the model when it has its own
         # rate or count, else the global settings (shared by every such model, as in Triton).
-        own = self._models.get(model, {})
-        owner = model if ("rate" in own or "count" in own) else ""
+        owner = model if model in self._own_sampling else ""
         with self._lock:
             seen = self._seen.get(owner, 0) + 1
             self._seen[owner] = seen
