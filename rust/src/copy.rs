@@ -5,6 +5,7 @@
 //! 2-core development machine). Small copies stay on the calling thread: starting a thread
 //! costs tens of microseconds.
 
+use std::sync::OnceLock;
 use std::thread;
 
 /// Below this many bytes a copy runs on the calling thread.
@@ -21,7 +22,7 @@ pub unsafe fn copy_nonoverlapping(source: *const u8, destination: *mut u8, len: 
     let threads = if len < PARALLEL_COPY_BYTES {
         1
     } else {
-        thread::available_parallelism().map_or(1, |n| n.get().min(MAX_COPY_THREADS))
+        copy_threads()
     };
     if threads == 1 {
         // SAFETY: the caller's contract.
@@ -51,6 +52,15 @@ pub unsafe fn copy_nonoverlapping(source: *const u8, destination: *mut u8, len: 
             std::ptr::copy_nonoverlapping(source as *const u8, destination as *mut u8, piece);
         }
     });
+}
+
+/// Threads a large copy is split over: the cores this process may use (asked once: the query
+/// reads cgroup files), at most `MAX_COPY_THREADS`.
+fn copy_threads() -> usize {
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| {
+        thread::available_parallelism().map_or(1, |n| n.get().min(MAX_COPY_THREADS))
+    })
 }
 
 #[cfg(test)]

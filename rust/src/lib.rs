@@ -4,9 +4,10 @@
 //! Everything here is pure Rust and tested with `cargo test`. The `python` feature (turned on by
 //! maturin) adds the `py` module, the only code that knows about Python.
 
-// POSIX shared memory and `mmap` are part of the core's job.
-#[cfg(not(unix))]
-compile_error!("tritonfast's core needs a Unix system (POSIX shared memory)");
+// POSIX shared memory and `mmap` are part of the core's job, and the loop handoff wakes the
+// event loop through an `eventfd`, which only Linux has.
+#[cfg(not(target_os = "linux"))]
+compile_error!("tritonfast's core needs Linux (POSIX shared memory, eventfd)");
 
 pub mod batcher;
 pub mod copy;
