@@ -151,8 +151,8 @@ async def _start_frontends(
     if options.allow_http:
         from tritonfast.frontends.http.app import start_http_server
 
-        http_runner = await start_http_server(dataplane, options.http_address, options.http_port)
-        stoppers.append(http_runner.cleanup)
+        http_server = await start_http_server(dataplane, options.http_address, options.http_port)
+        stoppers.append(http_server.close)
         print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)
     if options.allow_metrics:
         from tritonfast.metrics import metrics_registry, start_metrics_server

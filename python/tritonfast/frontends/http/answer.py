@@ -1,58 +1,49 @@
-"""A small, complete HTTP answer written to the connection in one call.
+"""What an HTTP handler answers, and how an answer's status line and headers are written.
 
-aiohttp's ``web.Response`` keeps its headers in a case-insensitive multidict, adds ``Date`` and
-``Server``, decides about compression and chunking, and writes the status line, the headers and
-the body through its payload writer in several steps. For the many small answers of an
-inference server that costs more than everything else the frontend does for a request (a
-third of the event loop's time under load, measured with py-spy). An :class:`Answer` formats
-its status line and headers itself and hands them to the transport with the body in one
-``write``. Used for inference answers that are not streamed or compressed; keep-alive follows
-the request, as aiohttp decides it.
+An :class:`Answer` is a status, a body made of parts (bytes or numpy arrays, sent as they are)
+and its headers. Only what a Triton client reads is written: ``Content-Type`` and
+``Content-Length``, the handler's own extra lines, and ``Connection`` when the connection
+does not follow the HTTP version's default. Formatting the head is one f-string, where a
+framework response object with a header multidict costs more than all else the frontend
+does for a small request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from typing import Any, NamedTuple
 
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
+JSON = "application/json"
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
 
 
-class Answer(web.StreamResponse):
-    """200 OK with ``Content-Type``, ``Content-Length``, optional ``extra`` header lines (each
-    ending in CRLF) and a body of ``parts`` (bytes-like objects, ``length`` bytes in all)."""
-
-    def __init__(
-        self, parts: Sequence[Any], length: int, content_type: str, extra: str = ""
-    ) -> None:
-        super().__init__()
-        self._answer = (parts, length, content_type, extra)
-        self._keep_connection = False
+class Answer(NamedTuple):
+    status: int = 200
+    parts: Sequence[Any] = ()  # the body: bytes-like objects, written in order
+    content_type: str | None = None
+    extra: str = ""  # more header lines, each ending in CRLF
+    sent: Callable[[], None] | None = None  # called once the body is handed to the socket
 
     @property
-    def keep_alive(self) -> bool:
-        """Whether aiohttp keeps the connection open after this answer (it asks after
-        ``write_eof``)."""
-        return self._keep_connection
+    def length(self) -> int:
+        """The body's size in bytes."""
+        return sum(len(p) if isinstance(p, bytes | bytearray) else p.nbytes for p in self.parts)
 
-    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
-        parts, length, content_type, extra = self._answer
-        version = request.version
-        self._keep_connection = request.keep_alive
-        if self._keep_connection:
-            connection = "Connection: keep-alive\r\n" if version == (1, 0) else ""
-        else:
-            connection = "Connection: close\r\n" if version == (1, 1) else ""
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        head = (
-            f"HTTP/{version[0]}.{version[1]} 200 OK\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {length}\r\n{extra}{connection}\r\n"
-        )
-        transport.write(b"".join([head.encode("latin-1"), *parts]))
-        return None
 
-    async def write_eof(self, data: bytes = b"") -> None:
-        """Everything went out in :meth:`prepare`."""
+def json_answer(body: bytes, status: int = 200, extra: str = "") -> Answer:
+    return Answer(status, (body,), JSON, extra)
+
+
+def head(answer: Answer, length: int, version: tuple[int, int], keep_alive: bool) -> bytes:
+    """The status line and headers of ``answer`` with a body of ``length`` bytes."""
+    if keep_alive:
+        connection = "Connection: keep-alive\r\n" if version == (1, 0) else ""
+    else:
+        connection = "Connection: close\r\n" if version >= (1, 1) else ""
+    content_type = f"Content-Type: {answer.content_type}\r\n" if answer.content_type else ""
+    status = answer.status
+    return (
+        f"HTTP/{version[0]}.{version[1]} {status} {_REASONS.get(status, '')}\r\n{content_type}"
+        f"Content-Length: {length}\r\n{answer.extra}{connection}\r\n"
+    ).encode("latin-1")

@@ -1,4 +1,4 @@
-"""The KServe v2 / Triton HTTP endpoint on aiohttp.
+"""The KServe v2 / Triton HTTP endpoint (connections: :mod:`.connection`, on aiohttp's parser).
 
 Routes answer as Triton's HTTP server does: JSON ``{"error": ...}`` bodies with the status
 from :data:`codec.HTTP_STATUS`, ``405 Method Not Allowed`` on a known path with the wrong
@@ -9,7 +9,7 @@ Inference request bodies may be gzip- or deflate-compressed (``Content-Encoding`
 response is compressed when ``Accept-Encoding`` asks for gzip or deflate. The body is read
 into one preallocated buffer (a recycled pool buffer when large), so binary inputs become
 numpy views without another copy; large binary outputs are written to the socket straight
-from the model's arrays rather than joined into one body first.
+from the model's arrays (see :class:`~.answer.Answer`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from collections.abc import Awaitable, Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec
-from tritonfast.frontends.http.answer import Answer
+from tritonfast.frontends.http.answer import JSON, Answer, json_answer
+from tritonfast.frontends.http.connection import HttpServer, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.bufferpool import pooled_memory
 
@@ -37,7 +36,6 @@ log = logging.getLogger("tritonfast.http")
 # Triton reads content lengths as int32; bodies up to that size are accepted.
 MAX_BODY_BYTES = (1 << 31) - 1
 
-_JSON = {"Content-Type": "application/json"}
 _BINARY = "application/octet-stream"
 _METHOD_NOT_ALLOWED = codec.error_body("Method Not Allowed")
 _ZLIB_AUTO = 15 + 32  # zlib or gzip framing, detected from the data (as Triton inflates)
@@ -49,19 +47,15 @@ Body = bytearray | memoryview
 LARGE_BYTES = 1 << 16
 
 
-def _error(err: TritonError, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=codec.HTTP_STATUS[err.code],
-        body=codec.error_body(err.message),
-        headers=headers or _JSON,
-    )
+def _error(err: TritonError, extra: str = "") -> Answer:
+    return json_answer(codec.error_body(err.message), codec.HTTP_STATUS[err.code], extra)
 
 
-def _json(value: object) -> web.Response:
-    return web.Response(body=codec.dumps(value), headers=_JSON)
+def _json(value: object) -> Answer:
+    return json_answer(codec.dumps(value))
 
 
-def _json_or_error(answer: Callable[..., object], *args: str) -> web.Response:
+def _json_or_error(answer: Callable[..., object], *args: str) -> Answer:
     """``answer(*args)`` as a JSON body, or the TritonError it raised."""
     try:
         return _json(answer(*args))
@@ -69,67 +63,59 @@ def _json_or_error(answer: Callable[..., object], *args: str) -> web.Response:
         return _error(err)
 
 
-def _method_not_allowed() -> web.Response:
-    return web.Response(status=405, body=_METHOD_NOT_ALLOWED, headers=_JSON)
+def _method_not_allowed() -> Answer:
+    return json_answer(_METHOD_NOT_ALLOWED, 405)
 
 
 # -- health and metadata ----------------------------------------------------------------------
 # Each handler takes the request, the data plane and the route's model and version.
 async def server_metadata(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
-) -> web.Response:
+    request: Request, dataplane: DataPlane, model: str, version: str
+) -> Answer:
     return _json(dataplane.server_metadata())
 
 
-async def health_live(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
-) -> web.Response:
-    return web.Response(status=200 if dataplane.live() else 400)
+async def health_live(request: Request, dataplane: DataPlane, model: str, version: str) -> Answer:
+    return Answer(200 if dataplane.live() else 400)
 
 
-async def health_ready(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
-) -> web.Response:
-    return web.Response(status=200 if dataplane.ready() else 400)
+async def health_ready(request: Request, dataplane: DataPlane, model: str, version: str) -> Answer:
+    return Answer(200 if dataplane.ready() else 400)
 
 
 async def model_metadata(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
-) -> web.Response:
+    request: Request, dataplane: DataPlane, model: str, version: str
+) -> Answer:
     return _json_or_error(dataplane.model_metadata, model, version)
 
 
-async def model_ready(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
-) -> web.Response:
+async def model_ready(request: Request, dataplane: DataPlane, model: str, version: str) -> Answer:
     try:
         ready = dataplane.model_ready(model, version)
     except TritonError as err:
         return _error(err)
     if not ready:
         return _error(InvalidArgumentError("Model version not ready"))
-    return web.Response(status=200)
+    return Answer(200)
 
 
-async def model_config(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
-) -> web.Response:
+async def model_config(request: Request, dataplane: DataPlane, model: str, version: str) -> Answer:
     return _json_or_error(dataplane.model_config_json, model, version)
 
 
 async def model_statistics(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, version: str
-) -> web.Response:
+    request: Request, dataplane: DataPlane, model: str, version: str
+) -> Answer:
     return _json_or_error(dataplane.model_statistics, model, version)
 
 
 # -- logging and trace settings ----------------------------------------------------------------
 async def _settings(
-    request: web.BaseRequest,
+    request: Request,
     read: Callable[[], dict[str, Any]],
     decode: Callable[[bytes | bytearray | memoryview], dict[str, Any]],
     change: Callable[[dict[str, Any]], dict[str, Any]],
-) -> web.Response:
+) -> Answer:
     """GET: the settings; POST: change some, answer with all."""
     try:
         if request.method == "GET":
@@ -139,17 +125,13 @@ async def _settings(
         return _error(err)
 
 
-async def logging_settings(
-    request: web.BaseRequest, dataplane: DataPlane, _: str, __: str
-) -> web.Response:
+async def logging_settings(request: Request, dataplane: DataPlane, _: str, __: str) -> Answer:
     return await _settings(
         request, dataplane.log_settings, codec.decode_log_settings, dataplane.update_log_settings
     )
 
 
-async def trace_setting(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
-) -> web.Response:
+async def trace_setting(request: Request, dataplane: DataPlane, model: str, _: str) -> Answer:
     """The global trace settings, or the model's."""
     return await _settings(
         request,
@@ -161,9 +143,7 @@ async def trace_setting(
 
 # -- the model repository ---------------------------------------------------------------------
 # These handlers get the model named in the path (or "") and ignore the version.
-async def repository_index(
-    request: web.BaseRequest, dataplane: DataPlane, _: str, __: str
-) -> web.Response:
+async def repository_index(request: Request, dataplane: DataPlane, _: str, __: str) -> Answer:
     try:
         ready_only = codec.decode_index_request(await _read_body(request))
         return _json(dataplane.repository_index(ready_only))
@@ -171,18 +151,16 @@ async def repository_index(
         return _error(err)
 
 
-async def _ok_or_error(work: Awaitable[object]) -> web.Response:
+async def _ok_or_error(work: Awaitable[object]) -> Answer:
     """An empty 200 once ``work`` is done, or the TritonError it raised."""
     try:
         await work
     except TritonError as err:
         return _error(err)
-    return web.Response(status=200)
+    return Answer(200)
 
 
-async def repository_load(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
-) -> web.Response:
+async def repository_load(request: Request, dataplane: DataPlane, model: str, _: str) -> Answer:
     async def load() -> None:
         parameters = codec.decode_load_request(await _read_body(request))
         await dataplane.load_model(model, parameters)
@@ -190,9 +168,7 @@ async def repository_load(
     return await _ok_or_error(load())
 
 
-async def repository_unload(
-    request: web.BaseRequest, dataplane: DataPlane, model: str, _: str
-) -> web.Response:
+async def repository_unload(request: Request, dataplane: DataPlane, model: str, _: str) -> Answer:
     async def unload() -> None:
         unload_dependents = codec.decode_unload_request(await _read_body(request))
         await dataplane.unload_model(model, unload_dependents)
@@ -202,15 +178,11 @@ async def repository_unload(
 
 # -- shared memory ----------------------------------------------------------------------------
 # These handlers get the region name (possibly "") where the others get the model.
-async def system_shm_status(
-    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
-) -> web.Response:
+async def system_shm_status(request: Request, dataplane: DataPlane, region: str, _: str) -> Answer:
     return _json_or_error(dataplane.system_shared_memory_status, region)
 
 
-async def cuda_shm_status(
-    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
-) -> web.Response:
+async def cuda_shm_status(request: Request, dataplane: DataPlane, region: str, _: str) -> Answer:
     return _json_or_error(dataplane.cuda_shared_memory_status, region)
 
 
@@ -223,8 +195,8 @@ def _region_to_register(region: str, kind: str) -> str:
 
 
 async def system_shm_register(
-    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
-) -> web.Response:
+    request: Request, dataplane: DataPlane, region: str, _: str
+) -> Answer:
     async def register() -> None:
         name = _region_to_register(region, "system")
         key, offset, byte_size = codec.decode_system_register(await _read_body(request))
@@ -233,9 +205,7 @@ async def system_shm_register(
     return await _ok_or_error(register())
 
 
-async def cuda_shm_register(
-    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
-) -> web.Response:
+async def cuda_shm_register(request: Request, dataplane: DataPlane, region: str, _: str) -> Answer:
     async def register() -> None:
         name = _region_to_register(region, "cuda")
         raw_handle, device_id, byte_size = codec.decode_cuda_register(await _read_body(request))
@@ -245,23 +215,23 @@ async def cuda_shm_register(
 
 
 async def system_shm_unregister(
-    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
-) -> web.Response:
+    request: Request, dataplane: DataPlane, region: str, _: str
+) -> Answer:
     dataplane.unregister_system_shared_memory(region)
-    return web.Response(status=200)
+    return Answer(200)
 
 
 async def cuda_shm_unregister(
-    request: web.BaseRequest, dataplane: DataPlane, region: str, _: str
-) -> web.Response:
+    request: Request, dataplane: DataPlane, region: str, _: str
+) -> Answer:
     dataplane.unregister_cuda_shared_memory(region)
-    return web.Response(status=200)
+    return Answer(200)
 
 
 # -- inference --------------------------------------------------------------------------------
 async def infer(
-    request: web.BaseRequest, dataplane: DataPlane, model_name: str, model_version: str
-) -> web.StreamResponse:
+    request: Request, dataplane: DataPlane, model_name: str, model_version: str
+) -> Answer:
     tracing = dataplane.tracer.enabled  # clock reads only when a request may be traced
     received_start = perf_counter_ns() if tracing else 0
     encoding = request.headers.get("Content-Encoding")
@@ -271,8 +241,7 @@ async def infer(
         except TritonError as err:
             return _error(err)
         return _error(
-            UnsupportedError("Unsupported compression type"),
-            {**_JSON, "Accept-Encoding": "gzip, deflate"},
+            UnsupportedError("Unsupported compression type"), "Accept-Encoding: gzip, deflate\r\n"
         )
     try:
         try:
@@ -295,61 +264,33 @@ async def infer(
         return _error(err)
     except Exception as exc:  # a bug, not a client error: answer like Triton, keep the trace
         log.exception("inference request for model '%s' failed", model_name)
-        return web.Response(status=500, body=codec.error_body(str(exc)), headers=_JSON)
+        return json_answer(codec.error_body(str(exc)), 500)
     if infer_request.trace is None:
-        return await _respond(request, header, buffers)
+        return _respond(request, header, buffers)
     send_start = perf_counter_ns()
-    reply = await _respond(request, header, buffers)
-    dataplane.trace_sent(infer_request, "HTTP", send_start, perf_counter_ns())
-    return reply
+
+    def sent() -> None:
+        dataplane.trace_sent(infer_request, "HTTP", send_start, perf_counter_ns())
+
+    return _respond(request, header, buffers)._replace(sent=sent)
 
 
-async def _respond(
-    request: web.BaseRequest, header: bytes, buffers: list[Any]
-) -> web.StreamResponse:
-    """The inference response: JSON, or JSON and binary outputs (compressed if asked)."""
+def _respond(request: Request, header: bytes, buffers: list[Any]) -> Answer:
+    """The inference response: JSON, or JSON and binary outputs (compressed if asked). Large
+    outputs go to the socket straight from the model's arrays."""
+    if not buffers:
+        content_type, extra = JSON, ""
+    else:
+        content_type, extra = _BINARY, f"{codec.HEADER_LENGTH}: {len(header)}\r\n"
     encoding = _response_encoding(request.headers.get("Accept-Encoding"))
-    if encoding is not None:
-        headers = _content_headers(header, buffers)
-        compressor = zlib.compressobj(6, zlib.DEFLATED, _COMPRESSORS[encoding])
-        payload = compressor.compress(b"".join([header, *buffers])) + compressor.flush()
-        headers["Content-Encoding"] = encoding
-        return web.Response(body=payload, headers=headers)
-    if not buffers:
-        return Answer([header], len(header), "application/json")
-    binary_bytes = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
-    if binary_bytes < LARGE_BYTES:
-        extra = f"{codec.HEADER_LENGTH}: {len(header)}\r\n"
-        return Answer([header, *buffers], len(header) + binary_bytes, _BINARY, extra)
-    headers = _content_headers(header, buffers)
-    return await _stream(request, headers, header, buffers, binary_bytes)
+    if encoding is None:
+        return Answer(200, [header, *buffers], content_type, extra)
+    compressor = zlib.compressobj(6, zlib.DEFLATED, _COMPRESSORS[encoding])
+    payload = compressor.compress(b"".join([header, *buffers])) + compressor.flush()
+    return Answer(200, (payload,), content_type, f"{extra}Content-Encoding: {encoding}\r\n")
 
 
-def _content_headers(header: bytes, buffers: list[Any]) -> dict[str, str]:
-    if not buffers:
-        return {"Content-Type": "application/json"}
-    return {"Content-Type": _BINARY, codec.HEADER_LENGTH: str(len(header))}
-
-
-async def _stream(
-    request: web.BaseRequest,
-    headers: dict[str, str],
-    header: bytes,
-    buffers: list[Any],
-    binary_bytes: int,
-) -> web.StreamResponse:
-    """Send the JSON header, then each output straight from its array (no joined copy)."""
-    response = web.StreamResponse(headers=headers)
-    response.content_length = len(header) + binary_bytes
-    await response.prepare(request)
-    await response.write(header)
-    for buffer in buffers:
-        await response.write(buffer if isinstance(buffer, bytes) else buffer.data)
-    await response.write_eof()
-    return response
-
-
-async def _read_body(request: web.BaseRequest) -> Body:
+async def _read_body(request: Request) -> Body:
     """The whole request body in one writable buffer, filled as chunks arrive."""
     stream = request.content
     length = request.content_length
@@ -407,7 +348,7 @@ def _response_encoding(accept: str | None) -> str | None:
 
 
 # -- wiring -----------------------------------------------------------------------------------
-Handler = Callable[[web.BaseRequest, "DataPlane", str, str], Awaitable[web.StreamResponse]]
+Handler = Callable[[Request, "DataPlane", str, str], Awaitable[Answer]]
 HANDLERS: dict[Endpoint, Handler] = {
     Endpoint.SERVER_METADATA: server_metadata,
     Endpoint.HEALTH_LIVE: health_live,
@@ -435,13 +376,13 @@ _NOT_FOUND = codec.error_body("Not Found")
 
 def dispatcher(
     dataplane: DataPlane,
-) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+) -> Callable[[Request], Awaitable[Answer]]:
     """The one request handler of the server: resolve the path, check the method, call."""
 
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(request: Request) -> Answer:
         route = resolve(request.path)
         if route is None:
-            return web.Response(status=404, body=_NOT_FOUND, headers=_JSON)
+            return json_answer(_NOT_FOUND, 404)
         endpoint = route.endpoint
         if not endpoint.allows(request.method):
             return _method_not_allowed()
@@ -450,25 +391,8 @@ def dispatcher(
     return handle
 
 
-async def start_http_server(dataplane: DataPlane, host: str, port: int) -> web.BaseRunner:
-    """Start serving on ``host:port``; listening when this returns. Stop with ``cleanup()``.
-
-    aiohttp's low-level server (no ``web.Application``: no router, middlewares or signals)
-    costs about a fifth less CPU per request than the application stack.
-    """
-    server = web.Server(
-        dispatcher(dataplane),
-        # A client that disconnects cancels its handler, so its queued request is dropped.
-        handler_cancellation=True,
-        access_log=None,
-        auto_decompress=False,  # request bodies are inflated by ``infer`` itself
-    )
-    runner = web.ServerRunner(server, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner
+async def start_http_server(dataplane: DataPlane, host: str, port: int) -> HttpServer:
+    """Start serving on ``host:port``; listening when this returns. Stop with ``close()``."""
+    server = HttpServer(dispatcher(dataplane))
+    await server.start(host, port)
+    return server

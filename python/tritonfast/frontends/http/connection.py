@@ -1,0 +1,235 @@
+"""HTTP/1.1 connections served on aiohttp's request parser, without aiohttp's web server.
+
+aiohttp's low-level ``web.Server`` spends more CPU on each request (request and response
+objects, a payload writer, several writes per answer) than everything else our frontend and
+an in-process model do together: on this project's machine a bare ``web.Server`` answering
+a fixed body manages 8-13k requests a second at concurrency 16, while the same loop feeding
+aiohttp's C parser from a protocol of its own and writing each answer in one call manages
+18-30k. So each connection here is an asyncio protocol that feeds aiohttp's parser
+(``aiohttp.http.HttpRequestParser``, the llhttp-based one aiohttp's own server uses) and
+writes :class:`~tritonfast.frontends.http.answer.Answer` objects straight to the transport.
+
+What the protocol keeps of HTTP/1.1:
+- requests on one connection are answered in the order they came (pipelining), one at a
+  time; a client sending far ahead is paused;
+- keep-alive as the request asks (HTTP/1.0 and ``Connection: close`` close after the answer);
+  a connection whose request body was not read to its end is closed after the answer;
+- ``Expect: 100-continue`` gets ``100 Continue`` when the handler starts;
+- a message the parser rejects gets ``400 Bad Request`` and the connection is closed;
+- a client that disconnects cancels its handler, so a queued inference request is dropped;
+- large bodies are written part by part, waiting while the socket's buffer is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http import HttpProcessingError, HttpRequestParser
+
+from tritonfast.frontends.http.answer import Answer, head
+
+log = logging.getLogger("tritonfast.http")
+
+# Bytes of a request body buffered before the socket stops being read (aiohttp's default).
+READ_LIMIT = 1 << 16
+# Bodies under this size are joined with their head and written in one call.
+JOIN_BYTES = 1 << 16
+# Pipelined requests waiting on one connection before it stops being read.
+MAX_WAITING = 16
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_INTERNAL_ERROR = Answer(500, (b'{"error":"Internal Server Error"}',), "application/json")
+
+
+class Request:
+    """What a handler sees of one request. ``content`` is aiohttp's ``StreamReader`` of the
+    body, filled as it arrives."""
+
+    __slots__ = ("content", "headers", "keep_alive", "method", "path", "version")
+
+    def __init__(self, message: Any, content: Any) -> None:
+        self.method: str = message.method
+        self.path: str = message.url.path  # percent-escapes decoded, query string dropped
+        self.headers: Any = message.headers  # case-insensitive
+        self.content: Any = content
+        self.version: tuple[int, int] = tuple(message.version)  # type: ignore[assignment]
+        self.keep_alive: bool = not message.should_close
+
+    @property
+    def content_length(self) -> int | None:
+        value = self.headers.get("Content-Length")
+        return None if value is None else int(value)
+
+
+Handler = Callable[[Request], Awaitable[Answer]]
+
+
+class _Refusal:
+    """A message the parser rejected, answered in its turn."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, err: HttpProcessingError) -> None:
+        body = f"{err.code}, message: {err.message}".encode("utf-8", "replace")
+        self.answer = Answer(err.code or 400, (body,), "text/plain; charset=utf-8")
+
+
+class HttpConnection(BaseProtocol):
+    """One client connection. :class:`BaseProtocol` gives the read and write flow control
+    aiohttp's parser and body streams expect of their protocol."""
+
+    __slots__ = ("_handle", "_held", "_server", "_task", "_waiting")
+
+    def __init__(self, handle: Handler, server: HttpServer) -> None:
+        super().__init__(asyncio.get_running_loop())
+        self._handle = handle
+        self._server = server
+        self._waiting: deque[Request | _Refusal] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._held = False  # reading stopped because too many requests wait
+
+    @property
+    def idle(self) -> bool:
+        return self._task is None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._parser = HttpRequestParser(
+            self,
+            self._loop,
+            READ_LIMIT,
+            max_line_size=8190,
+            max_field_size=8190,
+            auto_decompress=False,  # inference bodies are inflated by the handler
+        )
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        self._server.forget(self)
+        self._waiting.clear()
+        self._parser = None
+        if self._task is not None:
+            self._task.cancel()  # drops the request from the queue if it has not run
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            return
+        try:
+            messages, _, _ = parser.feed_data(data)
+            for message, payload in messages:
+                self._waiting.append(Request(message, payload))
+        except HttpProcessingError as err:
+            self._parser = None  # nothing after a broken message can be trusted
+            self._waiting.append(_Refusal(err))
+        if self._task is None and self._waiting:
+            self._serve_next()
+        if len(self._waiting) > MAX_WAITING and not self._held and self.transport is not None:
+            self._held = True
+            self.transport.pause_reading()
+
+    def _serve_next(self) -> None:
+        item = self._waiting.popleft()
+        if self._held and len(self._waiting) <= MAX_WAITING // 2 and self.transport is not None:
+            self._held = False
+            self.transport.resume_reading()
+        self._task = self._loop.create_task(self._serve(item))
+
+    async def _serve(self, item: Request | _Refusal) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        if isinstance(item, _Refusal):
+            await self._write(item.answer, (1, 1), keep_alive=False)
+            transport.close()
+            return
+        if item.version >= (1, 1) and item.headers.get("Expect", "").lower() == "100-continue":
+            transport.write(_CONTINUE)
+        try:
+            answer = await self._handle(item)
+        except Exception:
+            log.exception("HTTP request %s %s failed", item.method, item.path)
+            answer = _INTERNAL_ERROR
+        keep_alive = item.keep_alive and item.content.is_eof() and not self._server.closing
+        try:
+            await self._write(answer, item.version, keep_alive)
+        except ConnectionError:  # the client left while a large answer was going out
+            return
+        if not keep_alive:
+            transport.close()
+            return
+        self._task = None
+        if self._waiting:
+            self._serve_next()
+
+    async def _write(self, answer: Answer, version: tuple[int, int], keep_alive: bool) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        length = answer.length
+        if length < JOIN_BYTES:
+            transport.write(b"".join([head(answer, length, version, keep_alive), *answer.parts]))
+        else:
+            transport.write(head(answer, length, version, keep_alive))
+            for part in answer.parts:  # straight from the model's arrays, no joined copy
+                transport.write(part if isinstance(part, bytes) else part.data)
+                if self._paused:
+                    await self._drain_helper()
+        if answer.sent is not None:
+            answer.sent()
+
+    def close_when_idle(self) -> None:
+        """Close now if no request is being answered; else after the answer."""
+        if self._task is None and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class HttpServer:
+    """A listening socket and its connections; :meth:`close` lets answers in progress finish."""
+
+    def __init__(self, handle: Handler) -> None:
+        self.connections: set[HttpConnection] = set()
+        self.closing = False
+        self._handle = handle
+        self._server: asyncio.Server | None = None
+        self._all_closed = asyncio.Event()
+
+    def forget(self, connection: HttpConnection) -> None:
+        self.connections.discard(connection)
+        if self.closing and not self.connections:
+            self._all_closed.set()
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: HttpConnection(self._handle, self),
+            host,
+            port,
+            backlog=1024,
+            reuse_address=True,
+        )
+
+    async def close(self) -> None:
+        """Stop listening, close idle connections, and wait for the busy ones to answer.
+        Whatever is still open when this is cancelled (a shutdown timeout) is aborted."""
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        if not self.connections:
+            return
+        for connection in list(self.connections):
+            connection.close_when_idle()
+        try:
+            await self._all_closed.wait()
+        finally:
+            for connection in list(self.connections):
+                connection.abort()

@@ -1,0 +1,191 @@
+"""HTTP/1.1 connection handling, on raw sockets: pipelining, ``Expect: 100-continue``,
+HTTP/1.0, chunked bodies, bodies the server never reads, and large answers to a client that
+reads slowly. Each test ends by checking that the server still answers a fresh client."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+ADD_SUB = "/v2/models/add_sub/infer"
+IDENTITY = "/v2/models/identity_fp32/infer"
+
+
+class RawConnection:
+    """A socket with a buffered reader, so answers can be read one after another."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.reader = self.sock.makefile("rb")
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def answer(self) -> tuple[str, dict[str, str], bytes]:
+        """The next answer: status line, headers (lower-case names) and body."""
+        status = self.reader.readline().decode().rstrip("\r\n")
+        headers = {}
+        while line := self.reader.readline().decode().rstrip("\r\n"):
+            name, _, value = line.partition(":")
+            headers[name.lower()] = value.strip()
+        body = self.reader.read(int(headers.get("content-length", 0)))
+        return status, headers, body
+
+    def closed_by_server(self) -> bool:
+        return self.reader.read(1) == b""
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def raw(server):
+    conn = RawConnection(server.http_port)
+    yield conn
+    conn.close()
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert client.is_server_live()
+    client.close()
+
+
+def add_sub_request(a: list[float], extra_headers: str = "", version: str = "1.1") -> bytes:
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": a},
+                {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]},
+            ]
+        }
+    ).encode()
+    head = (
+        f"POST {ADD_SUB} HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n{extra_headers}\r\n"
+    )
+    return head.encode() + body
+
+
+def sums(body: bytes) -> list[float]:
+    return next(o["data"] for o in json.loads(body)["outputs"] if o["name"] == "OUTPUT0")
+
+
+def test_pipelined_requests_are_answered_in_order(raw):
+    requests = [add_sub_request([i, i, i, i]) for i in range(8)]
+    requests.insert(3, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    requests.insert(5, b"GET /v2/nowhere HTTP/1.1\r\nHost: x\r\n\r\n")
+    raw.send(b"".join(requests))
+    answers = [raw.answer() for _ in requests]
+    assert [a[0] for a in answers] == ["HTTP/1.1 200 OK"] * 5 + ["HTTP/1.1 404 Not Found"] + [
+        "HTTP/1.1 200 OK"
+    ] * 4
+    inference = [a for i, a in enumerate(answers) if i not in (3, 5)]
+    assert [sums(body)[0] for _, _, body in inference] == [i + 1 for i in range(8)]
+    assert answers[3][2] == b""
+
+
+def test_expect_continue_gets_100_before_the_body_is_sent(raw):
+    request = add_sub_request([1, 2, 3, 4], "Expect: 100-continue\r\n")
+    head, _, body = request.partition(b"\r\n\r\n")
+    raw.send(head + b"\r\n\r\n")
+    assert raw.reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+    assert raw.reader.readline() == b"\r\n"
+    raw.send(body)
+    status, _, reply = raw.answer()
+    assert status == "HTTP/1.1 200 OK"
+    assert sums(reply) == [2, 3, 4, 5]
+
+
+def test_http10_request_is_answered_and_the_connection_closed(raw):
+    raw.send(add_sub_request([1, 1, 1, 1], version="1.0"))
+    status, headers, body = raw.answer()
+    assert status == "HTTP/1.0 200 OK"
+    assert "connection" not in headers  # closing is HTTP/1.0's default
+    assert sums(body) == [2, 2, 2, 2]
+    assert raw.closed_by_server()
+
+
+def test_http10_keep_alive_is_kept(raw):
+    raw.send(add_sub_request([1, 1, 1, 1], "Connection: keep-alive\r\n", version="1.0"))
+    status, headers, _ = raw.answer()
+    assert (status, headers["connection"]) == ("HTTP/1.0 200 OK", "keep-alive")
+    raw.send(add_sub_request([2, 2, 2, 2], "Connection: keep-alive\r\n", version="1.0"))
+    assert sums(raw.answer()[2]) == [3, 3, 3, 3]
+
+
+def test_connection_close_is_honoured(raw):
+    raw.send(add_sub_request([1, 1, 1, 1], "Connection: close\r\n"))
+    status, headers, _ = raw.answer()
+    assert (status, headers["connection"]) == ("HTTP/1.1 200 OK", "close")
+    assert raw.closed_by_server()
+
+
+def test_chunked_request_body(raw):
+    body = add_sub_request([5, 5, 5, 5]).partition(b"\r\n\r\n")[2]
+    chunks = b"".join(
+        b"%x\r\n%s\r\n" % (len(body[i : i + 10]), body[i : i + 10]) for i in range(0, len(body), 10)
+    )
+    raw.send(
+        f"POST {ADD_SUB} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        + chunks
+        + b"0\r\n\r\n"
+    )
+    status, _, reply = raw.answer()
+    assert status == "HTTP/1.1 200 OK"
+    assert sums(reply) == [6, 6, 6, 6]
+
+
+def test_unread_body_closes_the_connection_after_the_answer(raw):
+    # An unknown path is answered before its body arrives; the rest of that body can't be
+    # told from a next request, so the connection ends after the answer.
+    raw.send(b"POST /v2/nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 10)
+    status, headers, _ = raw.answer()
+    assert (status, headers["connection"]) == ("HTTP/1.1 404 Not Found", "close")
+    assert raw.closed_by_server()
+
+
+def test_header_line_too_long_is_refused(raw):
+    raw.send(b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+    status, _, _ = raw.answer()
+    assert status.startswith("HTTP/1.1 4")
+    assert raw.closed_by_server()
+
+
+def test_large_answer_to_a_slow_reader(server, raw):
+    # 32 MiB out: more than the socket buffers hold, so the server must wait for the reader;
+    # meanwhile other clients are served.
+    data = np.arange(8 << 20, dtype=np.float32)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, data.size],
+                    "parameters": {"binary_data_size": data.nbytes},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    raw.send(
+        (
+            f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(header) + data.nbytes}"
+            f"\r\nInference-Header-Content-Length: {len(header)}\r\n\r\n"
+        ).encode()
+        + header
+        + data.tobytes()
+    )
+    other = httpclient.InferenceServerClient(server.http_url)
+    small = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    small.set_data_from_numpy(np.ones((1, 4), np.float32))
+    result = other.infer("identity_fp32", [small])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.ones((1, 4), np.float32))
+    other.close()
+    status, headers, body = raw.answer()
+    assert status == "HTTP/1.1 200 OK"
+    length = int(headers["inference-header-content-length"])
+    np.testing.assert_array_equal(np.frombuffer(body[length:], np.float32), data)
