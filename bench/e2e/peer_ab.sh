@@ -24,12 +24,17 @@ wait_ready() {
 
 run_one() {  # label http grpc metrics command...
   local label=$1 http=$2 grpc=$3; shift 4
-  setsid "$@" > "$OUT/$label.log" 2>&1 &
-  local pid=$!
+  # The server's own pid, read after setsid (which forks when its caller leads a process
+  # group, so $! would name a process that has already gone): it is the group to account.
+  rm -f "$OUT/$label.pid"
+  setsid bash -c 'echo $$ > "$0"; exec "$@"' "$OUT/$label.pid" "$@" > "$OUT/$label.log" 2>&1 &
+  for _ in $(seq 1 50); do [ -s "$OUT/$label.pid" ] && break; sleep 0.1; done
+  local pid
+  pid=$(cat "$OUT/$label.pid")
   wait_ready "$http" && SERVER_PGID=$pid "$TOOLS/peer_bench.sh" "127.0.0.1:$http" \
     "127.0.0.1:$grpc" identity "$label" > "$OUT/$label.txt" 2>&1
   kill -TERM -- "-$pid" 2>/dev/null
-  wait "$pid" 2>/dev/null
+  for _ in $(seq 1 120); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.25; done
   echo "$label: $OUT/$label.txt"
 }
 

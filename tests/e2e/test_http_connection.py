@@ -189,3 +189,12 @@ def test_large_answer_to_a_slow_reader(server, raw):
     assert status == "HTTP/1.1 200 OK"
     length = int(headers["inference-header-content-length"])
     np.testing.assert_array_equal(np.frombuffer(body[length:], np.float32), data)
+
+
+def test_escaped_path_and_query_string(raw):
+    # "%5F" is "_"; the query string is not part of the path.
+    raw.send(b"GET /v2/models/add%5Fsub/ready?verbose=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert raw.answer()[0] == "HTTP/1.1 200 OK"
+    raw.send(b"GET /v2/models/add%5Fsub/config HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, _, body = raw.answer()
+    assert (status, json.loads(body)["name"]) == ("HTTP/1.1 200 OK", "add_sub")

@@ -28,7 +28,10 @@ class Answer(NamedTuple):
     @property
     def length(self) -> int:
         """The body's size in bytes."""
-        return sum(len(p) if isinstance(p, bytes | bytearray) else p.nbytes for p in self.parts)
+        total = 0
+        for part in self.parts:
+            total += len(part) if type(part) is bytes else memoryview(part).nbytes
+        return total
 
 
 def json_answer(body: bytes, status: int = 200, extra: str = "") -> Answer:

@@ -53,10 +53,13 @@ class Request:
 
     def __init__(self, message: Any, content: Any) -> None:
         self.method: str = message.method
-        self.path: str = message.url.path  # percent-escapes decoded, query string dropped
+        path: str = message.path  # the target as sent
+        if "%" in path or "?" in path:  # rare: decode escapes, drop the query
+            path = message.url.path
+        self.path = path
         self.headers: Any = message.headers  # case-insensitive
         self.content: Any = content
-        self.version: tuple[int, int] = tuple(message.version)  # type: ignore[assignment]
+        self.version: tuple[int, int] = message.version
         self.keep_alive: bool = not message.should_close
 
     @property
