@@ -440,6 +440,8 @@ const REFILL_LIMIT: usize = 4096;
 /// enqueue-to-instance budget. A batch deadline inside the window is waited for by polling too,
 /// which keeps short `max_queue_delay`s exact.
 const SPIN_WINDOW: Duration = Duration::from_micros(50);
+/// The shortest a waiting consumer polls once polling has stopped paying (see [`Spin`]).
+const MIN_SPIN: Duration = Duration::from_micros(2);
 /// Polls between two readings of the clock while spinning.
 const SPINS_PER_CLOCK_READ: u32 = 16;
 
@@ -453,6 +455,32 @@ struct Former<T> {
     parker: Parker,
     /// Sequence number of the next batch.
     next_seq: u64,
+    spin: Spin,
+}
+
+/// How long the former lock holder polls before it parks, adapted to how soon work has been
+/// coming. Polling pays only when work arrives within [`SPIN_WINDOW`]; when it comes later
+/// (a loaded server whose producers are busy elsewhere, or one request at a time), the polls
+/// burn a core the producers need. So each wait that ends with news within the window doubles
+/// the poll time (up to the window), and each that ends later halves it (down to [`MIN_SPIN`]).
+struct Spin {
+    window: Duration,
+}
+
+impl Spin {
+    fn new() -> Self {
+        Self {
+            window: SPIN_WINDOW,
+        }
+    }
+
+    fn learn(&mut self, waited: Duration) {
+        self.window = if waited <= SPIN_WINDOW {
+            (self.window * 2).min(SPIN_WINDOW)
+        } else {
+            (self.window / 2).max(MIN_SPIN)
+        };
+    }
 }
 
 /// A priority level's policy and, when it has a size limit, its request count.
@@ -554,6 +582,7 @@ impl<T> RequestQueue<T> {
                 staged: Staged::new(&actions),
                 parker,
                 next_seq: 0,
+                spin: Spin::new(),
             })),
             rules: config.batch.rules(),
             direct: !config.batch.batching()
@@ -858,7 +887,8 @@ impl<T> RequestQueue<T> {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     return PopResult::TimedOut;
                 }
-                self.wait(&former.parker, deadline);
+                let former = &mut *former;
+                self.wait(&mut former.spin, &former.parker, deadline);
                 continue;
             };
 
@@ -873,7 +903,8 @@ impl<T> RequestQueue<T> {
                         (Some(until), Some(expiry)) => Some(until.min(expiry)),
                         (until, expiry) => until.or(expiry),
                     };
-                    self.wait(&former.parker, wake);
+                    let former = &mut *former;
+                    self.wait(&mut former.spin, &former.parker, wake);
                     continue;
                 }
             };
@@ -976,13 +1007,19 @@ impl<T> RequestQueue<T> {
         !self.items.is_empty() || self.state.load(Ordering::Relaxed) & CLOSED != 0
     }
 
-    /// Waits (poll for up to [`SPIN_WINDOW`], then park) until there is news or `deadline`
-    /// passes. May return early; callers loop.
-    fn wait(&self, parker: &Parker, deadline: Option<Instant>) {
-        let spin_end = Instant::now() + SPIN_WINDOW;
+    /// Waits (poll for up to the spin window, then park) until there is news or `deadline`
+    /// passes. May return early; callers loop. A deadline within [`SPIN_WINDOW`] is polled
+    /// for whatever the window, so short batch delays stay exact.
+    fn wait(&self, spin: &mut Spin, parker: &Parker, deadline: Option<Instant>) {
+        let start = Instant::now();
+        let poll_end = match deadline {
+            Some(deadline) if deadline <= start + SPIN_WINDOW => deadline,
+            _ => start + spin.window,
+        };
         loop {
             for _ in 0..SPINS_PER_CLOCK_READ {
                 if self.has_news() {
+                    spin.learn(start.elapsed());
                     return;
                 }
                 hint::spin_loop();
@@ -991,7 +1028,7 @@ impl<T> RequestQueue<T> {
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return;
             }
-            if now >= spin_end {
+            if now >= poll_end {
                 break;
             }
         }
@@ -1008,6 +1045,9 @@ impl<T> RequestQueue<T> {
             }
         }
         self.consumer_parked.store(false, Ordering::Relaxed);
+        if self.has_news() {
+            spin.learn(start.elapsed());
+        }
     }
 }
 
@@ -1039,6 +1079,25 @@ mod precise_timers {
 mod tests {
     use super::*;
     use crate::Code;
+
+    #[test]
+    fn spin_window_shrinks_when_work_comes_late_and_grows_when_it_comes_soon() {
+        let mut spin = Spin::new();
+        assert_eq!(spin.window, SPIN_WINDOW);
+        let late = SPIN_WINDOW * 3;
+        spin.learn(late);
+        assert_eq!(spin.window, SPIN_WINDOW / 2);
+        for _ in 0..20 {
+            spin.learn(late);
+        }
+        assert_eq!(spin.window, MIN_SPIN);
+        spin.learn(Duration::from_micros(10));
+        assert_eq!(spin.window, MIN_SPIN * 2);
+        for _ in 0..20 {
+            spin.learn(Duration::ZERO);
+        }
+        assert_eq!(spin.window, SPIN_WINDOW);
+    }
 
     fn queue(max: u32, delay_us: u64, preferred: &[u32]) -> RequestQueue<u32> {
         RequestQueue::new(BatchPolicy {

@@ -64,6 +64,12 @@ def test_short_executions_move_to_the_event_loop_and_keep_batching(server) -> No
     try:
         seen = [_probe(client, "thread_probe") for _ in range(looprun.WARM_BATCHES + 40)]
         assert seen[0] == 0, "the first batches run on instance threads"
+        # A stall of the whole machine (another tenant taking the CPU) can send the model back
+        # to its threads for a while (looprun's retreat); it must come back.
+        for _ in range(looprun.WARM_BATCHES * 4):
+            if seen[-20:] == [1] * 20:
+                break
+            seen.append(_probe(client, "thread_probe"))
         assert seen[-20:] == [1] * 20, seen
         executions, inferences = _executions(client, "thread_probe")
         assert inferences == len(seen)
