@@ -95,10 +95,6 @@ class HttpConnection(BaseProtocol):
         self._task: asyncio.Task[None] | None = None
         self._held = False  # reading stopped because too many requests wait
 
-    @property
-    def idle(self) -> bool:
-        return self._task is None
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._parser = HttpRequestParser(
@@ -180,7 +176,7 @@ class HttpConnection(BaseProtocol):
         else:
             transport.write(head(answer, length, version, keep_alive))
             for part in answer.parts:  # straight from the model's arrays, no joined copy
-                transport.write(part if isinstance(part, bytes) else part.data)
+                transport.write(part if type(part) is bytes else memoryview(part))
                 if self._paused:
                     await self._drain_helper()
         if answer.sent is not None:
