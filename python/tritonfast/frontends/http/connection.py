@@ -13,6 +13,7 @@ What the protocol keeps of HTTP/1.1:
 - requests on one connection are answered in the order they came (pipelining), one at a
   time; a client sending far ahead is paused;
 - keep-alive as the request asks (HTTP/1.0 and ``Connection: close`` close after the answer);
+  a keep-alive connection quiet for :data:`IDLE_TIMEOUT_S` is closed;
   a connection whose request body was not read to its end is closed after the answer;
 - ``Expect: 100-continue`` gets ``100 Continue`` when the handler starts;
 - a message the parser rejects gets ``400 Bad Request`` and the connection is closed;
@@ -41,6 +42,8 @@ READ_LIMIT = 1 << 16
 JOIN_BYTES = 1 << 16
 # Pipelined requests waiting on one connection before it stops being read.
 MAX_WAITING = 16
+# A keep-alive connection with no request for this long is closed (aiohttp's default).
+IDLE_TIMEOUT_S = 75.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _INTERNAL_ERROR = Answer(500, (b'{"error":"Internal Server Error"}',), "application/json")
 
@@ -85,7 +88,7 @@ class HttpConnection(BaseProtocol):
     """One client connection. :class:`BaseProtocol` gives the read and write flow control
     aiohttp's parser and body streams expect of their protocol."""
 
-    __slots__ = ("_handle", "_held", "_server", "_task", "_waiting")
+    __slots__ = ("_handle", "_held", "_server", "_task", "_waiting", "last_data")
 
     def __init__(self, handle: Handler, server: HttpServer) -> None:
         super().__init__(asyncio.get_running_loop())
@@ -94,6 +97,7 @@ class HttpConnection(BaseProtocol):
         self._waiting: deque[Request | _Refusal] = deque()
         self._task: asyncio.Task[None] | None = None
         self._held = False  # reading stopped because too many requests wait
+        self.last_data = self._loop.time()  # when bytes last came in
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -119,6 +123,7 @@ class HttpConnection(BaseProtocol):
         parser = self._parser
         if parser is None:
             return
+        self.last_data = self._loop.time()
         try:
             messages, _, _ = parser.feed_data(data)
             for message, payload in messages:
@@ -182,9 +187,11 @@ class HttpConnection(BaseProtocol):
         if answer.sent is not None:
             answer.sent()
 
-    def close_when_idle(self) -> None:
-        """Close now if no request is being answered; else after the answer."""
-        if self._task is None and self.transport is not None:
+    def close_when_idle(self, quiet_since: float | None = None) -> None:
+        """Close now if no request is being answered (and, with ``quiet_since``, nothing
+        came in after it); else the answer closes it if the server is closing."""
+        quiet = quiet_since is None or self.last_data < quiet_since
+        if quiet and self._task is None and self.transport is not None:
             self.transport.close()
 
     def abort(self) -> None:
@@ -195,12 +202,14 @@ class HttpConnection(BaseProtocol):
 class HttpServer:
     """A listening socket and its connections; :meth:`close` lets answers in progress finish."""
 
-    def __init__(self, handle: Handler) -> None:
+    def __init__(self, handle: Handler, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self.connections: set[HttpConnection] = set()
         self.closing = False
         self._handle = handle
         self._server: asyncio.Server | None = None
         self._all_closed = asyncio.Event()
+        self._idle_timeout_s = idle_timeout_s
+        self._sweeper: asyncio.Task[None] | None = None
 
     def forget(self, connection: HttpConnection) -> None:
         self.connections.discard(connection)
@@ -216,11 +225,24 @@ class HttpServer:
             backlog=1024,
             reuse_address=True,
         )
+        self._sweeper = loop.create_task(self._close_idle_connections())
+
+    async def _close_idle_connections(self) -> None:
+        """Every few seconds, close keep-alive connections quiet for the idle timeout (one
+        sweep rather than a timer per request)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self._idle_timeout_s / 4)
+            quiet_since = loop.time() - self._idle_timeout_s
+            for connection in list(self.connections):
+                connection.close_when_idle(quiet_since)
 
     async def close(self) -> None:
         """Stop listening, close idle connections, and wait for the busy ones to answer.
         Whatever is still open when this is cancelled (a shutdown timeout) is aborted."""
         self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         if not self.connections:
