@@ -37,13 +37,12 @@ log = logging.getLogger("tritonfast.http")
 MAX_BODY_BYTES = (1 << 31) - 1
 
 _BINARY = "application/octet-stream"
-_METHOD_NOT_ALLOWED = codec.error_body("Method Not Allowed")
 _ZLIB_AUTO = 15 + 32  # zlib or gzip framing, detected from the data (as Triton inflates)
 _COMPRESSORS = {"gzip": 16 + 15, "deflate": 15}
 _REQUEST_ENCODINGS = frozenset(("identity", "gzip", "deflate"))
 # A request body: small ones in a bytearray, large ones in a pool buffer.
 Body = bytearray | memoryview
-# From this size on, bodies are read into pool buffers and binary outputs are streamed.
+# From this size on, request bodies are read into pool buffers.
 LARGE_BYTES = 1 << 16
 
 
@@ -61,10 +60,6 @@ def _json_or_error(answer: Callable[..., object], *args: str) -> Answer:
         return _json(answer(*args))
     except TritonError as err:
         return _error(err)
-
-
-def _method_not_allowed() -> Answer:
-    return json_answer(_METHOD_NOT_ALLOWED, 405)
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -371,7 +366,8 @@ HANDLERS: dict[Endpoint, Handler] = {
     Endpoint.CUDA_SHM_REGISTER: cuda_shm_register,
     Endpoint.CUDA_SHM_UNREGISTER: cuda_shm_unregister,
 }
-_NOT_FOUND = codec.error_body("Not Found")
+_NOT_FOUND = json_answer(codec.error_body("Not Found"), 404)
+_METHOD_NOT_ALLOWED = json_answer(codec.error_body("Method Not Allowed"), 405)
 
 
 def dispatcher(
@@ -382,10 +378,10 @@ def dispatcher(
     async def handle(request: Request) -> Answer:
         route = resolve(request.path)
         if route is None:
-            return json_answer(_NOT_FOUND, 404)
+            return _NOT_FOUND
         endpoint = route.endpoint
         if not endpoint.allows(request.method):
-            return _method_not_allowed()
+            return _METHOD_NOT_ALLOWED
         return await HANDLERS[endpoint](request, dataplane, route.name, route.version)
 
     return handle

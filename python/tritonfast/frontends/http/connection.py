@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import HttpProcessingError, HttpRequestParser
 
-from tritonfast.frontends.http.answer import Answer, head
+from tritonfast.frontends.http.answer import Answer, head, json_answer
 
 log = logging.getLogger("tritonfast.http")
 
@@ -45,7 +45,7 @@ MAX_WAITING = 16
 # A keep-alive connection with no request for this long is closed (aiohttp's default).
 IDLE_TIMEOUT_S = 75.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_INTERNAL_ERROR = Answer(500, (b'{"error":"Internal Server Error"}',), "application/json")
+_INTERNAL_ERROR = json_answer(b'{"error":"Internal Server Error"}', 500)
 
 
 class Request:
@@ -74,14 +74,10 @@ class Request:
 Handler = Callable[[Request], Awaitable[Answer]]
 
 
-class _Refusal:
-    """A message the parser rejected, answered in its turn."""
-
-    __slots__ = ("answer",)
-
-    def __init__(self, err: HttpProcessingError) -> None:
-        body = f"{err.code}, message: {err.message}".encode("utf-8", "replace")
-        self.answer = Answer(err.code or 400, (body,), "text/plain; charset=utf-8")
+def _refusal(err: HttpProcessingError) -> Answer:
+    """The answer to a message the parser rejected (the connection closes after it)."""
+    body = f"{err.code}, message: {err.message}".encode("utf-8", "replace")
+    return Answer(err.code or 400, (body,), "text/plain; charset=utf-8")
 
 
 class HttpConnection(BaseProtocol):
@@ -94,7 +90,8 @@ class HttpConnection(BaseProtocol):
         super().__init__(asyncio.get_running_loop())
         self._handle = handle
         self._server = server
-        self._waiting: deque[Request | _Refusal] = deque()
+        # Requests to answer in order; an Answer in their place refuses a broken message.
+        self._waiting: deque[Request | Answer] = deque()
         self._task: asyncio.Task[None] | None = None
         self._held = False  # reading stopped because too many requests wait
         self.last_data = self._loop.time()  # when bytes last came in
@@ -130,7 +127,7 @@ class HttpConnection(BaseProtocol):
                 self._waiting.append(Request(message, payload))
         except HttpProcessingError as err:
             self._parser = None  # nothing after a broken message can be trusted
-            self._waiting.append(_Refusal(err))
+            self._waiting.append(_refusal(err))
         if self._task is None and self._waiting:
             self._serve_next()
         if len(self._waiting) > MAX_WAITING and not self._held and self.transport is not None:
@@ -144,12 +141,12 @@ class HttpConnection(BaseProtocol):
             self.transport.resume_reading()
         self._task = self._loop.create_task(self._serve(item))
 
-    async def _serve(self, item: Request | _Refusal) -> None:
+    async def _serve(self, item: Request | Answer) -> None:
         transport = self.transport
         if transport is None:
             return
-        if isinstance(item, _Refusal):
-            await self._write(item.answer, (1, 1), keep_alive=False)
+        if isinstance(item, Answer):
+            await self._write(item, (1, 1), keep_alive=False)
             transport.close()
             return
         if item.version >= (1, 1) and item.headers.get("Expect", "").lower() == "100-continue":
