@@ -8,6 +8,7 @@ batch slow, no sleep makes it fast.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ class Timed(Backend):
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.spin_s = 0.0  # computing, not sleeping
+        self.collect = False  # run a garbage collection inside the batch
         self.runs: list[tuple[threading.Thread, int]] = []
         self.running = 0
         self.overlapped = False
@@ -42,9 +44,9 @@ class Timed(Backend):
             if self.delay_s:
                 time.sleep(self.delay_s)
             if self.spin_s:
-                end = time.thread_time() + self.spin_s
-                while time.thread_time() < end:
-                    pass
+                spin(self.spin_s)
+            if self.collect:
+                gc.collect()
             self.runs.append((threading.current_thread(), len(requests)))
             return [InferResponse(r.model_name, r.model_version, r.id) for r in requests]
         finally:
@@ -53,6 +55,12 @@ class Timed(Backend):
     def on_loop_since(self, start: int) -> list[bool]:
         main = threading.main_thread()
         return [thread is main for thread, _ in self.runs[start:]]
+
+
+def spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 def run_with(
@@ -174,6 +182,33 @@ def test_a_batch_held_up_but_not_by_its_model_stays_on_the_loop() -> None:
         backend.delay_s = (looprun.BLOCK_LIMIT_NS + looprun.STALL_LIMIT_NS) / 2e9
         await scheduler.submit(request("held up"), 1)
         backend.delay_s = 0.0
+        assert scheduler.runs_on_loop
+
+    run_with("", [backend], scenario)
+
+
+@pytest.mark.timeout(120)
+def test_a_garbage_collection_during_a_batch_is_not_charged_to_the_model() -> None:
+    """A full collection in a big server computes for tens of ms inside whichever batch
+    triggers it; here one that computes past STALL_LIMIT_NS leaves the model on the loop."""
+    backend = Timed()
+
+    def slow_collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            spin(2 * looprun.STALL_LIMIT_NS / 1e9)
+
+    async def scenario(scheduler: Scheduler) -> None:
+        await one_by_one(scheduler, looprun.WARM_BATCHES)
+        assert scheduler.runs_on_loop
+        before = len(backend.runs)
+        backend.collect = True
+        gc.callbacks.append(slow_collection)
+        try:
+            await scheduler.submit(request("collects"), 1)
+        finally:
+            gc.callbacks.remove(slow_collection)
+            backend.collect = False
+        assert backend.on_loop_since(before) == [True]
         assert scheduler.runs_on_loop
 
     run_with("", [backend], scenario)

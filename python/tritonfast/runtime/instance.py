@@ -22,6 +22,7 @@ from typing import Any
 from tritonfast._core import Batch, Handoff, RequestQueue
 from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.errors import InternalError, TritonError
+from tritonfast.runtime import gcpause
 from tritonfast.runtime.types import InferRequest
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,10 @@ class InstanceLoop:
     ) -> tuple[int, list[asyncio.Future[Any]], Sequence[Result]]:
         """Run one batch and record it: (batch seq, futures, one result per future)."""
         items: list[QueueItem] = batch.items
-        cpu_start = 0 if self._observe is None else thread_time_ns()
+        observe = self._observe
+        cpu_start = gc_start = 0
+        if observe is not None:
+            cpu_start, gc_start = thread_time_ns(), gcpause.total_ns()
         clock = PhaseClock()
         requests = [item[0] for item in items]
         results = self._run_backend(requests, clock)
@@ -115,9 +119,12 @@ class InstanceLoop:
             batch.report(results, *clock.split(end))
         except Exception:  # statistics must never cost a response
             log.exception("instance %s could not record a batch's statistics", self.name)
-        if self._observe is not None:
+        if observe is not None:
             failed = any(isinstance(result, TritonError) for result in results)
-            self._observe(end - clock.start, thread_time_ns() - cpu_start, on_loop, failed)
+            collecting = gcpause.total_ns() - gc_start  # not the model's doing
+            run_ns = end - clock.start - collecting
+            cpu_ns = max(0, thread_time_ns() - cpu_start - collecting)
+            observe(run_ns, cpu_ns, on_loop, failed)
         return batch.seq, futures, results
 
     def _run_backend(self, requests: list[InferRequest], clock: PhaseClock) -> Sequence[Result]:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tritonfast._core import Handoff, RequestQueue
 from tritonfast.backends.base import Result
 from tritonfast.errors import InternalError
+from tritonfast.runtime import gcpause
 
 if TYPE_CHECKING:
     from tritonfast.runtime.instance import InstanceLoop
@@ -77,6 +78,7 @@ class LoopExecution:
         self._next_try = WARM_BATCHES
         self._banned = False
         self._watching = False
+        gcpause.start_counting()  # batch times reach `observe` without collection pauses
 
     def start(self, instances: list[InstanceLoop], settle: Settle) -> None:
         """Watch the handoff from the loop (callable from any thread)."""
