@@ -265,3 +265,31 @@ class Handoff:
 @final
 class HandoffDone:
     def complete(self) -> None: ...
+
+@final
+class Outbox:
+    """A thread of the core's that sends HTTP answers, so the event loop spends no time in
+    ``send``."""
+
+    def __new__(cls) -> Outbox: ...
+    def open(self, fileno: int) -> OutStream:
+        """A stream over a duplicate of the connected socket ``fileno`` (still the caller's)."""
+
+@final
+class OutStream:
+    """One connection's outgoing bytes, sent in the order written. The socket stays open
+    until the stream is closed and has sent everything, even if the caller closes its own
+    descriptor first."""
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; ``ConnectionError`` once closed or the peer is gone."""
+
+    def close(self) -> None:
+        """Let go of the socket once everything written is sent."""
+
+    def abort(self) -> None:
+        """Drop what is unsent and let go of the socket."""
+
+    @property
+    def unsent(self) -> int:
+        """Bytes written and not yet handed to the kernel."""

@@ -14,6 +14,7 @@ pub mod copy;
 pub mod error;
 pub mod handoff;
 pub mod latency;
+pub mod outbox;
 pub mod pool;
 pub mod queue;
 pub mod shm;

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,3 +200,78 @@ def test_escaped_path_and_query_string(raw):
     raw.send(b"GET /v2/models/add%5Fsub/config HTTP/1.1\r\nHost: x\r\n\r\n")
     status, _, body = raw.answer()
     assert (status, json.loads(body)["name"]) == ("HTTP/1.1 200 OK", "add_sub")
+
+
+def identity_request(data: np.ndarray) -> bytes:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, data.size],
+                    "parameters": {"binary_data_size": data.nbytes},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return (
+        (
+            f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(header) + data.nbytes}"
+            f"\r\nInference-Header-Content-Length: {len(header)}\r\n\r\n"
+        ).encode()
+        + header
+        + data.tobytes()
+    )
+
+
+def identity_output(headers: dict[str, str], body: bytes) -> np.ndarray:
+    return np.frombuffer(body[int(headers["inference-header-content-length"]) :], np.float32)
+
+
+def test_small_and_large_answers_keep_their_order_on_one_connection(raw):
+    # Small answers leave from the core's writer thread, large ones through the event loop's
+    # transport; while a large one still waits in the transport (the client is not reading),
+    # the small ones after it must wait behind it, and the other way round.
+    large = np.arange(8 << 20, dtype=np.float32)  # 32 MiB: more than the socket buffers hold
+    medium = -np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    raw.send(
+        b"".join(
+            [
+                add_sub_request([1, 1, 1, 1]),
+                identity_request(large),
+                add_sub_request([2, 2, 2, 2]),
+                add_sub_request([3, 3, 3, 3]),
+                identity_request(medium),
+                add_sub_request([4, 4, 4, 4]),
+            ]
+        )
+    )
+    assert sums(raw.answer()[2]) == [2, 2, 2, 2]
+    status, headers, body = raw.answer()
+    assert status == "HTTP/1.1 200 OK"
+    np.testing.assert_array_equal(identity_output(headers, body), large)
+    assert sums(raw.answer()[2]) == [3, 3, 3, 3]
+    assert sums(raw.answer()[2]) == [4, 4, 4, 4]
+    _, headers, body = raw.answer()
+    np.testing.assert_array_equal(identity_output(headers, body), medium)
+    assert sums(raw.answer()[2]) == [5, 5, 5, 5]
+
+
+def test_answers_are_sent_by_the_writer_thread(server, raw):
+    # The thread is named by the core; its CPU time grows with the answers it sends.
+    def writer_ticks() -> int:
+        for task in Path(f"/proc/{server.proc.pid}/task").iterdir():
+            if (task / "comm").read_text().strip() == "tritonfast-outb":  # 15-char limit
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                return int(fields[11]) + int(fields[12])  # utime + stime
+        raise AssertionError("no writer thread in the server")
+
+    before = writer_ticks()
+    deadline = time.monotonic() + 30
+    while writer_ticks() == before:  # a tick is 10 ms of CPU: a few thousand answers
+        assert time.monotonic() < deadline, "the writer thread never ran"
+        raw.send(b"".join(add_sub_request([i, 0, 0, 0]) for i in range(200)))
+        for i in range(200):
+            assert sums(raw.answer()[2])[0] == i + 1

@@ -6,6 +6,7 @@
 mod error;
 mod gil;
 mod handoff;
+mod outbox;
 mod pool;
 mod queue;
 mod shm;
@@ -25,6 +26,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyBatch>()?;
     m.add_class::<handoff::PyHandoff>()?;
     m.add_class::<handoff::HandoffDone>()?;
+    m.add_class::<outbox::PyOutbox>()?;
+    m.add_class::<outbox::PyOutStream>()?;
     m.add_class::<pool::PyTensorPool>()?;
     m.add_class::<pool::PyPooledBuffer>()?;
     m.add_class::<shm::PySharedMemoryRegistry>()?;

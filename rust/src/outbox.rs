@@ -1,0 +1,469 @@
+//! Writes answers to client sockets from a thread of its own.
+//!
+//! Why: the HTTP frontend runs on one event-loop thread that holds the GIL. Profiled at
+//! concurrency 16 on small inference requests, a fifth of that thread's time went to `send`
+//! (on loopback the sender also pays for the receiver's TCP processing). A `send` needs no
+//! Python, so the loop hands the bytes here and goes on; this thread writes them without the
+//! GIL, on the machine's other core.
+//!
+//! Each connection is a [`Stream`] over a duplicate of the socket's descriptor. The duplicate
+//! keeps the socket open until this thread is done with it, even after the event loop has
+//! closed its own descriptor (whose number the kernel may then give to a new connection), so
+//! bytes can never reach the wrong client. Bytes written to a stream go out in order; a socket
+//! whose buffer is full is waited on with `poll` while the other streams keep being served.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+
+/// What a stream still has to do; behind the stream's lock.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Bytes written and not yet sent, oldest first.
+    bytes: Vec<u8>,
+    /// On the writer's list (or being flushed by it): a write needs no wake-up.
+    listed: bool,
+    /// Close the descriptor once `bytes` is sent.
+    closing: bool,
+    /// Unsent bytes were dropped: close without sending more.
+    aborted: bool,
+    /// The duplicate descriptor; `None` once closed.
+    fd: Option<OwnedFd>,
+}
+
+/// One client connection's outgoing bytes.
+#[derive(Debug)]
+pub struct Stream {
+    pending: Mutex<Pending>,
+    /// Bytes written and not yet handed to the kernel, readable without the lock.
+    unsent: AtomicUsize,
+    outbox: Arc<Shared>,
+}
+
+/// Why a write was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriteError {
+    /// The stream was closed or aborted, or its socket failed.
+    Closed,
+}
+
+impl Stream {
+    /// Queues `data` to be sent after everything written before it.
+    pub fn write(self: &Arc<Self>, data: &[u8]) -> Result<(), WriteError> {
+        let wake = {
+            let mut pending = self.pending.lock();
+            if pending.fd.is_none() || pending.closing {
+                return Err(WriteError::Closed);
+            }
+            pending.bytes.extend_from_slice(data);
+            self.unsent.fetch_add(data.len(), Ordering::Release);
+            !std::mem::replace(&mut pending.listed, true)
+        };
+        if wake {
+            self.outbox.list(Arc::clone(self));
+        }
+        Ok(())
+    }
+
+    /// Closes the socket (this stream's hold on it) once everything written is sent.
+    pub fn close(self: &Arc<Self>) {
+        let mut pending = self.pending.lock();
+        pending.closing = true;
+        if !pending.listed {
+            pending.fd = None;
+        }
+    }
+
+    /// Drops what is unsent and closes the stream's hold on the socket (now, or as soon as
+    /// the writer is done with it: only the writer closes a listed stream's descriptor, so a
+    /// `send` in progress never meets a number the kernel has given to another socket).
+    pub fn abort(&self) {
+        let mut pending = self.pending.lock();
+        pending.closing = true;
+        pending.aborted = true;
+        pending.bytes = Vec::new();
+        self.unsent.store(0, Ordering::Release);
+        if !pending.listed {
+            pending.fd = None;
+        }
+    }
+
+    /// Bytes written and not yet handed to the kernel.
+    pub fn unsent(&self) -> usize {
+        self.unsent.load(Ordering::Acquire)
+    }
+
+    /// Whether the stream still holds its socket.
+    pub fn is_open(&self) -> bool {
+        self.pending.lock().fd.is_some()
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        self.pending.lock().fd.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Sends what is pending without blocking. Returns whether bytes are left because the
+    /// socket's buffer is full (the stream stays listed and must be polled for writability).
+    fn flush(&self) -> bool {
+        loop {
+            let (bytes, fd) = {
+                let mut pending = self.pending.lock();
+                let Some(fd) = pending.fd.as_ref().map(AsRawFd::as_raw_fd) else {
+                    pending.listed = false;
+                    return false;
+                };
+                if pending.bytes.is_empty() {
+                    pending.listed = false;
+                    if pending.closing {
+                        pending.fd = None;
+                    }
+                    return false;
+                }
+                (std::mem::take(&mut pending.bytes), fd)
+            };
+            // The lock is not held while sending: the loop may write more meanwhile, which
+            // lands in the emptied `bytes` and goes out after what is taken here.
+            let outcome = send_some(fd, &bytes);
+            let mut pending = self.pending.lock();
+            if pending.aborted {
+                pending.fd = None;
+                pending.listed = false;
+                return false;
+            }
+            let Ok(sent) = outcome else {
+                // The peer is gone (reset, broken pipe): nothing more can reach it.
+                pending.fd = None;
+                pending.bytes = Vec::new();
+                pending.listed = false;
+                self.unsent.store(0, Ordering::Release);
+                return false;
+            };
+            self.unsent.fetch_sub(sent, Ordering::Release);
+            if sent < bytes.len() {
+                let mut rest = bytes[sent..].to_vec();
+                rest.append(&mut pending.bytes);
+                pending.bytes = rest;
+                return true;
+            }
+        }
+    }
+}
+
+/// Sends as much of `bytes` as the socket takes now; `Ok(0)` when its buffer is full.
+fn send_some(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let rest = &bytes[sent..];
+        // SAFETY: `rest` is a live slice of `rest.len()` bytes for the call; `fd` is held open
+        // by the stream (only this thread closes it while the stream is listed).
+        let n = unsafe {
+            libc::send(
+                fd,
+                rest.as_ptr().cast(),
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            sent += n.unsigned_abs();
+            continue;
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => return Ok(sent),
+            _ => return Err(err),
+        }
+    }
+    Ok(sent)
+}
+
+/// What the writer thread and the streams share.
+#[derive(Debug)]
+struct Shared {
+    /// Streams with bytes to send, in the order they asked.
+    listed: Mutex<Vec<Arc<Stream>>>,
+    /// The writer is about to sleep (or sleeps) in `poll`: a new listing must wake it.
+    sleeping: AtomicBool,
+    stop: AtomicBool,
+    /// Readable when the writer must wake up.
+    wake: OwnedFd,
+}
+
+impl Shared {
+    fn list(&self, stream: Arc<Stream>) {
+        self.listed.lock().push(stream);
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            self.signal();
+        }
+    }
+
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of `one`, which lives for the call, to our own eventfd.
+        unsafe {
+            libc::write(self.wake.as_raw_fd(), (&raw const one).cast(), 8);
+        }
+    }
+
+    fn drain_wake(&self) {
+        let mut count: u64 = 0;
+        // SAFETY: reads at most 8 bytes into `count`, which lives for the call, from our own
+        // non-blocking eventfd; EAGAIN leaves `count` untouched.
+        unsafe {
+            libc::read(self.wake.as_raw_fd(), (&raw mut count).cast(), 8);
+        }
+    }
+}
+
+/// The writer thread and the streams it serves. Dropping it stops the thread after one last
+/// attempt at what is pending.
+#[derive(Debug)]
+pub struct Outbox {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Outbox {
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes two integers and returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let shared = Arc::new(Shared {
+            listed: Mutex::new(Vec::new()),
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            // SAFETY: `fd` was just returned by eventfd, is valid and owned by nobody else.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+        });
+        let writer = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("tritonfast-outbox".into())
+            .spawn(move || run_writer(&writer))?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// A stream over a duplicate of `fd` (a connected socket the caller keeps owning).
+    pub fn open(&self, fd: BorrowedFd<'_>) -> io::Result<Arc<Stream>> {
+        let own = fd.try_clone_to_owned()?;
+        Ok(Arc::new(Stream {
+            pending: Mutex::new(Pending {
+                fd: Some(own),
+                ..Pending::default()
+            }),
+            unsent: AtomicUsize::new(0),
+            outbox: Arc::clone(&self.shared),
+        }))
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.signal();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The writer thread: flushes listed streams in order, polls the ones whose socket is full,
+/// and sleeps in `poll` on the wake-up eventfd when there is nothing to do.
+fn run_writer(shared: &Shared) {
+    let mut blocked: Vec<Arc<Stream>> = Vec::new();
+    let mut polls: Vec<libc::pollfd> = Vec::new();
+    loop {
+        let listed = std::mem::take(&mut *shared.listed.lock());
+        let worked = !listed.is_empty();
+        for stream in listed {
+            if stream.flush() {
+                blocked.push(stream);
+            }
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if worked && blocked.is_empty() {
+            continue; // look for more before sleeping
+        }
+        // Sleep (or, with work just done, only look) until a listing or a blocked socket
+        // taking bytes again.
+        let timeout = if worked {
+            0
+        } else {
+            shared.sleeping.store(true, Ordering::SeqCst);
+            if shared.listed.lock().is_empty() {
+                -1
+            } else {
+                0
+            }
+        };
+        polls.clear();
+        polls.push(libc::pollfd {
+            fd: shared.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        blocked.retain(|stream| {
+            let Some(fd) = stream.raw_fd() else {
+                stream.pending.lock().listed = false;
+                return false;
+            };
+            polls.push(libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            });
+            true
+        });
+        // SAFETY: `polls` is a live array of `polls.len()` pollfds for the call. The blocked
+        // streams' descriptors stay open meanwhile: they are listed, and only this thread
+        // closes a listed stream's descriptor.
+        let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, timeout) };
+        shared.sleeping.store(false, Ordering::SeqCst);
+        if ready <= 0 {
+            continue;
+        }
+        if polls[0].revents != 0 {
+            shared.drain_wake();
+        }
+        let mut index = 1;
+        blocked.retain(|stream| {
+            let revents = polls[index].revents;
+            index += 1;
+            if revents == 0 {
+                return true;
+            }
+            // Writable, failed or hung up: flush decides (an error drops the stream's bytes).
+            if stream.flush() {
+                return true;
+            }
+            false
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+    use std::time::{Duration, Instant};
+
+    fn connected_pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        (server, client)
+    }
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < end, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn bytes_arrive_in_the_order_written() {
+        let outbox = Outbox::new().unwrap();
+        let (server, mut client) = connected_pair();
+        let stream = outbox.open(server.as_fd()).unwrap();
+        let mut expected = Vec::new();
+        for i in 0..1000u32 {
+            let chunk = format!("answer {i};");
+            stream.write(chunk.as_bytes()).unwrap();
+            expected.extend_from_slice(chunk.as_bytes());
+        }
+        let mut got = vec![0; expected.len()];
+        client.read_exact(&mut got).unwrap();
+        assert_eq!(got, expected);
+        wait_until("all is sent", || stream.unsent() == 0);
+    }
+
+    #[test]
+    fn the_socket_stays_open_until_the_stream_closes_it_after_sending() {
+        let outbox = Outbox::new().unwrap();
+        let (server, mut client) = connected_pair();
+        let stream = outbox.open(server.as_fd()).unwrap();
+        drop(server); // the event loop closing its own descriptor
+        stream.write(b"last answer").unwrap();
+        stream.close();
+        assert_eq!(stream.write(b"too late"), Err(WriteError::Closed));
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).unwrap(); // ends only when the socket closes
+        assert_eq!(got, b"last answer");
+        wait_until("the stream lets go", || !stream.is_open());
+    }
+
+    #[test]
+    fn a_client_that_does_not_read_holds_up_only_its_own_stream() {
+        let outbox = Outbox::new().unwrap();
+        let (slow_server, mut slow_client) = connected_pair();
+        let (fast_server, mut fast_client) = connected_pair();
+        let slow = outbox.open(slow_server.as_fd()).unwrap();
+        let fast = outbox.open(fast_server.as_fd()).unwrap();
+        // Far more than the socket buffers hold while nobody reads.
+        let big: Vec<u8> = (0..32 << 20).map(|i: u32| (i % 251) as u8).collect();
+        slow.write(&big).unwrap();
+        wait_until("the slow socket is full", || {
+            slow.unsent() > 0 && slow.unsent() < big.len()
+        });
+        fast.write(b"ping").unwrap();
+        let mut got = [0; 4];
+        fast_client.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        let mut all = vec![0; big.len()];
+        slow_client.read_exact(&mut all).unwrap();
+        assert!(
+            all == big,
+            "the slow client's bytes arrive whole and in order"
+        );
+        wait_until("all is sent", || slow.unsent() == 0);
+    }
+
+    #[test]
+    fn abort_drops_what_is_unsent_and_a_gone_peer_fails_later_writes() {
+        let outbox = Outbox::new().unwrap();
+        let (server, client) = connected_pair();
+        let stream = outbox.open(server.as_fd()).unwrap();
+        drop(client);
+        drop(server);
+        // Writes to a reset connection fail in the writer; the stream then refuses more.
+        wait_until("the writer sees the peer gone", || {
+            stream.write(&[0; 4096]).is_err()
+        });
+        assert_eq!(stream.unsent(), 0);
+        let (server, _client) = connected_pair();
+        let other = outbox.open(server.as_fd()).unwrap();
+        other.abort();
+        assert!(!other.is_open());
+        assert_eq!(other.write(b"x"), Err(WriteError::Closed));
+    }
+
+    #[test]
+    fn dropping_the_outbox_stops_its_thread() {
+        let outbox = Outbox::new().unwrap();
+        let (server, mut client) = connected_pair();
+        let stream = outbox.open(server.as_fd()).unwrap();
+        stream.write(b"bye").unwrap();
+        let mut got = [0; 3];
+        client.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"bye");
+        drop(outbox); // joins the thread: a hang here fails the test
+    }
+}

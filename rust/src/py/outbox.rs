@@ -1,0 +1,68 @@
+//! `tritonfast._core.Outbox` and `OutStream`: the HTTP frontend's socket writes, sent from the
+//! core's writer thread (see the core's `outbox` module for why).
+
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyConnectionError, PyOSError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::outbox::{Outbox, Stream};
+
+/// The writer thread. `open(fileno)` gives a stream for one connected socket.
+#[pyclass(name = "Outbox", module = "tritonfast._core", frozen)]
+pub(crate) struct PyOutbox(Outbox);
+
+#[pymethods]
+impl PyOutbox {
+    #[new]
+    fn new() -> PyResult<Self> {
+        Outbox::new()
+            .map(Self)
+            .map_err(|err| PyOSError::new_err(err.to_string()))
+    }
+
+    /// A stream over a duplicate of the socket descriptor `fileno`, which stays the caller's.
+    fn open(&self, fileno: i32) -> PyResult<PyOutStream> {
+        if fileno < 0 {
+            return Err(PyValueError::new_err("not an open socket"));
+        }
+        // SAFETY: the caller owns `fileno` (an open socket) for the duration of this call; it
+        // is only duplicated here, never closed.
+        let fd = unsafe { BorrowedFd::borrow_raw(fileno) };
+        self.0
+            .open(fd)
+            .map(PyOutStream)
+            .map_err(|err| PyOSError::new_err(err.to_string()))
+    }
+}
+
+/// One connection's outgoing bytes, sent in the order written.
+#[pyclass(name = "OutStream", module = "tritonfast._core", frozen)]
+pub(crate) struct PyOutStream(Arc<Stream>);
+
+#[pymethods]
+impl PyOutStream {
+    /// Queues `data`; `ConnectionError` once the stream is closed or its peer gone.
+    fn write(&self, data: &[u8]) -> PyResult<()> {
+        self.0
+            .write(data)
+            .map_err(|_| PyConnectionError::new_err("connection closed"))
+    }
+
+    /// Closes the stream's hold on the socket once everything written is sent.
+    fn close(&self) {
+        self.0.close();
+    }
+
+    /// Drops what is unsent and lets go of the socket.
+    fn abort(&self) {
+        self.0.abort();
+    }
+
+    /// Bytes written and not yet handed to the kernel.
+    #[getter]
+    fn unsent(&self) -> usize {
+        self.0.unsent()
+    }
+}
