@@ -23,8 +23,10 @@ use parking_lot::Mutex;
 /// What a stream still has to do; behind the stream's lock.
 #[derive(Debug, Default)]
 struct Pending {
-    /// Bytes written and not yet sent, oldest first.
+    /// Bytes written and not yet sent, oldest first, from `skip` on.
     bytes: Vec<u8>,
+    /// Bytes at the front of `bytes` already sent (a partial send is not copied down).
+    skip: usize,
     /// On the writer's list (or being flushed by it): a write needs no wake-up.
     listed: bool,
     /// Close the descriptor once `bytes` is sent.
@@ -86,6 +88,7 @@ impl Stream {
         pending.closing = true;
         pending.aborted = true;
         pending.bytes = Vec::new();
+        pending.skip = 0;
         self.unsent.store(0, Ordering::Release);
         if !pending.listed {
             pending.fd = None;
@@ -110,7 +113,7 @@ impl Stream {
     /// socket's buffer is full (the stream stays listed and must be polled for writability).
     fn flush(&self) -> bool {
         loop {
-            let (bytes, fd) = {
+            let (bytes, skip, fd) = {
                 let mut pending = self.pending.lock();
                 let Some(fd) = pending.fd.as_ref().map(AsRawFd::as_raw_fd) else {
                     pending.listed = false;
@@ -123,11 +126,12 @@ impl Stream {
                     }
                     return false;
                 }
-                (std::mem::take(&mut pending.bytes), fd)
+                let skip = std::mem::take(&mut pending.skip);
+                (std::mem::take(&mut pending.bytes), skip, fd)
             };
             // The lock is not held while sending: the loop may write more meanwhile, which
             // lands in the emptied `bytes` and goes out after what is taken here.
-            let outcome = send_some(fd, &bytes);
+            let outcome = send_some(fd, &bytes[skip..]);
             let mut pending = self.pending.lock();
             if pending.aborted {
                 pending.fd = None;
@@ -138,15 +142,22 @@ impl Stream {
                 // The peer is gone (reset, broken pipe): nothing more can reach it.
                 pending.fd = None;
                 pending.bytes = Vec::new();
+                pending.skip = 0;
                 pending.listed = false;
                 self.unsent.store(0, Ordering::Release);
                 return false;
             };
             self.unsent.fetch_sub(sent, Ordering::Release);
-            if sent < bytes.len() {
-                let mut rest = bytes[sent..].to_vec();
-                rest.append(&mut pending.bytes);
-                pending.bytes = rest;
+            let done = skip + sent;
+            if done < bytes.len() {
+                if pending.bytes.is_empty() {
+                    pending.bytes = bytes; // put back whole: no copy of a large remainder
+                    pending.skip = done;
+                } else {
+                    let mut rest = bytes[done..].to_vec();
+                    rest.append(&mut pending.bytes);
+                    pending.bytes = rest;
+                }
                 return true;
             }
         }
