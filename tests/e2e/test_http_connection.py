@@ -156,52 +156,6 @@ def test_header_line_too_long_is_refused(raw):
     assert raw.closed_by_server()
 
 
-def test_large_answer_to_a_slow_reader(server, raw):
-    # 32 MiB out: more than the socket buffers hold, so the server must wait for the reader;
-    # meanwhile other clients are served.
-    data = np.arange(8 << 20, dtype=np.float32)
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "datatype": "FP32",
-                    "shape": [1, data.size],
-                    "parameters": {"binary_data_size": data.nbytes},
-                }
-            ],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    raw.send(
-        (
-            f"POST {IDENTITY} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(header) + data.nbytes}"
-            f"\r\nInference-Header-Content-Length: {len(header)}\r\n\r\n"
-        ).encode()
-        + header
-        + data.tobytes()
-    )
-    other = httpclient.InferenceServerClient(server.http_url)
-    small = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-    small.set_data_from_numpy(np.ones((1, 4), np.float32))
-    result = other.infer("identity_fp32", [small])
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.ones((1, 4), np.float32))
-    other.close()
-    status, headers, body = raw.answer()
-    assert status == "HTTP/1.1 200 OK"
-    length = int(headers["inference-header-content-length"])
-    np.testing.assert_array_equal(np.frombuffer(body[length:], np.float32), data)
-
-
-def test_escaped_path_and_query_string(raw):
-    # "%5F" is "_"; the query string is not part of the path.
-    raw.send(b"GET /v2/models/add%5Fsub/ready?verbose=1 HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert raw.answer()[0] == "HTTP/1.1 200 OK"
-    raw.send(b"GET /v2/models/add%5Fsub/config HTTP/1.1\r\nHost: x\r\n\r\n")
-    status, _, body = raw.answer()
-    assert (status, json.loads(body)["name"]) == ("HTTP/1.1 200 OK", "add_sub")
-
-
 def identity_request(data: np.ndarray) -> bytes:
     header = json.dumps(
         {
@@ -228,6 +182,31 @@ def identity_request(data: np.ndarray) -> bytes:
 
 def identity_output(headers: dict[str, str], body: bytes) -> np.ndarray:
     return np.frombuffer(body[int(headers["inference-header-content-length"]) :], np.float32)
+
+
+def test_large_answer_to_a_slow_reader(server, raw):
+    # 32 MiB out: more than the socket buffers hold, so the server must wait for the reader;
+    # meanwhile other clients are served.
+    data = np.arange(8 << 20, dtype=np.float32)
+    raw.send(identity_request(data))
+    other = httpclient.InferenceServerClient(server.http_url)
+    small = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    small.set_data_from_numpy(np.ones((1, 4), np.float32))
+    result = other.infer("identity_fp32", [small])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.ones((1, 4), np.float32))
+    other.close()
+    status, headers, body = raw.answer()
+    assert status == "HTTP/1.1 200 OK"
+    np.testing.assert_array_equal(identity_output(headers, body), data)
+
+
+def test_escaped_path_and_query_string(raw):
+    # "%5F" is "_"; the query string is not part of the path.
+    raw.send(b"GET /v2/models/add%5Fsub/ready?verbose=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert raw.answer()[0] == "HTTP/1.1 200 OK"
+    raw.send(b"GET /v2/models/add%5Fsub/config HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, _, body = raw.answer()
+    assert (status, json.loads(body)["name"]) == ("HTTP/1.1 200 OK", "add_sub")
 
 
 def test_small_and_large_answers_keep_their_order_on_one_connection(raw):
