@@ -284,6 +284,10 @@ class OutStream:
     def write(self, data: bytes) -> None:
         """Queue ``data``; ``ConnectionError`` once closed or the peer is gone."""
 
+    def write_now(self, data: bytes) -> None:
+        """Send ``data`` on this thread if nothing written before it waits (the rest is
+        queued); else queue it like :meth:`write`."""
+
     def close(self) -> None:
         """Let go of the socket once everything written is sent."""
 

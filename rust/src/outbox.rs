@@ -56,13 +56,43 @@ pub enum WriteError {
 impl Stream {
     /// Queues `data` to be sent after everything written before it.
     pub fn write(self: &Arc<Self>, data: &[u8]) -> Result<(), WriteError> {
+        self.queue(data, false)
+    }
+
+    /// Sends `data` on the caller's thread when nothing written before it is still waiting,
+    /// queueing only what the socket does not take now; else queues it like [`write`].
+    /// For a caller with nothing else to do: it saves the writer's wake-up (tens of µs on a
+    /// lightly loaded machine) at the price of the `send` on its own thread.
+    ///
+    /// [`write`]: Self::write
+    pub fn write_now(self: &Arc<Self>, data: &[u8]) -> Result<(), WriteError> {
+        self.queue(data, true)
+    }
+
+    fn queue(self: &Arc<Self>, data: &[u8], send_first: bool) -> Result<(), WriteError> {
         let wake = {
             let mut pending = self.pending.lock();
-            if pending.fd.is_none() || pending.closing {
+            let Some(fd) = pending.fd.as_ref().map(AsRawFd::as_raw_fd) else {
+                return Err(WriteError::Closed);
+            };
+            if pending.closing {
                 return Err(WriteError::Closed);
             }
-            pending.bytes.extend_from_slice(data);
-            self.unsent.fetch_add(data.len(), Ordering::Release);
+            let mut rest = data;
+            // Not listed means nothing is waiting and the writer is not sending for this
+            // stream (it lists a stream before taking its bytes), so the socket is ours.
+            if send_first && !pending.listed {
+                let Ok(sent) = send_some(fd, data) else {
+                    pending.fd = None; // the peer is gone
+                    return Err(WriteError::Closed);
+                };
+                rest = &data[sent..];
+                if rest.is_empty() {
+                    return Ok(());
+                }
+            }
+            pending.bytes.extend_from_slice(rest);
+            self.unsent.fetch_add(rest.len(), Ordering::Release);
             !std::mem::replace(&mut pending.listed, true)
         };
         if wake {
@@ -404,6 +434,28 @@ mod tests {
         client.read_exact(&mut got).unwrap();
         assert_eq!(got, expected);
         wait_until("all is sent", || stream.unsent() == 0);
+    }
+
+    #[test]
+    fn sends_now_only_when_nothing_waits_before() {
+        let outbox = Outbox::new().unwrap();
+        let (server, mut client) = connected_pair();
+        let stream = outbox.open(server.as_fd()).unwrap();
+        stream.write_now(b"first;").unwrap(); // nothing queued: sent on this thread
+        assert_eq!(stream.unsent(), 0);
+        let mut expected = b"first;".to_vec();
+        for i in 0..500u32 {
+            let chunk = format!("answer {i};");
+            if i % 2 == 0 {
+                stream.write(chunk.as_bytes()).unwrap();
+            } else {
+                stream.write_now(chunk.as_bytes()).unwrap();
+            }
+            expected.extend_from_slice(chunk.as_bytes());
+        }
+        let mut got = vec![0; expected.len()];
+        client.read_exact(&mut got).unwrap();
+        assert_eq!(got, expected);
     }
 
     #[test]

@@ -50,6 +50,14 @@ impl PyOutStream {
             .map_err(|_| PyConnectionError::new_err("connection closed"))
     }
 
+    /// Sends `data` now on this thread if nothing written before it waits (what the socket
+    /// does not take is queued); else queues it like `write`.
+    fn write_now(&self, data: &[u8]) -> PyResult<()> {
+        self.0
+            .write_now(data)
+            .map_err(|_| PyConnectionError::new_err("connection closed"))
+    }
+
     /// Closes the stream's hold on the socket once everything written is sent.
     fn close(&self) {
         self.0.close();

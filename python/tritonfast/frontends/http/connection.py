@@ -161,18 +161,22 @@ class HttpConnection(BaseProtocol):
             await self._write(item, (1, 1), keep_alive=False)
             transport.close()
             return
-        if item.version >= (1, 1) and item.headers.get("Expect", "").lower() == "100-continue":
-            self._send(_CONTINUE)
+        server = self._server
+        server.serving += 1
         try:
-            answer = await self._handle(item)
-        except Exception:
-            log.exception("HTTP request %s %s failed", item.method, item.path)
-            answer = _INTERNAL_ERROR
-        keep_alive = item.keep_alive and item.content.is_eof() and not self._server.closing
-        try:
+            if item.version >= (1, 1) and item.headers.get("Expect", "").lower() == "100-continue":
+                self._send(_CONTINUE)
+            try:
+                answer = await self._handle(item)
+            except Exception:
+                log.exception("HTTP request %s %s failed", item.method, item.path)
+                answer = _INTERNAL_ERROR
+            keep_alive = item.keep_alive and item.content.is_eof() and not server.closing
             await self._write(answer, item.version, keep_alive)
         except ConnectionError:  # the client left while a large answer was going out
             return
+        finally:
+            server.serving -= 1
         if not keep_alive:
             transport.close()
             return
@@ -199,15 +203,20 @@ class HttpConnection(BaseProtocol):
 
     def _send(self, data: bytes) -> None:
         """Writes ``data`` through the writer thread, unless the transport still holds bytes
-        of a large answer (which must reach the socket first)."""
+        of a large answer (which must reach the socket first). With no other request being
+        served, the loop has nothing better to do than the ``send`` itself, which spares the
+        answer the writer's wake-up (~30 µs of p50 at concurrency 1)."""
         transport = self.transport
         out = self._out
         if out is None or transport is None or transport.get_write_buffer_size():
             if transport is not None:
                 transport.write(data)
             return
-        try:  # noqa: SIM105 (a bare try costs nothing on this per-answer path)
-            out.write(data)
+        try:
+            if self._server.serving > 1:
+                out.write(data)
+            else:
+                out.write_now(data)
         except ConnectionError:
             pass  # the peer is gone; the loop sees the connection lost
 
@@ -231,6 +240,7 @@ class HttpServer:
     def __init__(self, handle: Handler, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self.connections: set[HttpConnection] = set()
         self.closing = False
+        self.serving = 0  # requests between their handler's start and their answer's write
         self._handle = handle
         self._server: asyncio.Server | None = None
         self._all_closed = asyncio.Event()
