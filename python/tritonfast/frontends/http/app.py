@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec
 from tritonfast.frontends.http.answer import JSON, Answer, json_answer
-from tritonfast.frontends.http.connection import HttpServer, Request
+from tritonfast.frontends.http.connection import MAX_BODY_BYTES, HttpServer, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.bufferpool import pooled_memory
 
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
 
 log = logging.getLogger("tritonfast.http")
-
-# Triton reads content lengths as int32; bodies up to that size are accepted.
-MAX_BODY_BYTES = (1 << 31) - 1
 
 _BINARY = "application/octet-stream"
 _ZLIB_AUTO = 15 + 32  # zlib or gzip framing, detected from the data (as Triton inflates)
@@ -287,6 +284,9 @@ def _respond(request: Request, header: bytes, buffers: list[Any]) -> Answer:
 
 async def _read_body(request: Request) -> Body:
     """The whole request body in one writable buffer, filled as chunks arrive."""
+    if request.body is not None:  # received straight into its buffer by the connection
+        await request.body.done
+        return request.body.buffer
     stream = request.content
     length = request.content_length
     if length is not None:

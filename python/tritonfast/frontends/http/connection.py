@@ -18,7 +18,9 @@ What the protocol keeps of HTTP/1.1:
 - ``Expect: 100-continue`` gets ``100 Continue`` when the handler starts;
 - a message the parser rejects gets ``400 Bad Request`` and the connection is closed;
 - a client that disconnects cancels its handler, so a queued inference request is dropped;
-- large bodies are written part by part, waiting while the socket's buffer is full.
+- large bodies are written part by part, waiting while the socket's buffer is full;
+- a large request body with a ``Content-Length`` is received straight into one pooled buffer
+  (:class:`DirectBody`): the kernel copies it there, with no bytes objects in between.
 
 Where it can, a connection hands its answers to the core's writer thread
 (:class:`tritonfast._core.Outbox`) instead of writing them on the event loop: a ``send`` on
@@ -31,21 +33,30 @@ while the other has nothing left to send.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import HttpProcessingError, HttpRequestParser
 
 from tritonfast._core import Outbox, OutStream
 from tritonfast.frontends.http.answer import Answer, head, json_answer
+from tritonfast.runtime.bufferpool import pooled_memory
 
 log = logging.getLogger("tritonfast.http")
 
 # Bytes of a request body buffered before the socket stops being read (aiohttp's default).
 READ_LIMIT = 1 << 16
+# Bytes asked of the socket at a time (the size of uvloop's own receive buffer).
+READ_BYTES = 1 << 18
+# Triton reads content lengths as int32; bodies up to that size are accepted.
+MAX_BODY_BYTES = (1 << 31) - 1
+# Bodies from this size on (with a Content-Length) are received straight into a pool buffer.
+# Below it, the parser's own chunks cost less than setting one up.
+DIRECT_BODY_BYTES = 1 << 18
 # Bodies under this size are joined with their head and written in one call.
 JOIN_BYTES = 1 << 16
 # Pipelined requests waiting on one connection before it stops being read.
@@ -56,11 +67,36 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _INTERNAL_ERROR = json_answer(b'{"error":"Internal Server Error"}', 500)
 
 
+class DirectBody:
+    """A request body received straight into one pool buffer: ``done`` resolves once all of
+    its ``length`` bytes are in ``buffer``."""
+
+    __slots__ = ("buffer", "done", "filled", "length")
+
+    def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        self.buffer = pooled_memory(length)
+        self.buffer[: len(start)] = start  # what came with the head, already parsed out
+        self.filled = len(start)
+        self.length = length
+        self.done: asyncio.Future[None] = loop.create_future()
+
+    def room(self) -> memoryview:
+        return self.buffer[self.filled :]
+
+    def received(self, nbytes: int) -> bool:
+        """Counts ``nbytes`` more received; whether the body is now complete."""
+        self.filled += nbytes
+        if self.filled < self.length:
+            return False
+        self.done.set_result(None)
+        return True
+
+
 class Request:
     """What a handler sees of one request. ``content`` is aiohttp's ``StreamReader`` of the
-    body, filled as it arrives."""
+    body, filled as it arrives, unless ``body`` (a :class:`DirectBody`) receives it."""
 
-    __slots__ = ("content", "headers", "keep_alive", "method", "path", "version")
+    __slots__ = ("body", "content", "headers", "keep_alive", "method", "path", "version")
 
     def __init__(self, message: Any, content: Any) -> None:
         self.method: str = message.method
@@ -72,6 +108,14 @@ class Request:
         self.content: Any = content
         self.version: tuple[int, int] = message.version
         self.keep_alive: bool = not message.should_close
+        self.body: DirectBody | None = None
+
+    def body_received(self) -> bool:
+        """Whether the whole body has come in (a connection is reused only then)."""
+        body = self.body
+        if body is None:
+            return bool(self.content.is_eof())
+        return body.done.done() and not body.done.cancelled()
 
     @property
     def content_length(self) -> int | None:
@@ -88,14 +132,36 @@ def _refusal(err: HttpProcessingError) -> Answer:
     return Answer(err.code or 400, (body,), "text/plain; charset=utf-8")
 
 
-class HttpConnection(BaseProtocol):
-    """One client connection. :class:`BaseProtocol` gives the read and write flow control
-    aiohttp's parser and body streams expect of their protocol."""
+class HttpConnection(asyncio.BufferedProtocol):
+    """One client connection. A buffered protocol (uvloop honours that only for one that is
+    not also a plain ``Protocol``), so it chooses where each read lands: the server's read
+    buffer, or a direct body. It also gives the flow control aiohttp's parser and body
+    streams expect of their protocol (``pause_reading``/``resume_reading``, ``connected``)."""
 
-    __slots__ = ("_handle", "_held", "_out", "_server", "_task", "_waiting", "last_data")
+    __slots__ = (
+        "_direct",
+        "_drain_waiter",
+        "_handle",
+        "_held",
+        "_loop",
+        "_out",
+        "_parser",
+        "_reading_paused",
+        "_server",
+        "_task",
+        "_waiting",
+        "_writing_paused",
+        "last_data",
+        "transport",
+    )
 
     def __init__(self, handle: Handler, server: HttpServer) -> None:
-        super().__init__(asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._parser: HttpRequestParser | None = None
+        self._reading_paused = False  # by a body stream over its limit
+        self._writing_paused = False  # the transport's buffer is over its high-water mark
+        self._drain_waiter: asyncio.Future[None] | None = None
         self._handle = handle
         self._server = server
         # Requests to answer in order; an Answer in their place refuses a broken message.
@@ -103,23 +169,24 @@ class HttpConnection(BaseProtocol):
         self._task: asyncio.Task[None] | None = None
         self._held = False  # reading stopped because too many requests wait
         self._out: OutStream | None = None  # the writer thread's stream, when there is one
+        self._direct: DirectBody | None = None  # a body being received straight to its buffer
         self.last_data = self._loop.time()  # when bytes last came in
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._parser = HttpRequestParser(
-            self,
-            self._loop,
-            READ_LIMIT,
-            max_line_size=8190,
-            max_field_size=8190,
-            auto_decompress=False,  # inference bodies are inflated by the handler
-        )
+        self.transport = transport  # type: ignore[assignment]  # a stream transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # answers go whole: Nagle's delay gains nothing
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._parser = self._new_parser()
         self._server.connections.add(self)
         self._out = self._server.open_stream(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
+        self.transport = None
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("connection lost"))
         if self._out is not None:
             self._out.close()  # the socket closes once the writer has sent what it holds
         self._server.forget(self)
@@ -127,30 +194,121 @@ class HttpConnection(BaseProtocol):
         self._parser = None
         if self._task is not None:
             self._task.cancel()  # drops the request from the queue if it has not run
+        if self._direct is not None:
+            self._direct.done.cancel()
+            self._direct = None
+
+    def _new_parser(self) -> HttpRequestParser:
+        protocol: Any = self  # the parser types it as aiohttp's BaseProtocol; it is duck-typed
+        return HttpRequestParser(
+            protocol,
+            self._loop,
+            READ_LIMIT,
+            max_line_size=8190,
+            max_field_size=8190,
+            auto_decompress=False,  # inference bodies are inflated by the handler
+        )
+
+    # -- flow control, as aiohttp's parser and StreamReader expect of their protocol ----------
+    @property
+    def connected(self) -> bool:
+        return self.transport is not None
+
+    def pause_reading(self) -> None:
+        """A body stream holds more than its limit: stop reading until it is drained."""
+        self._reading_paused = True
+        if self._parser is not None:
+            self._parser.pause_reading()
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        # Body streams call this after every read below their limit: only a pause (theirs,
+        # which also paused the parser) has anything to undo.
+        if not self._reading_paused:
+            return
+        self._reading_paused = False
+        if resume_parser:
+            self.data_received(b"")  # lets the parser go on with what it held back
+        if not self._reading_paused and not self._held and self.transport is not None:
+            self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _drained(self) -> None:
+        """Waits until the transport's buffer is below its low-water mark again."""
+        if self.transport is None:
+            raise ConnectionResetError("connection lost")
+        if not self._writing_paused:
+            return
+        if self._drain_waiter is None:
+            self._drain_waiter = self._loop.create_future()
+        await self._drain_waiter
+
+    # -- reading --------------------------------------------------------------------------------
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self._direct
+        return self._server.read_buffer if direct is None else direct.room()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        direct = self._direct
+        if direct is None:
+            self.data_received(bytes(self._server.read_buffer[:nbytes]))
+            return
+        self.last_data = self._loop.time()
+        if direct.received(nbytes):
+            self._direct = None  # what comes next is the next request's head
 
     def data_received(self, data: bytes) -> None:
         parser = self._parser
         if parser is None:
             return
         self.last_data = self._loop.time()
+        request = None
         try:
             messages, _, _ = parser.feed_data(data)
             for message, payload in messages:
-                self._waiting.append(Request(message, payload))
+                request = Request(message, payload)
+                self._waiting.append(request)
         except HttpProcessingError as err:
             self._parser = None  # nothing after a broken message can be trusted
             self._waiting.append(_refusal(err))
+        else:
+            if request is not None and not request.content.is_eof():
+                self._receive_directly(request)
         if self._task is None and self._waiting:
             self._serve_next()
         if len(self._waiting) > MAX_WAITING and not self._held and self.transport is not None:
             self._held = True
             self.transport.pause_reading()
 
+    def _receive_directly(self, request: Request) -> None:
+        """Receives the rest of a large body (whose head was just parsed) straight into its
+        buffer; a fresh parser then reads the next request."""
+        length = request.content_length
+        if (
+            length is None
+            or not DIRECT_BODY_BYTES <= length <= MAX_BODY_BYTES
+            or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+        ):
+            return
+        request.body = DirectBody(length, request.content.read_nowait(), self._loop)
+        self._direct = request.body
+        self._parser = self._new_parser()
+
     def _serve_next(self) -> None:
         item = self._waiting.popleft()
         if self._held and len(self._waiting) <= MAX_WAITING // 2 and self.transport is not None:
             self._held = False
-            self.transport.resume_reading()
+            if not self._reading_paused:
+                self.transport.resume_reading()
         self._task = self._loop.create_task(self._serve(item))
 
     async def _serve(self, item: Request | Answer) -> None:
@@ -171,7 +329,7 @@ class HttpConnection(BaseProtocol):
             except Exception:
                 log.exception("HTTP request %s %s failed", item.method, item.path)
                 answer = _INTERNAL_ERROR
-            keep_alive = item.keep_alive and item.content.is_eof() and not server.closing
+            keep_alive = item.keep_alive and item.body_received() and not server.closing
             await self._write(answer, item.version, keep_alive)
         except ConnectionError:  # the client left while a large answer was going out
             return
@@ -196,8 +354,8 @@ class HttpConnection(BaseProtocol):
             transport.write(head(answer, length, version, keep_alive))
             for part in answer.parts:  # straight from the model's arrays, no joined copy
                 transport.write(part if type(part) is bytes else memoryview(part))
-                if self._paused:
-                    await self._drain_helper()
+                if self._writing_paused:
+                    await self._drained()
         if answer.sent is not None:
             answer.sent()
 
@@ -247,6 +405,9 @@ class HttpServer:
         self._idle_timeout_s = idle_timeout_s
         self._sweeper: asyncio.Task[None] | None = None
         self._outbox: Outbox | None = None
+        # Where every connection's reads land (one at a time: a read is handed on before the
+        # loop reads again), unless a direct body takes them.
+        self.read_buffer = memoryview(bytearray(READ_BYTES))
 
     def open_stream(self, transport: asyncio.BaseTransport) -> OutStream | None:
         """A writer-thread stream for a new connection's socket; ``None`` (answers then go

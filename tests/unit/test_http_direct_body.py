@@ -1,0 +1,148 @@
+"""Large request bodies with a Content-Length are received straight into one pool buffer
+(``DirectBody``), and the connection then goes on parsing what follows them. Runs
+:class:`HttpServer` in this process on a real socket, on both event loops the server may use;
+the handler answers with what it received and how."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import uvloop
+from tritonfast.frontends.http.answer import Answer
+from tritonfast.frontends.http.app import _read_body
+from tritonfast.frontends.http.connection import DIRECT_BODY_BYTES, HttpServer, Request
+
+LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+
+
+async def _describe(request: Request) -> Answer:
+    """``direct|streamed <length> <sha256>`` of the body."""
+    how = "streamed" if request.body is None else "direct"
+    body = await _read_body(request)
+    digest = hashlib.sha256(body).hexdigest()
+    return Answer(200, (f"{how} {len(body)} {digest}".encode(),), "text/plain")
+
+
+def _post(body: bytes, headers: str = "") -> bytes:
+    return (
+        f"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{headers}\r\n".encode()
+        + body
+    )
+
+
+def _expected(how: str, body: bytes) -> str:
+    return f"{how} {len(body)} {hashlib.sha256(body).hexdigest()}"
+
+
+async def _answer(reader: asyncio.StreamReader) -> str:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.startswith(b"Content-Length")
+    )
+    return (await reader.readexactly(length)).decode()
+
+
+async def _with_server(scenario: Callable[[int], Any]) -> Any:
+    server = HttpServer(_describe)
+    await server.start("127.0.0.1", 0)
+    assert server._server is not None
+    try:
+        return await scenario(server._server.sockets[0].getsockname()[1])
+    finally:
+        await asyncio.wait_for(server.close(), 10)
+
+
+def _bodies() -> list[bytes]:
+    large = bytes(range(256)) * (DIRECT_BODY_BYTES // 256 * 3 + 1)  # ~768 KiB, not aligned
+    return [large, b"small body", large[:DIRECT_BODY_BYTES], b"x" * (DIRECT_BODY_BYTES - 1)]
+
+
+@LOOPS
+def test_large_bodies_are_received_directly_and_pipelined_requests_after_them_parsed(
+    run: Callable[[Any], Any],
+) -> None:
+    bodies = _bodies()
+
+    async def scenario(port: int) -> list[str]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # All in one go: a direct body ends inside a read that also holds the next head.
+        writer.write(b"".join(_post(body) for body in bodies))
+        answers = [await _answer(reader) for _ in bodies]
+        writer.close()
+        return answers
+
+    answers = run(_with_server(scenario))
+    hows = ["direct", "streamed", "direct", "streamed"]
+    assert answers == [_expected(how, body) for how, body in zip(hows, bodies, strict=True)]
+
+
+@LOOPS
+def test_a_large_body_sent_slowly_after_100_continue(run: Callable[[Any], Any]) -> None:
+    body = bytes(reversed(range(256))) * (DIRECT_BODY_BYTES // 128)
+
+    async def scenario(port: int) -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head, _, _ = _post(body, "Expect: 100-continue\r\n").partition(b"\r\n\r\n")
+        writer.write(head + b"\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == (
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        )
+        for start in range(0, len(body), 50_000):  # many small reads into the one buffer
+            writer.write(body[start : start + 50_000])
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        answer = await _answer(reader)
+        writer.close()
+        return answer
+
+    assert run(_with_server(scenario)) == _expected("direct", body)
+
+
+@LOOPS
+def test_a_client_leaving_in_the_middle_of_a_large_body_costs_nothing_else(
+    run: Callable[[Any], Any],
+) -> None:
+    body = b"y" * (2 * DIRECT_BODY_BYTES)
+
+    async def scenario(port: int) -> str:
+        _, quitter = await asyncio.open_connection("127.0.0.1", port)
+        quitter.write(_post(body)[:DIRECT_BODY_BYTES])  # the head and part of the body
+        await quitter.drain()
+        await asyncio.sleep(0.05)
+        quitter.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post(body))
+        answer = await _answer(reader)
+        writer.close()
+        return answer
+
+    assert run(_with_server(scenario)) == _expected("direct", body)
+
+
+@LOOPS
+def test_a_large_chunked_body_is_streamed(run: Callable[[Any], Any]) -> None:
+    body = b"z" * (2 * DIRECT_BODY_BYTES)
+
+    async def scenario(port: int) -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        chunks = b"".join(
+            f"{len(part):x}\r\n".encode() + part + b"\r\n"
+            for part in (body[i : i + 100_000] for i in range(0, len(body), 100_000))
+        )
+        writer.write(
+            b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunks
+            + b"0\r\n\r\n"
+        )
+        answer = await _answer(reader)
+        writer.close()
+        return answer
+
+    assert run(_with_server(scenario)) == _expected("streamed", body)
