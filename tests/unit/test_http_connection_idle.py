@@ -7,7 +7,8 @@ import asyncio
 import time
 
 from tritonfast.frontends.http.answer import Answer
-from tritonfast.frontends.http.connection import HttpServer, Request
+from tritonfast.frontends.http.connection import HttpServer
+from tritonfast.frontends.http.request import Request
 
 REQUEST = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
 

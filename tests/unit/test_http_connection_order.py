@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import uvloop
 from tritonfast.frontends.http.answer import Answer
-from tritonfast.frontends.http.connection import JOIN_BYTES, HttpServer, Request
+from tritonfast.frontends.http.connection import JOIN_BYTES, HttpServer
+from tritonfast.frontends.http.request import Request
 
 # "large" stays under the transport's high-water mark, so its writer does not wait for the
 # transport to drain and the next answer comes while bytes are left there; "huge" waits.

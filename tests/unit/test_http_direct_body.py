@@ -14,7 +14,8 @@ import pytest
 import uvloop
 from tritonfast.frontends.http.answer import Answer
 from tritonfast.frontends.http.app import _read_body
-from tritonfast.frontends.http.connection import DIRECT_BODY_BYTES, HttpServer, Request
+from tritonfast.frontends.http.connection import HttpServer
+from tritonfast.frontends.http.request import DIRECT_BODY_BYTES, Request
 
 LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec
 from tritonfast.frontends.http.answer import JSON, Answer, json_answer
-from tritonfast.frontends.http.connection import MAX_BODY_BYTES, HttpServer, Request
+from tritonfast.frontends.http.connection import HttpServer
+from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.bufferpool import pooled_memory
 

@@ -25,9 +25,10 @@ What the protocol keeps of HTTP/1.1:
 Where it can, a connection hands its answers to the core's writer thread
 (:class:`tritonfast._core.Outbox`) instead of writing them on the event loop: a ``send`` on
 loopback costs the loop thread about a fifth of its time at concurrency 16, and the writer
-does it on the other core, without the GIL. Large answers still go through the transport
-(no extra copy, flow control by ``drain``). Bytes are kept in order by taking one way only
-while the other has nothing left to send.
+does it on the other core, without the GIL. A lone request's answer (no other being served)
+is sent by the loop itself, which has nothing else to do. Large answers still go through the
+transport (no extra copy, flow control by ``drain``). Bytes are kept in order by taking one
+way only while the other has nothing left to send.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ from aiohttp.http import HttpProcessingError, HttpRequestParser
 
 from tritonfast._core import Outbox, OutStream
 from tritonfast.frontends.http.answer import Answer, head, json_answer
-from tritonfast.runtime.bufferpool import pooled_memory
+from tritonfast.frontends.http.request import (
+    DIRECT_BODY_BYTES,
+    MAX_BODY_BYTES,
+    DirectBody,
+    Request,
+)
 
 log = logging.getLogger("tritonfast.http")
 
@@ -52,11 +58,6 @@ log = logging.getLogger("tritonfast.http")
 READ_LIMIT = 1 << 16
 # Bytes asked of the socket at a time (the size of uvloop's own receive buffer).
 READ_BYTES = 1 << 18
-# Triton reads content lengths as int32; bodies up to that size are accepted.
-MAX_BODY_BYTES = (1 << 31) - 1
-# Bodies from this size on (with a Content-Length) are received straight into a pool buffer.
-# Below it, the parser's own chunks cost less than setting one up.
-DIRECT_BODY_BYTES = 1 << 18
 # Bodies under this size are joined with their head and written in one call.
 JOIN_BYTES = 1 << 16
 # Pipelined requests waiting on one connection before it stops being read.
@@ -65,62 +66,6 @@ MAX_WAITING = 16
 IDLE_TIMEOUT_S = 75.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _INTERNAL_ERROR = json_answer(b'{"error":"Internal Server Error"}', 500)
-
-
-class DirectBody:
-    """A request body received straight into one pool buffer: ``done`` resolves once all of
-    its ``length`` bytes are in ``buffer``."""
-
-    __slots__ = ("buffer", "done", "filled", "length")
-
-    def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        self.buffer = pooled_memory(length)
-        self.buffer[: len(start)] = start  # what came with the head, already parsed out
-        self.filled = len(start)
-        self.length = length
-        self.done: asyncio.Future[None] = loop.create_future()
-
-    def room(self) -> memoryview:
-        return self.buffer[self.filled :]
-
-    def received(self, nbytes: int) -> bool:
-        """Counts ``nbytes`` more received; whether the body is now complete."""
-        self.filled += nbytes
-        if self.filled < self.length:
-            return False
-        self.done.set_result(None)
-        return True
-
-
-class Request:
-    """What a handler sees of one request. ``content`` is aiohttp's ``StreamReader`` of the
-    body, filled as it arrives, unless ``body`` (a :class:`DirectBody`) receives it."""
-
-    __slots__ = ("body", "content", "headers", "keep_alive", "method", "path", "version")
-
-    def __init__(self, message: Any, content: Any) -> None:
-        self.method: str = message.method
-        path: str = message.path  # the target as sent
-        if "%" in path or "?" in path:  # rare: decode escapes, drop the query
-            path = message.url.path
-        self.path = path
-        self.headers: Any = message.headers  # case-insensitive
-        self.content: Any = content
-        self.version: tuple[int, int] = message.version
-        self.keep_alive: bool = not message.should_close
-        self.body: DirectBody | None = None
-
-    def body_received(self) -> bool:
-        """Whether the whole body has come in (a connection is reused only then)."""
-        body = self.body
-        if body is None:
-            return bool(self.content.is_eof())
-        return body.done.done() and not body.done.cancelled()
-
-    @property
-    def content_length(self) -> int | None:
-        value = self.headers.get("Content-Length")
-        return None if value is None else int(value)
 
 
 Handler = Callable[[Request], Awaitable[Answer]]
