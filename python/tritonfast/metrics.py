@@ -301,21 +301,9 @@ class GpuMetrics(Collector):
 
     def _readings(self, uuid: str, handle: Any) -> Iterator[tuple[str, float]]:
         """Each reading the GPU supports (one it does not is left out, not an error)."""
-        nvml = self._nvml
-        reads: tuple[tuple[str, Callable[[], float]], ...] = (
-            ("nv_gpu_utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100),
-            ("nv_gpu_memory_total_bytes", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).total),
-            ("nv_gpu_memory_used_bytes", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used),
-            ("nv_gpu_power_usage", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000),
-            (
-                "nv_gpu_power_limit",
-                lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
-            ),
-            ("nv_energy_consumption", lambda: self._energy_since_start(uuid, handle)),
-        )
-        for name, read in reads:
+        for name, _, _, read in _GPU_FAMILIES:
             try:
-                yield name, float(read())
+                yield name, float(read(self, uuid, handle))
             except Exception:  # an NVML error for this reading
                 continue
 
@@ -341,22 +329,49 @@ class GpuMetrics(Collector):
         for uuid, handle in devices:
             for name, value in self._readings(uuid, handle):
                 rows.setdefault(name, []).append(({"gpu_uuid": uuid}, value))
-        for name, documentation, kind in _GPU_FAMILIES:
+        for name, documentation, kind, _ in _GPU_FAMILIES:
             if name in rows:
                 yield _family(name, documentation, kind, rows[name])
 
 
-# Triton's GPU metric families (name, help, type).
-_GPU_FAMILIES = (
-    ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", "gauge"),
-    ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", "gauge"),
-    ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", "gauge"),
-    ("nv_gpu_power_usage", "GPU power usage in watts", "gauge"),
-    ("nv_gpu_power_limit", "GPU power management limit in watts", "gauge"),
+# Triton's GPU metric families: name, help, type, and how one device's value is read.
+_GpuRead = Callable[[GpuMetrics, str, Any], float]
+_GPU_FAMILIES: tuple[tuple[str, str, str, _GpuRead], ...] = (
+    (
+        "nv_gpu_utilization",
+        "GPU utilization rate [0.0 - 1.0)",
+        "gauge",
+        lambda gpus, _, handle: gpus._nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100,
+    ),
+    (
+        "nv_gpu_memory_total_bytes",
+        "GPU total memory, in bytes",
+        "gauge",
+        lambda gpus, _, handle: gpus._nvml.nvmlDeviceGetMemoryInfo(handle).total,
+    ),
+    (
+        "nv_gpu_memory_used_bytes",
+        "GPU used memory, in bytes",
+        "gauge",
+        lambda gpus, _, handle: gpus._nvml.nvmlDeviceGetMemoryInfo(handle).used,
+    ),
+    (
+        "nv_gpu_power_usage",
+        "GPU power usage in watts",
+        "gauge",
+        lambda gpus, _, handle: gpus._nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+    ),
+    (
+        "nv_gpu_power_limit",
+        "GPU power management limit in watts",
+        "gauge",
+        lambda gpus, _, handle: gpus._nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
+    ),
     (
         "nv_energy_consumption",
         "GPU energy consumption in joules since the Triton Server started",
         "counter",
+        lambda gpus, uuid, handle: gpus._energy_since_start(uuid, handle),
     ),
 )
 

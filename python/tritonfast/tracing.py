@@ -34,14 +34,15 @@ from tritonfast.errors import InvalidArgumentError, UnsupportedError
 log = logging.getLogger(__name__)
 
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
-SETTING_KEYS = (
-    "trace_level",
-    "trace_rate",
-    "trace_count",
-    "log_frequency",
-    "trace_file",
-    "trace_mode",
-)
+# The extension's setting names and the TraceSettings fields they name.
+_FIELDS = {
+    "trace_level": "level",
+    "trace_rate": "rate",
+    "trace_count": "count",
+    "log_frequency": "log_frequency",
+    "trace_file": "file",
+    "trace_mode": "mode",
+}
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,10 @@ class TraceSettings:
 
     def as_dict(self) -> dict[str, Any]:
         """The extension's JSON form: every value a string, the level a list."""
+        values = {key: getattr(self, field) for key, field in _FIELDS.items()}
         return {
-            "trace_level": list(self.level),
-            "trace_rate": str(self.rate),
-            "trace_count": str(self.count),
-            "log_frequency": str(self.log_frequency),
-            "trace_file": self.file,
-            "trace_mode": self.mode,
+            key: list(value) if key == "trace_level" else str(value)
+            for key, value in values.items()
         }
 
 
@@ -220,7 +218,7 @@ class Tracer:
         parsed: dict[str, Any] = {}
         resets: list[str] = []
         for key, value in changes.items():
-            if key not in SETTING_KEYS:
+            if key not in _FIELDS:
                 continue
             if value is None:
                 resets.append(key)
@@ -245,17 +243,13 @@ class Tracer:
             elif key == "trace_mode":
                 parsed["mode"] = str(value)
         with self._lock:
-            fields = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count"}
-            fields |= {"log_frequency": "log_frequency", "trace_mode": "mode"}
             if model:
                 own = self._models.setdefault(model, {})
                 own.update(parsed)
                 for key in resets:
-                    own.pop(fields.get(key, key), None)
+                    own.pop(_FIELDS[key], None)
             else:
-                reset_values = {
-                    fields[k]: getattr(self._startup, fields[k]) for k in resets if k in fields
-                }
+                reset_values = {_FIELDS[k]: getattr(self._startup, _FIELDS[k]) for k in resets}
                 self._global = replace(self._global, **parsed, **reset_values)
             if "count" in parsed:
                 self._remaining.pop(model, None)
