@@ -272,11 +272,8 @@ impl ModelStats {
                 let waited = nanos(dequeued_at.saturating_duration_since(timing.enqueued_at));
                 queue_ns = queue_ns.saturating_add(waited);
                 if let Some(summaries) = &self.summaries {
-                    summaries.request.record(now, request_ns / 1000);
-                    summaries.queue.record(now, waited / 1000);
-                    summaries.compute_input.record(now, compute_ns.0 / 1000);
-                    summaries.compute_infer.record(now, compute_ns.1 / 1000);
-                    summaries.compute_output.record(now, compute_ns.2 / 1000);
+                    let durations = [request_ns, waited, compute_ns.0, compute_ns.1, compute_ns.2];
+                    summaries.record(now, durations.map(|ns| ns / 1000));
                 }
             } else {
                 failed += 1;
