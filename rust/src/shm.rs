@@ -106,8 +106,19 @@ impl Mapping {
                 format!("Unable to open shared memory region: '{key}'"),
             ));
         }
-        let fd = Fd(fd);
-        let object_size = object_size(&fd).ok_or_else(|| {
+        Self::of(&Fd(fd), region, key, offset, byte_size)
+    }
+
+    /// Maps `byte_size` bytes at `offset` of the open object `fd` (`key`, registered as
+    /// `region`: names for error messages).
+    fn of(
+        fd: &Fd,
+        region: &str,
+        key: &str,
+        offset: u64,
+        byte_size: u64,
+    ) -> Result<Self, CoreError> {
+        let object_size = object_size(fd).ok_or_else(|| {
             CoreError::new(
                 Code::Internal,
                 format!("Unable to read the size of shared memory region: '{key}'"),
@@ -215,6 +226,7 @@ impl OwnedSegment {
     /// `INVALID_ARG` for a bad name; `INTERNAL` when the system refuses (name taken, no space).
     pub fn create(name: &str, len: usize) -> Result<Self, CoreError> {
         let path = posix_name(name)?;
+        let size = libc::off_t::try_from(len).map_err(|_| CoreError::invalid_arg("too large"))?;
         let failed = |what: &str| {
             let reason = std::io::Error::last_os_error();
             CoreError::internal(format!(
@@ -237,14 +249,14 @@ impl OwnedSegment {
             // SAFETY: `path` is NUL-terminated; removing the name we just created.
             unsafe { libc::shm_unlink(path.as_ptr()) };
         };
-        let size = libc::off_t::try_from(len).map_err(|_| CoreError::invalid_arg("too large"))?;
         // SAFETY: a descriptor we own; the kernel checks the size.
         if unsafe { libc::ftruncate(fd.0, size) } != 0 {
             let error = failed("size");
             unlink();
             return Err(error);
         }
-        let mapping = Mapping::open(name, name, 0, len as u64).inspect_err(|_| unlink())?;
+        // Mapped through the descriptor just created: the name is not looked up again.
+        let mapping = Mapping::of(&fd, name, name, 0, len as u64).inspect_err(|_| unlink())?;
         Ok(Self {
             name: path.to_string_lossy().into_owned(),
             mapping,

@@ -78,12 +78,17 @@ class ModelControl:
             if self._load_models:
                 log.warning("--load-model is ignored unless --model-control-mode=explicit")
             entries = self.repository.load_all()
-        found = self.repository.discover()
-        self._loaded_from = {
-            e.name: _fingerprint(found[e.name]) for e in entries if e.name in found
+        # One pass over the directories: the loaded models' fingerprints, and in poll mode
+        # everyone's (the baseline the first poll compares with).
+        loaded = {e.name for e in entries}
+        prints = {
+            name: _fingerprint(path)
+            for name, path in self.repository.discover().items()
+            if self.mode == POLL or name in loaded
         }
+        self._loaded_from = {name: prints[name] for name in loaded if name in prints}
         if self.mode == POLL:
-            self._fingerprints = self._scan()
+            self._fingerprints = prints
         return entries
 
     # -- the repository API ---------------------------------------------------------------------
