@@ -275,6 +275,10 @@ class Outbox:
     def open(self, fileno: int) -> OutStream:
         """A stream over a duplicate of the connected socket ``fileno`` (still the caller's)."""
 
+    def finish(self, timeout_s: float) -> None:
+        """End the thread once everything written is sent, or after ``timeout_s`` at the
+        latest (the GIL is released meanwhile)."""
+
 @final
 class OutStream:
     """One connection's outgoing bytes, sent in the order written. The socket stays open

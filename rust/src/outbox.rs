@@ -17,6 +17,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -231,6 +232,8 @@ struct Shared {
     /// The writer is about to sleep (or sleeps) in `poll`: a new listing must wake it.
     sleeping: AtomicBool,
     stop: AtomicBool,
+    /// Set by [`Outbox::finish`]: end once nothing is left to send, or at this instant.
+    finish_by: Mutex<Option<Instant>>,
     /// Readable when the writer must wake up.
     wake: OwnedFd,
 }
@@ -261,12 +264,12 @@ impl Shared {
     }
 }
 
-/// The writer thread and the streams it serves. Dropping it stops the thread after one last
-/// attempt at what is pending.
+/// The writer thread and the streams it serves. [`finish`](Self::finish) lets it send what
+/// is pending first; dropping it stops the thread after one last attempt.
 #[derive(Debug)]
 pub struct Outbox {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Outbox {
@@ -280,6 +283,7 @@ impl Outbox {
             listed: Mutex::new(Vec::new()),
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            finish_by: Mutex::new(None),
             // SAFETY: `fd` was just returned by eventfd, is valid and owned by nobody else.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
         });
@@ -289,8 +293,23 @@ impl Outbox {
             .spawn(move || run_writer(&writer))?;
         Ok(Self {
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// Ends the writer once everything written has been sent (or its peer has gone), or
+    /// after `within` at the latest; returns when it has ended. For a server shutting down:
+    /// its last answers are handed over just before.
+    pub fn finish(&self, within: Duration) {
+        *self.shared.finish_by.lock() = Some(Instant::now() + within);
+        self.shared.signal();
+        self.join();
+    }
+
+    fn join(&self) {
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
     }
 
     /// A stream over a duplicate of `fd` (a connected socket the caller keeps owning).
@@ -311,9 +330,7 @@ impl Drop for Outbox {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.signal();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.join();
     }
 }
 
@@ -333,19 +350,29 @@ fn run_writer(shared: &Shared) {
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
+        let finish_by = *shared.finish_by.lock();
+        if let Some(deadline) = finish_by {
+            let idle = !worked && blocked.is_empty() && shared.listed.lock().is_empty();
+            if idle || Instant::now() >= deadline {
+                return;
+            }
+        }
         if worked && blocked.is_empty() {
             continue; // look for more before sleeping
         }
         // Sleep (or, with work just done, only look) until a listing or a blocked socket
-        // taking bytes again.
+        // taking bytes again; when finishing, no later than the deadline.
         let timeout = if worked {
             0
         } else {
             shared.sleeping.store(true, Ordering::SeqCst);
-            if shared.listed.lock().is_empty() {
-                -1
-            } else {
+            if !shared.listed.lock().is_empty() {
                 0
+            } else if let Some(deadline) = finish_by {
+                let left = deadline.saturating_duration_since(Instant::now());
+                i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1)
+            } else {
+                -1
             }
         };
         polls.clear();
@@ -399,7 +426,6 @@ mod tests {
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsFd;
-    use std::time::{Duration, Instant};
 
     fn connected_pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -516,6 +542,34 @@ mod tests {
         other.abort();
         assert!(!other.is_open());
         assert_eq!(other.write(b"x"), Err(WriteError::Closed));
+    }
+
+    #[test]
+    fn finish_sends_what_is_pending_first_and_gives_up_at_its_deadline() {
+        let outbox = Outbox::new().unwrap();
+        let (server, mut client) = connected_pair();
+        let (stuck_server, _stuck_client) = connected_pair(); // never read
+        let stream = outbox.open(server.as_fd()).unwrap();
+        let stuck = outbox.open(stuck_server.as_fd()).unwrap();
+        let big: Vec<u8> = vec![7; 16 << 20];
+        stuck.write(&big).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut all = vec![0; 8 << 20];
+            client.read_exact(&mut all).unwrap();
+            all
+        });
+        stream.write(&vec![1; 8 << 20]).unwrap(); // more than the socket holds at once
+        let started = Instant::now();
+        outbox.finish(Duration::from_millis(1500));
+        let took = started.elapsed();
+        assert_eq!(stream.unsent(), 0, "the reading client got everything");
+        assert!(reader.join().unwrap().iter().all(|&b| b == 1));
+        assert!(stuck.unsent() > 0, "the stuck client still holds bytes");
+        assert!(
+            took >= Duration::from_millis(1400),
+            "gave up early: {took:?}"
+        );
+        assert!(took < Duration::from_secs(5), "did not give up: {took:?}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::exceptions::{PyConnectionError, PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -34,6 +35,15 @@ impl PyOutbox {
             .open(fd)
             .map(PyOutStream)
             .map_err(|err| PyOSError::new_err(err.to_string()))
+    }
+
+    /// Ends the writer thread once everything written has been sent, or after `timeout_s`
+    /// at the latest (the GIL is released meanwhile).
+    fn finish(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        let within = Duration::try_from_secs_f64(timeout_s)
+            .map_err(|_| PyValueError::new_err("timeout_s must be a finite number >= 0"))?;
+        py.detach(|| self.0.finish(within));
+        Ok(())
     }
 }
 

@@ -62,6 +62,8 @@ READ_BYTES = 1 << 18
 JOIN_BYTES = 1 << 16
 # Pipelined requests waiting on one connection before it stops being read.
 MAX_WAITING = 16
+# At shutdown, how long the writer thread may take to send the answers it still holds.
+FINISH_S = 5.0
 # A keep-alive connection with no request for this long is closed (aiohttp's default).
 IDLE_TIMEOUT_S = 75.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -396,19 +398,22 @@ class HttpServer:
                 connection.close_when_idle(quiet_since)
 
     async def close(self) -> None:
-        """Stop listening, close idle connections, and wait for the busy ones to answer.
-        Whatever is still open when this is cancelled (a shutdown timeout) is aborted."""
+        """Stop listening, close idle connections, wait for the busy ones to answer, then
+        for the writer thread to send those answers (up to :data:`FINISH_S`). Whatever is
+        still open when this is cancelled (a shutdown timeout) is aborted."""
         self.closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-        if not self.connections:
-            return
-        for connection in list(self.connections):
-            connection.close_when_idle()
-        try:
-            await self._all_closed.wait()
-        finally:
+        if self.connections:
             for connection in list(self.connections):
-                connection.abort()
+                connection.close_when_idle()
+            try:
+                await self._all_closed.wait()
+            finally:
+                for connection in list(self.connections):
+                    connection.abort()
+        if self._outbox is not None:
+            # An answer handed over just before its connection closed may not be sent yet.
+            await asyncio.to_thread(self._outbox.finish, FINISH_S)
