@@ -195,6 +195,7 @@ def run(options: ServeOptions) -> int:
         print(f"error: cannot open the log file: {exc}", file=sys.stderr)
         return 1
     keep_large_buffers()
+    _allow_more_descriptors()
     try:
         import uvloop
 
@@ -205,3 +206,21 @@ def run(options: ServeOptions) -> int:
         return int(runner(serve(options, log_)))
     finally:
         log_.close()
+
+
+def _allow_more_descriptors() -> None:
+    """Raise the soft limit on open descriptors to the hard one: each HTTP connection holds
+    two (its socket, and the duplicate the core's writer thread sends through), and the
+    usual soft limit of 1024 would otherwise cap clients at about 500."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (OSError, ValueError):  # a system that refuses: keep what we have
+        log.debug("cannot raise the open-descriptor limit", exc_info=True)

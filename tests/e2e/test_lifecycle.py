@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -201,5 +202,29 @@ def test_server_id_flag_names_the_server(tmp_path) -> None:
     try:
         with urllib.request.urlopen(f"http://{server.http_url}/v2", timeout=5) as response:
             assert b'"custom-id"' in response.read()
+    finally:
+        assert server.stop() == 0
+
+
+def test_server_raises_its_open_descriptor_limit(tmp_path) -> None:
+    # Each HTTP connection holds two descriptors (its socket and the writer thread's
+    # duplicate), so the server lifts its soft limit to the hard one. Started here with a
+    # lowered soft limit, inherited from this process.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"hard descriptor limit {hard} leaves nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        server = start_server([EXAMPLES], tmp_path / "server.log")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        limits = Path(f"/proc/{server.proc.pid}/limits").read_text()
+        line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+        server_soft = line.split()[3]
+        expected = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+        assert server_soft in (expected, str(1 << 20)), line
     finally:
         assert server.stop() == 0

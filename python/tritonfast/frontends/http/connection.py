@@ -352,6 +352,7 @@ class HttpServer:
         self._idle_timeout_s = idle_timeout_s
         self._sweeper: asyncio.Task[None] | None = None
         self._outbox: Outbox | None = None
+        self._stream_refused = False  # warned once that a socket could not be duplicated
         # Where every connection's reads land (one at a time: a read is handed on before the
         # loop reads again), unless a direct body takes them.
         self.read_buffer = memoryview(bytearray(READ_BYTES))
@@ -364,10 +365,10 @@ class HttpServer:
             return None
         try:
             return self._outbox.open(sock.fileno())
-        except (OSError, ValueError):
-            log.warning(
-                "HTTP answers for this connection are sent on the event loop", exc_info=True
-            )
+        except (OSError, ValueError) as error:  # e.g. out of descriptors: the loop sends
+            if not self._stream_refused:
+                self._stream_refused = True
+                log.warning("HTTP answers sent on the event loop for some connections: %s", error)
             return None
 
     def forget(self, connection: HttpConnection) -> None:
