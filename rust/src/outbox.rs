@@ -123,6 +123,13 @@ impl Stream {
         self.unsent.store(0, Ordering::Release);
         if !pending.listed {
             pending.fd = None;
+        } else if let Some(fd) = &pending.fd {
+            // The writer may be waiting for this socket to take bytes from a peer that never
+            // reads: shut it down now (the peer sees the connection end, and the writer's
+            // poll wakes with an error and lets the descriptor go).
+            // SAFETY: `fd` is open: only the writer closes a listed stream's descriptor, and
+            // it needs the lock we hold.
+            unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
         }
     }
 
@@ -132,7 +139,8 @@ impl Stream {
     }
 
     /// Whether the stream still holds its socket.
-    pub fn is_open(&self) -> bool {
+    #[cfg(test)]
+    fn is_open(&self) -> bool {
         self.pending.lock().fd.is_some()
     }
 
@@ -200,8 +208,9 @@ fn send_some(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
     let mut sent = 0;
     while sent < bytes.len() {
         let rest = &bytes[sent..];
-        // SAFETY: `rest` is a live slice of `rest.len()` bytes for the call; `fd` is held open
-        // by the stream (only this thread closes it while the stream is listed).
+        // SAFETY: `rest` is a live slice of `rest.len()` bytes for the call. `fd` is held open
+        // by the stream: the writer calls this for a listed stream (whose descriptor only the
+        // writer closes), `write_now` for an unlisted one under the stream's lock.
         let n = unsafe {
             libc::send(
                 fd,
@@ -570,6 +579,25 @@ mod tests {
             "gave up early: {took:?}"
         );
         assert!(took < Duration::from_secs(5), "did not give up: {took:?}");
+    }
+
+    #[test]
+    fn aborting_a_stream_stuck_on_a_full_socket_ends_its_connection() {
+        let outbox = Outbox::new().unwrap();
+        let (server, mut client) = connected_pair();
+        let stream = outbox.open(server.as_fd()).unwrap();
+        drop(server); // only the stream holds the socket now
+        stream.write(&vec![3; 32 << 20]).unwrap(); // far more than the buffers hold
+        wait_until("the socket is full", || {
+            stream.unsent() > 0 && stream.unsent() < 32 << 20
+        });
+        stream.abort();
+        assert_eq!(stream.unsent(), 0);
+        // The peer reads what was already sent, then sees the connection end.
+        let mut sink = Vec::new();
+        let ended = client.read_to_end(&mut sink);
+        assert!(ended.is_ok() || ended.unwrap_err().kind() == std::io::ErrorKind::ConnectionReset);
+        wait_until("the writer lets the descriptor go", || !stream.is_open());
     }
 
     #[test]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import uvloop
 from tritonfast.frontends.http.answer import Answer
-from tritonfast.frontends.http.connection import JOIN_BYTES, HttpServer
+from tritonfast.frontends.http.connection import JOIN_BYTES, MAX_UNSENT, HttpServer
 from tritonfast.frontends.http.request import Request
 
 # "large" stays under the transport's high-water mark, so its writer does not wait for the
@@ -93,3 +93,46 @@ def test_answers_by_both_ways_arrive_whole_and_in_order(run: Callable[[Any], Any
     expected = [body(kind, index) for index, kind in enumerate(PLAN)]
     for index, (got, want) in enumerate(zip(bodies, expected, strict=True)):
         assert got == want, f"answer {index} ({PLAN[index]}) is wrong: starts {got[:20]!r}"
+
+
+async def _slow_reader_holdings() -> tuple[int, int]:
+    """Most bytes the server held (in the writer thread and the transport) for a client
+    that never reads, and the bytes of answers it asked for."""
+    server = HttpServer(_answer)
+    await server.start("127.0.0.1", 0)
+    assert server._server is not None
+    port = server._server.sockets[0].getsockname()[1]
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    plan = ["small"] * 40 + ["large"] * 100
+    try:
+        await asyncio.to_thread(client.connect, ("127.0.0.1", port))
+        requests = b"".join(
+            f"GET /{kind}/{index} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            for index, kind in enumerate(plan)
+        )
+        while not server.connections:
+            await asyncio.sleep(0.001)
+        (connection,) = server.connections
+        out, transport = connection._out, connection.transport
+        assert out is not None and transport is not None
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        await asyncio.to_thread(client.sendall, requests)
+        most = 0
+        for _ in range(100):  # a second of not reading
+            most = max(most, out.unsent + transport.get_write_buffer_size())
+            await asyncio.sleep(0.01)
+        return most, sum(SIZES[kind] for kind in plan)
+    finally:
+        client.close()
+        await asyncio.wait_for(server.close(), 10)
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_what_is_kept_for_a_client_that_does_not_read_is_bounded(
+    run: Callable[[Any], Any],
+) -> None:
+    most, asked = run(_slow_reader_holdings())
+    assert asked > 4 * MAX_UNSENT  # the client asked for far more than the bound
+    # The writer's bound, plus the answer that crossed it and the transport's high-water mark.
+    assert 0 < most <= MAX_UNSENT + SIZES["large"] + (64 << 10), (most, MAX_UNSENT)

@@ -147,3 +147,37 @@ def test_a_large_chunked_body_is_streamed(run: Callable[[Any], Any]) -> None:
         return answer
 
     assert run(_with_server(scenario)) == _expected("streamed", body)
+
+
+async def _answer_without_reading(request: Request) -> Answer:
+    # After what the client sent has come in (so that closing sends a FIN, not a reset).
+    await asyncio.sleep(0.2)
+    return Answer(200, (b"not read",), "text/plain")
+
+
+@LOOPS
+def test_an_answer_before_its_direct_body_is_in_closes_the_connection(
+    run: Callable[[Any], Any],
+) -> None:
+    # The rest of the body must not be read as requests: the connection ends after the answer.
+    body = b"GET /v2 HTTP/1.1\r\n\r\n" * (2 * DIRECT_BODY_BYTES // 20)
+
+    async def scenario() -> tuple[bytes, bytes]:
+        server = HttpServer(_answer_without_reading)
+        await server.start("127.0.0.1", 0)
+        assert server._server is not None
+        port = server._server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(body)[:DIRECT_BODY_BYTES])  # head and part of the body
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            await asyncio.wait_for(reader.readexactly(len(b"not read")), 10)
+            rest = await asyncio.wait_for(reader.read(), 10)  # b"" once the server closes
+            writer.close()
+            return head, rest
+        finally:
+            await asyncio.wait_for(server.close(), 10)
+
+    head, rest = run(scenario())
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in head, head
+    assert rest == b""

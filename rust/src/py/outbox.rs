@@ -28,8 +28,9 @@ impl PyOutbox {
         if fileno < 0 {
             return Err(PyValueError::new_err("not an open socket"));
         }
-        // SAFETY: the caller owns `fileno` (an open socket) for the duration of this call; it
-        // is only duplicated here, never closed.
+        // SAFETY: a caller contract, not enforced (any int can be passed): `fileno` is an open
+        // socket for the duration of this call. It is only duplicated here, never closed, so
+        // a wrong number at worst duplicates another descriptor or fails with EBADF.
         let fd = unsafe { BorrowedFd::borrow_raw(fileno) };
         self.0
             .open(fd)

@@ -139,7 +139,6 @@ class _Call:
     # -- on the event loop -------------------------------------------------------------------
     def start(self, data: bytes | None) -> None:
         if not self.cancelled:
-            self.server.running += 1
             self.task = self.server.loop.create_task(self.run(data))
 
     def cancel(self) -> None:
@@ -148,6 +147,8 @@ class _Call:
             self.task.cancel()
 
     async def run(self, data: bytes | None) -> None:
+        # Counted from the task's first step: a task cancelled before it never runs this.
+        self.server.running += 1
         try:
             await self._run(data)
         finally:

@@ -56,10 +56,14 @@ log = logging.getLogger("tritonfast.http")
 
 # Bytes of a request body buffered before the socket stops being read (aiohttp's default).
 READ_LIMIT = 1 << 16
-# Bytes asked of the socket at a time (the size of uvloop's own receive buffer).
+# Bytes asked of the socket at a time (the size of uvloop's own receive buffer). At most
+# DIRECT_BODY_BYTES, so that a direct body always has bytes left to receive past its head.
 READ_BYTES = 1 << 18
+assert READ_BYTES <= DIRECT_BODY_BYTES
 # Bodies under this size are joined with their head and written in one call.
 JOIN_BYTES = 1 << 16
+# Bytes the writer thread may hold unsent for one connection before its next answer waits.
+MAX_UNSENT = 1 << 20
 # Pipelined requests waiting on one connection before it stops being read.
 MAX_WAITING = 16
 # At shutdown, how long the writer thread may take to send the answers it still holds.
@@ -241,14 +245,23 @@ class HttpConnection(asyncio.BufferedProtocol):
         buffer; a fresh parser then reads the next request."""
         length = request.content_length
         if (
-            length is None
+            request.method != "POST"  # only POST routes read a body worth a pool buffer
+            or length is None
             or not DIRECT_BODY_BYTES <= length <= MAX_BODY_BYTES
             or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
         ):
             return
-        request.body = DirectBody(length, request.content.read_nowait(), self._loop)
-        self._direct = request.body
+        try:
+            body = DirectBody(length, request.content.read_nowait(), self._loop)
+        except (MemoryError, ValueError):  # no buffer that large: the stream reads it
+            return
+        request.body = body
         self._parser = self._new_parser()
+        # One read never holds a whole direct body besides its head (READ_BYTES is at most
+        # DIRECT_BODY_BYTES), so the body is not complete yet; if it were, nothing is left
+        # to receive.
+        if not body.complete():
+            self._direct = body
 
     def _serve_next(self) -> None:
         item = self._waiting.popleft()
@@ -297,6 +310,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         out = self._out
         if length < JOIN_BYTES or (out is not None and out.unsent):
             self._send(b"".join([head(answer, length, version, keep_alive), *answer.parts]))
+            if out is not None and out.unsent > MAX_UNSENT:
+                await self._writer_caught_up(out)
         else:
             transport.write(head(answer, length, version, keep_alive))
             for part in answer.parts:  # straight from the model's arrays, no joined copy
@@ -305,6 +320,16 @@ class HttpConnection(asyncio.BufferedProtocol):
                     await self._drained()
         if answer.sent is not None:
             answer.sent()
+
+    async def _writer_caught_up(self, out: OutStream) -> None:
+        """Waits while the writer thread holds more than :data:`MAX_UNSENT` of this
+        connection's bytes: a client that reads slowly (or not at all) then holds up only its
+        own next answer, and what the server keeps for it stays bounded. Polled, with a
+        growing interval: only such a client ever gets here."""
+        interval = 0.001
+        while out.unsent > MAX_UNSENT and self.transport is not None:
+            await asyncio.sleep(interval)
+            interval = min(interval * 2, 0.05)
 
     def _send(self, data: bytes) -> None:
         """Writes ``data`` through the writer thread, unless the transport still holds bytes

@@ -27,6 +27,10 @@ class DirectBody:
         self.filled = len(start)
         self.length = length
         self.done: asyncio.Future[None] = loop.create_future()
+        self.received(0)
+
+    def complete(self) -> bool:
+        return self.done.done()
 
     def room(self) -> memoryview:
         return self.buffer[self.filled :]
@@ -36,7 +40,8 @@ class DirectBody:
         self.filled += nbytes
         if self.filled < self.length:
             return False
-        self.done.set_result(None)
+        if not self.done.done():
+            self.done.set_result(None)
         return True
 
 
