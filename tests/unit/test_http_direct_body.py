@@ -50,8 +50,8 @@ async def _answer(reader: asyncio.StreamReader) -> str:
     return (await reader.readexactly(length)).decode()
 
 
-async def _with_server(scenario: Callable[[int], Any]) -> Any:
-    server = HttpServer(_describe)
+async def _with_server(scenario: Callable[[int], Any], handler: Any = _describe) -> Any:
+    server = HttpServer(handler)
     await server.start("127.0.0.1", 0)
     assert server._server is not None
     try:
@@ -181,3 +181,31 @@ def test_an_answer_before_its_direct_body_is_in_closes_the_connection(
     head, rest = run(scenario())
     assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in head, head
     assert rest == b""
+
+
+@LOOPS
+def test_a_direct_body_right_after_a_streamed_one_that_pauses_the_parser(
+    run: Callable[[Any], Any],
+) -> None:
+    # The streamed body (over the body stream's 128 KiB high-water mark) pauses the parser
+    # with the next request's head still unparsed in the same read; that head is parsed only
+    # when the first handler reads its body, and its body must then be received directly.
+    first = bytes(range(256)) * (200 * 1024 // 256)
+    second = bytes(reversed(range(256))) * (2 * DIRECT_BODY_BYTES // 256)
+
+    async def scenario(port: int) -> list[str]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post(first) + _post(second) + _post(b"tail"))
+        answers = [await _answer(reader) for _ in range(3)]
+        writer.close()
+        return answers
+
+    async def describe_later(request: Request) -> Answer:
+        await asyncio.sleep(0.1)  # the streamed body piles up past the high-water mark
+        return await _describe(request)
+
+    assert run(_with_server(scenario, describe_later)) == [
+        _expected("streamed", first),
+        _expected("direct", second),
+        _expected("streamed", b"tail"),
+    ]
