@@ -233,6 +233,9 @@ fn send_some(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
     Ok(sent)
 }
 
+/// How often a busy writer looks again at sockets that were full.
+const BLOCKED_CHECK: Duration = Duration::from_millis(1);
+
 /// What the writer thread and the streams share.
 #[derive(Debug)]
 struct Shared {
@@ -348,6 +351,7 @@ impl Drop for Outbox {
 fn run_writer(shared: &Shared) {
     let mut blocked: Vec<Arc<Stream>> = Vec::new();
     let mut polls: Vec<libc::pollfd> = Vec::new();
+    let mut blocked_checked = Instant::now();
     loop {
         let listed = std::mem::take(&mut *shared.listed.lock());
         let worked = !listed.is_empty();
@@ -366,9 +370,13 @@ fn run_writer(shared: &Shared) {
                 return;
             }
         }
-        if worked && blocked.is_empty() {
-            continue; // look for more before sleeping
+        // Look for more before sleeping. While busy, sockets that were full are looked at
+        // again only every BLOCKED_CHECK: each look costs a lock and a pollfd per such
+        // socket, which must not be paid per answer when many clients have stopped reading.
+        if worked && (blocked.is_empty() || blocked_checked.elapsed() < BLOCKED_CHECK) {
+            continue;
         }
+        blocked_checked = Instant::now();
         // Sleep (or, with work just done, only look) until a listing or a blocked socket
         // taking bytes again; when finishing, no later than the deadline.
         let timeout = if worked {
