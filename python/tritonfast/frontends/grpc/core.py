@@ -147,16 +147,10 @@ class _Call:
             self.task.cancel()
 
     async def run(self, data: bytes | None) -> None:
-        # Counted from the task's first step: a task cancelled before it never runs this.
-        self.server.running += 1
-        try:
-            await self._run(data)
-        finally:
-            self.server.running -= 1
-
-    async def _run(self, data: bytes | None) -> None:
         method = self.method
         context = Context(self.metadata)
+        # Counted from the task's first step: a task cancelled before it never runs this.
+        self.server.running += 1
         try:
             if method.request_streaming:
                 request: Any = _Requests(self)
@@ -179,6 +173,8 @@ class _Call:
         except Exception as error:
             log.exception("unexpected error in the gRPC handler of %s", self.method.handler)
             self.finish(cygrpc.StatusCode.unknown, f"Unexpected {type(error)}: {error}")
+        finally:
+            self.server.running -= 1
 
     async def _stream_replies(self, replies: Any) -> None:
         if not hasattr(replies, "__aiter__"):  # a coroutine that answers with abort()

@@ -131,7 +131,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._parser = self._new_parser()
         self._server.connections.add(self)
-        self._out = self._server.open_stream(transport)
+        self._out = self._server.open_stream(sock)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
@@ -382,10 +382,9 @@ class HttpServer:
         # loop reads again), unless a direct body takes them.
         self.read_buffer = memoryview(bytearray(READ_BYTES))
 
-    def open_stream(self, transport: asyncio.BaseTransport) -> OutStream | None:
-        """A writer-thread stream for a new connection's socket; ``None`` (answers then go
-        through the transport) if the socket cannot be reached."""
-        sock = transport.get_extra_info("socket")
+    def open_stream(self, sock: Any) -> OutStream | None:
+        """A writer-thread stream for a new connection's socket (the transport's ``socket``
+        extra); ``None`` (answers then go through the transport) if it cannot be reached."""
         if self._outbox is None or sock is None:
             return None
         try:

@@ -30,7 +30,7 @@ class DirectBody:
         self.received(0)
 
     def complete(self) -> bool:
-        return self.done.done()
+        return self.filled >= self.length
 
     def room(self) -> memoryview:
         return self.buffer[self.filled :]
@@ -38,7 +38,7 @@ class DirectBody:
     def received(self, nbytes: int) -> bool:
         """Counts ``nbytes`` more received; whether the body is now complete."""
         self.filled += nbytes
-        if self.filled < self.length:
+        if not self.complete():
             return False
         if not self.done.done():
             self.done.set_result(None)
@@ -66,9 +66,7 @@ class Request:
     def body_received(self) -> bool:
         """Whether the whole body has come in (a connection is reused only then)."""
         body = self.body
-        if body is None:
-            return bool(self.content.is_eof())
-        return body.done.done() and not body.done.cancelled()
+        return bool(self.content.is_eof()) if body is None else body.complete()
 
     @property
     def content_length(self) -> int | None:
