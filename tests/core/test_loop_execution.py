@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import select
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
+import uvloop
+from tritonfast._core import Handoff
 from tritonfast.backends.base import Backend, PhaseClock, Result
 from tritonfast.errors import InternalError
 from tritonfast.runtime import looprun
@@ -332,3 +336,176 @@ def test_a_model_raising_system_exit_on_the_loop_fails_its_batch_not_the_server(
         assert answer.id == "next"
 
     run_with("", [backend], scenario)
+
+
+# -- the only request in flight: the loop waits for its batch ----------------------------------
+
+
+class RecordingHandoff:
+    """Stands in front of the real handoff for the loop's own calls and records how each lone
+    wait ended (the instance threads keep the real one)."""
+
+    def __init__(self, real: Handoff) -> None:
+        self.real = real
+        self.ended: list[str] = []
+
+    def wait(self, timeout_us: int, watch_fd: int) -> str:
+        ended = self.real.wait(timeout_us, watch_fd)
+        self.ended.append(ended)
+        return ended
+
+    @property
+    def enabled(self) -> bool:
+        return self.real.enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self.real.enabled = value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def recorded(scheduler: Scheduler) -> RecordingHandoff:
+    on_loop = scheduler._on_loop
+    assert on_loop is not None
+    recorder = RecordingHandoff(on_loop.handoff)
+    on_loop.handoff = recorder  # type: ignore[assignment]
+    return recorder
+
+
+def delayed(us: int) -> str:
+    return f"max_batch_size: 8 dynamic_batching {{ max_queue_delay_microseconds: {us} }}"
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_request_waits_for_its_batch_on_the_loop() -> None:
+    backend = Timed()
+
+    async def scenario(scheduler: Scheduler) -> None:
+        await one_by_one(scheduler, looprun.WARM_BATCHES)
+        assert scheduler.runs_on_loop
+        recorder = recorded(scheduler)
+        before = len(backend.runs)
+        answers = [await scheduler.submit(request(f"alone{i}"), 1) for i in range(20)]
+        assert [a.id for a in answers] == [f"alone{i}" for i in range(20)]
+        assert all(backend.on_loop_since(before))
+        # One wait per request, except after a timeout (a busy machine), which skips some.
+        assert recorder.ended and "offered" in recorder.ended, recorder.ended
+        assert "interrupted" not in recorder.ended
+
+    run_with(delayed(100), [backend], scenario)
+
+
+@pytest.mark.timeout(120)
+def test_requests_submitted_together_batch_and_none_waits_alone() -> None:
+    backend = Timed()
+
+    async def scenario(scheduler: Scheduler) -> None:
+        await one_by_one(scheduler, looprun.WARM_BATCHES)
+        recorder = recorded(scheduler)
+        before = len(backend.runs)
+        # The first is alone when submitted; by the time its wait would start, 8 are in flight.
+        await asyncio.gather(*(scheduler.submit(request(f"t{i}"), 1) for i in range(8)))
+        assert recorder.ended == []
+        sizes = [size for _, size in backend.runs[before:]]
+        assert sum(sizes) == 8 and max(sizes) > 1, sizes
+
+    run_with(delayed(400), [backend], scenario)
+
+
+@pytest.mark.timeout(120)
+def test_work_for_the_loop_interrupts_a_lone_wait_and_a_new_request_joins_the_batch() -> None:
+    backend = Timed()
+
+    async def scenario(scheduler: Scheduler) -> None:
+        on_loop = scheduler._on_loop
+        assert on_loop is not None
+        on_loop.handoff.enabled = True  # no warm-up: each batch here takes 10 s or a pair
+        # The lone batch cannot leave before a second request fills it (10 s delay), and the
+        # wait would outlast the test: only the interruption can end it.
+        on_loop._alone_wait_us = 60_000_000
+        recorder = recorded(scheduler)
+        loop = asyncio.get_running_loop()
+        waiting = threading.Event()
+        real_wait = recorder.wait
+
+        def wait(timeout_us: int, watch_fd: int) -> str:
+            waiting.set()
+            return real_wait(timeout_us, watch_fd)
+
+        recorder.wait = wait  # type: ignore[method-assign]
+        later: list[asyncio.Task[InferResponse]] = []
+
+        def submit_next() -> None:
+            later.append(loop.create_task(scheduler.submit(request("next"), 1)))
+
+        def frontend_thread() -> None:  # hands the loop work, as the gRPC frontend's does
+            assert waiting.wait(WAIT_S)
+            loop.call_soon_threadsafe(submit_next)
+
+        other = threading.Thread(target=frontend_thread)
+        other.start()
+        before = len(backend.runs)
+        lone = await scheduler.submit(request("lone"), 1)
+        other.join()
+        assert lone.id == "lone"
+        assert recorder.ended == ["interrupted"]
+        assert (await later[0]).id == "next"
+        assert [size for _, size in backend.runs[before:]] == [2]
+
+    run_with(
+        "max_batch_size: 2 dynamic_batching { max_queue_delay_microseconds: 10000000 }",
+        [backend],
+        scenario,
+    )
+
+
+@pytest.mark.timeout(120)
+def test_lone_waits_that_time_out_let_more_and_more_requests_pass() -> None:
+    backend = Timed()
+
+    async def scenario(scheduler: Scheduler) -> None:
+        await one_by_one(scheduler, looprun.WARM_BATCHES)
+        on_loop = scheduler._on_loop
+        assert on_loop is not None
+        on_loop._alone_wait_us = 1  # far shorter than the 400 µs batch delay: it times out
+        recorder = recorded(scheduler)
+        waited = []
+        for i in range(12):
+            count = len(recorder.ended)
+            await scheduler.submit(request(f"r{i}"), 1)
+            waited.append(len(recorder.ended) > count)
+        # Replay the rule over what happened. (A wait that starts after its batch was offered,
+        # when the machine stalls the loop, ends "offered" and resets the back-off.)
+        ended = iter(recorder.ended)
+        backoff = skips = 0
+        for did_wait in waited:
+            assert did_wait == (skips == 0), (waited, recorder.ended)
+            if not did_wait:
+                skips -= 1
+            elif next(ended) == "timed out":
+                backoff = skips = max(1, 2 * backoff)
+            else:
+                backoff = 0
+        assert recorder.ended.count("timed out") >= 2 and not all(waited), recorder.ended
+
+    run_with(delayed(400), [backend], scenario)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_watched_descriptor_tells_when_the_loop_has_work(loop_kind: str) -> None:
+    loop = uvloop.new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
+    try:
+        fd = looprun._readiness_fd(loop)
+        assert fd >= 0
+        loop.run_until_complete(asyncio.sleep(0.01))  # the loop has set itself up
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(0) == []
+        other = threading.Thread(target=loop.call_soon_threadsafe, args=(lambda: None,))
+        other.start()
+        other.join()
+        assert poller.poll(0) != []
+    finally:
+        loop.close()
