@@ -34,14 +34,17 @@ anything else became ready (it runs as a loop callback after whatever the loop a
 do), and ends as soon as the loop's own ``epoll`` descriptor becomes readable (a new request,
 another thread's callback), so it never keeps the loop from work: a request that arrives
 meanwhile is still queued in time to join the batch. Only for models whose
-``max_queue_delay`` is at most ``POLLED_DEADLINE_LIMIT_US`` (500 µs), and only on loops whose
-``epoll`` descriptor we can watch (uvloop and asyncio's selector loop).
+``max_queue_delay`` is at most ``POLLED_DEADLINE_LIMIT_US`` (500 µs), on a machine that
+lets the server use at least two cores, and only on loops whose ``epoll`` descriptor we can
+watch (uvloop and asyncio's selector loop). A wait that times out (the instance did not get a
+core in time) makes the next lone requests skip theirs, more after each timeout (up to 1024).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -111,7 +114,12 @@ class LoopExecution:
         self._in_flight = in_flight
         self._watch_fd = _readiness_fd(loop)
         self._alone_wait_us = 0  # 0: never wait for a lone request's batch
-        if self._watch_fd >= 0 and queue_delay_us <= POLLED_DEADLINE_LIMIT_US:
+        # (Polling needs a core for the loop and one for the instance that forms the batch.)
+        if (
+            self._watch_fd >= 0
+            and queue_delay_us <= POLLED_DEADLINE_LIMIT_US
+            and len(os.sched_getaffinity(0)) >= 2
+        ):
             self._alone_wait_us = queue_delay_us + ALONE_MARGIN_US
         # Lone requests to let pass without waiting, after waits that timed out (see
         # _wait_alone), and how many the next timeout makes pass.
