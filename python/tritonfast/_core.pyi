@@ -6,7 +6,6 @@ from typing import Any, Literal, final
 from typing_extensions import Self
 
 __all__ = [
-    "POLLED_DEADLINE_LIMIT_US",
     "QUEUE_FULL_MESSAGE",
     "Batch",
     "PooledBuffer",
@@ -20,9 +19,6 @@ __version__: str
 
 #: Triton's message for a push to a full priority level (raised as ``UnavailableError``).
 QUEUE_FULL_MESSAGE: str
-#: While the event loop polls for a batch (``Handoff.expect_batch``), instances poll for a batch
-#: deadline up to this far away (microseconds) instead of sleeping through it.
-POLLED_DEADLINE_LIMIT_US: int
 
 @final
 class QueuePolicy:
@@ -265,17 +261,6 @@ class Handoff:
     def take(self) -> list[tuple[int, Batch, HandoffDone]]:
         """The offered batches, oldest first: (instance index, batch, done). Call
         ``done.complete()`` once the batch has run (dropping ``done`` does the same)."""
-
-    def expect_batch(self, expecting: bool) -> None:
-        """Say whether the caller will poll for the next batch with :meth:`wait` (the queue's
-        instances then poll for a batch deadline up to 500 µs away instead of sleeping)."""
-
-    def wait(
-        self, timeout_us: int, watch_fd: int
-    ) -> Literal["offered", "interrupted", "timed out"]:
-        """Poll, without the GIL and without sleeping (yielding the core to any thread that
-        wants it), up to ``timeout_us`` for an offer; stop early when ``watch_fd`` (if >= 0)
-        becomes readable. Says how the wait ended."""
 
 @final
 class HandoffDone:

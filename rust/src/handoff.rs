@@ -12,34 +12,12 @@
 //!
 //! The offer is refused while the handoff is switched off; the instance thread then runs the
 //! batch itself.
-//!
-//! An executor with nothing else to do may also wait for the next offer without sleeping
-//! ([`Handoff::wait_offered`]): the server's event loop does so for the batch of the only
-//! request in flight, because waking it from `epoll` costs it tens of microseconds on VMs, more
-//! than a short model's whole execution. The wait ends early when a watched descriptor (the
-//! loop's own `epoll` descriptor) becomes readable, i.e. when the loop has other work.
 
-use std::hint;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
-
-/// Polls of the offer count between two looks at the clock and the watched descriptor in
-/// [`Handoff::wait_offered`] (about a microsecond of `spin_loop` hints).
-const POLLS_PER_LOOK: u32 = 16;
-
-/// How a [`Handoff::wait_offered`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waited {
-    Offered,
-    /// The watched descriptor became readable first.
-    Interrupted,
-    TimedOut,
-}
 
 /// One offered item and the completion its offerer waits on.
 pub type Offered<T> = (T, Arc<Completion>);
@@ -84,9 +62,6 @@ struct Inbox<T> {
 /// The offers waiting for the executor, and the `eventfd` that tells it about them.
 pub struct Handoff<T> {
     inbox: Mutex<Inbox<T>>,
-    /// Offers made and not yet taken: what [`wait_offered`](Self::wait_offered) polls,
-    /// without the lock.
-    waiting: AtomicUsize,
     /// Readable while offers may be waiting; the executor watches it (`add_reader`).
     event: OwnedFd,
 }
@@ -117,7 +92,6 @@ impl<T> Handoff<T> {
                 closed: false,
                 items: Vec::new(),
             }),
-            waiting: AtomicUsize::new(0),
             // SAFETY: `fd` was just returned by eventfd, is valid and owned by nobody else.
             event: unsafe { OwnedFd::from_raw_fd(fd) },
         })
@@ -158,8 +132,6 @@ impl<T> Handoff<T> {
                 return Err(item);
             }
             inbox.items.push((item, Arc::clone(&completion)));
-            // Release: a waiter that sees the count also sees the item.
-            self.waiting.store(inbox.items.len(), Ordering::Release);
         }
         self.signal();
         Ok(completion)
@@ -168,40 +140,7 @@ impl<T> Handoff<T> {
     /// Everything offered so far, oldest first; clears the descriptor's readability.
     pub fn take(&self) -> Vec<Offered<T>> {
         self.drain_event();
-        let mut inbox = self.inbox.lock();
-        self.waiting.store(0, Ordering::Relaxed);
-        std::mem::take(&mut inbox.items)
-    }
-
-    /// Polls, without sleeping, until something is offered, `watch` becomes readable, or
-    /// `deadline` passes. Offers win over the other two. Keeps its core busy while it lasts
-    /// (yielding it to any thread that wants it, every microsecond or so): for waits of
-    /// microseconds, when a sleep's wake-up would cost more than the wait.
-    pub fn wait_offered(&self, deadline: Instant, watch: Option<RawFd>) -> Waited {
-        loop {
-            for _ in 0..POLLS_PER_LOOK {
-                if self.waiting.load(Ordering::Acquire) > 0 {
-                    return Waited::Offered;
-                }
-                hint::spin_loop();
-            }
-            if watch.is_some_and(readable) {
-                return self.offered_or(Waited::Interrupted);
-            }
-            if Instant::now() >= deadline {
-                return self.offered_or(Waited::TimedOut);
-            }
-            // The offerer may be waiting for this very core (a busy machine): let it run.
-            std::thread::yield_now();
-        }
-    }
-
-    fn offered_or(&self, other: Waited) -> Waited {
-        if self.waiting.load(Ordering::Acquire) > 0 {
-            Waited::Offered
-        } else {
-            other
-        }
+        std::mem::take(&mut self.inbox.lock().items)
     }
 
     fn signal(&self) {
@@ -224,84 +163,21 @@ impl<T> Handoff<T> {
     }
 }
 
-/// Whether `fd` is readable now (also true when it has failed or hung up: then its owner has
-/// something to look at too).
-fn readable(fd: RawFd) -> bool {
-    let mut poll = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd that lives for the call; a timeout of 0 never blocks.
-    let ready = unsafe { libc::poll(&raw mut poll, 1, 0) };
-    ready == 1 && poll.revents != 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::thread;
     use std::time::Duration;
 
-    fn in_micros(us: u64) -> Instant {
-        Instant::now() + Duration::from_micros(us)
-    }
-
-    #[test]
-    fn a_wait_ends_with_an_offer_made_from_another_thread() {
-        let handoff = Arc::new(Handoff::new().unwrap());
-        handoff.set_enabled(true);
-        let offerer = {
-            let handoff = Arc::clone(&handoff);
-            thread::spawn(move || {
-                thread::sleep(Duration::from_millis(20));
-                handoff.offer(5).unwrap()
-            })
+    fn readable(fd: RawFd) -> bool {
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
         };
-        // Generous: the offer comes after 20 ms; only a lost offer would make it time out.
-        assert_eq!(
-            handoff.wait_offered(in_micros(10_000_000), None),
-            Waited::Offered
-        );
-        let done = offerer.join().unwrap();
-        let taken = handoff.take();
-        assert_eq!(taken[0].0, 5);
-        assert!(!done.is_complete());
-        // Taken: the next wait finds nothing waiting.
-        assert_eq!(handoff.wait_offered(in_micros(200), None), Waited::TimedOut);
-    }
-
-    #[test]
-    fn an_offer_waiting_wins_over_a_readable_watch_and_a_past_deadline() {
-        let handoff = Handoff::new().unwrap();
-        handoff.set_enabled(true);
-        let _done = handoff.offer(1).unwrap();
-        // The handoff's own descriptor is readable now (the offer signalled it).
-        assert!(readable(handoff.fd()));
-        assert_eq!(
-            handoff.wait_offered(Instant::now(), Some(handoff.fd())),
-            Waited::Offered
-        );
-    }
-
-    #[test]
-    fn a_readable_watch_interrupts_a_wait() {
-        let handoff = Handoff::<i32>::new().unwrap();
-        let other = Handoff::<i32>::new().unwrap();
-        other.set_enabled(true);
-        let _done = other.offer(1).unwrap(); // makes `other`'s descriptor readable
-        let start = Instant::now();
-        assert_eq!(
-            handoff.wait_offered(in_micros(10_000_000), Some(other.fd())),
-            Waited::Interrupted
-        );
-        assert!(start.elapsed() < Duration::from_secs(5));
-        // Not readable: the wait runs to its deadline.
-        other.take();
-        assert_eq!(
-            handoff.wait_offered(in_micros(300), Some(other.fd())),
-            Waited::TimedOut
-        );
+        // SAFETY: one pollfd that lives for the call.
+        let ready = unsafe { libc::poll(&raw mut poll, 1, 0) };
+        ready == 1 && poll.revents & libc::POLLIN != 0
     }
 
     #[test]

@@ -440,12 +440,6 @@ const REFILL_LIMIT: usize = 4096;
 /// enqueue-to-instance budget. A batch deadline inside the window is waited for by polling too,
 /// which keeps short `max_queue_delay`s exact.
 const SPIN_WINDOW: Duration = Duration::from_micros(50);
-/// While the executor polls for this queue's next batch (see
-/// [`set_deadline_polling`](RequestQueue::set_deadline_polling)), a batch deadline up to this
-/// far away is polled for too, not slept through.
-pub const POLLED_DEADLINE_LIMIT: Duration = Duration::from_micros(POLLED_DEADLINE_LIMIT_US);
-/// [`POLLED_DEADLINE_LIMIT`] in microseconds.
-pub const POLLED_DEADLINE_LIMIT_US: u64 = 500;
 /// The shortest a waiting consumer polls once polling has stopped paying (see [`Spin`]).
 const MIN_SPIN: Duration = Duration::from_micros(2);
 /// Polls between two readings of the clock while spinning.
@@ -517,8 +511,6 @@ pub struct RequestQueue<T> {
     state: CachePadded<AtomicUsize>,
     /// Set while the former lock holder is (about to be) parked.
     consumer_parked: CachePadded<AtomicBool>,
-    /// Set while the batch's executor polls for it (see `set_deadline_polling`).
-    deadline_polling: AtomicBool,
     /// Number of staged requests, for `len()`. Consumers write it and the former lock on every
     /// batch: both sit on their own cache lines, away from what producers read on every push.
     staged_len: CachePadded<AtomicUsize>,
@@ -583,7 +575,6 @@ impl<T> RequestQueue<T> {
             items: SegQueue::new(),
             state: CachePadded::new(AtomicUsize::new(0)),
             consumer_parked: CachePadded::new(AtomicBool::new(false)),
-            deadline_polling: AtomicBool::new(false),
             staged_len: CachePadded::new(AtomicUsize::new(0)),
             cancelled_held: CachePadded::new(AtomicIsize::new(0)),
             unparker: parker.unparker().clone(),
@@ -960,16 +951,6 @@ impl<T> RequestQueue<T> {
         }
     }
 
-    /// Says whether whoever runs the next batch is polling for it rather than sleeping (the
-    /// event loop waiting for the batch of the only request in flight, see
-    /// [`Handoff::wait_offered`](crate::handoff::Handoff::wait_offered)). While it is, a
-    /// consumer polls for a batch deadline up to [`POLLED_DEADLINE_LIMIT`] away instead of
-    /// sleeping until it: a timed sleep ends tens of microseconds late on VMs (the wake-up),
-    /// which the poller would spend waiting.
-    pub fn set_deadline_polling(&self, on: bool) {
-        self.deadline_polling.store(on, Ordering::Relaxed);
-    }
-
     /// Closes the queue: later pushes fail with `Unavailable`, every waiting consumer wakes, and
     /// what is still queued is handed out before `pop_batch` reports `Closed`. Idempotent.
     pub fn close(&self) {
@@ -1027,18 +1008,12 @@ impl<T> RequestQueue<T> {
     }
 
     /// Waits (poll for up to the spin window, then park) until there is news or `deadline`
-    /// passes. May return early; callers loop. A deadline within [`SPIN_WINDOW`] (or
-    /// [`POLLED_DEADLINE_LIMIT`] while deadline polling is on) is polled for whatever the
-    /// window, so short batch delays stay exact.
+    /// passes. May return early; callers loop. A deadline within [`SPIN_WINDOW`] is polled
+    /// for whatever the window, so short batch delays stay exact.
     fn wait(&self, spin: &mut Spin, parker: &Parker, deadline: Option<Instant>) {
         let start = Instant::now();
-        let polled_deadlines = if self.deadline_polling.load(Ordering::Relaxed) {
-            POLLED_DEADLINE_LIMIT
-        } else {
-            SPIN_WINDOW
-        };
         let poll_end = match deadline {
-            Some(deadline) if deadline <= start + polled_deadlines => deadline,
+            Some(deadline) if deadline <= start + SPIN_WINDOW => deadline,
             _ => start + spin.window,
         };
         loop {
@@ -1187,32 +1162,6 @@ mod tests {
         assert_eq!(policy(100, true).timeout_for(us(500)), Some(us(100)));
         assert_eq!(policy(100, true).timeout_for(us(0)), Some(us(100)));
         assert_eq!(policy(100, false).timeout_for(us(5)), Some(us(100)));
-    }
-
-    /// Pops one partial batch (delay `delay_us`) on another thread, watching whether the
-    /// consumer ever parked meanwhile.
-    fn parked_while_waiting_for_the_delay(delay_us: u64, deadline_polling: bool) -> bool {
-        let q = std::sync::Arc::new(queue(8, delay_us, &[]));
-        q.set_deadline_polling(deadline_polling);
-        q.push(1, 1).unwrap();
-        let consumer = {
-            let q = std::sync::Arc::clone(&q);
-            std::thread::spawn(move || q.pop_batch(Duration::from_secs(10)).into_batch())
-        };
-        let mut parked = false;
-        while !consumer.is_finished() {
-            parked |= q.consumer_parked.load(Ordering::Relaxed);
-        }
-        assert_eq!(consumer.join().unwrap(), Some(vec![1]));
-        parked
-    }
-
-    #[test]
-    fn deadline_polling_waits_for_a_batch_deadline_without_parking() {
-        assert!(!parked_while_waiting_for_the_delay(400, true));
-        // Past the limit, or with polling off, a deadline is slept through.
-        assert!(parked_while_waiting_for_the_delay(20_000, true));
-        assert!(parked_while_waiting_for_the_delay(20_000, false));
     }
 
     #[test]

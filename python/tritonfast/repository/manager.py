@@ -32,7 +32,6 @@ from tritonfast.errors import (
 )
 from tritonfast.repository.model import ModelVersion
 from tritonfast.repository.warmup import warm_up
-from tritonfast.runtime.looprun import InFlight
 from tritonfast.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -74,7 +73,6 @@ class ModelRepository:
         self._latency_summaries = latency_summaries
         self._strict_config = strict_config
         self._models: dict[str, ModelEntry] = {}
-        self._in_flight = InFlight()  # shared by every model's scheduler
 
     # -- loading ------------------------------------------------------------------------
     def discover(self) -> dict[str, Path]:
@@ -236,7 +234,6 @@ class ModelRepository:
             self._loop,
             latency_summaries=self._latency_summaries,
             loop_execution=mode == "auto",
-            in_flight=self._in_flight,
         )
         return ModelVersion(config, version, scheduler, served)
 

@@ -21,35 +21,17 @@ sends the model back for good (a model that needs a thread of its own, e.g. one 
 ``asyncio.run``, fails quickly there).
 Chosen by the model's ``TRITONFAST_INSTANCE_MODE`` (``"auto"``, the default; ``"thread"``
 keeps every batch on the instance threads).
-
-**The only request in flight.** When a request is submitted while no other is in flight in the
-whole server, the loop would go to sleep in ``epoll`` until the instance offers the request's
-batch, and the instance thread would sleep until the batch deadline; each wake-up costs tens
-of microseconds on the VMs we measure on (a lone request's queue-to-compute time with a 100 µs
-``max_queue_delay``: 175 µs with both sleeps, 118 µs without; ``bench/README.md``). So the
-loop waits for that batch instead, polling without the GIL
-(:meth:`~tritonfast._core.Handoff.wait`), and runs it as soon as it is offered; the instance
-polls for the batch deadline too instead of sleeping through it. The wait looks first whether
-anything else became ready (it runs as a loop callback after whatever the loop already had to
-do), and ends as soon as the loop's own ``epoll`` descriptor becomes readable (a new request,
-another thread's callback), so it never keeps the loop from work: a request that arrives
-meanwhile is still queued in time to join the batch. Only for models whose
-``max_queue_delay`` is at most ``POLLED_DEADLINE_LIMIT_US`` (500 µs), on a machine that
-lets the server use at least two cores, and only on loops whose ``epoll`` descriptor we can
-watch (uvloop and asyncio's selector loop). A wait that times out (the instance did not get a
-core in time) makes the next lone requests skip theirs, more after each timeout (up to 1024).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tritonfast._core import POLLED_DEADLINE_LIMIT_US, Handoff, RequestQueue
+from tritonfast._core import Handoff, RequestQueue
 from tritonfast.backends.base import Result
 from tritonfast.errors import InternalError
 from tritonfast.runtime import gcpause
@@ -77,54 +59,17 @@ STALL_LIMIT_NS = 20_000_000
 # Retreats after which the wait before the next try stops doubling.
 _MAX_BACKOFF = 12
 
-# How much longer than the model's queue delay the loop waits for a lone request's batch: time
-# for the instance thread to wake up and form it.
-ALONE_MARGIN_US = 100
-# Most lone requests let pass without a wait after a wait that timed out.
-ALONE_MAX_BACKOFF = 1024
-
 # Settles one batch's futures on the loop: (batch seq, futures, results).
 Settle = Callable[[int, list["asyncio.Future[Any]"], Sequence[Result]], None]
-
-
-class InFlight:
-    """Requests submitted to the models of one server and not yet answered."""
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
 
 
 class LoopExecution:
     """The handoff of one model version and the rule that switches it on and off."""
 
-    def __init__(
-        self,
-        name: str,
-        queue: RequestQueue,
-        loop: asyncio.AbstractEventLoop,
-        *,
-        in_flight: InFlight,
-        queue_delay_us: int,
-    ) -> None:
+    def __init__(self, name: str, queue: RequestQueue, loop: asyncio.AbstractEventLoop) -> None:
         self.name = name
         self.handoff = Handoff(queue)
         self._loop = loop
-        self._in_flight = in_flight
-        self._watch_fd = _readiness_fd(loop)
-        self._alone_wait_us = 0  # 0: never wait for a lone request's batch
-        # (Polling needs a core for the loop and one for the instance that forms the batch.)
-        if (
-            self._watch_fd >= 0
-            and queue_delay_us <= POLLED_DEADLINE_LIMIT_US
-            and len(os.sched_getaffinity(0)) >= 2
-        ):
-            self._alone_wait_us = queue_delay_us + ALONE_MARGIN_US
-        # Lone requests to let pass without waiting, after waits that timed out (see
-        # _wait_alone), and how many the next timeout makes pass.
-        self._alone_skips = 0
-        self._alone_backoff = 0
         self._instances: list[InstanceLoop] = []
         self._settle: Settle | None = None
         self._batches = 0
@@ -205,36 +150,6 @@ class LoopExecution:
             wait,
         )
 
-    def expect_alone(self, future: asyncio.Future[Any]) -> None:
-        """Called before queueing a request submitted while no other was in flight (its
-        batch runs on the loop): after what the loop already has to do, wait for the batch of
-        ``future``'s request and run it, if it is still the only request in flight."""
-        if not self._alone_wait_us:
-            return
-        if self._alone_skips:
-            self._alone_skips -= 1
-            return
-        self.handoff.expect_batch(True)  # before the push: the instance reads it then
-        self._loop.call_soon(self._wait_alone, future)
-
-    def _wait_alone(self, future: asyncio.Future[Any]) -> None:
-        handoff = self.handoff
-        try:
-            if self._in_flight.count != 1 or future.done() or not handoff.enabled:
-                return
-            ended = handoff.wait(self._alone_wait_us, self._watch_fd)
-            if ended == "offered":
-                self._alone_backoff = 0
-                self._run_offered()
-            elif ended == "timed out":
-                # The instance did not get to form the batch in time: the machine's cores are
-                # busy (another process, the frontends' threads), and polling here takes one
-                # of them. Let the next lone requests pass, more after every timeout.
-                self._alone_backoff = min(max(1, 2 * self._alone_backoff), ALONE_MAX_BACKOFF)
-                self._alone_skips = self._alone_backoff
-        finally:
-            handoff.expect_batch(False)
-
     def _run_offered(self) -> None:
         """On the loop: run every offered batch, let its instance go on, answer its requests."""
         settle = self._settle
@@ -251,14 +166,3 @@ class LoopExecution:
             finally:
                 done.complete()
             settle(*outcome)
-
-
-def _readiness_fd(loop: asyncio.AbstractEventLoop) -> int:
-    """The ``epoll`` descriptor ``loop`` sleeps in (readable when it has work), or -1."""
-    backend_id = getattr(loop, "_get_backend_id", None)  # uvloop
-    if backend_id is not None:
-        return int(backend_id())
-    selector = getattr(loop, "_selector", None)  # asyncio's selector loops
-    if selector is not None and hasattr(selector, "fileno"):
-        return int(selector.fileno())
-    return -1

@@ -49,7 +49,7 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, Result
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.instance import InstanceLoop
-from tritonfast.runtime.looprun import InFlight, LoopExecution
+from tritonfast.runtime.looprun import LoopExecution
 from tritonfast.runtime.rawtensor import request_prefix
 from tritonfast.runtime.types import InferRequest, InferResponse
 
@@ -78,7 +78,6 @@ class Scheduler:
         *,
         latency_summaries: bool = False,
         loop_execution: bool = False,
-        in_flight: InFlight | None = None,
     ) -> None:
         self._batching = config.HasField("dynamic_batching") and config.max_batch_size > 0
         preserve_ordering = False
@@ -108,8 +107,6 @@ class Scheduler:
             self._queue = RequestQueue(latency_summaries=latency_summaries)
         self._needs_shape_key = bool(self._keyed) or self._optional_inputs
         self._loop = loop
-        # Shared by every model of the server (looprun: "The only request in flight").
-        self._in_flight = InFlight() if in_flight is None else in_flight
         # preserve_ordering: batches settle in the order they left the queue.
         self._next_seq = 0
         self._held: dict[int, tuple[list[asyncio.Future[Any]], Sequence[Result]]] = {}
@@ -117,10 +114,7 @@ class Scheduler:
         # Short executions may run on the event loop (see looprun) when every instance can.
         self._on_loop: LoopExecution | None = None
         if loop_execution and all(backend.may_run_on_event_loop for backend in backends):
-            delay_us = config.dynamic_batching.max_queue_delay_microseconds if self._batching else 0
-            self._on_loop = LoopExecution(
-                name, self._queue, loop, in_flight=self._in_flight, queue_delay_us=delay_us
-            )
+            self._on_loop = LoopExecution(name, self._queue, loop)
         on_loop = self._on_loop
         self._instances = [
             InstanceLoop(
@@ -145,23 +139,15 @@ class Scheduler:
         if request.trace is not None:
             request.trace.stamp("QUEUE_START", perf_counter_ns())
             request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
-        in_flight = self._in_flight
-        on_loop = self._on_loop
-        if in_flight.count == 0 and on_loop is not None and on_loop.on_loop:
-            on_loop.expect_alone(future)
-        in_flight.count += 1
+        ticket = self._push(request, future, batch_size)
         try:
-            ticket = self._push(request, future, batch_size)
-            try:
-                return await future
-            except asyncio.CancelledError:
-                # The caller went away: drop the request if it has not started; a running
-                # one is flagged (the model sees request.is_cancelled()), its result ignored.
-                if not self._queue.cancel(ticket):
-                    request.cancelled = True
-                raise
-        finally:
-            in_flight.count -= 1
+            return await future
+        except asyncio.CancelledError:
+            # The caller went away: drop the request if it has not started; a running one is
+            # flagged (the model sees request.is_cancelled()) and its result is ignored.
+            if not self._queue.cancel(ticket):
+                request.cancelled = True
+            raise
 
     def _push(self, request: InferRequest, future: asyncio.Future[Any], batch_size: int) -> Ticket:
         try:

@@ -11,7 +11,7 @@ use pyo3::types::PyList;
 
 use super::gil::without_gil;
 use super::queue::{PyBatch, PyRequestQueue, SIGNAL_CHECK_INTERVAL, to_batch};
-use crate::handoff::{Completion, Handoff, Waited};
+use crate::handoff::{Completion, Handoff};
 use crate::queue::{Batch, PopResult, Queued};
 
 /// A batch offered by the instance with this index.
@@ -49,30 +49,6 @@ impl PyHandoff {
     #[setter]
     fn set_enabled(&self, enabled: bool) {
         self.inner.set_enabled(enabled);
-    }
-
-    /// Says whether the caller will poll for the next batch with `wait` (the queue's
-    /// instances then poll for a close batch deadline instead of sleeping through it).
-    fn expect_batch(&self, py: Python<'_>, expecting: bool) {
-        self.queue
-            .bind(py)
-            .get()
-            .inner
-            .set_deadline_polling(expecting);
-    }
-
-    /// Polls, without the GIL and without sleeping, up to `timeout_us` for an offer; stops
-    /// early when `watch_fd` (>= 0) becomes readable. Says how it ended: `"offered"`,
-    /// `"interrupted"` (the descriptor) or `"timed out"`.
-    fn wait(&self, py: Python<'_>, timeout_us: u64, watch_fd: i32) -> PyResult<&'static str> {
-        let deadline = Instant::now() + Duration::from_micros(timeout_us);
-        let watch = (watch_fd >= 0).then_some(watch_fd);
-        let waited = without_gil(py, || Ok(self.inner.wait_offered(deadline, watch)))?;
-        Ok(match waited {
-            Waited::Offered => "offered",
-            Waited::Interrupted => "interrupted",
-            Waited::TimedOut => "timed out",
-        })
     }
 
     /// Switches offers off for good (`enabled = True` no longer switches them on).

@@ -20,10 +20,6 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("QUEUE_FULL_MESSAGE", crate::queue::QUEUE_FULL_MESSAGE)?;
-    m.add(
-        "POLLED_DEADLINE_LIMIT_US",
-        crate::queue::POLLED_DEADLINE_LIMIT_US,
-    )?;
     m.add_class::<queue::PyRequestQueue>()?;
     m.add_class::<queue::PyQueuePolicy>()?;
     m.add_class::<queue::PyTicket>()?;
