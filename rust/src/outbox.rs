@@ -454,6 +454,15 @@ mod tests {
         (server, client)
     }
 
+    /// A stream over a new connection whose only holder is the stream (the event loop has
+    /// closed its own descriptor), and the connection's client end.
+    fn stream_holding_its_socket(outbox: &Outbox) -> (Arc<Stream>, TcpStream) {
+        let (server, client) = connected_pair();
+        let stream = outbox.open(server.as_fd()).unwrap();
+        drop(server);
+        (stream, client)
+    }
+
     fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
         let end = Instant::now() + Duration::from_secs(10);
         while !done() {
@@ -504,9 +513,7 @@ mod tests {
     #[test]
     fn the_socket_stays_open_until_the_stream_closes_it_after_sending() {
         let outbox = Outbox::new().unwrap();
-        let (server, mut client) = connected_pair();
-        let stream = outbox.open(server.as_fd()).unwrap();
-        drop(server); // the event loop closing its own descriptor
+        let (stream, mut client) = stream_holding_its_socket(&outbox);
         stream.write(b"last answer").unwrap();
         stream.close();
         assert_eq!(stream.write(b"too late"), Err(WriteError::Closed));
@@ -592,9 +599,7 @@ mod tests {
     #[test]
     fn aborting_a_stream_stuck_on_a_full_socket_ends_its_connection() {
         let outbox = Outbox::new().unwrap();
-        let (server, mut client) = connected_pair();
-        let stream = outbox.open(server.as_fd()).unwrap();
-        drop(server); // only the stream holds the socket now
+        let (stream, mut client) = stream_holding_its_socket(&outbox);
         stream.write(&vec![3; 32 << 20]).unwrap(); // far more than the buffers hold
         wait_until("the socket is full", || {
             stream.unsent() > 0 && stream.unsent() < 32 << 20
