@@ -14,7 +14,8 @@ The core reads ``GRPC_EXPERIMENTS`` once, when it starts (at the first ``import 
 process), so :func:`prefer_polled_connections` runs when this package is imported, before any
 of our modules imports grpc. A ``GRPC_EXPERIMENTS`` the user set, even empty, is left as it is;
 so is a process that had already imported grpc (an embedding application), which keeps
-grpcio's default.
+grpcio's default. A grpcio release that no longer has the experiment logs "Unknown experiment:
+event_engine_listener" once at start and runs its default; that is the sign to retire this.
 """
 
 from __future__ import annotations
