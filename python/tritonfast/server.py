@@ -196,6 +196,11 @@ def run(options: ServeOptions) -> int:
         return 1
     keep_large_buffers()
     _allow_more_descriptors()
+    if options.allow_grpc:
+        # Before the models load: a model.py that imports grpc would otherwise start grpcio first.
+        from tritonfast.frontends.grpc.transport import start_grpcio
+
+        log.debug("grpcio started (connections: %s)", start_grpcio())
     try:
         import uvloop
 

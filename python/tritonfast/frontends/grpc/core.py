@@ -10,7 +10,7 @@ synchronous server is built on) and keeps everything else asyncio: handlers are 
 How a call flows:
 
 - One thread waits on the completion queue with the GIL released and handles each event;
-  while it waits, grpcio's core reads the connections on it (:mod:`.transport`).
+  while it waits, grpcio's core reads the connections on it (as :mod:`.transport` starts grpcio).
 - A new call: its close (``RECV_CLOSE_ON_SERVER``, which reports cancellation and deadline
   expiry) and, for a unary request, its one message are asked for at once.
 - When the request is in, the handler starts on the event loop (one ``call_soon_threadsafe``
