@@ -3,6 +3,8 @@
 One client sends requests one at a time (the tensor in, the same tensor out) and the median
 time per request gives req/s and the effective rate (tensor bytes / time). Shared memory: the
 input and the output live in two registered regions, nothing but JSON crosses the socket.
+With a CUDA GPU (and cuda-python) on the machine, a fourth path puts the input and the output
+in CUDA memory shared with the server (Triton's CUDA shared-memory extension).
 Run it against any Triton-compatible server, e.g. real Triton and tritonfast in turn:
 
     python bench/e2e/transfer.py HTTP_HOSTPORT GRPC_HOSTPORT [MODEL] [N]
@@ -38,31 +40,51 @@ def median_seconds(call: Callable[[], object], n: int) -> float:
     return statistics.median(times)
 
 
-def shared_memory_path(
-    client: httpclient.InferenceServerClient, model: str, data: np.ndarray
+def gpu_present() -> bool:
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        return False
+    error, count = runtime.cudaGetDeviceCount()
+    return error == runtime.cudaError_t.cudaSuccess and count > 0
+
+
+def placed_path(
+    client: httpclient.InferenceServerClient, model: str, data: np.ndarray, memory: str
 ) -> tuple[Callable[[], object], Callable[[], None]]:
-    """(one request, check-and-clean-up) with input and output in shared memory."""
+    """(one request, check-and-clean-up) with input and output in two regions of ``memory``:
+    ``"system"`` (POSIX shared memory) or ``"cuda"`` (device memory on GPU 0)."""
     nbytes = data.nbytes
     tag = uuid.uuid4().hex[:8]
     names = ("in" + tag, "out" + tag)
-    handles = [shm.create_shared_memory_region(n, f"/tfx_{n}", nbytes) for n in names]
-    shm.set_shared_memory_region(handles[0], [data])
-    for name in names:
-        client.register_system_shared_memory(name, f"/tfx_{name}", nbytes)
+    if memory == "cuda":
+        import tritonclient.utils.cuda_shared_memory as module
+
+        handles = [module.create_shared_memory_region(n, nbytes, 0) for n in names]
+        for name, handle in zip(names, handles, strict=True):
+            client.register_cuda_shared_memory(name, module.get_raw_handle(handle), 0, nbytes)
+        unregister = client.unregister_cuda_shared_memory
+    else:
+        module = shm
+        handles = [shm.create_shared_memory_region(n, f"/tfx_{n}", nbytes) for n in names]
+        for name in names:
+            client.register_system_shared_memory(name, f"/tfx_{name}", nbytes)
+        unregister = client.unregister_system_shared_memory
+    module.set_shared_memory_region(handles[0], [data])
     tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
     tensor.set_shared_memory(names[0], nbytes)
     output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
     output.set_shared_memory(names[1], nbytes)
 
     def finish() -> None:
-        got = shm.get_contents_as_numpy(handles[1], np.float32, list(data.shape))
+        got = module.get_contents_as_numpy(handles[1], np.float32, list(data.shape))
         try:
             if not np.array_equal(got, data):
-                raise SystemExit("shared memory: wrong answer in the output region")
+                raise SystemExit(f"{memory} shared memory: wrong answer in the output region")
         finally:
             for name, handle in zip(names, handles, strict=True):
-                client.unregister_system_shared_memory(name)
-                shm.destroy_shared_memory_region(handle)
+                unregister(name)
+                module.destroy_shared_memory_region(handle)
 
     return lambda: client.infer(model, [tensor], outputs=[output]), finish
 
@@ -74,6 +96,9 @@ def main() -> None:
     http = httpclient.InferenceServerClient(http_url, network_timeout=300)
     grpc = grpcclient.InferenceServerClient(grpc_url)
     http.unregister_system_shared_memory()
+    cuda = gpu_present()
+    if cuda:
+        http.unregister_cuda_shared_memory()
     print(f"{'path':<14}{'size':>7}{'median ms':>11}{'req/s':>9}{'GB/s':>8}")
     for label, elements in SIZES:
         data = np.random.default_rng(0).random((1, elements), dtype=np.float32)
@@ -89,15 +114,19 @@ def main() -> None:
         def over_grpc(tensor: object = grpc_input) -> object:
             return grpc.infer(model, [tensor]).as_numpy("OUTPUT0")
 
-        shm_call, shm_finish = shared_memory_path(http, model, data)
+        placed = [("shared-memory", placed_path(http, model, data, "system"))]
+        if cuda:
+            placed.append(("cuda-shm", placed_path(http, model, data, "cuda")))
         try:
-            paths = (("shared-memory", shm_call), ("http-binary", over_http), ("grpc", over_grpc))
+            paths = [(path, call) for path, (call, _) in placed]
+            paths += [("http-binary", over_http), ("grpc", over_grpc)]
             for path, call in paths:
                 seconds = median_seconds(call, n)
                 rate = data.nbytes / seconds / 1e9
                 print(f"{path:<14}{label:>7}{seconds * 1e3:>11.3f}{1 / seconds:>9.1f}{rate:>8.2f}")
         finally:
-            shm_finish()
+            for _, (_, finish) in placed:
+                finish()
     grpc.close()
     http.close()
 

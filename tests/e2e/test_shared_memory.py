@@ -428,29 +428,118 @@ def test_cuda_endpoints_answer_without_a_gpu(protocol: str, client: Any) -> None
     client.unregister_cuda_shared_memory()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU and cuda-python")
-def test_cuda_shared_memory_inputs_and_outputs(protocol: str, client: Any) -> None:
-    import tritonclient.utils.cuda_shared_memory as cudashm
+class CudaRegions:
+    """Device memory on GPU 0 made for one test with tritonclient's CUDA helpers, registered
+    with the server (which opens it through CUDA IPC) and freed afterwards."""
 
-    data = np.arange(16, dtype=np.float32).reshape(1, 16)
-    inputs = cudashm.create_shared_memory_region("cin", data.nbytes, 0)
-    outputs = cudashm.create_shared_memory_region("cout", data.nbytes, 0)
-    try:
-        cudashm.set_shared_memory_region(inputs, [data])
-        client.register_cuda_shared_memory("cin", cudashm.get_raw_handle(inputs), 0, data.nbytes)
-        client.register_cuda_shared_memory("cout", cudashm.get_raw_handle(outputs), 0, data.nbytes)
-        status = client.get_cuda_shared_memory_status()
-        names = {e["name"] for e in status} if protocol == "http" else set(status.regions)
-        assert names == {"cin", "cout"}
+    def __init__(self, client: Any) -> None:
+        import tritonclient.utils.cuda_shared_memory as cudashm
+
+        self.cudashm = cudashm
+        self.client = client
+        self.handles: dict[str, Any] = {}
+
+    def create(self, byte_size: int) -> str:
+        name = "c" + uuid.uuid4().hex[:10]
+        handle = self.cudashm.create_shared_memory_region(name, byte_size, 0)
+        self.handles[name] = handle
+        self.client.register_cuda_shared_memory(
+            name, self.cudashm.get_raw_handle(handle), 0, byte_size
+        )
+        return name
+
+    def set(self, name: str, arrays: list[np.ndarray]) -> None:
+        """Writes ``arrays`` back to back from the region's start."""
+        self.cudashm.set_shared_memory_region(self.handles[name], arrays)
+
+    def get(self, name: str, shape: list[int]) -> np.ndarray:
+        """FP32 ``shape`` from the region's start."""
+        return self.cudashm.get_contents_as_numpy(self.handles[name], np.float32, shape)
+
+    def close(self) -> None:
+        self.client.unregister_cuda_shared_memory()
+        for handle in self.handles.values():
+            self.cudashm.destroy_shared_memory_region(handle)
+
+
+@pytest.fixture
+def cuda_regions(client: Any) -> Iterator[CudaRegions]:
+    made = CudaRegions(client)
+    yield made
+    made.close()
+
+
+def cuda_status(client: Any, protocol: str) -> dict[str, tuple[int, int]]:
+    """{name: (device_id, byte_size)} of the server's CUDA regions."""
+    status = client.get_cuda_shared_memory_status()
+    if protocol == "http":
+        return {e["name"]: (int(e["device_id"]), int(e["byte_size"])) for e in status}
+    return {n: (int(r.device_id), int(r.byte_size)) for n, r in status.regions.items()}
+
+
+gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU and cuda-python")
+DATA = np.arange(16, dtype=np.float32).reshape(1, 16)
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_cuda_inputs_and_outputs(protocol: str, client: Any, cuda_regions: CudaRegions) -> None:
+    inputs, outputs = cuda_regions.create(DATA.nbytes), cuda_regions.create(DATA.nbytes)
+    assert cuda_status(client, protocol) == {inputs: (0, 64), outputs: (0, 64)}
+    cuda_regions.set(inputs, [DATA])
+    result = client.infer(
+        "identity_fp32",
+        [shm_input(protocol, "INPUT0", [1, 16], "FP32", inputs, DATA.nbytes)],
+        outputs=[shm_output(protocol, "OUTPUT0", outputs, DATA.nbytes)],
+    )
+    np.testing.assert_array_equal(cuda_regions.get(outputs, [1, 16]), DATA)
+    output = result.get_output("OUTPUT0")  # metadata only: the data is in the region
+    shape = output["shape"] if protocol == "http" else list(output.shape)
+    assert [int(d) for d in shape] == [1, 16]
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_cuda_input_only_and_output_only(
+    protocol: str, client: Any, regions: Regions, cuda_regions: CudaRegions
+) -> None:
+    device = cuda_regions.create(2 * DATA.nbytes)
+    cuda_regions.set(device, [np.zeros_like(DATA), DATA])  # DATA in the second half
+    answer = client.infer(
+        "identity_fp32",
+        [shm_input(protocol, "INPUT0", [1, 16], "FP32", device, DATA.nbytes, DATA.nbytes)],
+    )
+    np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), DATA)
+    # A host input, the output into the first half of the device region.
+    client.infer(
+        "identity_fp32",
+        [np_input(protocol, "INPUT0", DATA * 2, "FP32")],
+        outputs=[shm_output(protocol, "OUTPUT0", device, DATA.nbytes)],
+    )
+    np.testing.assert_array_equal(cuda_regions.get(device, [2, 16]), [DATA[0] * 2, DATA[0]])
+    # A system region in and a CUDA region out, in one request.
+    host = regions.create(DATA.nbytes)
+    regions.set(host, [DATA * 3])
+    client.infer(
+        "identity_fp32",
+        [shm_input(protocol, "INPUT0", [1, 16], "FP32", host, DATA.nbytes)],
+        outputs=[shm_output(protocol, "OUTPUT0", device, DATA.nbytes)],
+    )
+    np.testing.assert_array_equal(cuda_regions.get(device, [2, 16]), [DATA[0] * 3, DATA[0]])
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_cuda_registration_errors(protocol: str, client: Any, cuda_regions: CudaRegions) -> None:
+    name = cuda_regions.create(64)
+    handle = cuda_regions.cudashm.get_raw_handle(cuda_regions.handles[name])
+    with pytest.raises(InferenceServerException, match="already in manager"):
+        client.register_cuda_shared_memory(name, handle, 0, 64)
+    with pytest.raises(InferenceServerException, match="failed to register CUDA shared memory"):
+        client.register_cuda_shared_memory("junk", base64.b64encode(bytes(64)), 0, 64)
+    with pytest.raises(InferenceServerException, match="Invalid offset"):
         client.infer(
             "identity_fp32",
-            [shm_input(protocol, "INPUT0", [1, 16], "FP32", "cin", data.nbytes)],
-            outputs=[shm_output(protocol, "OUTPUT0", "cout", data.nbytes)],
+            [shm_input(protocol, "INPUT0", [1, 16], "FP32", name, 64, offset=64)],
         )
-        got = cudashm.get_contents_as_numpy(outputs, np.float32, [1, 16])
-        np.testing.assert_array_equal(got, data)
-    finally:
-        client.unregister_cuda_shared_memory()
-        cudashm.destroy_shared_memory_region(inputs)
-        cudashm.destroy_shared_memory_region(outputs)
+    assert set(cuda_status(client, protocol)) == {name}
