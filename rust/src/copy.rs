@@ -18,7 +18,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread;
+use std::thread::{self, Thread};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -30,6 +30,9 @@ const MAX_COPY_THREADS: usize = 4;
 /// one thread's speed, copying small interleaved pieces they do not. Measured on two threads,
 /// 64 MiB of heap memory took 2.9 ms in 1 MiB pieces, 1.7 ms in 8 MiB and 1.4 ms in 32 MiB.
 const MIN_CHUNK_BYTES: usize = 4 << 20;
+/// And at most this large, so that a caller done with its own chunks never waits long for a
+/// helper's last one.
+const MAX_CHUNK_BYTES: usize = 32 << 20;
 /// Each thread gets about this many chunks: enough that a helper that wakes late still takes
 /// a share of what is left.
 const CHUNKS_PER_THREAD: usize = 2;
@@ -52,10 +55,11 @@ pub unsafe fn copy_nonoverlapping(source: *const u8, destination: *mut u8, len: 
         return;
     };
     let chunk = len
-        .div_ceil(helpers.threads * CHUNKS_PER_THREAD)
-        .max(MIN_CHUNK_BYTES)
+        .div_ceil(helpers.threads.load(Ordering::Relaxed) * CHUNKS_PER_THREAD)
+        .clamp(MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
         .next_multiple_of(64);
     let job = Arc::new(Job {
+        owner: thread::current(),
         source: source as usize,
         destination: destination as usize,
         len,
@@ -74,6 +78,8 @@ pub unsafe fn copy_nonoverlapping(source: *const u8, destination: *mut u8, len: 
 /// One copy, shared out by chunks. Holds addresses, not references: what makes them valid is
 /// the caller of [`copy_nonoverlapping`], which returns only once every chunk is copied.
 struct Job {
+    /// The caller, woken by the helper that copies the last chunk.
+    owner: Thread,
     source: usize,
     destination: usize,
     len: usize,
@@ -110,27 +116,33 @@ impl Job {
                     count,
                 );
             }
-            self.done.fetch_add(1, Ordering::Release);
+            let finished = self.done.fetch_add(1, Ordering::Release) + 1 == self.chunks;
+            if finished && thread::current().id() != self.owner.id() {
+                self.owner.unpark();
+            }
         }
     }
 
-    /// Returns once every chunk is copied: the caller's last chunk is done, so at most the
-    /// chunk each helper is copying right now remains (well under a millisecond).
+    /// Returns once every chunk is copied. Called by the owner once it finds nothing left to
+    /// claim, so at most the chunk each helper is copying right now remains: spun for briefly
+    /// (it is often about to end), then slept on until the helper that ends the last chunk
+    /// wakes the owner.
     fn wait_done(&self) {
-        let mut spins = 0u32;
-        while self.done.load(Ordering::Acquire) < self.chunks {
-            if spins < 1000 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                thread::yield_now();
+        for _ in 0..1000 {
+            if self.done.load(Ordering::Acquire) == self.chunks {
+                return;
             }
+            std::hint::spin_loop();
+        }
+        // `park` returns at once if the unpark came first, and may return early: hence the loop.
+        while self.done.load(Ordering::Acquire) < self.chunks {
+            thread::park();
         }
     }
 }
 
-/// Copies one run (at least a few MiB) of a large copy: with non-temporal stores where the processor has them
-/// (AVX2), else as libc does.
+/// Copies one run of a large copy (a chunk: a few MiB, but for the last): with non-temporal
+/// stores where the processor has them (AVX), else as libc does.
 ///
 /// Non-temporal stores write the destination without reading it into the cache first: a
 /// plain copy of data larger than the cache reads the destination line by line only to
@@ -145,8 +157,8 @@ impl Job {
 /// As [`copy_nonoverlapping`].
 unsafe fn copy_run(source: *const u8, destination: *mut u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (checked just above; the check is cached by std); the
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX is present (checked just above; the check is cached by std); the
         // ranges are the caller's.
         unsafe { stream::copy(source, destination, len) };
         return;
@@ -166,9 +178,9 @@ mod stream {
     /// copies for its unaligned head and the tail, then a store fence.
     ///
     /// # Safety
-    /// The CPU has AVX2; `source` is valid for reads and `destination` for writes of `len`
+    /// The CPU has AVX; `source` is valid for reads and `destination` for writes of `len`
     /// bytes, the ranges do not overlap, and nothing else writes them during the call.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx")]
     #[expect(
         clippy::cast_ptr_alignment,
         reason = "loads take any alignment; stores go to 32-byte aligned addresses (see below)"
@@ -182,7 +194,8 @@ mod stream {
         while offset < head + body {
             // SAFETY: `offset + STEP <= head + body <= len`, inside both ranges; the stores'
             // addresses are 32-byte aligned (the head made `destination + head` so, and
-            // `offset - head` is a multiple of STEP); loads take any alignment.
+            // `offset - head` is a multiple of STEP; were `align_offset` ever to give up,
+            // `head == len` and `body == 0`, so no store runs); loads take any alignment.
             unsafe {
                 let from = source.add(offset).cast::<__m256i>();
                 let to = destination.add(offset).cast::<__m256i>();
@@ -213,8 +226,8 @@ mod stream {
 
 /// The parked helper threads and the copy they are asked to join.
 struct Helpers {
-    /// Threads a copy is shared by: the caller and the helpers.
-    threads: usize,
+    /// Threads a copy is shared by: the caller and the helpers that started.
+    threads: AtomicUsize,
     posted: Mutex<Posted>,
     wake: Condvar,
 }
@@ -272,31 +285,33 @@ impl Helpers {
 
 /// The helpers, started on first use: one fewer than the cores this process may use (asked
 /// once: the query reads cgroup files), within `MAX_COPY_THREADS`; none on a single core, or
-/// if no thread could be started.
+/// if no thread could be started. (A process forked later has the helpers' state but not
+/// their threads: its callers then claim every chunk themselves.)
 fn helpers() -> Option<&'static Helpers> {
     static HELPERS: OnceLock<Option<&'static Helpers>> = OnceLock::new();
     *HELPERS.get_or_init(|| {
-        let threads = thread::available_parallelism().map_or(1, |n| n.get().min(MAX_COPY_THREADS));
-        if threads < 2 {
+        let wanted = thread::available_parallelism().map_or(1, |n| n.get().min(MAX_COPY_THREADS));
+        if wanted < 2 {
             return None;
         }
         let helpers: &'static Helpers = Box::leak(Box::new(Helpers {
-            threads,
+            threads: AtomicUsize::new(1),
             posted: Mutex::new(Posted {
                 serial: 0,
                 job: None,
             }),
             wake: Condvar::new(),
         }));
-        for index in 1..threads {
+        for index in 1..wanted {
+            // Linux keeps 15 bytes of a thread's name.
             let spawned = thread::Builder::new()
-                .name(format!("tritonfast-copy-{index}"))
+                .name(format!("tf-copy-{index}"))
                 .spawn(move || helpers.serve());
-            if spawned.is_err() {
-                return None; // copies stay on their callers' threads
+            if spawned.is_ok() {
+                helpers.threads.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Some(helpers)
+        (helpers.threads.load(Ordering::Relaxed) > 1).then_some(helpers)
     })
 }
 
