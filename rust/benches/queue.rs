@@ -76,7 +76,7 @@ fn spawn_consumer(
     let (tx, rx) = mpsc::sync_channel(1);
     let q = Arc::clone(q);
     let handle = thread::spawn(move || {
-        while let Some(batch) = q.pop_batch(Duration::from_secs(60)).into_batch() {
+        while let Some(batch) = q.pop_batch(Duration::from_mins(1)).into_batch() {
             let latency = batch[0].elapsed();
             if tx.send(latency).is_err() {
                 return;

@@ -456,7 +456,7 @@ mod tests {
     #[test]
     fn a_different_shape_ends_the_run_and_sends_it() {
         let mut s = staged(1, &[(1, 0, 7), (1, 0, 7), (1, 0, 9), (1, 0, 7)]);
-        let r = rules(8, &[8], Duration::from_secs(60));
+        let r = rules(8, &[8], Duration::from_mins(1));
         let plan = s.plan(&r).unwrap();
         assert!(plan.full);
         assert_eq!(plan_and_take(&mut s, &r, false), [0, 1]);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 /// How far back quantiles look (what Prometheus client libraries default to).
-pub const MAX_AGE: Duration = Duration::from_secs(60);
+pub const MAX_AGE: Duration = Duration::from_mins(1);
 /// The most samples a window holds.
 pub const MAX_SAMPLES: usize = 8192;
 

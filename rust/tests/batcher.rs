@@ -112,7 +112,7 @@ fn requests_batch_only_with_the_same_shape_key() {
     // A long delay: a batch cut short by a different shape must still leave at once.
     let q = RequestQueue::new(BatchPolicy {
         max_batch_size: 8,
-        max_queue_delay: Duration::from_secs(60),
+        max_queue_delay: Duration::from_mins(1),
         preferred_batch_sizes: vec![8],
     })
     .unwrap();
@@ -424,7 +424,7 @@ fn stress_canceller(
             let handed: Vec<_> = std::mem::take(&mut *tickets.lock().unwrap());
             for (id, ticket) in handed {
                 n += 1;
-                if n % 5 == 0 && q.cancel(&ticket).unwrap() {
+                if n.is_multiple_of(5) && q.cancel(&ticket).unwrap() {
                     removed.push(id);
                 }
             }
@@ -489,7 +489,7 @@ fn stress_priorities_timeouts_and_cancellation() {
         })
         .unwrap(),
     );
-    let (levels, outputs, removed) = within(Duration::from_secs(120), move || {
+    let (levels, outputs, removed) = within(Duration::from_mins(2), move || {
         let done = Arc::new(AtomicBool::new(false));
         let tickets = Tickets::default();
         let consumers: Vec<_> = (0..2).map(|_| stress_consumer(Arc::clone(&q))).collect();

@@ -235,7 +235,7 @@ fn close_wakes_every_blocked_consumer() {
             let started = Arc::clone(&started);
             thread::spawn(move || {
                 started.wait();
-                q.pop_batch(Duration::from_secs(60))
+                q.pop_batch(Duration::from_mins(1))
             })
         })
         .collect();
@@ -275,7 +275,7 @@ fn waiting_consumers_time_out_while_another_forms_a_batch() {
 /// each consumer in order.
 fn stress(max: u32, delay: Duration, producers: u32, consumers: usize, per_producer: u32) {
     let q = queue::<(u32, u32, u32)>(max, delay, &[]);
-    let result = within(Duration::from_secs(60), move || {
+    let result = within(Duration::from_mins(1), move || {
         let consumer_handles: Vec<_> = (0..consumers)
             .map(|_| {
                 let q = Arc::clone(&q);
@@ -354,7 +354,7 @@ fn stress_batched_no_delay() {
 fn no_lost_wakeups_in_ping_pong() {
     // The consumer parks between items; a lost wake-up would stall it until the watchdog fires.
     let q = queue::<u32>(0, Duration::ZERO, &[]);
-    within(Duration::from_secs(60), move || {
+    within(Duration::from_mins(1), move || {
         let (ack_tx, ack_rx) = mpsc::channel();
         let consumer = {
             let q = Arc::clone(&q);

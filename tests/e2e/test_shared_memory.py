@@ -142,6 +142,28 @@ def test_inputs_and_outputs_in_shared_memory(protocol: str, client: Any, regions
     assert [int(d) for d in shape] == [4]
 
 
+def test_large_output_lands_exactly_in_its_window(
+    protocol: str, client: Any, regions: Regions
+) -> None:
+    # Past the core's parallel-copy size (8 MiB), at an offset that leaves the destination
+    # unaligned, so the copy's chunks, streaming stores, head and tail all run; the bytes
+    # around the window must stay as they were.
+    data = np.random.default_rng(7).random((1, (9 << 18) + 13), dtype=np.float32)
+    inputs = regions.create(data.nbytes)
+    regions.set(inputs, [data])
+    guard = 68
+    outputs = regions.create(data.nbytes + 2 * guard)
+    regions.set(outputs, [np.full(data.nbytes + 2 * guard, 0x5A, np.uint8)])
+    client.infer(
+        "identity_fp32",
+        [shm_input(protocol, "INPUT0", list(data.shape), "FP32", inputs, data.nbytes)],
+        outputs=[shm_output(protocol, "OUTPUT0", outputs, data.nbytes, offset=guard)],
+    )
+    np.testing.assert_array_equal(regions.get(outputs, np.float32, list(data.shape), guard), data)
+    around = regions.get(outputs, np.uint8, [data.nbytes + 2 * guard])
+    assert (around[:guard] == 0x5A).all() and (around[guard + data.nbytes :] == 0x5A).all()
+
+
 def test_inputs_only(protocol: str, client: Any, regions: Regions) -> None:
     region = regions.create(32)
     regions.set(region, [A, B])
