@@ -2,8 +2,10 @@
 
 One client sends requests one at a time (the tensor in, the same tensor out) and the median
 time per request gives req/s and the effective rate (tensor bytes / time). Shared memory: the
-input and the output live in two registered regions, nothing but JSON crosses the socket.
-With a CUDA GPU (and cuda-python) on the machine, a fourth path puts the input and the output
+input and the output live in two registered regions, nothing but JSON crosses the socket;
+"shm-in-place": in one region, the output written over the input (which an identity model
+leaves where it is).
+With a CUDA GPU (and cuda-python) on the machine, one more path puts the input and the output
 in CUDA memory shared with the server (Triton's CUDA shared-memory extension).
 Run it against any Triton-compatible server, e.g. real Triton and tritonfast in turn:
 
@@ -50,13 +52,18 @@ def gpu_present() -> bool:
 
 
 def placed_path(
-    client: httpclient.InferenceServerClient, model: str, data: np.ndarray, memory: str
+    client: httpclient.InferenceServerClient,
+    model: str,
+    data: np.ndarray,
+    memory: str,
+    in_place: bool = False,
 ) -> tuple[Callable[[], object], Callable[[], None]]:
     """(one request, check-and-clean-up) with input and output in two regions of ``memory``:
-    ``"system"`` (POSIX shared memory) or ``"cuda"`` (device memory on GPU 0)."""
+    ``"system"`` (POSIX shared memory) or ``"cuda"`` (device memory on GPU 0); ``in_place``:
+    in one region, the output over the input."""
     nbytes = data.nbytes
     tag = uuid.uuid4().hex[:8]
-    names = ("in" + tag, "out" + tag)
+    names = ("io" + tag,) if in_place else ("in" + tag, "out" + tag)
     if memory == "cuda":
         import tritonclient.utils.cuda_shared_memory as module
 
@@ -74,10 +81,10 @@ def placed_path(
     tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
     tensor.set_shared_memory(names[0], nbytes)
     output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
-    output.set_shared_memory(names[1], nbytes)
+    output.set_shared_memory(names[-1], nbytes)
 
     def finish() -> None:
-        got = module.get_contents_as_numpy(handles[1], np.float32, list(data.shape))
+        got = module.get_contents_as_numpy(handles[-1], np.float32, list(data.shape))
         try:
             if not np.array_equal(got, data):
                 raise SystemExit(f"{memory} shared memory: wrong answer in the output region")
@@ -114,7 +121,10 @@ def main() -> None:
         def over_grpc(tensor: object = grpc_input) -> object:
             return grpc.infer(model, [tensor]).as_numpy("OUTPUT0")
 
-        placed = [("shared-memory", placed_path(http, model, data, "system"))]
+        placed = [
+            ("shared-memory", placed_path(http, model, data, "system")),
+            ("shm-in-place", placed_path(http, model, data, "system", in_place=True)),
+        ]
         if cuda:
             placed.append(("cuda-shm", placed_path(http, model, data, "cuda")))
         try:

@@ -164,6 +164,21 @@ def test_large_output_lands_exactly_in_its_window(
     assert (around[:guard] == 0x5A).all() and (around[guard + data.nbytes :] == 0x5A).all()
 
 
+def test_outputs_over_their_own_inputs(protocol: str, client: Any, regions: Regions) -> None:
+    # One region holds the input and receives the output: at the same offset (in place,
+    # nothing to move) and shifted by 16 bytes (the ranges overlap: moved as by memmove).
+    data = np.arange(64, dtype=np.float32).reshape(1, 64)
+    region = regions.create(data.nbytes + 16)
+    for shift in (0, 16):
+        regions.set(region, [data])
+        client.infer(
+            "identity_fp32",
+            [shm_input(protocol, "INPUT0", [1, 64], "FP32", region, data.nbytes)],
+            outputs=[shm_output(protocol, "OUTPUT0", region, data.nbytes, offset=shift)],
+        )
+        np.testing.assert_array_equal(regions.get(region, np.float32, [1, 64], shift), data)
+
+
 def test_inputs_only(protocol: str, client: Any, regions: Regions) -> None:
     region = regions.create(32)
     regions.set(region, [A, B])

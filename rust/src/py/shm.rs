@@ -117,10 +117,12 @@ impl RegionView {
                 self.len
             )));
         }
-        if len == 0 {
+        let destination = self.address;
+        if len == 0 || address == destination {
+            // Nothing to move: an output computed in place (the model returned a view of an
+            // input placed at this very window) is already where it belongs.
             return Ok(());
         }
-        let destination = self.address;
         let overlapping = address < destination + len && destination < address + len;
         py.detach(|| {
             // SAFETY: numpy's interface of a C-contiguous array gives `len` readable bytes at
