@@ -49,13 +49,13 @@ pub unsafe fn copy_nonoverlapping(source: *const u8, destination: *mut u8, len: 
         unsafe { std::ptr::copy_nonoverlapping(source, destination, len) };
         return;
     }
-    let Some(helpers) = helpers() else {
+    let Some((helpers, threads)) = helpers() else {
         // SAFETY: the caller's contract.
         unsafe { copy_run(source, destination, len) };
         return;
     };
     let chunk = len
-        .div_ceil(helpers.threads.load(Ordering::Relaxed) * CHUNKS_PER_THREAD)
+        .div_ceil(threads * CHUNKS_PER_THREAD)
         .clamp(MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
         .next_multiple_of(64);
     let job = Arc::new(Job {
@@ -99,6 +99,7 @@ impl Job {
     /// While any chunk is unclaimed, the ranges of `copy_nonoverlapping`'s contract must be
     /// valid (the caller keeps them so until [`Job::wait_done`] returns).
     unsafe fn work(&self) {
+        let helping = thread::current().id() != self.owner.id();
         loop {
             let index = self.next.fetch_add(1, Ordering::Relaxed);
             if index >= self.chunks {
@@ -117,7 +118,6 @@ impl Job {
                 );
             }
             let finished = self.done.fetch_add(1, Ordering::Release) + 1 == self.chunks;
-            let helping = thread::current().id() != self.owner.id();
             #[cfg(test)]
             if helping {
                 tests::HELPED_CHUNKS.fetch_add(1, Ordering::Relaxed);
@@ -231,8 +231,6 @@ mod stream {
 
 /// The parked helper threads and the copy they are asked to join.
 struct Helpers {
-    /// Threads a copy is shared by: the caller and the helpers that started.
-    threads: AtomicUsize,
     posted: Mutex<Posted>,
     wake: Condvar,
 }
@@ -288,35 +286,34 @@ impl Helpers {
     }
 }
 
-/// The helpers, started on first use: one fewer than the cores this process may use (asked
+/// The helpers, with how many threads a copy is shared by (the caller and the helpers that
+/// started). Started on first use: one fewer than the cores this process may use (asked
 /// once: the query reads cgroup files), within `MAX_COPY_THREADS`; none on a single core, or
 /// if no thread could be started. (A process forked later has the helpers' state but not
 /// their threads: its callers then claim every chunk themselves.)
-fn helpers() -> Option<&'static Helpers> {
-    static HELPERS: OnceLock<Option<&'static Helpers>> = OnceLock::new();
+fn helpers() -> Option<(&'static Helpers, usize)> {
+    static HELPERS: OnceLock<Option<(&'static Helpers, usize)>> = OnceLock::new();
     *HELPERS.get_or_init(|| {
         let wanted = thread::available_parallelism().map_or(1, |n| n.get().min(MAX_COPY_THREADS));
         if wanted < 2 {
             return None;
         }
         let helpers: &'static Helpers = Box::leak(Box::new(Helpers {
-            threads: AtomicUsize::new(1),
             posted: Mutex::new(Posted {
                 serial: 0,
                 job: None,
             }),
             wake: Condvar::new(),
         }));
+        let mut threads = 1;
         for index in 1..wanted {
             // Linux keeps 15 bytes of a thread's name.
             let spawned = thread::Builder::new()
                 .name(format!("tf-copy-{index}"))
                 .spawn(move || helpers.serve());
-            if spawned.is_ok() {
-                helpers.threads.fetch_add(1, Ordering::Relaxed);
-            }
+            threads += usize::from(spawned.is_ok());
         }
-        (helpers.threads.load(Ordering::Relaxed) > 1).then_some(helpers)
+        (threads > 1).then_some((helpers, threads))
     })
 }
 
