@@ -1,6 +1,7 @@
 //! One error type for the whole core, carrying Triton's status codes.
 
 use std::fmt;
+use std::io;
 
 /// Triton's server error codes (`TRITONSERVER_Error_Code`).
 ///
@@ -52,11 +53,28 @@ impl fmt::Display for Code {
     }
 }
 
+/// What a failure is besides its status code, for a binding that raises its language's own
+/// exception classes. Most errors answer a client's request ([`Kind::Status`]); the others
+/// concern the server's own code and never reach a client as such.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A failure with a Triton status, answered to the client.
+    #[default]
+    Status,
+    /// The caller (the server's code, not a client) passed a value the call cannot take.
+    BadValue,
+    /// The operating system refused a resource: a descriptor, a thread.
+    System,
+    /// The connection, or the stream over it, is closed.
+    Disconnected,
+}
+
 /// An error with a Triton status code and a message meant for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoreError {
     pub code: Code,
     pub message: String,
+    pub kind: Kind,
 }
 
 impl CoreError {
@@ -64,6 +82,32 @@ impl CoreError {
         Self {
             code,
             message: message.into(),
+            kind: Kind::Status,
+        }
+    }
+
+    /// A value the caller should not have passed (`InvalidArg`, [`Kind::BadValue`]).
+    pub fn bad_value(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::BadValue,
+            ..Self::invalid_arg(message)
+        }
+    }
+
+    /// A resource the operating system refused (`Internal`, [`Kind::System`]), with the
+    /// system's own message.
+    pub fn system(err: &io::Error) -> Self {
+        Self {
+            kind: Kind::System,
+            ..Self::internal(err.to_string())
+        }
+    }
+
+    /// A write to a connection that is closed (`Unavailable`, [`Kind::Disconnected`]).
+    pub fn disconnected(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Disconnected,
+            ..Self::unavailable(message)
         }
     }
 
@@ -87,6 +131,12 @@ impl fmt::Display for CoreError {
 }
 
 impl std::error::Error for CoreError {}
+
+impl From<io::Error> for CoreError {
+    fn from(err: io::Error) -> Self {
+        Self::system(&err)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -115,5 +165,24 @@ mod tests {
         let err = CoreError::invalid_arg("batch size 9 exceeds 8");
         assert_eq!(err.to_string(), "[INVALID_ARG] batch size 9 exceeds 8");
         assert_eq!(err.code, Code::InvalidArg);
+        assert_eq!(err.kind, Kind::Status);
+    }
+
+    #[test]
+    fn kinds_keep_a_code_and_the_message() {
+        let err = CoreError::bad_value("not an open socket");
+        assert_eq!(
+            (err.code, err.kind, err.message.as_str()),
+            (Code::InvalidArg, Kind::BadValue, "not an open socket")
+        );
+        let os = io::Error::from_raw_os_error(libc::EMFILE);
+        let err = CoreError::from(io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!((err.code, err.kind), (Code::Internal, Kind::System));
+        assert_eq!(err.message, os.to_string());
+        let err = CoreError::disconnected("connection closed");
+        assert_eq!(
+            (err.code, err.kind),
+            (Code::Unavailable, Kind::Disconnected)
+        );
     }
 }

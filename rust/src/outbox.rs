@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::error::CoreError;
+
 /// What a stream still has to do; behind the stream's lock.
 #[derive(Debug, Default)]
 struct Pending {
@@ -52,6 +54,14 @@ pub struct Stream {
 pub enum WriteError {
     /// The stream was closed or aborted, or its socket failed.
     Closed,
+}
+
+impl From<WriteError> for CoreError {
+    fn from(err: WriteError) -> Self {
+        match err {
+            WriteError::Closed => CoreError::disconnected("connection closed"),
+        }
+    }
 }
 
 impl Stream {

@@ -1,10 +1,20 @@
-//! `CoreError` → the exception classes of `tritonfast.errors`, in one place.
+//! `CoreError` → Python exceptions, in one place: the only code of the bindings that builds
+//! an exception. Every error of the core, and every value a binding refuses, is a `CoreError`
+//! that reaches Python through [`to_py_err`] (directly, through `?` and `From`, or through
+//! [`without_gil`](super::gil::without_gil)).
+//!
+//! | [`Kind`] | Python exception |
+//! |---|---|
+//! | `Status` | `tritonfast.errors.error_for(Code[<code>], message)`: the `TritonError` subclass of the code |
+//! | `BadValue` | `ValueError(message)` |
+//! | `System` | `OSError(message)` |
+//! | `Disconnected` | `ConnectionError(message)` |
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyConnectionError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use crate::error::CoreError;
+use crate::error::{CoreError, Kind};
 
 /// `tritonfast.errors.Code` and `tritonfast.errors.error_for`, looked up once.
 struct ErrorsModule {
@@ -36,17 +46,22 @@ fn exception_for<'py>(py: Python<'py>, err: &CoreError) -> PyResult<Bound<'py, P
         .call1((code, err.message.as_str()))
 }
 
-/// Converts a core error into the package's exception for its code. If `tritonfast.errors`
-/// cannot be used (a broken install), raises `RuntimeError` with the same text instead, chained
-/// to the failure.
+/// Converts a core error into its Python exception (see the module docs). If
+/// `tritonfast.errors` cannot be used (a broken install), a `Status` error raises
+/// `RuntimeError` with the same text instead, chained to the failure.
 pub(crate) fn to_py_err(py: Python<'_>, err: &CoreError) -> PyErr {
-    match exception_for(py, err) {
-        Ok(exception) => PyErr::from_value(exception),
-        Err(lookup_failure) => {
-            let fallback = PyRuntimeError::new_err(err.to_string());
-            fallback.set_cause(py, Some(lookup_failure));
-            fallback
-        }
+    match err.kind {
+        Kind::Status => match exception_for(py, err) {
+            Ok(exception) => PyErr::from_value(exception),
+            Err(lookup_failure) => {
+                let fallback = PyRuntimeError::new_err(err.to_string());
+                fallback.set_cause(py, Some(lookup_failure));
+                fallback
+            }
+        },
+        Kind::BadValue => PyValueError::new_err(err.message.clone()),
+        Kind::System => PyOSError::new_err(err.message.clone()),
+        Kind::Disconnected => PyConnectionError::new_err(err.message.clone()),
     }
 }
 

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::gil::without_gil;
 use super::queue::{PyBatch, PyRequestQueue, SIGNAL_CHECK_INTERVAL, to_batch};
+use crate::error::CoreError;
 use crate::handoff::{Completion, Handoff};
 use crate::queue::{Batch, PopResult, Queued};
 
@@ -29,7 +29,7 @@ pub(crate) struct PyHandoff {
 impl PyHandoff {
     #[new]
     fn new(queue: Py<PyRequestQueue>) -> PyResult<Self> {
-        let inner = Handoff::new().map_err(|err| PyOSError::new_err(err.to_string()))?;
+        let inner = Handoff::new().map_err(CoreError::from)?;
         Ok(Self {
             inner: Arc::new(inner),
             queue,

@@ -5,9 +5,10 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::exceptions::{PyConnectionError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 
+use super::gil::without_gil;
+use crate::error::CoreError;
 use crate::outbox::{Outbox, Stream};
 
 /// The writer thread. `open(fileno)` gives a stream for one connected socket.
@@ -18,33 +19,30 @@ pub(crate) struct PyOutbox(Outbox);
 impl PyOutbox {
     #[new]
     fn new() -> PyResult<Self> {
-        Outbox::new()
-            .map(Self)
-            .map_err(|err| PyOSError::new_err(err.to_string()))
+        Ok(Self(Outbox::new().map_err(CoreError::from)?))
     }
 
     /// A stream over a duplicate of the socket descriptor `fileno`, which stays the caller's.
     fn open(&self, fileno: i32) -> PyResult<PyOutStream> {
         if fileno < 0 {
-            return Err(PyValueError::new_err("not an open socket"));
+            return Err(CoreError::bad_value("not an open socket").into());
         }
         // SAFETY: a caller contract, not enforced (any int can be passed): `fileno` is an open
         // socket for the duration of this call. It is only duplicated here, never closed, so
         // a wrong number at worst duplicates another descriptor or fails with EBADF.
         let fd = unsafe { BorrowedFd::borrow_raw(fileno) };
-        self.0
-            .open(fd)
-            .map(PyOutStream)
-            .map_err(|err| PyOSError::new_err(err.to_string()))
+        Ok(PyOutStream(self.0.open(fd).map_err(CoreError::from)?))
     }
 
     /// Ends the writer thread once everything written has been sent, or after `timeout_s`
     /// at the latest (the GIL is released meanwhile).
     fn finish(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
         let within = Duration::try_from_secs_f64(timeout_s)
-            .map_err(|_| PyValueError::new_err("timeout_s must be a finite number >= 0"))?;
-        py.detach(|| self.0.finish(within));
-        Ok(())
+            .map_err(|_| CoreError::bad_value("timeout_s must be a finite number >= 0"))?;
+        without_gil(py, || {
+            self.0.finish(within);
+            Ok(())
+        })
     }
 }
 
@@ -56,17 +54,13 @@ pub(crate) struct PyOutStream(Arc<Stream>);
 impl PyOutStream {
     /// Queues `data`; `ConnectionError` once the stream is closed or its peer gone.
     fn write(&self, data: &[u8]) -> PyResult<()> {
-        self.0
-            .write(data)
-            .map_err(|_| PyConnectionError::new_err("connection closed"))
+        Ok(self.0.write(data).map_err(CoreError::from)?)
     }
 
     /// Sends `data` now on this thread if nothing written before it waits (what the socket
     /// does not take is queued); else queues it like `write`.
     fn write_now(&self, data: &[u8]) -> PyResult<()> {
-        self.0
-            .write_now(data)
-            .map_err(|_| PyConnectionError::new_err("connection closed"))
+        Ok(self.0.write_now(data).map_err(CoreError::from)?)
     }
 
     /// Closes the stream's hold on the socket once everything written is sent.

@@ -5,10 +5,11 @@
 //! `uint8` view whose base is the buffer object, and the memory returns to the pool when the
 //! last view is gone.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use super::gil::without_gil;
+use crate::error::CoreError;
 use crate::pool::{PoolBuffer, TensorPool};
 
 #[pyclass(name = "TensorPool", module = "tritonfast._core", frozen)]
@@ -20,9 +21,10 @@ pub(crate) struct PyTensorPool {
 pub(crate) fn contiguous_bytes(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
     let interface = array.getattr("__array_interface__")?;
     if !interface.get_item("strides")?.is_none() {
-        return Err(PyValueError::new_err(
+        return Err(CoreError::bad_value(
             "expected a C-contiguous array (numpy.ascontiguousarray)",
-        ));
+        )
+        .into());
     }
     let (address, _read_only): (usize, bool) = interface.get_item("data")?.extract()?;
     let nbytes: usize = array.getattr("nbytes")?.extract()?;
@@ -63,7 +65,7 @@ impl PyTensorPool {
         let pool = self.pool.clone();
         // `arrays` (borrowed from the caller) keeps every array, and so every address, alive
         // until this method returns.
-        let buffer = py.detach(move || -> Result<PoolBuffer, crate::CoreError> {
+        let buffer = without_gil(py, move || {
             let slices: Vec<&[u8]> = parts
                 .iter()
                 .map(|&(address, len)| {

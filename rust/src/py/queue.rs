@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyBaseException, PyValueError};
+use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -180,11 +180,12 @@ impl PyBatch {
     ) -> PyResult<()> {
         let timings = self.timings.as_slice();
         if results.len()? != timings.len() {
-            return Err(PyValueError::new_err(format!(
+            return Err(CoreError::bad_value(format!(
                 "report() got {} results for a batch of {}",
                 results.len()?,
                 timings.len()
-            )));
+            ))
+            .into());
         }
         // A list (the usual case) is read in place; anything else is collected first.
         let collected;
@@ -198,7 +199,7 @@ impl PyBatch {
             &collected
         };
         if self.reported.swap(true, Ordering::Relaxed) {
-            return Err(PyValueError::new_err("this batch was already reported"));
+            return Err(CoreError::bad_value("this batch was already reported").into());
         }
         let compute = ComputeTimes {
             input: Duration::from_nanos(compute_input_ns),

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use super::gil::without_gil;
+use crate::error::CoreError;
 use crate::shm::{Region, RegionRegistry};
 
 #[pyclass(name = "SharedMemoryRegistry", module = "tritonfast._core", frozen)]
@@ -34,20 +35,18 @@ impl PySharedMemoryRegistry {
         offset: u64,
         byte_size: u64,
     ) -> PyResult<()> {
-        let registry = Arc::clone(&self.registry);
-        py.detach(|| registry.register(name, key, offset, byte_size))?;
-        Ok(())
+        without_gil(py, || self.registry.register(name, key, offset, byte_size))
     }
 
     /// Forgets `name` (True if it was registered); requests using it keep it mapped.
-    fn unregister(&self, py: Python<'_>, name: &str) -> bool {
+    fn unregister(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
         // Unmapping (when no request holds the region) is a system call: release the GIL.
-        py.detach(|| self.registry.unregister(name))
+        without_gil(py, || Ok(self.registry.unregister(name)))
     }
 
     /// Forgets every region; returns how many there were.
-    fn unregister_all(&self, py: Python<'_>) -> usize {
-        py.detach(|| self.registry.unregister_all())
+    fn unregister_all(&self, py: Python<'_>) -> PyResult<usize> {
+        without_gil(py, || Ok(self.registry.unregister_all()))
     }
 
     /// `[{"name", "key", "offset", "byte_size"}]` for every region (by name), or for `name`.
@@ -77,7 +76,7 @@ impl PySharedMemoryRegistry {
     ) -> PyResult<RegionView> {
         let region = self.registry.get(name)?;
         let address = region.address(offset, byte_size)? as usize;
-        let len = usize::try_from(byte_size).map_err(|_| PyValueError::new_err("too large"))?;
+        let len = usize::try_from(byte_size).map_err(|_| CoreError::bad_value("too large"))?;
         Ok(RegionView {
             _region: region,
             address,
@@ -108,14 +107,15 @@ impl RegionView {
     /// writable window, with the GIL released.
     fn write(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<()> {
         if !self.writable {
-            return Err(PyValueError::new_err("this region view is read-only"));
+            return Err(CoreError::bad_value("this region view is read-only").into());
         }
         let (address, len) = super::pool::contiguous_bytes(array)?;
         if len > self.len {
-            return Err(PyValueError::new_err(format!(
+            return Err(CoreError::bad_value(format!(
                 "{len} bytes do not fit in a window of {} bytes",
                 self.len
-            )));
+            ))
+            .into());
         }
         let destination = self.address;
         if len == 0 || address == destination {
@@ -124,7 +124,7 @@ impl RegionView {
             return Ok(());
         }
         let overlapping = address < destination + len && destination < address + len;
-        py.detach(|| {
+        without_gil(py, || {
             // SAFETY: numpy's interface of a C-contiguous array gives `len` readable bytes at
             // `address`, kept alive by `array` (borrowed for this call); the window holds at
             // least `len` bytes at `destination` (checked above when it was made, and
@@ -141,8 +141,8 @@ impl RegionView {
                     );
                 }
             }
-        });
-        Ok(())
+            Ok(())
+        })
     }
 
     fn __len__(&self) -> usize {
