@@ -1,12 +1,13 @@
 # The one interface that people and CI both call.
 #   make install   create .venv and install tritonfast with its test extras (builds the Rust core)
 #   make test      cargo test + pytest + the quick microbenchmarks (figures printed, not judged)
-#   make ci        install, then check generated protos, lint and test: what .ci/run runs
+#   make ci        install, then check generated protos, lint (stubtest included) and test: what
+#                  .ci/run runs
 VENV    ?= .venv
 PYTHON  ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv install build test test-rust test-python bench-quick bench lint lint-fast fmt protos protos-check ci serve
+.PHONY: venv install build test test-rust test-python bench-quick bench lint lint-fast stubtest fmt protos protos-check ci serve
 
 venv:
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -36,12 +37,19 @@ bench:
 	cargo bench --bench queue
 	$(PYTHON) bench/micro/run.py
 
-# The checks that need no compile: part of every CI run.
-lint-fast:
+# The checks that need no compile: part of every CI run. stubtest checks the installed
+# extension against python/tritonfast/_core.pyi, so after Rust changes it needs `make build`
+# first; `make ci` installs before it lints.
+lint-fast: stubtest
 	$(PYTHON) -m ruff check python tests bench scripts
 	$(PYTHON) -m ruff format --check python tests bench scripts
 	$(PYTHON) -m mypy python/tritonfast
 	cargo fmt --check
+
+# The runtime side is the installed extension; MYPYPATH makes the stub side this checkout's
+# _core.pyi rather than the installed copy.
+stubtest:
+	MYPYPATH=python $(PYTHON) -m mypy.stubtest tritonfast._core
 
 lint: lint-fast
 	cargo clippy --all-targets -- -D warnings

@@ -5,15 +5,24 @@ from typing import Any, Literal, final
 
 from typing_extensions import Self
 
+# Exactly the names the extension registers (its runtime ``__all__``), sorted.
 __all__ = [
     "QUEUE_FULL_MESSAGE",
     "Batch",
+    "Handoff",
+    "HandoffDone",
+    "OutStream",
+    "Outbox",
     "PooledBuffer",
     "QueuePolicy",
+    "RegionView",
     "RequestQueue",
+    "SharedMemoryRegistry",
     "TensorPool",
     "Ticket",
     "__version__",
+    "length_delimited_prefix",
+    "split_message_field",
 ]
 __version__: str
 
@@ -201,9 +210,9 @@ class TensorPool:
     of that new segment, which another process can map by name and read at ``offset``.
     """
 
-    def __init__(
-        self, max_free_per_class: int = 4, segment: str | None = None, segment_bytes: int = 0
-    ) -> None: ...
+    def __new__(
+        cls, max_free_per_class: int = 4, segment: str | None = None, segment_bytes: int = 0
+    ) -> Self: ...
     @property
     def segment(self) -> str | None: ...
     def gather(self, arrays: list[Any]) -> PooledBuffer:
@@ -230,7 +239,7 @@ class RegionView:
 class SharedMemoryRegistry:
     """Clients' system shared-memory regions, by name (Triton's shared-memory extension)."""
 
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Map ``byte_size`` bytes at ``offset`` of the POSIX object ``key`` as ``name``."""
     def unregister(self, name: str) -> bool: ...
@@ -252,7 +261,7 @@ class Handoff:
     """Batches that instance threads formed and the event loop runs (switched off when
     created). Watch :meth:`fileno` for readability, then call :meth:`take`."""
 
-    def __new__(cls, queue: RequestQueue) -> Handoff: ...
+    def __new__(cls, queue: RequestQueue) -> Self: ...
     def fileno(self) -> int: ...
     enabled: bool
     def close(self) -> None:
@@ -271,7 +280,7 @@ class Outbox:
     """A thread of the core's that sends HTTP answers, so the event loop spends no time in
     ``send``."""
 
-    def __new__(cls) -> Outbox: ...
+    def __new__(cls) -> Self: ...
     def open(self, fileno: int) -> OutStream:
         """A stream over a duplicate of the connected socket ``fileno`` (still the caller's)."""
 
