@@ -111,6 +111,14 @@ class RequestQueue:
     ``priority_levels``) goes to ``default_priority_level``, and ``priority_queue_policy``
     overrides the policy of given levels.
 
+    With ``share_statistics_with=other``, the new queue records into ``other``'s statistics
+    instead of its own: several queues (one per model instance, each fed by a scheduler that
+    routes requests to its instance) then keep one set of statistics for the model version, and
+    :meth:`statistics` and :meth:`latency_summaries` of any of them return the combined numbers.
+    Only the statistics are shared: items, ``len()``, size limits and ``close()`` stay each
+    queue's own. ``latency_summaries`` must match ``other``'s (``InvalidArgumentError``
+    otherwise).
+
     Errors are raised as :mod:`tritonfast.errors` exceptions (``InvalidArgumentError`` for a bad
     batch size or configuration, ``UnavailableError`` for a push after :meth:`close` or to a full
     level).
@@ -127,6 +135,7 @@ class RequestQueue:
         default_queue_policy: QueuePolicy | None = None,
         priority_queue_policy: dict[int, QueuePolicy] | None = None,
         latency_summaries: bool = False,
+        share_statistics_with: RequestQueue | None = None,
     ) -> Self: ...
     def push(
         self,
@@ -180,13 +189,15 @@ class RequestQueue:
     @property
     def closed(self) -> bool: ...
     def statistics(self) -> dict[str, Any]:
-        """The model version's statistics (layout: ``tritonfast.runtime.scheduler``)."""
+        """The model version's statistics (layout: ``tritonfast.runtime.scheduler``), combined
+        over every queue that shares them."""
 
     def __len__(self) -> int: ...
     def latency_summaries(
         self, quantiles: list[float]
     ) -> dict[str, tuple[int, int, list[tuple[float, float]]]] | None:
-        """Latency summaries (µs) per duration, when the queue keeps them."""
+        """Latency summaries (µs) per duration, when the queue keeps them (combined over every
+        queue that shares its statistics)."""
 
 @final
 class PooledBuffer:

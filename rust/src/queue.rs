@@ -557,6 +557,44 @@ impl<T> RequestQueue<T> {
     /// for a level that does not exist.
     pub fn with_config(config: QueueConfig) -> Result<Self, CoreError> {
         config.validate()?;
+        let stats = Arc::new(if config.latency_summaries {
+            ModelStats::with_latency_summaries(config.batch.max_batch_size)
+        } else {
+            ModelStats::new(config.batch.max_batch_size)
+        });
+        Ok(Self::build(config, stats))
+    }
+
+    /// A new, open, empty queue that records into `stats` (typically another queue's
+    /// [`stats`](Self::stats)) instead of statistics of its own: one queue per model instance,
+    /// one set of statistics per model version. [`ModelStats`] holds only cumulative counters
+    /// and durations, no state of any one queue (how many requests wait is each queue's
+    /// [`len`](Self::len)), so every queue sharing it adds to the same totals.
+    ///
+    /// Fails as [`with_config`](Self::with_config) does, and with `InvalidArg` when
+    /// `config.latency_summaries` differs from whether `stats` keeps latency summaries. Batch
+    /// sizes above the maximum `stats` was made for are still counted, in a slower list.
+    pub fn with_shared_stats(
+        config: QueueConfig,
+        stats: Arc<ModelStats>,
+    ) -> Result<Self, CoreError> {
+        config.validate()?;
+        if config.latency_summaries != stats.keeps_latency_summaries() {
+            return Err(CoreError::invalid_arg(format!(
+                "latency_summaries={} differs from the statistics being shared, which {} them",
+                config.latency_summaries,
+                if stats.keeps_latency_summaries() {
+                    "keep"
+                } else {
+                    "do not keep"
+                }
+            )));
+        }
+        Ok(Self::build(config, stats))
+    }
+
+    /// A queue for a validated `config`, recording into `stats`.
+    fn build(config: QueueConfig, stats: Arc<ModelStats>) -> Self {
         let policies = config.level_policies();
         let actions: Vec<TimeoutAction> = policies.iter().map(|p| p.timeout_action).collect();
         let policies_timed: Vec<bool> = policies
@@ -571,7 +609,7 @@ impl<T> RequestQueue<T> {
             })
             .collect();
         let parker = Parker::new();
-        Ok(Self {
+        Self {
             items: SegQueue::new(),
             state: CachePadded::new(AtomicUsize::new(0)),
             consumer_parked: CachePadded::new(AtomicBool::new(false)),
@@ -591,15 +629,11 @@ impl<T> RequestQueue<T> {
             counted: levels.iter().any(Level::counted),
             timed: policies_timed.iter().any(|&timed| timed),
             default_level: config.default_priority_level.saturating_sub(1),
-            stats: Arc::new(if config.latency_summaries {
-                ModelStats::with_latency_summaries(config.batch.max_batch_size)
-            } else {
-                ModelStats::new(config.batch.max_batch_size)
-            }),
+            stats,
             config,
             levels,
             id: NEXT_QUEUE_ID.fetch_add(1, Ordering::Relaxed),
-        })
+        }
     }
 
     pub fn policy(&self) -> &BatchPolicy {
@@ -610,8 +644,10 @@ impl<T> RequestQueue<T> {
         &self.config
     }
 
-    /// The queue's statistics: rejections and cancellations are counted here; executions are
-    /// recorded by whoever runs the batches ([`ModelStats::record_execution`]).
+    /// The queue's statistics (shared with other queues when made by
+    /// [`with_shared_stats`](Self::with_shared_stats)): rejections and cancellations are
+    /// counted here; executions are recorded by whoever runs the batches
+    /// ([`ModelStats::record_execution`]).
     pub fn stats(&self) -> &Arc<ModelStats> {
         &self.stats
     }

@@ -16,6 +16,10 @@
 //! * failures by reason (`REJECTED`, `CANCELED`, `BACKEND`, `OTHER`), the label of Triton's
 //!   `nv_inference_request_failure` metric.
 //!
+//! A [`ModelStats`] holds only these cumulative numbers, nothing about any one queue, so
+//! several queues may record into one (one queue per model instance, one set of statistics per
+//! model version: [`RequestQueue::with_shared_stats`](crate::RequestQueue::with_shared_stats)).
+//!
 //! Every update is a handful of relaxed atomic adds; a [`snapshot`](ModelStats::snapshot)
 //! reads them without locks, so it is not one consistent cut (a count and its duration may be
 //! one update apart).
@@ -230,6 +234,11 @@ impl ModelStats {
             summaries: Some(LatencySummaries::default()),
             ..Self::new(max_batch_size)
         }
+    }
+
+    /// Whether recent durations are kept for latency summaries.
+    pub fn keeps_latency_summaries(&self) -> bool {
+        self.summaries.is_some()
     }
 
     /// The latency summaries (microseconds) at `quantiles`, when they are kept.

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use tritonfast_core::{
     BatchPolicy, Code, ComputeTimes, FailureReason, PopResult, QUEUE_FULL_MESSAGE, QueueConfig,
-    QueuePolicy, RequestMeta, RequestQueue, RequestTiming, Ticket, TicketStatus, TimeoutAction,
+    QueuePolicy, Queued, RequestMeta, RequestQueue, RequestTiming, Ticket, TicketStatus,
+    TimeoutAction,
 };
 
 const LONG: Duration = Duration::from_secs(10);
@@ -382,6 +383,103 @@ fn executions_are_recorded_in_the_queue_stats() {
     assert_eq!(snap.batch_stats.len(), 1);
     assert_eq!(snap.batch_stats[0].batch_size, 3);
     assert_eq!(snap.compute_infer.ns, 20_000);
+}
+
+/// Records the execution of `result`'s batch (every request succeeded) in `q`'s statistics.
+fn run_batch(q: &RequestQueue<u32>, result: PopResult<Queued<u32>>) -> usize {
+    let PopResult::Batch(b) = result else {
+        panic!("expected a batch")
+    };
+    let compute = ComputeTimes {
+        input: Duration::from_micros(1),
+        infer: Duration::from_micros(10),
+        output: Duration::from_micros(1),
+    };
+    let timings: Vec<_> = b
+        .items
+        .iter()
+        .map(|e| {
+            let timing = RequestTiming {
+                batch_size: e.batch_size,
+                enqueued_at: e.enqueued_at(),
+            };
+            (timing, true)
+        })
+        .collect();
+    q.stats().record_execution(timings, Instant::now(), compute);
+    b.items.len()
+}
+
+#[test]
+fn queues_sharing_statistics_add_to_one_set() {
+    let config = QueueConfig {
+        batch: BatchPolicy {
+            max_batch_size: 4,
+            max_queue_delay: Duration::ZERO,
+            preferred_batch_sizes: vec![],
+        },
+        default_queue_policy: policy(TimeoutAction::Reject, Duration::ZERO, 1),
+        latency_summaries: true,
+        ..QueueConfig::default()
+    };
+    let first = RequestQueue::with_config(config.clone()).unwrap();
+    let second =
+        RequestQueue::with_shared_stats(config.clone(), Arc::clone(first.stats())).unwrap();
+    assert!(Arc::ptr_eq(first.stats(), second.stats()));
+
+    // Each queue keeps its own requests (and its own size limit of 1).
+    first.push(1, 2).unwrap();
+    second.push(2, 3).unwrap();
+    assert_eq!((first.len(), second.len()), (1, 1));
+    let full = second.push(3, 1).unwrap_err();
+    assert_eq!(full.message, QUEUE_FULL_MESSAGE);
+    assert_eq!(run_batch(&first, first.pop_batch_queued(LONG)), 1);
+    assert_eq!(run_batch(&second, second.pop_batch_queued(LONG)), 1);
+    let ticket = first.push_cancellable(4, meta(1, 0)).unwrap();
+    assert!(first.cancel(&ticket).unwrap());
+    assert_eq!((first.len(), second.len()), (0, 0));
+
+    // One set of numbers, whichever queue is asked.
+    let snap = second.stats().snapshot();
+    assert_eq!(snap, first.stats().snapshot());
+    assert_eq!(snap.success.count, 2);
+    assert_eq!(snap.inference_count, 5);
+    assert_eq!(snap.execution_count, 2);
+    assert_eq!(snap.compute_infer.ns, 20_000);
+    let sizes: Vec<_> = snap
+        .batch_stats
+        .iter()
+        .map(|b| (b.batch_size, b.compute_infer.count))
+        .collect();
+    assert_eq!(sizes, [(2, 1), (3, 1)]);
+    assert_eq!(snap.failures[0], (FailureReason::Rejected, 1));
+    assert_eq!(snap.failures[1], (FailureReason::Canceled, 1));
+    assert_eq!(snap.fail.count, 2);
+    let summaries = first.stats().latency_summaries(&[0.5]).unwrap();
+    assert_eq!(summaries[0].0, "request");
+    assert_eq!(summaries[0].1.count, 2);
+
+    // Latency summaries are kept by the shared statistics or not at all.
+    let err = RequestQueue::<u32>::with_shared_stats(
+        QueueConfig {
+            latency_summaries: false,
+            ..config.clone()
+        },
+        Arc::clone(first.stats()),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArg);
+    // The configuration is validated as for a queue of its own.
+    let err = RequestQueue::<u32>::with_shared_stats(
+        QueueConfig {
+            default_priority_level: 2,
+            priority_levels: 1,
+            ..config
+        },
+        Arc::clone(first.stats()),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArg);
 }
 
 type Item = (u32, u32, u32, u64); // producer, seq, batch size, shape key

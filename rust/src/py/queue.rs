@@ -1,6 +1,7 @@
 //! `tritonfast._core.RequestQueue` and its companions: `QueuePolicy`, `Ticket`, `Batch`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -276,6 +277,7 @@ impl PyRequestQueue {
         default_queue_policy = None,
         priority_queue_policy = None,
         latency_summaries = false,
+        share_statistics_with = None,
     ))]
     #[allow(clippy::too_many_arguments)] // mirrors Triton's ModelDynamicBatching fields
     fn new(
@@ -287,6 +289,7 @@ impl PyRequestQueue {
         default_queue_policy: Option<Bound<'_, PyQueuePolicy>>,
         priority_queue_policy: Option<HashMap<u32, Bound<'_, PyQueuePolicy>>>,
         latency_summaries: bool,
+        share_statistics_with: Option<Bound<'_, PyRequestQueue>>,
     ) -> PyResult<Self> {
         let mut levels: Vec<(u32, QueuePolicy)> = priority_queue_policy
             .unwrap_or_default()
@@ -294,7 +297,7 @@ impl PyRequestQueue {
             .map(|(level, policy)| (level, policy.get().inner.clone()))
             .collect();
         levels.sort_by_key(|&(level, _)| level);
-        let inner = RequestQueue::with_config(QueueConfig {
+        let config = QueueConfig {
             batch: BatchPolicy {
                 max_batch_size,
                 max_queue_delay: Duration::from_micros(max_queue_delay_us),
@@ -307,7 +310,13 @@ impl PyRequestQueue {
                 .unwrap_or_default(),
             priority_queue_policy: levels,
             latency_summaries,
-        })?;
+        };
+        let inner = match share_statistics_with {
+            Some(other) => {
+                RequestQueue::with_shared_stats(config, Arc::clone(other.get().inner.stats()))?
+            }
+            None => RequestQueue::with_config(config)?,
+        };
         Ok(Self { inner })
     }
 
@@ -411,7 +420,8 @@ impl PyRequestQueue {
         self.inner.is_closed()
     }
 
-    /// The model version's statistics as a dict (see `tritonfast.runtime.scheduler`).
+    /// The model version's statistics as a dict (see `tritonfast.runtime.scheduler`): those of
+    /// every queue that shares them (`share_statistics_with`).
     fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         snapshot_dict(py, &self.inner.stats().snapshot())
     }
