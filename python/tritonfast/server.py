@@ -17,7 +17,9 @@ from tritonfast.logsettings import LogSettings, ServerLog
 from tritonfast.metrics import MetricsConfig, parse_metrics_config
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
+from tritonfast.runtime import handle
 from tritonfast.runtime.allocator import keep_large_buffers
+from tritonfast.runtime.handle import ServerHandle
 from tritonfast.tracing import Tracer, parse_trace_config
 
 log = logging.getLogger("tritonfast")
@@ -89,6 +91,15 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
         poll_secs=options.repository_poll_secs,
         exit_timeout=options.exit_timeout_secs,
     )
+    dataplane = DataPlane(
+        control,
+        server_id=options.server_id,
+        strict_readiness=options.strict_readiness,
+        server_log=server_log,
+        tracer=tracer,
+    )
+    # Models may call the server (BLS) from their first request, even from initialize().
+    handle.install(ServerHandle(dataplane, loop))
     try:
         entries = await asyncio.to_thread(control.startup)
     except Exception as exc:
@@ -102,15 +113,9 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
             len(failed),
         )
         await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
+        handle.install(None)
         return 1
 
-    dataplane = DataPlane(
-        control,
-        server_id=options.server_id,
-        strict_readiness=options.strict_readiness,
-        server_log=server_log,
-        tracer=tracer,
-    )
     stoppers: list[Any] = []
     try:
         await _start_frontends(options, dataplane, metrics_config, stoppers)
@@ -133,6 +138,7 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
     dataplane.shutting_down()
     await control.drain()  # a load or unload in progress finishes before models stop
     await _stop(stoppers, repository, options)
+    handle.install(None)
     tracer.flush()
     return 0
 

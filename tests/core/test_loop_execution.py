@@ -14,16 +14,16 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
-from tritonfast.backends.base import Backend, PhaseClock, Result
+from tritonfast.backends.base import ModelInstance, PhaseClock, Result
 from tritonfast.errors import InternalError
 from tritonfast.runtime import looprun
-from tritonfast.runtime.scheduler import Scheduler
+from tritonfast.runtime.scheduler import Scheduler, create_scheduler
 from tritonfast.runtime.types import InferRequest, InferResponse
 
 from tests.core.test_scheduler import WAIT_S, model, request
 
 
-class Timed(Backend):
+class Timed(ModelInstance):
     """Answers every request; sleeps ``delay_s`` per batch; records (thread, batch size) and
     whether two batches ever ran at once."""
 
@@ -65,13 +65,13 @@ def spin(seconds: float) -> None:
 
 def run_with(
     config_text: str,
-    backends: list[Backend],
+    backends: list[ModelInstance],
     scenario: Callable[[Scheduler], Awaitable[None]],
     *,
     loop_execution: bool = True,
 ) -> None:
     async def main() -> None:
-        scheduler = Scheduler(
+        scheduler = create_scheduler(
             "m_1",
             model(config_text),
             backends,
@@ -88,7 +88,7 @@ def run_with(
 
 async def one_by_one(scheduler: Scheduler, count: int, prefix: str = "r") -> None:
     for i in range(count):
-        await scheduler.submit(request(f"{prefix}{i}"), 1)
+        await scheduler.infer(request(f"{prefix}{i}"), 1)
 
 
 @pytest.mark.timeout(120)
@@ -120,7 +120,7 @@ def test_batches_still_form_when_they_run_on_the_loop() -> None:
         before = len(backend.runs)
         executions = scheduler.statistics()["execution_count"]
         # 32 requests at once: they reach the queue before the loop runs the first batch.
-        await asyncio.gather(*(scheduler.submit(request(f"c{i}"), 1) for i in range(32)))
+        await asyncio.gather(*(scheduler.infer(request(f"c{i}"), 1) for i in range(32)))
         sizes = [size for _, size in backend.runs[before:]]
         assert sum(sizes) == 32
         assert max(sizes) > 1, sizes
@@ -156,7 +156,7 @@ def test_a_batch_that_holds_the_loop_sends_the_model_back_for_twice_the_warm_up(
         else:
             backend.delay_s = looprun.STALL_LIMIT_NS / 1e9 * 1.5
         before = len(backend.runs)
-        await scheduler.submit(request("slow"), 1)
+        await scheduler.infer(request("slow"), 1)
         assert backend.on_loop_since(before) == [True]
         assert not scheduler.runs_on_loop
         backend.spin_s = backend.delay_s = 0.0
@@ -180,7 +180,7 @@ def test_a_batch_held_up_but_not_by_its_model_stays_on_the_loop() -> None:
         await one_by_one(scheduler, looprun.WARM_BATCHES)
         assert scheduler.runs_on_loop
         backend.delay_s = (looprun.BLOCK_LIMIT_NS + looprun.STALL_LIMIT_NS) / 2e9
-        await scheduler.submit(request("held up"), 1)
+        await scheduler.infer(request("held up"), 1)
         backend.delay_s = 0.0
         assert scheduler.runs_on_loop
 
@@ -204,7 +204,7 @@ def test_a_garbage_collection_during_a_batch_is_not_charged_to_the_model() -> No
         backend.collect = True
         gc.callbacks.append(slow_collection)
         try:
-            await scheduler.submit(request("collects"), 1)
+            await scheduler.infer(request("collects"), 1)
         finally:
             gc.callbacks.remove(slow_collection)
             backend.collect = False
@@ -239,7 +239,7 @@ def test_every_instance_hands_off_and_none_runs_two_batches_at_once() -> None:
         await one_by_one(scheduler, looprun.WARM_BATCHES)
         assert scheduler.runs_on_loop
         starts = [len(b.runs) for b in backends]
-        await asyncio.gather(*(scheduler.submit(request(f"c{i}"), 1) for i in range(300)))
+        await asyncio.gather(*(scheduler.infer(request(f"c{i}"), 1) for i in range(300)))
         late = [b.on_loop_since(s) for b, s in zip(backends, starts, strict=True)]
         assert sum(len(runs) for runs in late) == 300
         assert all(all(runs) for runs in late)
@@ -268,7 +268,7 @@ def test_stopping_with_batches_in_flight_on_the_loop_answers_them_all() -> None:
     async def scenario(scheduler: Scheduler) -> None:
         await one_by_one(scheduler, looprun.WARM_BATCHES)
         assert scheduler.runs_on_loop
-        pending = [asyncio.create_task(scheduler.submit(request(f"p{i}"), 1)) for i in range(100)]
+        pending = [asyncio.create_task(scheduler.infer(request(f"p{i}"), 1)) for i in range(100)]
         await asyncio.sleep(0)  # every request reaches the queue
         started = time.monotonic()
         await asyncio.to_thread(scheduler.stop, WAIT_S)
@@ -305,7 +305,7 @@ def test_a_batch_that_fails_on_the_loop_sends_the_model_back_for_good() -> None:
         assert scheduler.runs_on_loop
         backend.fail = True
         with pytest.raises(InternalError, match="cannot run here"):
-            await scheduler.submit(request("failing"), 1)
+            await scheduler.infer(request("failing"), 1)
         assert not scheduler.runs_on_loop
         backend.fail = False
         before = len(backend.runs)
@@ -325,10 +325,10 @@ def test_a_model_raising_system_exit_on_the_loop_fails_its_batch_not_the_server(
         assert scheduler.runs_on_loop
         backend.raises = SystemExit(3)
         with pytest.raises(InternalError, match="SystemExit"):
-            await scheduler.submit(request("exits"), 1)
+            await scheduler.infer(request("exits"), 1)
         assert not scheduler.runs_on_loop
         backend.raises = None
-        answer = await scheduler.submit(request("next"), 1)
+        answer = await scheduler.infer(request("next"), 1)
         assert answer.id == "next"
 
     run_with("", [backend], scenario)

@@ -1,6 +1,6 @@
-"""``tritonfast.runtime.scheduler.Scheduler`` over the Rust queue, with real backends.
+"""The queue schedulers (``tritonfast.runtime.scheduler``) over the Rust queue, with real backends.
 
-The backends here are small ``Backend`` implementations that answer every request and record
+The backends here are small ``ModelInstance`` implementations that answer every request and record
 which requests shared each execution; a gate (a ``threading.Event``) holds an execution so
 requests pile up in the queue. Each test runs its own event loop and stops its scheduler.
 """
@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import Backend, PhaseClock, Result
+from tritonfast.backends.base import ModelInstance, PhaseClock, Result
 from tritonfast.errors import Code, InvalidArgumentError, UnavailableError
-from tritonfast.runtime.scheduler import Scheduler
+from tritonfast.runtime.scheduler import Scheduler, create_scheduler
 from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor
 
 WAIT_S = 10.0
 
 
-class Recorder(Backend):
+class Recorder(ModelInstance):
     """Answers each request with an empty response (an error for ids starting with "bad"),
     records the request ids of every execution, and holds executions while ``gate`` is shut."""
 
@@ -65,11 +65,11 @@ def request(rid: str, rows: int = 1, cols: int = 1, **parameters: Any) -> InferR
 
 def run(
     config: model_config_pb2.ModelConfig,
-    backends: list[Backend],
+    backends: list[ModelInstance],
     scenario: Callable[[Scheduler], Awaitable[None]],
 ) -> None:
     async def main() -> None:
-        scheduler = Scheduler("m_1", config, backends, asyncio.get_running_loop())
+        scheduler = create_scheduler("m_1", config, backends, asyncio.get_running_loop())
         try:
             await asyncio.wait_for(scenario(scheduler), WAIT_S * 2)
         finally:
@@ -88,16 +88,16 @@ def test_a_cancelled_queued_request_never_runs() -> None:
     backend = Recorder(gate)
 
     async def scenario(scheduler: Scheduler) -> None:
-        first = asyncio.create_task(scheduler.submit(request("r1"), 1))
+        first = asyncio.create_task(scheduler.infer(request("r1"), 1))
         await started(backend)  # r1 runs (held); r2 will wait in the queue
-        second = asyncio.create_task(scheduler.submit(request("r2"), 1))
+        second = asyncio.create_task(scheduler.infer(request("r2"), 1))
         await asyncio.sleep(0)  # let r2 reach the queue
         second.cancel()
         with pytest.raises(asyncio.CancelledError):
             await second
         gate.set()
         await first
-        await scheduler.submit(request("r3"), 1)
+        await scheduler.infer(request("r3"), 1)
         assert backend.batches == [["r1"], ["r3"]]
         stats = scheduler.statistics()
         assert stats["failure_reasons"]["CANCELED"] == 1
@@ -112,13 +112,13 @@ def test_a_cancelled_running_request_completes_without_harm() -> None:
     backend = Recorder(gate)
 
     async def scenario(scheduler: Scheduler) -> None:
-        task = asyncio.create_task(scheduler.submit(request("r1"), 1))
+        task = asyncio.create_task(scheduler.infer(request("r1"), 1))
         await started(backend)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         gate.set()
-        await scheduler.submit(request("r2"), 1)
+        await scheduler.infer(request("r2"), 1)
         assert backend.batches == [["r1"], ["r2"]]
         assert scheduler.statistics()["failure_reasons"]["CANCELED"] == 0
 
@@ -136,7 +136,7 @@ def test_queue_timeout_rejects_with_tritons_message() -> None:
 
     async def scenario(scheduler: Scheduler) -> None:
         with pytest.raises(UnavailableError) as err:
-            await scheduler.submit(request("r1"), 1)
+            await scheduler.infer(request("r1"), 1)
         assert err.value.message == "Request timeout expired"
         assert err.value.code == Code.UNAVAILABLE
         assert scheduler.statistics()["failure_reasons"]["REJECTED"] == 1
@@ -154,7 +154,7 @@ def test_a_request_timeout_parameter_shortens_the_default() -> None:
 
     async def scenario(scheduler: Scheduler) -> None:
         with pytest.raises(UnavailableError, match=r"^Request timeout expired$"):
-            await scheduler.submit(request("r1", timeout=50_000), 1)
+            await scheduler.infer(request("r1", timeout=50_000), 1)
 
     run(config, [Recorder()], scenario)
 
@@ -168,15 +168,15 @@ def test_a_full_queue_rejects_with_tritons_message() -> None:
     )
 
     async def scenario(scheduler: Scheduler) -> None:
-        running = asyncio.create_task(scheduler.submit(request("r1"), 1))
+        running = asyncio.create_task(scheduler.infer(request("r1"), 1))
         await started(backend)
-        queued = asyncio.create_task(scheduler.submit(request("r2"), 1))
+        queued = asyncio.create_task(scheduler.infer(request("r2"), 1))
         await asyncio.sleep(0)
         with pytest.raises(UnavailableError) as err:
-            await scheduler.submit(request("r3"), 1)
+            await scheduler.infer(request("r3"), 1)
         assert err.value.message == "[request id: r3] Exceeds maximum queue size"
         with pytest.raises(UnavailableError) as err:
-            await scheduler.submit(request(""), 1)
+            await scheduler.infer(request(""), 1)
         assert err.value.message == "[request id: <id_unknown>] Exceeds maximum queue size"
         gate.set()
         await asyncio.gather(running, queued)
@@ -194,7 +194,7 @@ def test_priority_parameters_order_the_queue() -> None:
     )
 
     async def scenario(scheduler: Scheduler) -> None:
-        tasks = [asyncio.create_task(scheduler.submit(request("first"), 1))]
+        tasks = [asyncio.create_task(scheduler.infer(request("first"), 1))]
         await started(backend)
         for rid, params in [
             ("low", {"priority": 3}),
@@ -203,7 +203,7 @@ def test_priority_parameters_order_the_queue() -> None:
             ("out-of-range", {"priority": 9}),
             ("high-2", {"priority": 1}),
         ]:
-            tasks.append(asyncio.create_task(scheduler.submit(request(rid, **params), 1)))
+            tasks.append(asyncio.create_task(scheduler.infer(request(rid, **params), 1)))
             await asyncio.sleep(0)
         gate.set()
         await asyncio.gather(*tasks)
@@ -226,10 +226,10 @@ def test_requests_batch_only_with_matching_shapes() -> None:
         # "b" pair cannot join the "a" batch (which leaves as soon as it meets "b1", or at its
         # preferred size 3); each pair forms its own batch without waiting for the 5 s delay.
         await asyncio.gather(
-            scheduler.submit(request("a1", rows=1, cols=3), 1),
-            scheduler.submit(request("a2", rows=2, cols=3), 2),
-            scheduler.submit(request("b1", rows=1, cols=5), 1),
-            scheduler.submit(request("b2", rows=2, cols=5), 2),
+            scheduler.infer(request("a1", rows=1, cols=3), 1),
+            scheduler.infer(request("a2", rows=2, cols=3), 2),
+            scheduler.infer(request("b1", rows=1, cols=5), 1),
+            scheduler.infer(request("b2", rows=2, cols=5), 2),
         )
         assert backend.batches == [["a1", "a2"], ["b1", "b2"]]
 
@@ -247,7 +247,7 @@ def test_statistics_count_requests_executions_and_batch_sizes() -> None:
     async def scenario(scheduler: Scheduler) -> None:
         assert scheduler.statistics()["last_inference"] == 0
         results = await asyncio.gather(
-            *(scheduler.submit(request(rid, rows=2), 2) for rid in ("a", "b", "c", "bad")),
+            *(scheduler.infer(request(rid, rows=2), 2) for rid in ("a", "b", "c", "bad")),
             return_exceptions=True,
         )
         assert [type(r).__name__ for r in results] == [
@@ -301,10 +301,10 @@ def test_preserve_ordering_holds_later_batches_until_earlier_ones_settle(
 
     async def scenario(scheduler: Scheduler) -> None:
         done: list[str] = []
-        first = asyncio.create_task(scheduler.submit(request("first"), 1))
+        first = asyncio.create_task(scheduler.infer(request("first"), 1))
         first.add_done_callback(lambda _: done.append("first"))
         assert await asyncio.to_thread(first_running.wait, WAIT_S)
-        second = asyncio.create_task(scheduler.submit(request("second"), 1))
+        second = asyncio.create_task(scheduler.infer(request("second"), 1))
         second.add_done_callback(lambda _: done.append("second"))
         if preserve:
             finished, _ = await asyncio.wait({second}, timeout=0.3)

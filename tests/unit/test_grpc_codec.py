@@ -18,7 +18,8 @@ from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.errors import Code, InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
 from tritonfast.runtime import sharedmemory
-from tritonfast.runtime.types import NUMPY_DTYPES, InferResponse, OutputTensor
+from tritonfast.runtime.datatypes import NUMPY_DTYPES
+from tritonfast.runtime.types import InferResponse, OutputTensor
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 tc_utils = pytest.importorskip("tritonclient.utils")

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonfast.errors import Code, InvalidArgumentError
 from tritonfast.frontends.http import codec, tensordata
+from tritonfast.runtime.datatypes import NUMPY_DTYPES
 from tritonfast.runtime.types import (
-    NUMPY_DTYPES,
     InferRequest,
     InferResponse,
     OutputTensor,

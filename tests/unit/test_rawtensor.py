@@ -23,7 +23,7 @@ from tritonfast.errors import InvalidArgumentError
 from tritonfast.frontends.grpc import codec as grpc_codec
 from tritonfast.frontends.http import codec as http_codec
 from tritonfast.runtime import rawtensor
-from tritonfast.runtime.types import NUMPY_DTYPES
+from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
 DATATYPES = sorted(NUMPY_DTYPES)
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

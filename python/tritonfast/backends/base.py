@@ -1,15 +1,27 @@
-"""What every backend implements: one object per model instance."""
+"""What a backend implements: a kind of model (:class:`Backend`) and its instances
+(:class:`ModelInstance`).
+
+A backend registers under the ``backend`` and ``platform`` names a ``config.pbtxt`` uses
+(:mod:`tritonfast.backends.registry`). The repository manager creates one :class:`Backend`
+object per model load and calls its hooks in this order: :meth:`Backend.auto_complete` (unless
+``--strict-model-config``), :meth:`Backend.validate` (after the server's own checks), then
+:meth:`Backend.create_instance` for every instance of every served version. Each instance's
+:meth:`ModelInstance.execute` runs one batch at a time on the instance's own thread.
+"""
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
+from pathlib import Path
 from time import perf_counter_ns
+from typing import ClassVar
 
-from tritonfast.errors import TritonError
-from tritonfast.runtime.types import InferRequest, InferResponse
+from tritonfast._proto import model_config_pb2
+from tritonfast.runtime.responses import Result
+from tritonfast.runtime.types import InferRequest
 
-# One result per request, in request order: a response, or the error for that request.
-Result = InferResponse | TritonError
+__all__ = ["Backend", "InstancePlacement", "ModelInstance", "PhaseClock", "Result"]
 
 
 class PhaseClock:
@@ -41,19 +53,76 @@ class PhaseClock:
         return input_end - start, infer_end - input_end, end - infer_end
 
 
-class Backend(abc.ABC):
-    """A model instance. ``execute`` runs on the instance's own thread, or, for a backend that
-    allows it and whose executions are short, on the event loop (see runtime.looprun); one
-    batch at a time either way."""
+class ModelInstance(abc.ABC):
+    """One instance of a loaded model version.
 
-    # Whether execute() may run on the event loop's thread: it holds the GIL throughout (no
-    # waiting on other threads or processes) and needs no thread of its own.
+    The response contract: a request yields zero or more responses and then a final flag.
+    ``execute`` returns either one :data:`Result` per request, in request order (each is
+    that request's only response, sent with the final flag: the single-response case, settled
+    for the whole batch at once), or ``None``, when the responses go through each request's
+    :attr:`~tritonfast.runtime.types.InferRequest.sender` (decoupled models, which may also
+    send after ``execute`` returns, from any thread).
+    """
+
+    # Whether execute() may run on the event loop's thread (see runtime.looprun): it holds the
+    # GIL throughout, never waits on the server, a stream or another thread, and needs no
+    # thread of its own.
     may_run_on_event_loop = False
 
     @abc.abstractmethod
-    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:
-        """Run one batch of requests; return exactly one result per request. Call
+    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
+        """Run one batch of requests (see the class docstring for what to return). Call
         ``clock.inputs_ready()`` and ``clock.infer_done()`` where those phases end."""
 
     def finalize(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release the instance's resources (called once, after its last execute)."""
+
+
+@dataclass(frozen=True)
+class InstancePlacement:
+    """Which instance :meth:`Backend.create_instance` is asked for."""
+
+    name: str  # "<group name>_<index>", as Triton names instances
+    version: int
+    kind: str = "CPU"  # the instance group's kind without the KIND_ prefix
+    device_id: int = 0
+
+
+class Backend(abc.ABC):
+    """A kind of model. One object per model load, holding what its hooks share (a loaded
+    module, a parsed model file)."""
+
+    # The ``backend`` name config.pbtxt uses, and any ``platform`` names that mean this backend.
+    name: ClassVar[str]
+    platforms: ClassVar[tuple[str, ...]] = ()
+    # The model file a version directory holds when the config names none; its presence
+    # also tells which backend a config without ``backend`` or ``platform`` means.
+    default_model_filename: ClassVar[str] = ""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+
+    def model_file(self, config: model_config_pb2.ModelConfig, version: int) -> Path:
+        """Where ``version``'s model file is."""
+        filename = config.default_model_filename or self.default_model_filename
+        return self.model_dir / str(version) / filename
+
+    def auto_complete(  # noqa: B027 - optional hook
+        self, config: model_config_pb2.ModelConfig, version: int
+    ) -> None:
+        """Fill in what the model itself can tell about its configuration (in place), from
+        the newest served ``version``. Skipped with ``--strict-model-config``."""
+
+    def validate(self, config: model_config_pb2.ModelConfig) -> None:  # noqa: B027
+        """Refuse a configuration this backend cannot serve (raise a TritonError)."""
+
+    def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
+        """Whether short executions of this model may move to the event loop (see
+        runtime.looprun); each instance must also allow it."""
+        return False
+
+    @abc.abstractmethod
+    def create_instance(
+        self, config: model_config_pb2.ModelConfig, placement: InstancePlacement
+    ) -> ModelInstance:
+        """A new, initialized instance (raise a TritonError if it cannot start)."""

@@ -114,11 +114,11 @@ def _version_dirs(model_dir: Path) -> list[Path]:
     )
 
 
-def complete(config: ModelConfig) -> None:
+def complete(config: ModelConfig, default_model_filename: str = "") -> None:
     """Fill in what Triton's normalisation fills in, so the served config reads the same.
 
     Runs after validation: version policy (latest 1), named instance groups with a count and
-    a CPU kind (no GPU instances yet), the default model file name, the pinned-memory
+    a CPU kind (no GPU instances yet), the backend's default model file name, the pinned-memory
     optimisation defaults, and a preferred batch size equal to max_batch_size when dynamic
     batching names none.
     """
@@ -133,8 +133,8 @@ def complete(config: ModelConfig) -> None:
             group.count = 1
         if group.kind == model_config_pb2.ModelInstanceGroup.KIND_AUTO:
             group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
-    if config.backend == "python" and not config.default_model_filename:
-        config.default_model_filename = "model.py"
+    if default_model_filename and not config.default_model_filename:
+        config.default_model_filename = default_model_filename
     if not config.HasField("optimization"):
         config.optimization.input_pinned_memory.enable = True
         config.optimization.output_pinned_memory.enable = True

@@ -8,13 +8,15 @@ HTTP or gRPC type crosses this boundary, and nothing here imports a frontend.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
 from tritonfast.config.jsonform import config_to_json
-from tritonfast.errors import InvalidArgumentError
+from tritonfast.errors import InvalidArgumentError, UnsupportedError
 from tritonfast.logsettings import ServerLog
+from tritonfast.runtime.responses import Streamed
 from tritonfast.runtime.sharedmemory import SharedMemory
 from tritonfast.runtime.types import InferRequest, InferResponse
 from tritonfast.tracing import RequestTrace, Tracer
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
     from tritonfast._proto import model_config_pb2
     from tritonfast.repository.control import ModelControl
     from tritonfast.repository.manager import ModelRepository
+
+# How Triton refuses a single-response endpoint to a decoupled model (after the endpoint's name).
+DECOUPLED_REFUSAL = "doesn't support models with decoupled transaction policy"
 
 # Protocol extensions this server implements (reported in server metadata).
 EXTENSIONS: tuple[str, ...] = (
@@ -108,21 +113,24 @@ class DataPlane:
 
     # -- inference --------------------------------------------------------------------------
     async def infer(
-        self, request: InferRequest, received: tuple[str, int, int] | None = None
+        self,
+        request: InferRequest,
+        received: tuple[str, int, int] | None = None,
+        *,
+        endpoint: str = "in-process inference",
     ) -> InferResponse:
-        """Validate ``request`` against its model, queue it, and await the response.
+        """Validate ``request`` against its model, queue it, and await its one response.
 
         ``received`` is ``(protocol, start_ns, end_ns)`` of reading the request, for tracing;
         a traced request keeps its trace in ``request.trace`` for the frontend to finish with
         :meth:`trace_sent`. Raises :class:`~tritonfast.errors.TritonError` with Triton's code
-        and message for every failure (unknown model, bad input, model error).
+        and message for every failure (unknown model, bad input, model error); a decoupled
+        model is refused with Triton's words for the ``endpoint`` (e.g. "ModelInfer RPC").
         """
         model = self._repository.get(request.model_name, request.model_version)
-        trace = None
-        if self.tracer.enabled:
-            trace = self.tracer.start(model.name, model.version, request.id)
-            if trace is not None:
-                self._begin_trace(request, trace, received)
+        if model.decoupled:
+            raise UnsupportedError(f"{endpoint} {DECOUPLED_REFUSAL}")
+        trace = self._start_trace(model.name, model.version, request, received)
         try:
             windows = None
             if request.uses_shared_memory:
@@ -133,14 +141,68 @@ class DataPlane:
             if windows is not None:
                 self._shared_memory.write_outputs(response, windows)
         except BaseException:
-            if trace is not None:  # a failed request's trace ends here
-                trace.stamp("REQUEST_END", perf_counter_ns())
-                request.trace = None
-                self.tracer.finish(trace)
+            self._end_failed_trace(request, trace)
             raise
         if trace is not None:
             trace.stamp("REQUEST_END", perf_counter_ns())
         return response
+
+    async def stream(
+        self, request: InferRequest, received: tuple[str, int, int] | None = None
+    ) -> AsyncIterator[Streamed]:
+        """Validate and queue ``request`` for any model, then yield its responses as they come.
+
+        A request that cannot start (unknown model, bad input, a full queue) raises its
+        :class:`~tritonfast.errors.TritonError` from the first iteration; after that every
+        response, error responses included, is a :class:`Streamed` item, the last one with
+        ``final`` set. Closing the iterator early (the client went away) cancels the request.
+        A traced request's trace ends with the final item; the frontend finishes it with
+        :meth:`trace_sent` once that is written.
+        """
+        model = self._repository.get(request.model_name, request.model_version)
+        trace = self._start_trace(model.name, model.version, request, received)
+        try:
+            windows = None
+            if request.uses_shared_memory:
+                windows = self._shared_memory.resolve_inputs(request)
+            responses = model.open_stream(request)
+        except BaseException:
+            self._end_failed_trace(request, trace)
+            raise
+        try:
+            async for item in responses:
+                result = item.result
+                if isinstance(result, InferResponse):
+                    if trace is not None:
+                        trace.record_tensors("TENSOR_BACKEND_OUTPUT", result.outputs)
+                    if windows is not None:
+                        self._shared_memory.write_outputs(result, windows)
+                if item.final and trace is not None:
+                    trace.stamp("REQUEST_END", perf_counter_ns())
+                yield item
+        finally:
+            responses.cancel()  # nothing once the final item has passed
+
+    def _start_trace(
+        self,
+        model_name: str,
+        version: int,
+        request: InferRequest,
+        received: tuple[str, int, int] | None,
+    ) -> RequestTrace | None:
+        if not self.tracer.enabled:
+            return None
+        trace = self.tracer.start(model_name, version, request.id)
+        if trace is not None:
+            self._begin_trace(request, trace, received)
+        return trace
+
+    def _end_failed_trace(self, request: InferRequest, trace: RequestTrace | None) -> None:
+        """A request that failed before its response: its trace ends here."""
+        if trace is not None:
+            trace.stamp("REQUEST_END", perf_counter_ns())
+            request.trace = None
+            self.tracer.finish(trace)
 
     @staticmethod
     def _begin_trace(

@@ -1,6 +1,9 @@
 """The model repository: find models on disk, load their versions, answer who is servable.
 
-A model is a directory holding ``config.pbtxt`` and numbered version directories. A model
+A model is a directory holding ``config.pbtxt`` and numbered version directories. The backend
+its config names (:mod:`tritonfast.backends.registry`) completes and checks the config and
+creates each version's instances; the model's scheduler
+(:func:`~tritonfast.runtime.scheduler.create_scheduler`) feeds them. A model
 that fails to load (bad config, missing model file, exception while initializing) is kept
 as UNAVAILABLE with its reason; the others serve normally.
 
@@ -20,19 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import Backend
-from tritonfast.backends.python import backend as python_backend
-from tritonfast.backends.python.process import ProcessInstance, instance_mode
+from tritonfast.backends import registry
+from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
 from tritonfast.config import load as config_load
-from tritonfast.errors import (
-    InvalidArgumentError,
-    NotFoundError,
-    TritonError,
-    UnsupportedError,
-)
+from tritonfast.errors import InvalidArgumentError, NotFoundError, TritonError
 from tritonfast.repository.model import ModelVersion
 from tritonfast.repository.warmup import warm_up
-from tritonfast.runtime.scheduler import Scheduler
+from tritonfast.runtime.scheduler import create_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -160,80 +157,48 @@ class ModelRepository:
             config.CopyFrom(override)
         config_load.fill_defaults(config, model_dir)
         versions = _select_versions(config, model_dir)
-        if config.backend != "python":
-            raise UnsupportedError(
-                f"backend '{config.backend or config.platform}' of model '{config.name}' is not"
-                " supported by tritonfast yet"
-            )
-        newest_dir = model_dir / str(max(versions))
-        model_class = python_backend.load_model_class(
-            python_backend.model_file(config, newest_dir), config.name
-        )
+        backend = registry.lookup(config)(model_dir)
         if not self._strict_config:
-            python_backend.auto_complete(model_class, config)
+            backend.auto_complete(config, max(versions))
         config_load.validate(config, model_dir)
-        config_load.complete(config)
+        backend.validate(config)
+        config_load.complete(config, backend.default_model_filename)
         entry.config = config
         for version in versions:
-            version_class = (
-                model_class
-                if version == max(versions)
-                else python_backend.load_model_class(
-                    python_backend.model_file(config, model_dir / str(version)), config.name
-                )
-            )
-            entry.versions[version] = self._start_version(
-                config, version, version_class, versions, entry.path
-            )
+            entry.versions[version] = self._start_version(backend, config, version, versions)
 
     def _start_version(
         self,
+        backend: Backend,
         config: model_config_pb2.ModelConfig,
         version: int,
-        model_class: type,
         served: list[int],
-        model_dir: Path,
     ) -> ModelVersion:
-        mode = instance_mode(config)
-        in_processes = mode == "process"
-        instances: list[Backend] = []
+        instances: list[ModelInstance] = []
         try:
             for group in config.instance_group:
+                kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+                device_ids = list(group.gpus) or [0]
                 for index in range(group.count or 1):
-                    name = f"{group.name}_{index}"
-                    if in_processes:
-                        model_file = python_backend.model_file(config, model_dir / str(version))
-                        instances.append(
-                            ProcessInstance(
-                                model_file,
-                                config,
-                                instance_name=name,
-                                repository_path=model_dir,
-                                version=version,
-                            )
-                        )
-                    else:
-                        instances.append(
-                            python_backend.PythonInstance(
-                                model_class,
-                                config,
-                                instance_name=name,
-                                repository_path=model_dir,
-                                version=version,
-                            )
-                        )
-            warm_up(config, instances, model_dir)
+                    placement = InstancePlacement(
+                        name=f"{group.name}_{index}",
+                        version=version,
+                        kind=kind.removeprefix("KIND_"),
+                        device_id=device_ids[index % len(device_ids)],
+                    )
+                    instances.append(backend.create_instance(config, placement))
+            warm_up(config, instances, backend.model_dir)
         except BaseException:
             for started in instances:  # worker processes and their segments must not leak
                 started.finalize()
             raise
-        scheduler = Scheduler(
+        scheduler = create_scheduler(
             f"{config.name}_{version}",
             config,
             instances,
             self._loop,
             latency_summaries=self._latency_summaries,
-            loop_execution=mode == "auto",
+            loop_execution=backend.runs_on_event_loop(config),
         )
         return ModelVersion(config, version, scheduler, served)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.runtime.responses import ResponseStream
 from tritonfast.runtime.scheduler import Scheduler
 from tritonfast.runtime.types import InferRequest, InferResponse
 from tritonfast.runtime.validate import RequestValidator
@@ -25,14 +26,23 @@ class ModelVersion:
         self._scheduler = scheduler
         self._validator = RequestValidator(config)
         self._metadata = _metadata(config, self._validator, served_versions)
+        # Whether a request may yield any number of responses (then only streams reach them).
+        self.decoupled = config.model_transaction_policy.decoupled
 
     def metadata(self) -> dict[str, Any]:
         return self._metadata
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        """Check, queue and answer a single-response request (not for decoupled models)."""
         batch_size = self._validator.check(request)
         request.model_version = self._version_text
-        return await self._scheduler.submit(request, batch_size)
+        return await self._scheduler.infer(request, batch_size)
+
+    def open_stream(self, request: InferRequest) -> ResponseStream:
+        """Check and queue ``request``; its responses arrive on the returned stream."""
+        batch_size = self._validator.check(request)
+        request.model_version = self._version_text
+        return self._scheduler.open_stream(request, batch_size)
 
     def counters(self) -> dict[str, Any]:
         """The core's counters for this version (the statistics layout plus

@@ -8,32 +8,34 @@ that fails keeps the model from loading, with the reason.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import Backend, PhaseClock
-from tritonfast.errors import InvalidArgumentError, TritonError
+from tritonfast.backends.base import ModelInstance, PhaseClock
+from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.runtime import rawtensor
-from tritonfast.runtime.types import NUMPY_DTYPES, InferRequest, InputTensor
-from tritonfast.runtime.validate import WIRE_DATATYPES
+from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
+from tritonfast.runtime.responses import SENDER_CLOSED_MESSAGE, Result
+from tritonfast.runtime.types import InferRequest, InputTensor
 
 WARMUP_DIR = "warmup"
+# How long a sample's responses may take when the model sends them through its sender.
+RESPONSE_TIMEOUT_S = 60.0
 
 
 def warm_up(
-    config: model_config_pb2.ModelConfig, instances: list[Backend], model_dir: Path
+    config: model_config_pb2.ModelConfig, instances: list[ModelInstance], model_dir: Path
 ) -> None:
     """Run every warmup sample ``count`` times on every instance; raise on the first failure."""
+    decoupled = config.model_transaction_policy.decoupled
     for sample in config.model_warmup:
         try:
-            request = _request(config, sample, model_dir)
             for instance in instances:
                 for _ in range(max(sample.count, 1)):
-                    result = instance.execute([request], PhaseClock())[0]
-                    if isinstance(result, TritonError):
-                        raise result
+                    _run(instance, _request(config, sample, model_dir), decoupled)
         except TritonError as error:
             raise InvalidArgumentError(
                 f"failed to warm up model '{config.name}' with sample '{sample.name}':"
@@ -43,6 +45,49 @@ def warm_up(
             raise InvalidArgumentError(
                 f"failed to warm up model '{config.name}' with sample '{sample.name}': {error}"
             ) from None
+
+
+def _run(instance: ModelInstance, request: InferRequest, decoupled: bool) -> None:
+    """Run one sample request; raise the first error among its responses."""
+    collector = request.sender = _Collector(decoupled)
+    results = instance.execute([request], PhaseClock())
+    if results is not None and results[0] is not None:
+        outcome = [results[0]]
+    else:
+        if not collector.done.wait(RESPONSE_TIMEOUT_S):
+            raise InternalError(
+                f"the model sent no final response within {RESPONSE_TIMEOUT_S:.0f} s"
+            )
+        outcome = collector.results
+    for result in outcome:
+        if isinstance(result, TritonError):
+            raise result
+
+
+class _Collector:
+    """Takes a sample request's responses in place of a response sender."""
+
+    def __init__(self, decoupled: bool) -> None:
+        self.decoupled = decoupled
+        self.results: list[Result] = []
+        self.done = threading.Event()
+        self.closed = False
+
+    def send(self, result: Result | None = None, final: bool = False) -> None:
+        if self.closed:
+            raise InternalError(SENDER_CLOSED_MESSAGE)
+        if result is not None:
+            self.results.append(result)
+        if final:
+            self.closed = True
+            self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def abandon(self, error: TritonError) -> None:
+        if not self.closed:
+            self.send(error, final=True)
 
 
 def _request(

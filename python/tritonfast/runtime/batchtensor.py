@@ -1,5 +1,8 @@
 """One tensor for a whole batch: requests' inputs concatenated, outputs split back as views.
 
+For any backend whose model takes whole-batch tensors (:func:`gather_inputs`,
+:func:`scatter_outputs`).
+
 The concatenation is a copy the Rust core makes into a pooled buffer with the GIL released
 (so the event loop and other instances keep running), and the buffer goes back to the pool
 when the last numpy view of it dies. Splitting an output is free: each request gets a view.
@@ -7,11 +10,14 @@ when the last numpy view of it dies. Splitting an output is free: each request g
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from tritonfast.errors import InternalError
 from tritonfast.runtime.bufferpool import POOL
+from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 
 def gather(arrays: list[np.ndarray]) -> np.ndarray:
@@ -33,3 +39,53 @@ def scatter(batched: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
         pieces.append(batched[start : start + size])
         start += size
     return pieces
+
+
+def gather_inputs(requests: list[InferRequest]) -> tuple[dict[str, np.ndarray], list[int]]:
+    """A batch's inputs as whole-batch arrays, ``{name: array}``, each request's rows in
+    request order, and how many rows each request holds. The batcher keeps a batch's input
+    names and non-batch dimensions uniform."""
+    sizes = [r.inputs[0].shape[0] if r.inputs else 0 for r in requests]
+    names = [t.name for t in requests[0].inputs]
+    inputs = {name: gather([r.inputs[i].data for r in requests]) for i, name in enumerate(names)}
+    return inputs, sizes
+
+
+def scatter_outputs(
+    outputs: Mapping[str, Any],
+    sizes: list[int],
+    requests: list[InferRequest],
+    datatypes: Mapping[str, str],
+    instance_name: str,
+) -> list[InferResponse]:
+    """Whole-batch outputs, ``{name: array}``, split back into one response per request (each
+    output a view of its rows), keeping only the outputs a request asked for. ``datatypes``
+    maps every declared output to its wire datatype. Raises InternalError for an output that
+    is not declared or does not hold the batch's rows."""
+    if not isinstance(outputs, Mapping):
+        raise InternalError(
+            f"model instance '{instance_name}': the whole-batch outputs must be a dict of"
+            f" arrays, not {type(outputs).__name__}"
+        )
+    total = sum(sizes)
+    pieces = {}
+    for name, value in outputs.items():
+        array = np.asarray(value)
+        if name not in datatypes or array.ndim == 0 or array.shape[0] != total:
+            raise InternalError(
+                f"model instance '{instance_name}': output '{name}' must be a declared"
+                f" output with {total} rows (the batch), got shape {list(array.shape)}"
+            )
+        pieces[name] = scatter(array, sizes)
+    responses = []
+    for index, request in enumerate(requests):
+        wanted = None if request.outputs is None else {o.name for o in request.outputs}
+        tensors = [
+            OutputTensor(name, datatypes[name], split[index].shape, split[index])
+            for name, split in pieces.items()
+            if wanted is None or name in wanted
+        ]
+        responses.append(
+            InferResponse(request.model_name, str(request.model_version), request.id, tensors)
+        )
+    return responses

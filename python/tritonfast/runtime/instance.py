@@ -1,9 +1,11 @@
-"""One thread per model instance: take a batch from the Rust queue, run it, hand back results.
+"""One thread per model instance: take a batch from its source, run it, hand back results.
 
-The wait for a batch happens inside the Rust core with the GIL released. Each batch's
-execution is reported to the core's statistics with one call, and its results are handed to the
-scheduler's ``deliver`` (which moves them to the event loop in one ``call_soon_threadsafe``),
-not one call per request.
+Each instance takes work from its own source, a Rust :class:`~tritonfast._core.RequestQueue`
+that its scheduler chose for it (all instances of a model may share one). The wait for a batch
+happens inside the Rust core with the GIL released. Each batch's execution is reported to the
+core's statistics with one call, and its results are handed to the scheduler's ``deliver``
+(which moves them to the event loop in one ``call_soon_threadsafe``), not one call per request;
+a batch whose responses go through the requests' senders delivers none.
 
 With a :class:`~tritonfast._core.Handoff` (see :mod:`.looprun`) the thread still forms its
 batches in the core, but while the handoff is on it offers each one to the event loop, which
@@ -12,7 +14,6 @@ runs it with :meth:`InstanceLoop.run`, and waits (GIL released) until the loop i
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -20,9 +21,10 @@ from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 from tritonfast._core import Batch, Handoff, RequestQueue
-from tritonfast.backends.base import Backend, PhaseClock, Result
+from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime import gcpause
+from tritonfast.runtime.responses import Result, Sink
 from tritonfast.runtime.types import InferRequest
 
 log = logging.getLogger(__name__)
@@ -30,38 +32,55 @@ log = logging.getLogger(__name__)
 # How long one wait for work may block before the loop re-checks for shutdown.
 _POLL_US = 500_000
 
-# A queued item: the request and the future its frontend task awaits.
-QueueItem = tuple[InferRequest, "asyncio.Future[Any]"]
-# Called on the instance thread with (batch seq, futures, one result per future).
-Deliver = Callable[[int, list["asyncio.Future[Any]"], Sequence[Result]], None]
-# Called on the instance thread with the futures of requests rejected by a queue timeout.
-Reject = Callable[[list["asyncio.Future[Any]"]], None]
+# A queued item: the request and where its responses go.
+QueueItem = tuple[InferRequest, Sink]
+# Called with (batch seq, sinks, results): one result per sink (None for a request answered
+# through its sender), or None when every request of the batch is.
+Deliver = Callable[[int, list[Sink], Sequence[Result | None] | None], None]
+# Called on the instance thread with the sinks of requests rejected by a queue timeout.
+Reject = Callable[[list[Sink]], None]
 # Told how long each batch took to run (wall clock and this thread's CPU time, nanoseconds),
 # whether it ran on the event loop, and whether some request of it failed.
 Observe = Callable[[int, int, bool, bool], None]
+
+
+_running = threading.local()
+
+
+def running_instance() -> InstanceLoop | None:
+    """The instance whose batch this thread is running now, if any."""
+    return getattr(_running, "instance", None)
 
 
 class InstanceLoop:
     def __init__(
         self,
         name: str,
-        queue: RequestQueue,
-        backend: Backend,
+        source: RequestQueue,
+        instance: ModelInstance,
         deliver: Deliver,
         reject: Reject,
         *,
         handoff: tuple[Handoff, int] | None = None,
         observe: Observe | None = None,
+        on_server_call: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
-        self._queue = queue
-        self._backend = backend
+        self._queue = source
+        self._instance = instance
         self._deliver = deliver
         self._reject = reject
         # (the model's handoff, this instance's index in it)
         self._handoff = handoff
         self._observe = observe
+        self._on_server_call = on_server_call
         self._thread = threading.Thread(target=self._run, name=f"instance:{name}", daemon=True)
+
+    def calls_server(self) -> None:
+        """Told when the model, in one of its batches, waits on the server (see runtime.handle):
+        its batches must never run on the event loop."""
+        if self._on_server_call is not None:
+            self._on_server_call()
 
     def start(self) -> None:
         self._thread.start()
@@ -73,7 +92,7 @@ class InstanceLoop:
 
     def finalize(self) -> None:
         try:
-            self._backend.finalize()
+            self._instance.finalize()
         except Exception:  # a model's finalize must not stop the others' shutdown
             log.exception("finalize failed for instance %s", self.name)
 
@@ -100,8 +119,8 @@ class InstanceLoop:
 
     def run(
         self, batch: Batch, *, on_loop: bool
-    ) -> tuple[int, list[asyncio.Future[Any]], Sequence[Result]]:
-        """Run one batch and record it: (batch seq, futures, one result per future)."""
+    ) -> tuple[int, list[Sink], Sequence[Result | None] | None]:
+        """Run one batch and record it: (batch seq, sinks, one result per sink or None)."""
         items: list[QueueItem] = batch.items
         observe = self._observe
         cpu_start = gc_start = 0
@@ -109,33 +128,54 @@ class InstanceLoop:
             cpu_start, gc_start = thread_time_ns(), gcpause.total_ns()
         clock = PhaseClock()
         requests = [item[0] for item in items]
-        results = self._run_backend(requests, clock)
-        futures = [item[1] for item in items]
+        outer, _running.instance = running_instance(), self
+        try:
+            results = self._run_backend(requests, clock)
+        finally:
+            _running.instance = outer
+        sinks = [item[1] for item in items]
         end = perf_counter_ns()
         for request in requests:
             if request.trace is not None:
                 _stamp_compute(request.trace, clock, end)
         try:
-            batch.report(results, *clock.split(end))
+            # Responses sent through senders are the model's affair: the execution succeeded.
+            batch.report([None] * len(requests) if results is None else results, *clock.split(end))
         except Exception:  # statistics must never cost a response
             log.exception("instance %s could not record a batch's statistics", self.name)
         if observe is not None:
-            failed = any(isinstance(result, TritonError) for result in results)
+            failed = results is not None and any(isinstance(r, TritonError) for r in results)
             collecting = gcpause.total_ns() - gc_start  # not the model's doing
             run_ns = end - clock.start - collecting
             cpu_ns = max(0, thread_time_ns() - cpu_start - collecting)
             observe(run_ns, cpu_ns, on_loop, failed)
-        return batch.seq, futures, results
+        return batch.seq, sinks, results
 
-    def _run_backend(self, requests: list[InferRequest], clock: PhaseClock) -> Sequence[Result]:
-        """The backend's results for one batch, or the error for every request."""
+    def _run_backend(
+        self, requests: list[InferRequest], clock: PhaseClock
+    ) -> Sequence[Result | None] | None:
+        """The backend's results for one batch (None: they go through the requests' senders),
+        or the error for every request."""
         try:
-            results: Sequence[Result] = self._backend.execute(requests, clock)
+            results = self._instance.execute(requests, clock)
         except TritonError as exc:
             return [exc] * len(requests)
         except Exception as exc:  # a backend bug fails this batch, not the server
             log.exception("instance %s failed to execute a batch", self.name)
             return [InternalError(f"instance {self.name}: {exc}")] * len(requests)
+        if results is None:
+            if all(request.sender is not None for request in requests):
+                return None
+            # A request that got no sender can get no response but this error.
+            return [
+                None
+                if request.sender is not None
+                else InternalError(
+                    f"model instance '{self.name}' returned no response for request"
+                    f" '{request.id}' and did not use its response sender"
+                )
+                for request in requests
+            ]
         if len(results) != len(requests):
             error = InternalError(
                 f"instance {self.name} returned {len(results)} responses for"

@@ -21,6 +21,16 @@ sends the model back for good (a model that needs a thread of its own, e.g. one 
 ``asyncio.run``, fails quickly there).
 Chosen by the model's ``TRITONFAST_INSTANCE_MODE`` (``"auto"``, the default; ``"thread"``
 keeps every batch on the instance threads).
+
+The rule for which models may run on the loop: never one that can wait, on the server (a BLS
+call through :mod:`tritonfast.runtime.handle`) or on a stream, because a wait on the loop's
+own thread could never end. So a model's batches never move to the loop when its backend says
+so (:meth:`~tritonfast.backends.base.Backend.runs_on_event_loop`: e.g. decoupled Python
+models) or when any instance does (``may_run_on_event_loop``: e.g. ``async def execute``, or
+model code that names the server's calls), and a model that calls the server from one of its
+batches on its own thread stays on its threads for good (:meth:`LoopExecution.calls_server`).
+A call that still reaches the server from the loop's thread is refused with an error, never
+left to hang (see :mod:`tritonfast.runtime.handle`), and the model goes back to its threads.
 """
 
 from __future__ import annotations
@@ -29,12 +39,12 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tritonfast._core import Handoff, RequestQueue
-from tritonfast.backends.base import Result
 from tritonfast.errors import InternalError
 from tritonfast.runtime import gcpause
+from tritonfast.runtime.responses import Result, Sink
 
 if TYPE_CHECKING:
     from tritonfast.runtime.instance import InstanceLoop
@@ -59,8 +69,8 @@ STALL_LIMIT_NS = 20_000_000
 # Retreats after which the wait before the next try stops doubling.
 _MAX_BACKOFF = 12
 
-# Settles one batch's futures on the loop: (batch seq, futures, results).
-Settle = Callable[[int, list["asyncio.Future[Any]"], Sequence[Result]], None]
+# Settles one batch on the loop: (batch seq, sinks, results; see InstanceLoop.run).
+Settle = Callable[[int, list[Sink], Sequence[Result | None] | None], None]
 
 
 class LoopExecution:
@@ -108,6 +118,12 @@ class LoopExecution:
         log.info(
             "model %s: %s; its batches run on its instance threads from now on", self.name, why
         )
+
+    def calls_server(self) -> None:
+        """The model waited on the server (runtime.handle) in a batch on its own thread: it
+        must never run on the loop, where that wait could not end."""
+        if not self._banned:
+            self._ban("it calls the server")
 
     @property
     def on_loop(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime.types import NUMPY_DTYPES
+from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("tritonfast's tensor layout assumes a little-endian host")

@@ -1,16 +1,29 @@
-"""One scheduler per loaded model version: the Rust request queue and its instance loops.
+"""How a model version's requests reach its instances: the scheduler interface, and the two
+schedulers that stand in front of the Rust request queue.
 
-With ``dynamic_batching`` (and ``max_batch_size > 0``) the queue applies every field of
-Triton's ``ModelDynamicBatching``: preferred sizes, ``max_queue_delay_microseconds``, priority
-levels with per-level queue policies (``max_queue_size``, timeouts with REJECT or DELAY,
-``allow_timeout_override``) and ``preserve_ordering``. A request's ``priority`` and ``timeout``
-(microseconds) come from its parameters; requests batch together only when the inputs whose
-shapes must match (variable-size inputs without ``allow_ragged_batch``, shape tensors, and the
-set of inputs when some are optional) agree. Without dynamic batching it is Triton's default
-scheduler: FIFO to idle instances, one request per execution, priorities and timeouts ignored.
+Every scheduler takes a request in one of two ways: :meth:`Scheduler.infer` for a request
+whose single response the caller awaits, :meth:`Scheduler.open_stream` for a request whose
+responses the caller iterates (any model; the only way to a decoupled model's responses).
+Both queue the request at once and raise Triton's error if it cannot be queued.
 
-A request whose awaiting task is cancelled (client disconnect, gRPC cancel) is removed from
-the queue if it has not started; a running one completes and its result is dropped.
+:class:`DynamicBatchScheduler` (``dynamic_batching`` with ``max_batch_size > 0``) applies every
+field of Triton's ``ModelDynamicBatching``: preferred sizes, ``max_queue_delay_microseconds``,
+priority levels with per-level queue policies (``max_queue_size``, timeouts with REJECT or
+DELAY, ``allow_timeout_override``) and ``preserve_ordering``. A request's ``priority`` and
+``timeout`` (microseconds) come from its parameters; requests batch together only when the
+inputs whose shapes must match (variable-size inputs without ``allow_ragged_batch``, shape
+tensors, and the set of inputs when some are optional) agree. :class:`DefaultScheduler` is
+Triton's default scheduler: FIFO to idle instances, one request per execution, priorities and
+timeouts ignored.
+
+Each instance takes its batches from its own source: by default all instances of a version
+share one queue; a scheduler that sets :attr:`QueueScheduler.per_instance_queues` gives each
+instance a queue of its own (all recording into one set of statistics) and chooses the
+instance for each request with :meth:`QueueScheduler.route`.
+
+A request whose caller goes away (client disconnect, gRPC cancel) is removed from the queue if
+it has not started; a running one is flagged (see :func:`.responses.is_cancelled`) and what it
+answers is dropped.
 
 :meth:`Scheduler.statistics` returns the model version's counters, in the layout of one
 ``model_stats`` entry of Triton's statistics extension (without ``name`` and ``version``)::
@@ -39,18 +52,27 @@ not part of Triton's JSON: it feeds ``nv_inference_request_failure{reason=...}``
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import weakref
 from collections.abc import Sequence
 from time import perf_counter_ns
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from tritonfast._core import QUEUE_FULL_MESSAGE, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import Backend, Result
-from tritonfast.errors import TritonError, UnavailableError
+from tritonfast.backends.base import ModelInstance
+from tritonfast.errors import UnavailableError, UnsupportedError
 from tritonfast.runtime.instance import InstanceLoop
 from tritonfast.runtime.looprun import LoopExecution
 from tritonfast.runtime.rawtensor import request_prefix
+from tritonfast.runtime.responses import (
+    ResponseSender,
+    ResponseStream,
+    Result,
+    Sink,
+    settle,
+)
 from tritonfast.runtime.types import InferRequest, InferResponse
 
 # Triton's answer to a request whose queue timeout expired under the REJECT action.
@@ -59,6 +81,8 @@ REQUEST_TIMEOUT_MESSAGE = "Request timeout expired"
 STOPPING_MESSAGE = (
     "Server is stopping, scheduler for model has stopped accepting new inference requests"
 )
+# What a decoupled request still open when its model stops is answered with.
+STOPPED_MESSAGE = "the model stopped before it sent the final response of this request"
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
@@ -68,107 +92,288 @@ _TIMEOUT_ACTIONS: dict[int, Literal["REJECT", "DELAY"]] = {
 }
 
 
-class Scheduler:
+class Scheduler(abc.ABC):
+    """Takes a model version's requests and hands them to its instances."""
+
+    @abc.abstractmethod
+    async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
+        """Queue a single-response request and await its response (its error is raised)."""
+
+    @abc.abstractmethod
+    def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        """Queue ``request`` and return the stream of its responses (on the event loop).
+        The caller must :meth:`~.ResponseStream.cancel` it if it stops reading early."""
+
+    @abc.abstractmethod
+    def statistics(self) -> dict[str, Any]:
+        """The model version's statistics (layout in the module docstring)."""
+
+    @abc.abstractmethod
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
+        """``{name: (count, sum_us, [(quantile, us)])}`` when summaries are kept, else None."""
+
+    @abc.abstractmethod
+    def pending(self) -> int:
+        """Requests waiting, not yet taken by an instance."""
+
+    @property
+    def runs_on_loop(self) -> bool:
+        """Whether the model's batches run on the event loop now (see looprun)."""
+        return False
+
+    @abc.abstractmethod
+    def stop(self, timeout: float) -> None:
+        """Stop taking work, let queued and running requests finish, then finalize the
+        instances. Called off the event loop."""
+
+
+class QueueScheduler(Scheduler):
+    """Requests go through Rust request queues; one :class:`InstanceLoop` per instance takes
+    its batches from its own source and runs them. Subclasses decide the queue's rules
+    (:meth:`_new_queue`) and what each request is pushed with (:meth:`_push`)."""
+
+    # One queue per instance (requests placed by route()) instead of one shared queue.
+    per_instance_queues: ClassVar[bool] = False
+
     def __init__(
         self,
         name: str,
         config: model_config_pb2.ModelConfig,
-        backends: list[Backend],
+        instances: list[ModelInstance],
         loop: asyncio.AbstractEventLoop,
         *,
         latency_summaries: bool = False,
         loop_execution: bool = False,
     ) -> None:
-        self._batching = config.HasField("dynamic_batching") and config.max_batch_size > 0
-        preserve_ordering = False
-        # Inputs whose shape (True: and content) must match within a batch.
-        self._keyed: dict[str, bool] = {}
-        self._optional_inputs = False
-        if self._batching:
-            batching = config.dynamic_batching
-            self._queue = RequestQueue(
-                config.max_batch_size,
-                batching.max_queue_delay_microseconds,
-                list(batching.preferred_batch_size),
-                priority_levels=batching.priority_levels,
-                default_priority_level=batching.default_priority_level,
-                default_queue_policy=_queue_policy(batching.default_queue_policy),
-                priority_queue_policy={
-                    level: _queue_policy(policy)
-                    for level, policy in batching.priority_queue_policy.items()
-                },
-                latency_summaries=latency_summaries,
-            )
-            preserve_ordering = batching.preserve_ordering
-            self._keyed = _shape_checked_inputs(config)
-            self._optional_inputs = any(tensor.optional for tensor in config.input)
-        else:
-            # Triton's default scheduler: one request per execution, FIFO to idle instances.
-            self._queue = RequestQueue(latency_summaries=latency_summaries)
-        self._needs_shape_key = bool(self._keyed) or self._optional_inputs
         self._loop = loop
+        self._decoupled = config.model_transaction_policy.decoupled
+        first = self._new_queue(config, latency_summaries)
+        self._queues = [first]
+        if self.per_instance_queues:
+            self._queues += [
+                self._new_queue(config, latency_summaries, share_statistics_with=first)
+                for _ in instances[1:]
+            ]
+        preserve_ordering = config.dynamic_batching.preserve_ordering
         # preserve_ordering: batches settle in the order they left the queue.
         self._next_seq = 0
-        self._held: dict[int, tuple[list[asyncio.Future[Any]], Sequence[Result]]] = {}
+        self._held: dict[int, tuple[list[Sink], Sequence[Result | None] | None]] = {}
         deliver = self._deliver_in_order if preserve_ordering else self._deliver
+        # Decoupled requests' senders still open, to end them if the model stops first.
+        self._senders: weakref.WeakSet[ResponseSender] = weakref.WeakSet()
         # Short executions may run on the event loop (see looprun) when every instance can.
         self._on_loop: LoopExecution | None = None
-        if loop_execution and all(backend.may_run_on_event_loop for backend in backends):
-            self._on_loop = LoopExecution(name, self._queue, loop)
+        if (
+            loop_execution
+            and not self.per_instance_queues
+            and all(instance.may_run_on_event_loop for instance in instances)
+        ):
+            self._on_loop = LoopExecution(name, first, loop)
         on_loop = self._on_loop
         self._instances = [
             InstanceLoop(
                 f"{name}_{index}",
-                self._queue,
-                backend,
+                self._queues[index if self.per_instance_queues else 0],
+                instance,
                 deliver,
                 self._reject,
                 handoff=None if on_loop is None else (on_loop.handoff, index),
                 observe=None if on_loop is None else on_loop.observe,
+                on_server_call=None if on_loop is None else on_loop.calls_server,
             )
-            for index, backend in enumerate(backends)
+            for index, instance in enumerate(instances)
         ]
         if on_loop is not None:
-            settle = self._settle_in_order if preserve_ordering else _settle_batch
-            on_loop.start(self._instances, settle)
-        for instance in self._instances:
-            instance.start()
+            on_loop.start(self._instances, self._settle_in_order if preserve_ordering else _settle)
+        for instance_loop in self._instances:
+            instance_loop.start()
 
-    async def submit(self, request: InferRequest, batch_size: int) -> InferResponse:
+    # -- what subclasses decide -------------------------------------------------------------
+    @abc.abstractmethod
+    def _new_queue(
+        self,
+        config: model_config_pb2.ModelConfig,
+        latency_summaries: bool,
+        share_statistics_with: RequestQueue | None = None,
+    ) -> RequestQueue:
+        """A queue with this scheduler's rules."""
+
+    @abc.abstractmethod
+    def _push(
+        self, queue: RequestQueue, request: InferRequest, sink: Sink, batch_size: int
+    ) -> Ticket:
+        """Push ``(request, sink)`` onto ``queue``."""
+
+    def route(self, request: InferRequest) -> int:
+        """Which instance's queue takes ``request`` (with :attr:`per_instance_queues`)."""
+        return 0
+
+    # -- taking requests --------------------------------------------------------------------
+    async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
         future: asyncio.Future[Any] = self._loop.create_future()
-        if request.trace is not None:
-            request.trace.stamp("QUEUE_START", perf_counter_ns())
-            request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
-        ticket = self._push(request, future, batch_size)
+        queue, ticket = self._enqueue(request, future, batch_size)
         try:
             return await future
         except asyncio.CancelledError:
             # The caller went away: drop the request if it has not started; a running one is
             # flagged (the model sees request.is_cancelled()) and its result is ignored.
-            if not self._queue.cancel(ticket):
+            if not queue.cancel(ticket):
                 request.cancelled = True
             raise
 
-    def _push(self, request: InferRequest, future: asyncio.Future[Any], batch_size: int) -> Ticket:
+    def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        stream = ResponseStream(self._loop)
+        if self._decoupled:
+            sender = request.sender = ResponseSender(stream, request.id, decoupled=True)
+            self._senders.add(sender)
+        queue, ticket = self._enqueue(request, stream, batch_size)
+
+        # Holds the ticket, not the request: a sender the model drops must be collectable. A
+        # running request sees the cancellation through its stream (responses.is_cancelled).
+        def cancel() -> None:
+            queue.cancel(ticket)
+
+        stream.on_cancel(cancel)
+        return stream
+
+    def _enqueue(
+        self, request: InferRequest, sink: Sink, batch_size: int
+    ) -> tuple[RequestQueue, Ticket]:
+        if request.trace is not None:
+            request.trace.stamp("QUEUE_START", perf_counter_ns())
+            request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
+        request.sink = sink
+        queue = self._queues[self.route(request)] if self.per_instance_queues else self._queues[0]
         try:
-            if not self._batching:
-                # One request per execution; the batch size only feeds the statistics.
-                return self._queue.push_cancellable((request, future), max(batch_size, 1))
-            params = request.parameters
-            priority = _unsigned(params.get("priority", 0), _U32) if params else 0
-            timeout = _unsigned(params.get("timeout", 0), _U64) if params else 0
-            shape_key = self._shape_key(request) if self._needs_shape_key else 0
-            return self._queue.push_cancellable(
-                (request, future), batch_size, priority, timeout, shape_key
-            )
+            return queue, self._push(queue, request, sink, batch_size)
         except UnavailableError as exc:
             # Triton prefixes these with the request id ("<id_unknown>" without one).
             prefix = request_prefix(request.id)
             if exc.message == QUEUE_FULL_MESSAGE:
                 raise UnavailableError(prefix + QUEUE_FULL_MESSAGE) from None
-            if self._queue.closed:
+            if queue.closed:
                 raise UnavailableError(prefix + STOPPING_MESSAGE) from None
             raise
+
+    # -- state ----------------------------------------------------------------------------
+    def statistics(self) -> dict[str, Any]:
+        return self._queues[0].statistics()  # per-instance queues share one set
+
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
+        return self._queues[0].latency_summaries(quantiles)
+
+    def pending(self) -> int:
+        return sum(len(queue) for queue in self._queues)
+
+    @property
+    def runs_on_loop(self) -> bool:
+        return self._on_loop is not None and self._on_loop.on_loop
+
+    def stop(self, timeout: float) -> None:
+        if self._on_loop is not None:
+            self._on_loop.stop()
+        for queue in self._queues:
+            queue.close()
+        for instance_loop in self._instances:
+            instance_loop.join(timeout)
+        if self._on_loop is not None:
+            self._on_loop.unwatch()
+        for instance_loop in self._instances:
+            instance_loop.finalize()
+        for sender in list(self._senders):
+            sender.abandon(UnavailableError(STOPPED_MESSAGE))
+
+    # -- completions (called on instance threads; settle on the event loop) ------------------
+    def _deliver(
+        self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
+    ) -> None:
+        if results is not None:
+            self._loop.call_soon_threadsafe(_settle, seq, sinks, results)
+
+    def _deliver_in_order(
+        self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
+    ) -> None:
+        self._loop.call_soon_threadsafe(self._settle_in_order, seq, sinks, results)
+
+    def _settle_in_order(
+        self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
+    ) -> None:
+        """Runs on the event loop: settle batches strictly in the order they left the queue."""
+        held = self._held
+        held[seq] = (sinks, results)
+        while (ready := held.pop(self._next_seq, None)) is not None:
+            self._next_seq += 1
+            _settle(self._next_seq - 1, *ready)
+
+    def _reject(self, sinks: list[Sink]) -> None:
+        self._loop.call_soon_threadsafe(_fail_timed_out, sinks)
+
+
+class DefaultScheduler(QueueScheduler):
+    """Triton's default scheduler: one request per execution, FIFO to idle instances."""
+
+    def _new_queue(
+        self,
+        config: model_config_pb2.ModelConfig,
+        latency_summaries: bool,
+        share_statistics_with: RequestQueue | None = None,
+    ) -> RequestQueue:
+        return RequestQueue(latency_summaries=latency_summaries, **_shared(share_statistics_with))
+
+    def _push(
+        self, queue: RequestQueue, request: InferRequest, sink: Sink, batch_size: int
+    ) -> Ticket:
+        # One request per execution; the batch size only feeds the statistics.
+        return queue.push_cancellable((request, sink), max(batch_size, 1))
+
+
+class DynamicBatchScheduler(QueueScheduler):
+    """Triton's dynamic batcher (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: model_config_pb2.ModelConfig,
+        instances: list[ModelInstance],
+        loop: asyncio.AbstractEventLoop,
+        **options: Any,
+    ) -> None:
+        # Inputs whose shape (True: and content) must match within a batch.
+        self._keyed = _shape_checked_inputs(config)
+        self._optional_inputs = any(tensor.optional for tensor in config.input)
+        self._needs_shape_key = bool(self._keyed) or self._optional_inputs
+        super().__init__(name, config, instances, loop, **options)
+
+    def _new_queue(
+        self,
+        config: model_config_pb2.ModelConfig,
+        latency_summaries: bool,
+        share_statistics_with: RequestQueue | None = None,
+    ) -> RequestQueue:
+        batching = config.dynamic_batching
+        return RequestQueue(
+            config.max_batch_size,
+            batching.max_queue_delay_microseconds,
+            list(batching.preferred_batch_size),
+            priority_levels=batching.priority_levels,
+            default_priority_level=batching.default_priority_level,
+            default_queue_policy=_queue_policy(batching.default_queue_policy),
+            priority_queue_policy={
+                level: _queue_policy(policy)
+                for level, policy in batching.priority_queue_policy.items()
+            },
+            latency_summaries=latency_summaries,
+            **_shared(share_statistics_with),
+        )
+
+    def _push(
+        self, queue: RequestQueue, request: InferRequest, sink: Sink, batch_size: int
+    ) -> Ticket:
+        params = request.parameters
+        priority = _unsigned(params.get("priority", 0), _U32) if params else 0
+        timeout = _unsigned(params.get("timeout", 0), _U64) if params else 0
+        shape_key = self._shape_key(request) if self._needs_shape_key else 0
+        return queue.push_cancellable((request, sink), batch_size, priority, timeout, shape_key)
 
     def _shape_key(self, request: InferRequest) -> int:
         """A hash of what must match for requests to share a batch (0 to 2**64 - 1)."""
@@ -185,82 +390,52 @@ class Scheduler:
                 parts.append((tensor.name, tuple(tensor.shape[1:])))
         return hash(frozenset(parts)) & _U64
 
-    def statistics(self) -> dict[str, Any]:
-        """The model version's statistics (layout in the module docstring), read lock-free."""
-        return self._queue.statistics()
 
-    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
-        """``{name: (count, sum_us, [(quantile, us)])}`` when summaries are kept, else None."""
-        return self._queue.latency_summaries(quantiles)
-
-    def pending(self) -> int:
-        """Requests in the queue, not yet taken by an instance."""
-        return len(self._queue)
-
-    @property
-    def runs_on_loop(self) -> bool:
-        """Whether the model's batches run on the event loop now (see looprun)."""
-        return self._on_loop is not None and self._on_loop.on_loop
-
-    def stop(self, timeout: float) -> None:
-        """Stop taking work, let queued and running requests finish, then finalize.
-
-        Called off the event loop: batches already handed to the loop still need it to run."""
-        if self._on_loop is not None:
-            self._on_loop.stop()
-        self._queue.close()
-        for instance in self._instances:
-            instance.join(timeout)
-        if self._on_loop is not None:
-            self._on_loop.unwatch()
-        for instance in self._instances:
-            instance.finalize()
-
-    # -- completions (called on instance threads; settle on the event loop) ------------------
-    def _deliver(
-        self, seq: int, futures: list[asyncio.Future[Any]], results: Sequence[Result]
-    ) -> None:
-        self._loop.call_soon_threadsafe(_settle, futures, results)
-
-    def _deliver_in_order(
-        self, seq: int, futures: list[asyncio.Future[Any]], results: Sequence[Result]
-    ) -> None:
-        self._loop.call_soon_threadsafe(self._settle_in_order, seq, futures, results)
-
-    def _settle_in_order(
-        self, seq: int, futures: list[asyncio.Future[Any]], results: Sequence[Result]
-    ) -> None:
-        """Runs on the event loop: settle batches strictly in the order they left the queue."""
-        held = self._held
-        held[seq] = (futures, results)
-        while (ready := held.pop(self._next_seq, None)) is not None:
-            self._next_seq += 1
-            _settle(*ready)
-
-    def _reject(self, futures: list[asyncio.Future[Any]]) -> None:
-        self._loop.call_soon_threadsafe(_fail_timed_out, futures)
+def create_scheduler(
+    name: str,
+    config: model_config_pb2.ModelConfig,
+    instances: list[ModelInstance],
+    loop: asyncio.AbstractEventLoop,
+    *,
+    latency_summaries: bool = False,
+    loop_execution: bool = False,
+) -> Scheduler:
+    """The scheduler ``config`` asks for, started with ``instances``."""
+    if config.HasField("sequence_batching"):
+        raise UnsupportedError(
+            f"model '{config.name}': sequence batching is not supported by tritonfast yet"
+        )
+    kind: type[QueueScheduler] = DefaultScheduler
+    if config.HasField("dynamic_batching") and config.max_batch_size > 0:
+        kind = DynamicBatchScheduler
+    return kind(
+        name,
+        config,
+        instances,
+        loop,
+        latency_summaries=latency_summaries,
+        loop_execution=loop_execution,
+    )
 
 
-def _settle_batch(seq: int, futures: list[asyncio.Future[Any]], results: Sequence[Result]) -> None:
-    _settle(futures, results)
+def _settle(seq: int, sinks: list[Sink], results: Sequence[Result | None] | None) -> None:
+    """Runs on the event loop: each request of one batch gets its one response, with the
+    final flag (None: the request, or every request, is answered through its sender)."""
+    if results is None:
+        return
+    for sink, result in zip(sinks, results, strict=True):
+        if result is not None:
+            settle(sink, result, True)
 
 
-def _settle(futures: list[asyncio.Future[Any]], results: Sequence[Result]) -> None:
-    """Runs on the event loop: complete every future of one batch."""
-    for future, result in zip(futures, results, strict=True):
-        if future.done():  # the caller went away (cancelled)
-            continue
-        if isinstance(result, TritonError):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
-
-
-def _fail_timed_out(futures: list[asyncio.Future[Any]]) -> None:
+def _fail_timed_out(sinks: list[Sink]) -> None:
     """Runs on the event loop: answer requests whose queue timeout expired (REJECT)."""
-    for future in futures:
-        if not future.done():
-            future.set_exception(UnavailableError(REQUEST_TIMEOUT_MESSAGE))
+    for sink in sinks:
+        settle(sink, UnavailableError(REQUEST_TIMEOUT_MESSAGE), True)
+
+
+def _shared(queue: RequestQueue | None) -> dict[str, Any]:
+    return {} if queue is None else {"share_statistics_with": queue}
 
 
 def _queue_policy(policy: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:

@@ -4,7 +4,7 @@ Codecs turn wire bytes into these objects (tensor data as numpy arrays, viewed o
 wire buffer where the protocol allows) and turn responses back into wire bytes. Nothing
 here knows about HTTP, gRPC or a particular backend.
 
-Tensor data conventions:
+Tensor data conventions (datatypes: :mod:`.datatypes`):
 - numeric tensors are numpy arrays of the datatype's numpy dtype, C-contiguous, already
   shaped;
 - BYTES tensors are numpy ``object`` arrays whose elements are ``bytes``;
@@ -18,40 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-# Triton wire datatype -> numpy dtype. BYTES is an object array of bytes.
-NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BF16": np.dtype(np.uint16),
-    "BYTES": np.dtype(np.object_),
-}
-
-# Byte size of one element of each fixed-size datatype (BYTES has none).
-ELEMENT_SIZES: dict[str, int] = {
-    name: dtype.itemsize for name, dtype in NUMPY_DTYPES.items() if name != "BYTES"
-}
-
-
-def datatype_of(array: np.ndarray) -> str:
-    """The Triton datatype for a numpy array (object/str/bytes arrays are BYTES)."""
-    kind = array.dtype
-    if kind.kind in ("O", "S", "U"):
-        return "BYTES"
-    for name, dtype in NUMPY_DTYPES.items():
-        if dtype == kind and name != "BF16":
-            return name
-    raise ValueError(f"unsupported numpy dtype {kind}")
 
 
 @dataclass(slots=True)
@@ -88,6 +54,12 @@ class InferRequest:
     uses_shared_memory: bool = False
     # A tracing.RequestTrace when this request is traced (every layer stamps it), else None.
     trace: Any = None
+    # Where the request's responses go (set by the scheduler): a runtime.responses.
+    # ResponseStream, or the future its caller awaits.
+    sink: Any = None
+    # The runtime.responses.ResponseSender its responses go through: made when the request
+    # is queued for a decoupled model, on demand (responses.sender_of) for any other.
+    sender: Any = None
 
 
 @dataclass(slots=True)

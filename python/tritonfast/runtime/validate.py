@@ -12,26 +12,9 @@ from dataclasses import dataclass
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.errors import InvalidArgumentError
+from tritonfast.runtime.datatypes import WIRE_DATATYPES
 from tritonfast.runtime.rawtensor import request_prefix
 from tritonfast.runtime.types import InferRequest
-
-# Config DataType enum -> wire datatype name.
-WIRE_DATATYPES: dict[int, str] = {
-    model_config_pb2.TYPE_BOOL: "BOOL",
-    model_config_pb2.TYPE_UINT8: "UINT8",
-    model_config_pb2.TYPE_UINT16: "UINT16",
-    model_config_pb2.TYPE_UINT32: "UINT32",
-    model_config_pb2.TYPE_UINT64: "UINT64",
-    model_config_pb2.TYPE_INT8: "INT8",
-    model_config_pb2.TYPE_INT16: "INT16",
-    model_config_pb2.TYPE_INT32: "INT32",
-    model_config_pb2.TYPE_INT64: "INT64",
-    model_config_pb2.TYPE_FP16: "FP16",
-    model_config_pb2.TYPE_FP32: "FP32",
-    model_config_pb2.TYPE_FP64: "FP64",
-    model_config_pb2.TYPE_STRING: "BYTES",
-    model_config_pb2.TYPE_BF16: "BF16",
-}
 
 
 @dataclass(frozen=True, slots=True)

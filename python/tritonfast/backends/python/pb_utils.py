@@ -17,68 +17,35 @@ import numpy as np
 from tritonfast import custommetrics
 from tritonfast.custommetrics import CUSTOM_METRICS
 from tritonfast.errors import Code
-from tritonfast.runtime import rawtensor
+from tritonfast.errors import TritonError as ServerError
+from tritonfast.runtime import rawtensor, responses
+from tritonfast.runtime.datatypes import CONFIG_DATATYPES, NUMPY_DTYPES, WIRE_DATATYPES
 
 # Flags Triton exposes to models.
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
-# Config data type name -> numpy type (as the Python backend documents it).
+# Config data type name -> numpy type, as the Python backend documents it (BOOL as Python's
+# bool; BF16 has no numpy type and is left out).
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
-    "TYPE_BOOL": bool,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
+    f"TYPE_{'STRING' if wire == 'BYTES' else wire}": bool if wire == "BOOL" else dtype.type
+    for wire, dtype in NUMPY_DTYPES.items()
+    if wire != "BF16"
 }
 
-# The numeric TRITONSERVER_DataType values the Python backend's dtype helpers use.
+# The numeric TRITONSERVER_DataType values (the config enum's numbers) by wire name and back.
+_WIRE_TO_TRITON_ENUM: dict[str, int] = CONFIG_DATATYPES
+_TRITON_ENUM_TO_WIRE: dict[int, str] = WIRE_DATATYPES
+# numpy types for the enum values the Python backend's dtype helpers know (BF16 has none).
 _TRITON_ENUM_TO_NUMPY: dict[int, Any] = {
-    1: np.bool_,
-    2: np.uint8,
-    3: np.uint16,
-    4: np.uint32,
-    5: np.uint64,
-    6: np.int8,
-    7: np.int16,
-    8: np.int32,
-    9: np.int64,
-    10: np.float16,
-    11: np.float32,
-    12: np.float64,
-    13: np.object_,
+    CONFIG_DATATYPES[wire]: dtype.type for wire, dtype in NUMPY_DTYPES.items() if wire != "BF16"
 }
 _NUMPY_TO_TRITON_ENUM: dict[Any, int] = {
-    np.dtype(t) if t is not np.object_ else np.dtype(object): n
-    for n, t in _TRITON_ENUM_TO_NUMPY.items()
+    np.dtype(numpy_type): enum for enum, numpy_type in _TRITON_ENUM_TO_NUMPY.items()
 }
-# The same enum values by wire name, used to give each Tensor its triton_dtype().
-_WIRE_TO_TRITON_ENUM: dict[str, int] = {
-    "BOOL": 1,
-    "UINT8": 2,
-    "UINT16": 3,
-    "UINT32": 4,
-    "UINT64": 5,
-    "INT8": 6,
-    "INT16": 7,
-    "INT32": 8,
-    "INT64": 9,
-    "FP16": 10,
-    "FP32": 11,
-    "FP64": 12,
-    "BYTES": 13,
-    "BF16": 14,
-}
-_TRITON_ENUM_TO_WIRE: dict[int, str] = {v: k for k, v in _WIRE_TO_TRITON_ENUM.items()}
 
 
 def triton_to_numpy_type(data_type: int) -> Any:
@@ -279,11 +246,8 @@ class _CapsuleHolder:
 
 
 class InferenceRequest:
-    """A request as ``execute`` sees it.
-
-    Built by the backend for each incoming request. Constructing one in a model (for BLS)
-    is accepted, but ``exec``/``async_exec`` are not available yet.
-    """
+    """A request as ``execute`` sees it, or one a model builds to call another model of the
+    server (BLS: :meth:`exec`, :meth:`async_exec`)."""
 
     def __init__(
         self,
@@ -310,9 +274,10 @@ class InferenceRequest:
             parameters = json.loads(parameters) if parameters else {}
         self._parameters: dict[str, Any] = parameters or {}
         self._cancelled = False
-        # The server-side request this wraps (set by the backend), whose flag the scheduler
-        # raises when the client goes away while the request runs.
+        # The server-side request this wraps (set by the backend), and the backend's
+        # conversion of a model's InferenceResponse for it (what its response sender sends).
         self._origin: Any = None
+        self._convert: Any = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -343,16 +308,65 @@ class InferenceRequest:
         return json.dumps(self._parameters)
 
     def is_cancelled(self) -> bool:
-        return self._cancelled or (self._origin is not None and self._origin.cancelled)
+        return self._cancelled or (
+            self._origin is not None and responses.is_cancelled(self._origin)
+        )
 
     def set_cancelled(self) -> None:
         self._cancelled = True
 
-    def exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
-        raise TritonModelException("BLS exec() is not supported by tritonfast yet")
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The sender through which the model answers this request instead of returning its
+        response from ``execute`` (decoupled models: any number of responses, then
+        ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``)."""
+        origin = self._origin
+        if origin is None or (origin.sink is None and origin.sender is None):
+            raise TritonModelException(
+                "this request has no response sender: only requests the server passes to"
+                " execute() of an in-process model have one"
+            )
+        return InferenceResponseSender(responses.sender_of(origin), origin, self._convert)
 
-    async def async_exec(self, *args: Any, **kwargs: Any) -> InferenceResponse:
-        raise TritonModelException("BLS async_exec() is not supported by tritonfast yet")
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on the model it names and wait for the response (an
+        InferenceResponse whose ``has_error()`` tells if it failed); with ``decoupled``, an
+        iterator of the responses of a model that may send any number."""
+        from tritonfast.backends.python import bls
+
+        return bls.execute(self, decoupled)
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """:meth:`exec` for ``async def execute``: many requests may be in flight at once."""
+        from tritonfast.backends.python import bls
+
+        return await bls.execute_async(self, decoupled)
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request (``request.get_response_sender()``)."""
+
+    __slots__ = ("_convert", "_origin", "_sender")
+
+    def __init__(self, sender: Any, origin: Any, convert: Any) -> None:
+        self._sender = sender
+        self._origin = origin
+        self._convert = convert
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        result = None if response is None else self._convert(self._origin, response)
+        try:
+            self._sender.send(result, final=flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except ServerError as error:
+            raise TritonModelException(error.message) from None
+
+    def is_cancelled(self) -> bool:
+        return bool(self._sender.is_cancelled())
 
 
 class InferenceResponse:

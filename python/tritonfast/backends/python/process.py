@@ -37,11 +37,12 @@ from typing import Any
 import numpy as np
 
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import Backend, PhaseClock, Result
+from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import rawtensor
 from tritonfast.runtime.bufferpool import POOL
+from tritonfast.runtime.responses import Result, is_cancelled
 from tritonfast.runtime.shmsegment import (
     Segment,
     SegmentReader,
@@ -121,7 +122,7 @@ def _read(buffer: Any, slot: TensorSlot, model: str, *, copy: bool) -> np.ndarra
 
 
 # -- the server side ----------------------------------------------------------------------------
-class ProcessInstance(Backend):
+class ProcessInstance(ModelInstance):
     """A model instance whose ``TritonPythonModel`` lives in its own worker process."""
 
     def __init__(
@@ -219,7 +220,7 @@ class ProcessInstance(Backend):
             clock.inputs_ready()
             while not self._conn.poll(CANCEL_POLL_S):
                 for index, request in enumerate(requests):
-                    if request.cancelled:
+                    if is_cancelled(request):
                         flags[index] = 1
             reply = self._conn.recv()
             clock.infer_done()
@@ -300,7 +301,8 @@ def worker_main(
     """Entry point of a worker process: load and initialize the model, then serve batches."""
     # Ctrl-C in a terminal reaches the whole process group; the server decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from tritonfast.backends.python.backend import PythonInstance, load_model_class
+    from tritonfast.backends.python.instance import PythonInstance
+    from tritonfast.backends.python.loader import load_model_class
 
     config = model_config_pb2.ModelConfig.FromString(config_bytes)
     try:
@@ -333,7 +335,16 @@ def worker_main(
                 _request(segment.buffer, config.name, d, flags, index)
                 for index, d in enumerate(described)
             ]
-            results = instance.execute(requests, PhaseClock())
+            returned = instance.execute(requests, PhaseClock())
+            # No response sender in a worker: a request without a returned response fails.
+            unanswered = InternalError(
+                f"model instance '{instance_name}' returned no response for a request: the"
+                " response sender is not available in the 'process' instance mode"
+            )
+            results: list[Result] = [
+                unanswered if returned is None or returned[i] is None else returned[i]  # type: ignore[misc]
+                for i in range(len(requests))
+            ]
             conn.send((*_describe_results(outputs, results), CUSTOM_METRICS.state_if_changed()))
     except EOFError:  # the server went away
         return

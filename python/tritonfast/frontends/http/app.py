@@ -40,6 +40,8 @@ _COMPRESSORS = {"gzip": 16 + 15, "deflate": 15}
 _REQUEST_ENCODINGS = frozenset(("identity", "gzip", "deflate"))
 # A request body: small ones in a bytearray, large ones in a pool buffer.
 Body = bytearray | memoryview
+# How Triton names this endpoint when it refuses a decoupled model.
+HTTP_ENDPOINT = "HTTP end point"
 # From this size on, request bodies are read into pool buffers.
 LARGE_BYTES = 1 << 16
 
@@ -251,7 +253,7 @@ async def infer(
             # good path the data plane's own look-up reports it.)
             dataplane.require_model(model_name, model_version)
             raise
-        response = await dataplane.infer(infer_request, received)
+        response = await dataplane.infer(infer_request, received, endpoint=HTTP_ENDPOINT)
         header, buffers = codec.encode_infer_response_parts(response, infer_request, binary_default)
     except TritonError as err:
         return _error(err)

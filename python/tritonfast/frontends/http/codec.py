@@ -24,8 +24,8 @@ import orjson
 from tritonfast.errors import Code, InvalidArgumentError
 from tritonfast.frontends.http import jsonparse, tensordata
 from tritonfast.runtime import rawtensor, sharedmemory
+from tritonfast.runtime.datatypes import NUMPY_DTYPES
 from tritonfast.runtime.types import (
-    NUMPY_DTYPES,
     InferRequest,
     InferResponse,
     InputTensor,

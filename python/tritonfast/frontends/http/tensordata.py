@@ -13,7 +13,7 @@ import numpy as np
 
 from tritonfast.errors import InvalidArgumentError
 from tritonfast.runtime import rawtensor
-from tritonfast.runtime.types import NUMPY_DTYPES
+from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
 _F32 = np.dtype(np.float32)
 _U16 = np.dtype(np.uint16)

@@ -1,0 +1,98 @@
+"""Business Logic Scripting: a Python model's ``InferenceRequest.exec()`` / ``async_exec()``
+through the server handle (:mod:`tritonfast.runtime.handle`), in-process.
+
+The callee gets the caller's arrays as they are (no copy), and its outputs come back the same
+way. A failure (unknown model, bad inputs, the callee's own error) is returned as a response
+whose ``has_error()`` is true, with Triton's message, as Triton's Python backend does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from tritonfast.backends.python import pb_utils
+from tritonfast.errors import TritonError
+from tritonfast.runtime import handle
+from tritonfast.runtime.responses import Result
+from tritonfast.runtime.types import InferRequest, InputTensor, RequestedOutput
+
+# pb_utils.TritonError codes by the server's error code names.
+_PB_CODES = {code.value: pb_code for pb_code, code in pb_utils.ERROR_CODES.items()}
+
+
+def execute(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+    server_request = _server_request(request)
+    if decoupled:
+        return _responses(handle.current().stream(server_request))
+    try:
+        timeout = request.timeout() / 1e6 or None  # microseconds, as Triton's BLS takes it
+        return _response(handle.current().infer(server_request, timeout))
+    except TritonError as error:
+        return _response(error)
+    except TimeoutError:
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError("Request timeout expired", pb_utils.TritonError.UNAVAILABLE)
+        )
+
+
+async def execute_async(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+    server_request = _server_request(request)
+    if decoupled:
+        return _async_responses(handle.current().stream_async(server_request))
+    try:
+        return _response(await handle.current().infer_async(server_request))
+    except TritonError as error:
+        return _response(error)
+
+
+def _responses(items: Iterator[Any]) -> Iterator[pb_utils.InferenceResponse]:
+    try:
+        for item in items:
+            if item.result is not None:
+                yield _response(item.result)
+    except TritonError as error:
+        yield _response(error)
+
+
+async def _async_responses(items: AsyncIterator[Any]) -> AsyncIterator[pb_utils.InferenceResponse]:
+    try:
+        async for item in items:
+            if item.result is not None:
+                yield _response(item.result)
+    except TritonError as error:
+        yield _response(error)
+
+
+def _server_request(request: pb_utils.InferenceRequest) -> InferRequest:
+    parameters = dict(request._parameters)
+    if request.correlation_id():
+        parameters["sequence_id"] = request.correlation_id()
+    flags = request.flags()
+    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        parameters["sequence_start"] = True
+    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        parameters["sequence_end"] = True
+    version = request.model_version()
+    outputs = request.requested_output_names()
+    return InferRequest(
+        model_name=request.model_name(),
+        model_version=str(version) if version >= 0 else "",
+        id=request.request_id(),
+        inputs=[
+            InputTensor(t.name(), t.wire_datatype, tuple(t.as_numpy().shape), t.as_numpy())
+            for t in request.inputs()
+        ],
+        outputs=[RequestedOutput(name) for name in outputs] if outputs else None,
+        parameters=parameters,
+    )
+
+
+def _response(result: Result) -> pb_utils.InferenceResponse:
+    if isinstance(result, TritonError):
+        code = _PB_CODES.get(result.code.value, pb_utils.TritonError.INTERNAL)
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, code))
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor._wrap(t.name, t.data, t.datatype) for t in result.outputs],
+        parameters=dict(result.parameters),
+    )

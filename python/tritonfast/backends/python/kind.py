@@ -1,0 +1,64 @@
+"""The ``python`` backend's hooks: import ``model.py`` per version, let the model complete its
+configuration, and start each instance in-process or in a worker process (the model's
+``TRITONFAST_INSTANCE_MODE`` parameter, see :mod:`.process`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
+from tritonfast.backends.python import loader
+from tritonfast.backends.python.instance import PythonInstance
+from tritonfast.backends.python.process import ProcessInstance, instance_mode
+from tritonfast.errors import UnsupportedError
+
+
+class PythonBackend(Backend):
+    name = "python"
+    default_model_filename = loader.DEFAULT_MODEL_FILE
+
+    def __init__(self, model_dir: Path) -> None:
+        super().__init__(model_dir)
+        self._classes: dict[int, type] = {}  # each version's TritonPythonModel, imported once
+
+    def model_class(self, config: model_config_pb2.ModelConfig, version: int) -> type:
+        model_class = self._classes.get(version)
+        if model_class is None:
+            model_class = loader.load_model_class(self.model_file(config, version), config.name)
+            self._classes[version] = model_class
+        return model_class
+
+    def auto_complete(self, config: model_config_pb2.ModelConfig, version: int) -> None:
+        loader.auto_complete(self.model_class(config, version), config)
+
+    def validate(self, config: model_config_pb2.ModelConfig) -> None:
+        mode = instance_mode(config)  # raises for an unknown mode
+        if mode == "process" and config.model_transaction_policy.decoupled:
+            raise UnsupportedError(
+                f"model '{config.name}': decoupled models run in the server process;"
+                " the 'process' instance mode does not support them yet"
+            )
+
+    def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
+        return instance_mode(config) == "auto" and not config.model_transaction_policy.decoupled
+
+    def create_instance(
+        self, config: model_config_pb2.ModelConfig, placement: InstancePlacement
+    ) -> ModelInstance:
+        if instance_mode(config) == "process":
+            return ProcessInstance(
+                self.model_file(config, placement.version),
+                config,
+                instance_name=placement.name,
+                repository_path=self.model_dir,
+                version=placement.version,
+            )
+        return PythonInstance(
+            self.model_class(config, placement.version),
+            config,
+            instance_name=placement.name,
+            repository_path=self.model_dir,
+            version=placement.version,
+            device_id=placement.device_id,
+        )

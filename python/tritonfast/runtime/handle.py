@@ -1,0 +1,139 @@
+"""The server handle: how models and backends submit requests to any model of the server,
+in-process (BLS from ``pb_utils``, ensembles, bound callables).
+
+A request sent through the handle goes the same way as one from a client (validation, the
+model's own scheduler, batching, statistics), minus the wire: its tensors pass as the arrays
+they are. The handle's blocking calls wait on the caller's thread for the server's event loop
+to answer, so they must never be made on that loop's own thread, where the wait could never
+end: such a call is refused with an error (see runtime.looprun for which models may run
+there). Coroutines waiting on the handle from another event loop (a model's own loop) are fine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
+
+from tritonfast.errors import UnavailableError
+from tritonfast.runtime.instance import running_instance
+from tritonfast.runtime.responses import Streamed
+from tritonfast.runtime.types import InferRequest, InferResponse
+
+if TYPE_CHECKING:
+    from tritonfast.frontends.dataplane import DataPlane
+
+NOT_SERVING_MESSAGE = "the server is not serving: models can call other models only while it runs"
+
+
+class ServerHandle:
+    """Submits requests to the server whose event loop is ``loop`` (make it on that loop)."""
+
+    def __init__(self, dataplane: DataPlane, loop: asyncio.AbstractEventLoop) -> None:
+        self._dataplane = dataplane
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+
+    def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse:
+        """Send ``request`` and wait for its one response; raises its TritonError, or
+        TimeoutError after ``timeout`` seconds (the request is then cancelled)."""
+        self._may_wait()
+        future = asyncio.run_coroutine_threadsafe(self._dataplane.infer(request), self._loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    async def infer_async(self, request: InferRequest) -> InferResponse:
+        """Send ``request`` from a coroutine on any event loop and await its one response."""
+        if asyncio.get_running_loop() is self._loop:
+            return await self._dataplane.infer(request)
+        self._may_wait()
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(self._dataplane.infer(request), self._loop)
+        )
+
+    def stream(self, request: InferRequest) -> Iterator[Streamed]:
+        """Send ``request`` and yield its responses as they come (any model)."""
+        self._may_wait()
+        items: queue.SimpleQueue[Streamed | BaseException] = queue.SimpleQueue()
+
+        async def pump() -> None:
+            try:
+                async for item in self._dataplane.stream(request):
+                    items.put(item)
+            except BaseException as exc:  # the request could not start, or was cancelled
+                items.put(exc)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                got = items.get()
+                if isinstance(got, BaseException):
+                    raise got
+                yield got
+                if got.final:
+                    return
+        finally:
+            future.cancel()  # the caller stopped early: the request is cancelled
+
+    async def stream_async(self, request: InferRequest) -> AsyncIterator[Streamed]:
+        """Send ``request`` from a coroutine and yield its responses as they come."""
+        if asyncio.get_running_loop() is self._loop:
+            async for item in self._dataplane.stream(request):
+                yield item
+            return
+        self._may_wait()
+        items: asyncio.Queue[Streamed | BaseException] = asyncio.Queue()
+        caller = asyncio.get_running_loop()
+
+        async def pump() -> None:
+            try:
+                async for item in self._dataplane.stream(request):
+                    caller.call_soon_threadsafe(items.put_nowait, item)
+            except BaseException as exc:
+                caller.call_soon_threadsafe(items.put_nowait, exc)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                got = await items.get()
+                if isinstance(got, BaseException):
+                    raise got
+                yield got
+                if got.final:
+                    return
+        finally:
+            future.cancel()
+
+    def _may_wait(self) -> None:
+        """Refuse a wait on the loop's own thread; tell the calling model it waits on the
+        server, so that its batches never move to the loop."""
+        instance = running_instance()
+        if instance is not None:
+            instance.calls_server()
+        if threading.get_ident() == self._loop_thread:
+            where = f" (model instance '{instance.name}')" if instance is not None else ""
+            raise UnavailableError(
+                f"a model running on the server's event loop cannot wait for the server{where};"
+                " its batches run on its own threads from now on"
+            )
+
+
+_current: ServerHandle | None = None
+
+
+def install(handle: ServerHandle | None) -> None:
+    """Make ``handle`` the one models reach (None when the server stops)."""
+    global _current
+    _current = handle
+
+
+def current() -> ServerHandle:
+    """The running server's handle; UnavailableError when no server runs."""
+    if _current is None:
+        raise UnavailableError(NOT_SERVING_MESSAGE)
+    return _current

@@ -1,0 +1,286 @@
+"""The response stream: what one request yields, from the instance that runs it to the
+frontend that writes it.
+
+A request yields zero or more responses and then a final flag (Triton's
+``TRITONSERVER_RESPONSE_COMPLETE_FINAL``); the final flag may come with the last response or
+alone. Each response is an :class:`~tritonfast.runtime.types.InferResponse` or a
+:class:`~tritonfast.errors.TritonError` (an error response; the stream goes on until final).
+
+Two sides:
+
+- :class:`ResponseStream`, the consumer, lives on the event loop: the frontend iterates it
+  (``async for item in stream``) and writes each :class:`Streamed` item as it comes.
+- The producer is either the scheduler settling a whole batch of single-response requests at
+  once (the stream then behaves like the future a one-shot request awaits: ``set_result``,
+  ``set_exception``), or a :class:`ResponseSender` that a decoupled model calls from any
+  thread. Senders hand their responses to the loop through a :class:`LoopMailbox`, so that one
+  wake-up of the loop delivers every response sent since the last.
+
+Cancellation flows the other way: :meth:`ResponseStream.cancel` (the client went away) calls
+the scheduler's hook, which drops a queued request or flags a running one; the producer sees
+it through :meth:`ResponseSender.is_cancelled`. What is sent after that is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from tritonfast.errors import InternalError, TritonError
+from tritonfast.runtime.types import InferRequest, InferResponse
+
+# One response: the outputs, or the error that takes their place.
+Result = InferResponse | TritonError
+
+# Triton's answers to sends a request's mode does not allow.
+SENDER_CLOSED_MESSAGE = "Unable to send response. Response sender has been closed."
+ONE_RESPONSE_MESSAGE = (
+    "Unable to send response. Non-decoupled model cannot send more than one response."
+)
+FINAL_FIRST_MESSAGE = (
+    "Unable to send response. Non-decoupled model cannot send complete final before sending a"
+    " response."
+)
+# The error that ends a stream whose sender was dropped before it sent the final flag.
+SENDER_DROPPED_MESSAGE = (
+    "the model released the response sender of request '{id}' without sending the final flag"
+)
+
+
+# Where a request's responses go: a ResponseStream, or the future of a single-response request.
+Sink = Any
+
+
+class Streamed(NamedTuple):
+    """One item of a response stream: a response (None with a bare final flag) and whether
+    it is the last."""
+
+    result: Result | None
+    final: bool
+
+
+class ResponseStream:
+    """The responses of one request, in the order they were sent; lives on the event loop.
+
+    Iterating yields :class:`Streamed` items and stops after the final one. ``set_result``,
+    ``set_exception`` and ``done`` let the scheduler settle it exactly like the future of a
+    single-response request.
+    """
+
+    __slots__ = ("_items", "_loop", "_on_cancel", "_waiter", "cancelled", "finished")
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: deque[Streamed] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._on_cancel: Callable[[], None] | None = None
+        self.finished = False  # the final item has been put
+        self.cancelled = False  # the consumer went away before the final item
+
+    def on_cancel(self, hook: Callable[[], None]) -> None:
+        """What :meth:`cancel` does besides dropping what comes next (set by the scheduler)."""
+        self._on_cancel = hook
+
+    # -- the producer side (on the loop) ------------------------------------------------------
+    def put(self, result: Result | None, final: bool) -> None:
+        if self.finished or self.cancelled:
+            return
+        self.finished = final
+        self._items.append(Streamed(result, final))
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def done(self) -> bool:
+        return self.finished or self.cancelled
+
+    def set_result(self, response: InferResponse) -> None:
+        self.put(response, True)
+
+    def set_exception(self, error: BaseException) -> None:
+        if not isinstance(error, TritonError):
+            error = InternalError(str(error))
+        self.put(error, True)
+
+    # -- the consumer side ------------------------------------------------------------------
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> Streamed:
+        items = self._items
+        while not items:
+            if self.finished or self.cancelled:
+                raise StopAsyncIteration
+            waiter = self._waiter = self._loop.create_future()
+            await waiter
+        return items.popleft()
+
+    def cancel(self) -> None:
+        """The consumer is gone: drop what is still to come and tell the producer."""
+        if self.finished or self.cancelled:
+            return
+        self.cancelled = True
+        self._items.clear()
+        hook, self._on_cancel = self._on_cancel, None
+        if hook is not None:
+            hook()
+
+
+class LoopMailbox:
+    """Runs callbacks posted from any thread on one event loop, in the order posted; one
+    wake-up of the loop runs everything posted since the last."""
+
+    __slots__ = ("_lock", "_loop", "_posted", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._posted: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._scheduled = False
+
+    def post(self, callback: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._posted.append((callback, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
+            self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            posted, self._posted = self._posted, deque()
+            self._scheduled = False
+        for callback, args in posted:
+            callback(*args)
+
+
+_mailboxes: dict[asyncio.AbstractEventLoop, LoopMailbox] = {}
+_mailboxes_lock = threading.Lock()
+
+
+def mailbox_for(loop: asyncio.AbstractEventLoop) -> LoopMailbox:
+    """The one mailbox of ``loop`` (made on first use)."""
+    mailbox = _mailboxes.get(loop)
+    if mailbox is None:
+        with _mailboxes_lock:
+            mailbox = _mailboxes.setdefault(loop, LoopMailbox(loop))
+    return mailbox
+
+
+def settle(sink: Sink, result: Result | None, final: bool) -> None:
+    """On the loop: hand one response to ``sink``, a :class:`ResponseStream` or the future a
+    single-response request awaits (which takes the response with the final flag)."""
+    if isinstance(sink, ResponseStream):
+        sink.put(result, final)
+    elif not sink.done() and result is not None:
+        if isinstance(result, TritonError):
+            sink.set_exception(result)
+        else:
+            sink.set_result(result)
+
+
+class ResponseSender:
+    """The producer's handle on one request's responses: :meth:`send` from any thread, the
+    last time with ``final=True``.
+
+    A decoupled request's sender passes every response on as it comes. A single-response
+    request's sender (Triton allows models to answer through it too) accepts exactly one
+    response, with the final flag or before it, and delivers it with the final flag."""
+
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_held",
+        "_lock",
+        "_mailbox",
+        "_sent",
+        "_sink",
+        "decoupled",
+        "request_id",
+    )
+
+    def __init__(self, sink: Sink, request_id: str, *, decoupled: bool) -> None:
+        self._sink = sink
+        self._mailbox = mailbox_for(sink.get_loop())
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+        self._held: Result | None = None  # a single-response request's response, until final
+        self.decoupled = decoupled
+        self.request_id = request_id
+
+    def send(self, result: Result | None = None, final: bool = False) -> None:
+        """Send one response (or, with ``result`` None, only the final flag). Raises
+        :class:`~tritonfast.errors.InternalError` with Triton's message for a send the
+        request's mode does not allow."""
+        with self._lock:
+            if self._closed:
+                raise InternalError(SENDER_CLOSED_MESSAGE)
+            if not self.decoupled:
+                if result is not None and self._sent:
+                    raise InternalError(ONE_RESPONSE_MESSAGE)
+                if result is None and final and not self._sent:
+                    raise InternalError(FINAL_FIRST_MESSAGE)
+            if result is not None:
+                self._sent += 1
+            self._closed = final
+            if not self.decoupled:
+                if not final:
+                    self._held = result
+                    return
+                result = self._held if result is None else result
+                self._held = None
+            elif result is None and not final:
+                return
+        self._mailbox.post(settle, self._sink, result, final)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the final flag was sent."""
+        return self._closed
+
+    def is_cancelled(self) -> bool:
+        """Whether the consumer went away (what is sent from now on is dropped)."""
+        sink = self._sink
+        return sink.cancelled if isinstance(sink, ResponseStream) else sink.cancelled()
+
+    def abandon(self, error: TritonError) -> None:
+        """End the request with ``error`` unless the final flag was sent already."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._held = None
+        self._mailbox.post(settle, self._sink, error, True)
+
+    def __del__(self) -> None:
+        if not self._closed:  # never leave the consumer waiting for a final flag
+            self.abandon(InternalError(SENDER_DROPPED_MESSAGE.format(id=self.request_id)))
+
+
+def sender_of(request: InferRequest) -> ResponseSender:
+    """``request``'s sender, made on first use for a single-response request."""
+    sender = request.sender
+    if sender is None:
+        sender = request.sender = ResponseSender(request.sink, request.id, decoupled=False)
+    return sender
+
+
+def is_cancelled(request: InferRequest) -> bool:
+    """Whether ``request``'s caller went away (its responses are dropped from now on)."""
+    if request.cancelled:
+        return True
+    sink = request.sink
+    if sink is None:
+        return False
+    return sink.cancelled if isinstance(sink, ResponseStream) else sink.cancelled()
