@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.errors import Code, InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
-from tritonfast.runtime import sharedmemory
+from tritonfast.runtime import rawtensor, sharedmemory
 from tritonfast.runtime.datatypes import NUMPY_DTYPES
 from tritonfast.runtime.types import InferResponse, OutputTensor
 
@@ -141,25 +141,30 @@ def test_raw_inputs_are_views_not_copies() -> None:
     assert not received.data.flags.writeable
 
 
+def raw_bytes(datatype: str, data: np.ndarray) -> bytes:
+    """A tensor's wire bytes, as a response's raw_output_contents carry them."""
+    return bytes(rawtensor.to_raw(datatype, data))
+
+
 def test_bytes_with_nul_and_invalid_utf8() -> None:
     items = [b"", b"\x00", b"a\x00b", b"\xff\xfe\x80", "é".encode()]
     array = np.array(items, dtype=np.object_)
     (received,) = codec.decode_infer_request(raw_request("BYTES", array)).inputs
     assert list(received.data) == items
-    wire = codec.tensor_bytes("BYTES", array)
-    assert codec.deserialize_bytes_tensor(wire) == items
+    wire = raw_bytes("BYTES", array)
+    assert rawtensor.split_bytes(memoryview(wire)) == items
     # str elements are sent as UTF-8.
-    assert codec.tensor_bytes("BYTES", np.array(["é"], dtype=np.object_)) == (
+    assert raw_bytes("BYTES", np.array(["é"], dtype=np.object_)) == (
         b"\x02\x00\x00\x00" + "é".encode()
     )
 
 
 def test_bf16_outputs_accept_uint16_and_bfloat16() -> None:
     bits = np.array([0x3F80, 0xC000], dtype=np.uint16)  # 1.0, -2.0
-    assert codec.tensor_bytes("BF16", bits) == bits.tobytes()
+    assert raw_bytes("BF16", bits) == bits.tobytes()
     ml_dtypes = pytest.importorskip("ml_dtypes")
     as_bf16 = np.array([1.0, -2.0], dtype=ml_dtypes.bfloat16)
-    assert codec.tensor_bytes("BF16", as_bf16) == bits.tobytes()
+    assert raw_bytes("BF16", as_bf16) == bits.tobytes()
 
 
 def test_requested_outputs_and_id_echo() -> None:

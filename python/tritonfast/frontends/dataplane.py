@@ -93,6 +93,10 @@ class DataPlane:
         call it first when a request is also malformed: Triton names the unknown model."""
         self._repository.get(name, version)
 
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether the model may send any number of responses per request."""
+        return self._repository.get(name, version).decoupled
+
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """KServe v2 model metadata: name, versions, platform, inputs and outputs."""
         model = self._repository.get(name, version)

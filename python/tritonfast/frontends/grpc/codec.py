@@ -410,15 +410,6 @@ def decode_infer_request(
     )
 
 
-def tensor_bytes(datatype: str, data: np.ndarray) -> bytes:
-    """One tensor's raw data as the bytes protobuf wants (HTTP sends a view instead)."""
-    return bytes(rawtensor.to_raw(datatype, data))
-
-
-# The old name of rawtensor.split_bytes, for callers that split BYTES data themselves.
-deserialize_bytes_tensor = rawtensor.split_bytes
-
-
 def encode_infer_response(
     response: InferResponse, requested: Iterable[str] | None = None, request_id: str = ""
 ) -> pb.ModelInferResponse:

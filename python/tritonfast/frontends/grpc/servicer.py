@@ -8,9 +8,8 @@ Triton sends for its code (``codec.GRPC_STATUS``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,7 +21,7 @@ from tritonfast._proto import health_pb2, health_pb2_grpc
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
 from tritonfast.frontends.grpc.core import CoreServer, Method
-from tritonfast.runtime.types import InferRequest, InferResponse
+from tritonfast.frontends.grpc.stream import StreamSession
 
 if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
@@ -37,8 +36,8 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.so_reuseport", 0),
 ]
 
-# How many requests of one stream may be in flight before reading pauses.
-STREAM_WINDOW = 256
+# How Triton names this RPC when it refuses a decoupled model.
+MODEL_INFER_ENDPOINT = "ModelInfer RPC"
 
 Request = TypeVar("Request")
 Reply = TypeVar("Reply")
@@ -234,31 +233,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- inference ------------------------------------------------------------------------------
-    async def _run(
-        self,
-        request: pb.ModelInferRequest,
-        raw_inputs: list[memoryview] | None = None,
-        received: tuple[str, int, int] | None = None,
-    ) -> tuple[InferRequest, InferResponse, list[str] | None]:
-        """The decoded request, its response, and the output names it asked for (None: all)."""
-        try:
-            infer_request = codec.decode_infer_request(request, raw_inputs)
-        except InvalidArgumentError:
-            # Triton looks the model up before it examines the tensors: an unknown model
-            # is reported as such even when the request is malformed too.
-            self._dataplane.require_model(request.model_name, request.model_version)
-            raise
-        response = await self._dataplane.infer(infer_request, received)
-        requested = [o.name for o in request.outputs] if request.outputs else None
-        return infer_request, response, requested
-
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """One request of a stream."""
-        infer_request, response, requested = await self._run(request)
-        return self._encode(
-            infer_request, codec.encode_infer_response, response, requested, request.id
-        )
-
     @_triton_errors
     async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Registered without (de)serializers: tensors stay out of protobuf (see codec)."""
@@ -267,61 +241,37 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             now = perf_counter_ns()
             received = ("GRPC", now, now)
         request, raw_inputs = codec.parse_infer_request(data)
-        infer_request, response, requested = await self._run(request, raw_inputs, received)
-        return self._encode(
-            infer_request, codec.serialize_infer_response, response, requested, request.id
+        try:
+            infer_request = codec.decode_infer_request(request, raw_inputs)
+        except InvalidArgumentError:
+            # Triton looks the model up before it examines the tensors: an unknown model
+            # is reported as such even when the request is malformed too.
+            self._dataplane.require_model(request.model_name, request.model_version)
+            raise
+        response = await self._dataplane.infer(
+            infer_request, received, endpoint=MODEL_INFER_ENDPOINT
         )
-
-    def _encode(
-        self, infer_request: InferRequest, encode: Callable[..., Reply], *args: Any
-    ) -> Reply:
-        """``encode(*args)``; a traced request's trace ends with the time that took."""
+        requested = [o.name for o in request.outputs] if request.outputs else None
         if infer_request.trace is None:
-            return encode(*args)
+            return codec.serialize_infer_response(response, requested, request.id)
         send_start = perf_counter_ns()
-        reply = encode(*args)
+        reply = codec.serialize_infer_response(response, requested, request.id)
         self._dataplane.trace_sent(infer_request, "GRPC", send_start, perf_counter_ns())
         return reply
-
-    async def _stream_reply(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
-        try:
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
-        except TritonError as error:
-            return codec.stream_error(error.message, request.id)
 
     async def ModelStreamInfer(
         self,
         request_iterator: AsyncIterator[pb.ModelInferRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests run concurrently; replies go out in request order, as in Triton.
-
-        A failed request gets a reply with ``error_message`` set and the stream stays open.
-        """
-        pending: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = asyncio.Queue(
-            STREAM_WINDOW
-        )
-
-        async def read_requests() -> None:
-            try:
-                async for request in request_iterator:
-                    await pending.put(asyncio.ensure_future(self._stream_reply(request)))
-            finally:
-                await pending.put(None)
-
-        reader = asyncio.ensure_future(read_requests())
+        """Each request's responses as they come (see :mod:`.stream`)."""
+        replies = StreamSession(self._dataplane, request_iterator).replies()
+        assert isinstance(replies, AsyncGenerator)
         try:
-            while (task := await pending.get()) is not None:
-                yield await task
-            await reader  # surface a failed read (e.g. a malformed message)
+            async for reply in replies:
+                yield reply
         finally:
-            reader.cancel()
-            while not pending.empty():
-                leftover = pending.get_nowait()
-                if leftover is not None:
-                    leftover.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await replies.aclose()
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

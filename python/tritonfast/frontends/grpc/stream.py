@@ -1,0 +1,202 @@
+"""``ModelStreamInfer``: many requests on one bidirectional stream, each answered by a stream
+of responses, written as Triton writes them.
+
+- Requests run concurrently (up to :data:`STREAM_WINDOW` at once; reading pauses beyond).
+- A single-response model's reply goes out in request order, after the replies of the
+  single-response requests read before it; a decoupled model's responses go out as they come,
+  interleaved with everything else.
+- Every reply carries the ``triton_final_response`` parameter (whether it is the request's
+  last). A final flag with no response is written as an empty reply only when the request set
+  ``triton_enable_empty_final_response``.
+- A failed request is answered with a reply whose ``error_message`` is set (the stream stays
+  open); a malformed message ends the stream with INVALID_ARGUMENT.
+- The client going away (cancel, disconnect) cancels every request still in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any
+
+from tritonfast._proto import grpc_service_pb2 as pb
+from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
+from tritonfast.frontends.grpc import codec
+from tritonfast.runtime.types import InferResponse
+
+if TYPE_CHECKING:
+    from tritonfast.frontends.dataplane import DataPlane
+
+# How many requests of one stream may be in flight before reading pauses.
+STREAM_WINDOW = 256
+# The request parameter that asks for flag-only final replies, and the reply parameter that
+# marks a request's last reply.
+EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
+FINAL_PARAMETER = "triton_final_response"
+
+_END = object()  # the writer's signal that nothing more will come
+
+
+class StreamSession:
+    """One ``ModelStreamInfer`` call: reads requests, runs them, yields the replies."""
+
+    def __init__(self, dataplane: DataPlane, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
+        self._dataplane = dataplane
+        self._requests = requests
+        self._out: asyncio.Queue[Any] = asyncio.Queue()
+        self._window = asyncio.Semaphore(STREAM_WINDOW)
+        self._running: set[asyncio.Task[Any]] = set()
+        # Single-response requests' replies, in request order, until their turn.
+        self._ordered: deque[asyncio.Future[pb.ModelStreamInferResponse]] = deque()
+        self._reading_done = False
+        self._read_error: BaseException | None = None
+
+    async def replies(self) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        reader = asyncio.ensure_future(self._read())
+        try:
+            while (reply := await self._out.get()) is not _END:
+                yield reply
+            if self._read_error is not None:
+                raise self._read_error  # a malformed message ends the call with its status
+        finally:
+            reader.cancel()
+            for task in list(self._running):
+                task.cancel()  # the client is gone: its requests are cancelled
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    # -- reading ----------------------------------------------------------------------------
+    async def _read(self) -> None:
+        try:
+            async for message in self._requests:
+                await self._window.acquire()
+                self._start(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # e.g. a message that does not parse
+            self._read_error = error
+        finally:
+            self._reading_done = True
+            self._maybe_end()
+
+    def _start(self, message: pb.ModelInferRequest) -> None:
+        try:
+            decoupled = self._dataplane.is_decoupled(message.model_name, message.model_version)
+        except TritonError:
+            decoupled = False  # the request fails; its error reply keeps its place in order
+        task: asyncio.Task[Any]
+        if decoupled:
+            task = asyncio.ensure_future(self._run_decoupled(message))
+        else:
+            task = asyncio.ensure_future(self._single_reply(message))
+            self._ordered.append(task)
+            task.add_done_callback(self._flush_ordered)
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._running.discard(task)
+        self._window.release()
+        self._maybe_end()
+
+    def _maybe_end(self) -> None:
+        if self._reading_done and not self._running and not self._ordered:
+            self._out.put_nowait(_END)
+
+    # -- answering --------------------------------------------------------------------------
+    def _flush_ordered(self, _: object) -> None:
+        """Write the single-response replies whose turn has come."""
+        ordered = self._ordered
+        while ordered and ordered[0].done():
+            reply = ordered.popleft()
+            if reply.cancelled():
+                continue
+            error = reply.exception()
+            if error is not None:  # a bug, not a request error: the call ends with its status
+                self._read_error = error
+                self._out.put_nowait(_END)
+                return
+            self._out.put_nowait(reply.result())
+        self._maybe_end()
+
+    def _first_error(self, error: TritonError, message: pb.ModelInferRequest) -> TritonError:
+        """Triton names an unknown model before what is wrong with the request."""
+        try:
+            self._dataplane.require_model(message.model_name, message.model_version)
+        except TritonError as unknown:
+            return unknown
+        return error
+
+    async def _single_reply(self, message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        replies = [reply async for reply in self._replies(message)]
+        if len(replies) != 1:
+            return _error_reply(
+                InternalError(f"expected a single response, got {len(replies)}"), message
+            )
+        return replies[0]
+
+    async def _run_decoupled(self, message: pb.ModelInferRequest) -> None:
+        async for reply in self._replies(message):
+            self._out.put_nowait(reply)
+
+    async def _replies(
+        self, message: pb.ModelInferRequest
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """The replies to one request: its responses, or the error that stopped it."""
+        failure: TritonError | None = None
+        try:
+            request = codec.decode_infer_request(message)
+        except InvalidArgumentError as invalid:
+            request, failure = None, self._first_error(invalid, message)
+        if request is None:
+            assert failure is not None
+            yield _error_reply(failure, message)
+            return
+        empty_final = bool(request.parameters.pop(EMPTY_FINAL_PARAMETER, False))
+        requested = [o.name for o in message.outputs] if message.outputs else None
+        try:
+            async for item in self._dataplane.stream(request):
+                result = item.result
+                encode_start = perf_counter_ns()
+                if isinstance(result, InferResponse):
+                    yield _reply(result, requested, message.id, item.final)
+                elif isinstance(result, TritonError):
+                    yield _error_reply(result, message)
+                elif empty_final:  # a bare final flag, written only when asked for
+                    yield _empty_final(message)
+                if item.final and request.trace is not None:
+                    self._dataplane.trace_sent(request, "GRPC", encode_start, perf_counter_ns())
+        except TritonError as error:
+            failure = error
+        if failure is not None:
+            yield _error_reply(failure, message)
+
+
+def _reply(
+    response: InferResponse, requested: list[str] | None, request_id: str, final: bool
+) -> pb.ModelStreamInferResponse:
+    reply = pb.ModelStreamInferResponse(
+        infer_response=codec.encode_infer_response(response, requested, request_id)
+    )
+    reply.infer_response.parameters[FINAL_PARAMETER].bool_param = final
+    return reply
+
+
+def _error_reply(error: TritonError, message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    reply = codec.stream_error(error.message, message.id)
+    reply.infer_response.model_name = message.model_name
+    reply.infer_response.model_version = message.model_version
+    return reply
+
+
+def _empty_final(message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    reply = pb.ModelStreamInferResponse()
+    response = reply.infer_response
+    response.id = message.id
+    response.model_name = message.model_name
+    response.model_version = message.model_version
+    response.parameters[FINAL_PARAMETER].bool_param = True
+    return reply
