@@ -8,7 +8,7 @@ HTTP or gRPC type crosses this boundary, and nothing here imports a frontend.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -153,7 +153,7 @@ class DataPlane:
 
     async def stream(
         self, request: InferRequest, received: tuple[str, int, int] | None = None
-    ) -> AsyncIterator[Streamed]:
+    ) -> AsyncGenerator[Streamed, None]:
         """Validate and queue ``request`` for any model, then yield its responses as they come.
 
         A request that cannot start (unknown model, bad input, a full queue) raises its

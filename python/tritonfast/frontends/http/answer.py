@@ -1,7 +1,9 @@
 """What an HTTP handler answers, and how an answer's status line and headers are written.
 
 An :class:`Answer` is a status, a body made of parts (bytes or numpy arrays, sent as they are)
-and its headers. Only what a Triton client reads is written: ``Content-Type`` and
+and its headers. A streamed answer (``stream`` set: Server-Sent Events, say) sends its parts
+first and then each piece of its stream as it comes, as a chunked body (HTTP/1.1), or until
+the connection closes (HTTP/1.0). Only what a Triton client reads is written: ``Content-Type`` and
 ``Content-Length``, the handler's own extra lines, and ``Connection`` when the connection
 does not follow the HTTP version's default. Formatting the head is one f-string, where a
 framework response object with a header multidict costs more than all else the frontend
@@ -10,7 +12,7 @@ does for a small request.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from http import HTTPStatus
 from typing import Any, NamedTuple
 
@@ -24,6 +26,7 @@ class Answer(NamedTuple):
     content_type: str | None = None
     extra: str = ""  # more header lines, each ending in CRLF
     sent: Callable[[], None] | None = None  # called once the body is handed to the socket
+    stream: AsyncIterator[bytes] | None = None  # more of the body, written as it comes
 
     @property
     def length(self) -> int:
@@ -38,15 +41,25 @@ def json_answer(body: bytes, status: int = 200, extra: str = "") -> Answer:
     return Answer(status, (body,), JSON, extra)
 
 
-def head(answer: Answer, length: int, version: tuple[int, int], keep_alive: bool) -> bytes:
-    """The status line and headers of ``answer`` with a body of ``length`` bytes."""
+def head(answer: Answer, length: int | None, version: tuple[int, int], keep_alive: bool) -> bytes:
+    """The status line and headers of ``answer`` with a body of ``length`` bytes (None: a
+    streamed body, chunked for HTTP/1.1)."""
     if keep_alive:
         connection = "Connection: keep-alive\r\n" if version == (1, 0) else ""
     else:
         connection = "Connection: close\r\n" if version >= (1, 1) else ""
     content_type = f"Content-Type: {answer.content_type}\r\n" if answer.content_type else ""
     status = answer.status
+    if length is not None:
+        framing = f"Content-Length: {length}\r\n"
+    else:
+        framing = "Transfer-Encoding: chunked\r\n" if version >= (1, 1) else ""
     return (
         f"HTTP/{version[0]}.{version[1]} {status} {_REASONS.get(status, '')}\r\n{content_type}"
-        f"Content-Length: {length}\r\n{answer.extra}{connection}\r\n"
+        f"{framing}{answer.extra}{connection}\r\n"
     ).encode("latin-1")
+
+
+def chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body (empty data ends the body)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)

@@ -5,6 +5,9 @@ from :data:`codec.HTTP_STATUS`, ``405 Method Not Allowed`` on a known path with 
 method, ``404 Not Found`` for anything else. Handlers reach the server only through the
 :class:`~tritonfast.frontends.dataplane.DataPlane`; the wire format lives in ``codec``.
 
+The generate extension's endpoints (:mod:`.generate`) answer with one JSON object, or with
+Server-Sent Events written as the model's responses come.
+
 Inference request bodies may be gzip- or deflate-compressed (``Content-Encoding``); the
 response is compressed when ``Accept-Encoding`` asks for gzip or deflate. The body is read
 into one preallocated buffer (a recycled pool buffer when large), so binary inputs become
@@ -17,17 +20,19 @@ from __future__ import annotations
 import functools
 import logging
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
-from tritonfast.frontends.http import codec
+from tritonfast.frontends.http import codec, generate
 from tritonfast.frontends.http.answer import JSON, Answer, json_answer
 from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.bufferpool import pooled_memory
+from tritonfast.runtime.responses import Result
+from tritonfast.runtime.types import InferRequest
 
 if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
@@ -260,14 +265,88 @@ async def infer(
     except Exception as exc:  # a bug, not a client error: answer like Triton, keep the trace
         log.exception("inference request for model '%s' failed", model_name)
         return json_answer(codec.error_body(str(exc)), 500)
+    return _traced(dataplane, infer_request, _respond(request, header, buffers))
+
+
+# -- the generate extension ---------------------------------------------------------------------
+async def _generate_request(
+    request: Request, dataplane: DataPlane, model_name: str, model_version: str
+) -> InferRequest:
+    metadata = dataplane.model_metadata(model_name, model_version)  # an unknown model first
+    encoding = request.headers.get("Content-Encoding")
+    if encoding and encoding != "identity":
+        raise UnsupportedError("Unsupported content-encoding, only 'identity' is supported.")
+    body = await _read_body(request)
+    return generate.decode_request(body, model_name, model_version, metadata)
+
+
+async def generate_once(
+    request: Request, dataplane: DataPlane, model_name: str, model_version: str
+) -> Answer:
+    """``generate``: the model's one response as a flat JSON object."""
+    status = 200
+    results: list[Result] = []
+    try:
+        infer_request = await _generate_request(request, dataplane, model_name, model_version)
+        async for item in dataplane.stream(infer_request):
+            if not results and isinstance(item.result, TritonError):
+                status = codec.HTTP_STATUS[item.result.code]
+            if item.result is not None:
+                results.append(item.result)
+    except TritonError as err:
+        return _error(err)
+    if len(results) != 1:
+        # The status is the first response's, as in Triton.
+        return json_answer(generate.error_body(generate.NOT_ONE_RESPONSE), status)
+    (result,) = results
+    if isinstance(result, TritonError):
+        return _error(result)
+    return _traced(dataplane, infer_request, json_answer(generate.encode_response(result)))
+
+
+async def generate_stream(
+    request: Request, dataplane: DataPlane, model_name: str, model_version: str
+) -> Answer:
+    """``generate_stream``: each response as a Server-Sent Event, as it comes. The status is
+    the first response's; a later error response is an event with an ``error`` member."""
+    try:
+        infer_request = await _generate_request(request, dataplane, model_name, model_version)
+        items = dataplane.stream(infer_request)
+        first = await anext(items)
+    except TritonError as err:
+        return _error(err)
+    status = codec.HTTP_STATUS[first.result.code] if isinstance(first.result, TritonError) else 200
+
+    async def rest() -> AsyncIterator[bytes]:
+        try:
+            if not first.final:
+                async for item in items:
+                    if item.result is not None:
+                        yield _event(item.result)
+        finally:
+            await items.aclose()  # the client went away: the request is cancelled
+
+    parts = [] if first.result is None else [_event(first.result)]
+    answer = Answer(status, parts, generate.EVENT_STREAM, stream=rest())
+    return _traced(dataplane, infer_request, answer)
+
+
+def _event(result: Result) -> bytes:
+    if isinstance(result, TritonError):
+        return generate.event(generate.error_body(result))
+    return generate.event(generate.encode_response(result))
+
+
+def _traced(dataplane: DataPlane, infer_request: InferRequest, answer: Answer) -> Answer:
+    """``answer``, finishing the request's trace once it is sent, when it is traced."""
     if infer_request.trace is None:
-        return _respond(request, header, buffers)
+        return answer
     send_start = perf_counter_ns()
 
     def sent() -> None:
         dataplane.trace_sent(infer_request, "HTTP", send_start, perf_counter_ns())
 
-    return _respond(request, header, buffers)._replace(sent=sent)
+    return answer._replace(sent=sent)
 
 
 def _respond(request: Request, header: bytes, buffers: list[Any]) -> Answer:
@@ -356,6 +435,8 @@ HANDLERS: dict[Endpoint, Handler] = {
     Endpoint.MODEL_CONFIG: model_config,
     Endpoint.MODEL_STATISTICS: model_statistics,
     Endpoint.INFER: infer,
+    Endpoint.GENERATE: generate_once,
+    Endpoint.GENERATE_STREAM: generate_stream,
     Endpoint.LOGGING: logging_settings,
     Endpoint.TRACE_SETTING: trace_setting,
     Endpoint.MODEL_TRACE_SETTING: trace_setting,

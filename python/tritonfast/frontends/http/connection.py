@@ -38,13 +38,13 @@ import contextlib
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp.http import HttpProcessingError, HttpRequestParser
 
 from tritonfast._core import Outbox, OutStream
-from tritonfast.frontends.http.answer import Answer, head, json_answer
+from tritonfast.frontends.http.answer import Answer, chunk, head, json_answer
 from tritonfast.frontends.http.request import (
     DIRECT_BODY_BYTES,
     MAX_BODY_BYTES,
@@ -290,6 +290,8 @@ class HttpConnection(asyncio.BufferedProtocol):
                 log.exception("HTTP request %s %s failed", item.method, item.path)
                 answer = _INTERNAL_ERROR
             keep_alive = item.keep_alive and item.body_received() and not server.closing
+            if answer.stream is not None and item.version < (1, 1):
+                keep_alive = False  # the body ends where the connection does
             await self._write(answer, item.version, keep_alive)
         except ConnectionError:  # the client left while a large answer was going out
             return
@@ -306,6 +308,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        if answer.stream is not None:
+            await self._write_stream(answer, answer.stream, version, keep_alive)
+            return
         length = answer.length
         out = self._out
         if length < JOIN_BYTES or (out is not None and out.unsent):
@@ -320,6 +325,40 @@ class HttpConnection(asyncio.BufferedProtocol):
                     await self._drained()
         if answer.sent is not None:
             answer.sent()
+
+    async def _write_stream(
+        self,
+        answer: Answer,
+        stream: AsyncIterator[bytes],
+        version: tuple[int, int],
+        keep_alive: bool,
+    ) -> None:
+        """A streamed answer: the head and parts at once, then each piece as the stream
+        yields it, then the body's end. The client going away cancels this (and so the
+        stream's producer) through the connection's task."""
+        chunked = version >= (1, 1)
+        frame = chunk if chunked else bytes
+        first = [frame(bytes(part)) for part in answer.parts]
+        self._send(b"".join([head(answer, None, version, keep_alive), *first]))
+        try:
+            async for piece in stream:
+                self._send(frame(piece))
+                await self._caught_up()
+        finally:
+            if isinstance(stream, AsyncGenerator):
+                await stream.aclose()
+        if chunked:
+            self._send(chunk(b""))
+        if answer.sent is not None:
+            answer.sent()
+
+    async def _caught_up(self) -> None:
+        """Waits while this connection's unsent bytes are over their bound."""
+        out = self._out
+        if out is not None and out.unsent > MAX_UNSENT:
+            await self._writer_caught_up(out)
+        elif self._writing_paused:
+            await self._drained()
 
     async def _writer_caught_up(self, out: OutStream) -> None:
         """Waits while the writer thread holds more than :data:`MAX_UNSENT` of this

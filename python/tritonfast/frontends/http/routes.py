@@ -20,6 +20,8 @@ class Endpoint(Enum):
     MODEL_CONFIG = (("GET",), "config")
     MODEL_STATISTICS = (("GET",), "stats")
     INFER = (("POST",), "infer")
+    GENERATE = (("POST",), "generate")
+    GENERATE_STREAM = (("POST",), "generate_stream")
     LOGGING = (("GET", "POST"), "logging")
     TRACE_SETTING = (("GET", "POST"), "trace/setting")
     MODEL_TRACE_SETTING = (("GET", "POST"), "models/trace/setting")
@@ -50,6 +52,8 @@ _MODEL_ACTIONS = {
     "ready": Endpoint.MODEL_READY,
     "config": Endpoint.MODEL_CONFIG,
     "infer": Endpoint.INFER,
+    "generate": Endpoint.GENERATE,
+    "generate_stream": Endpoint.GENERATE_STREAM,
     "stats": Endpoint.MODEL_STATISTICS,
 }
 _HEALTH = {"live": Endpoint.HEALTH_LIVE, "ready": Endpoint.HEALTH_READY}

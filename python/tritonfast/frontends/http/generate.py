@@ -1,0 +1,136 @@
+"""The generate extension's JSON: ``POST .../generate`` and ``.../generate_stream``.
+
+A request is one flat JSON object. A member named like one of the model's inputs is that input
+(a scalar, or a flat array, its shape taken from the model's dims: fixed dimensions as they
+are, the innermost variable one holding the rest, other variable ones 1); ``id`` is the
+request id; any other member is a request parameter (string, integer, boolean or number). The
+member ``parameters`` is an object whose members follow the same rule.
+
+A response is one flat JSON object: ``id`` (when the request had one), ``model_name``,
+``model_version``, the response's parameters, and each output by name, a single element as a
+scalar and more as a flat array. ``generate_stream`` sends each response as a Server-Sent
+Event (``data: <json>`` and a blank line); an error response as ``data: {"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from tritonfast.errors import InvalidArgumentError, TritonError
+from tritonfast.frontends.http import tensordata
+from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor
+
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream; charset=utf-8"
+# Triton's answer when ``generate`` meets a model that does not send exactly one response.
+NOT_ONE_RESPONSE = (
+    "generate expects model to produce exactly 1 response, use generate stream for model that"
+    " generates various number of responses"
+)
+_NESTED = "parameters"
+_PARAMETER_TYPES = (str, int, bool, float)
+
+
+def decode_request(
+    body: bytes | bytearray | memoryview,
+    model_name: str,
+    model_version: str,
+    metadata: Mapping[str, Any],
+) -> InferRequest:
+    """The inference request a generate body describes, for the model ``metadata`` names."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    if type(document) is not dict:
+        raise InvalidArgumentError("failed to parse the request JSON buffer: expected an object")
+    specs = {spec["name"]: spec for spec in metadata["inputs"]}
+    if _NESTED in specs:
+        raise InvalidArgumentError(
+            "Keyword 'parameters' for nested schema also given as input tensor name"
+        )
+    request = InferRequest(model_name=model_name, model_version=model_version)
+    _take_members(document, specs, request, nested=True)
+    return request
+
+
+def _take_members(
+    members: dict[str, Any], specs: dict[str, Any], request: InferRequest, *, nested: bool
+) -> None:
+    for key, value in members.items():
+        spec = specs.get(key)
+        if spec is not None:
+            if any(tensor.name == key for tensor in request.inputs):
+                raise InvalidArgumentError(f"input '{key}' already exists in request")
+            request.inputs.append(_tensor(spec, value, request.model_name))
+        elif key == _NESTED and nested and type(value) is dict:
+            _take_members(value, specs, request, nested=False)
+        elif key == "id" and nested and type(value) is str:
+            request.id = value
+        elif type(value) in _PARAMETER_TYPES:
+            request.parameters[key] = value
+        else:
+            raise InvalidArgumentError(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or"
+                " 'string'."
+            )
+
+
+def _tensor(spec: Mapping[str, Any], value: Any, model_name: str) -> InputTensor:
+    name, datatype = spec["name"], spec["datatype"]
+    values = value if type(value) is list else [value]
+    if any(type(item) in (list, dict) for item in values):
+        raise _shape_error(name)
+    shape = _shape(spec["shape"], len(values), name)
+    data = tensordata.from_json(datatype, shape, values, name, model_name)
+    return InputTensor(name, datatype, shape, data)
+
+
+def _shape(dims: list[int], count: int, name: str) -> tuple[int, ...]:
+    """The shape ``count`` elements take under the model's ``dims``."""
+    fixed = math.prod(dim for dim in dims if dim != -1)
+    variable = [index for index, dim in enumerate(dims) if dim == -1]
+    shape = [1 if dim == -1 else dim for dim in dims]
+    if not variable:
+        if fixed != count:
+            raise _shape_error(name)
+        return tuple(shape)
+    if fixed == 0 or count % fixed:
+        raise _shape_error(name)
+    shape[variable[-1]] = count // fixed
+    return tuple(shape)
+
+
+def _shape_error(name: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"The schema can not convert input '{name}' to tensor with proper shape"
+    )
+
+
+def encode_response(response: InferResponse) -> bytes:
+    """One response as the generate extension's flat JSON object."""
+    document: dict[str, Any] = {}
+    if response.id:
+        document["id"] = response.id
+    document["model_name"] = response.model_name
+    document["model_version"] = response.model_version
+    document.update(response.parameters)
+    for tensor in response.outputs:
+        values = tensordata.to_json(tensor.datatype, tensor.data)
+        flat = values.tolist() if hasattr(values, "tolist") else values
+        document[tensor.name] = flat[0] if len(flat) == 1 else flat
+    return orjson.dumps(document)
+
+
+def error_body(error: TritonError | str) -> bytes:
+    message = error.message if isinstance(error, TritonError) else error
+    return orjson.dumps({"error": message})
+
+
+def event(data: bytes) -> bytes:
+    """``data`` as one Server-Sent Event."""
+    return b"data: " + data + b"\n\n"
