@@ -1,0 +1,339 @@
+"""The response stream end to end: requests answered by any number of responses, over gRPC
+``ModelStreamInfer`` (tritonclient) and HTTP Server-Sent Events (raw sockets), cancellation
+reaching the producer, the generate extension, the Python backend's response sender and
+``async def execute``, and BLS calls through the server handle.
+
+The ``repeat`` backend (tests/plugins) is a test-only backend found through the
+``tritonfast.backends`` entry points: one response per element of ``IN``, then a bare final
+flag; it counts the requests it saw cancelled in its ``CANCELLED`` output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ROOT, TEST_MODELS, RunningServer, start_server
+
+STREAMING_MODELS = ROOT / "tests" / "models_streaming"
+PLUGINS = ROOT / "tests" / "plugins"
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def stream_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    env_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS), env_path]))
+    try:
+        server = start_server(
+            [TEST_MODELS, STREAMING_MODELS], tmp_path_factory.mktemp("stream") / "server.log"
+        )
+    finally:
+        if env_path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = env_path
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture
+def grpc_client(stream_server: RunningServer) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(stream_server.grpc_url)
+    yield client
+    client.close()
+
+
+def int32_input(values: list[int], client: Any = grpcclient) -> Any:
+    tensor = client.InferInput("IN", [len(values)], "INT32")
+    tensor.set_data_from_numpy(np.array(values, dtype=np.int32))
+    return tensor
+
+
+def stream_replies(
+    client: grpcclient.InferenceServerClient,
+    requests: list[tuple[str, list[int], dict[str, Any]]],
+    expected: int,
+    **options: Any,
+) -> list[tuple[Any, Any]]:
+    """Send ``(model, IN values, extra async_stream_infer arguments)`` on one stream and
+    collect ``expected`` callbacks ((result, error) pairs) in arrival order."""
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        for index, (model, values, extra) in enumerate(requests):
+            client.async_stream_infer(
+                model, [int32_input(values)], request_id=f"r{index}", **options, **extra
+            )
+        return [replies.get(timeout=WAIT_S) for _ in range(expected)]
+    finally:
+        client.stop_stream()
+
+
+def final_flag(result: Any) -> bool:
+    return bool(result.get_response().parameters["triton_final_response"].bool_param)
+
+
+# -- gRPC ModelStreamInfer ------------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["repeat_int32", "repeat_py"])
+def test_grpc_stream_carries_every_response_of_each_request(
+    grpc_client: grpcclient.InferenceServerClient, model: str
+) -> None:
+    requests = [(model, [7, 8, 9], {}), (model, [1], {}), (model, [4, 5, 6, 7, 8], {})]
+    replies = stream_replies(grpc_client, requests, expected=9)
+    assert all(error is None for _, error in replies)
+    by_request: dict[str, list[tuple[int, int]]] = {}
+    for result, _ in replies:
+        request_id = result.get_response().id
+        by_request.setdefault(request_id, []).append(
+            (int(result.as_numpy("IDX")[0]), int(result.as_numpy("OUT")[0]))
+        )
+        assert not final_flag(result)  # the final flag comes alone, after the last response
+    assert by_request == {
+        "r0": [(0, 7), (1, 8), (2, 9)],
+        "r1": [(0, 1)],
+        "r2": [(0, 4), (1, 5), (2, 6), (3, 7), (4, 8)],
+    }
+
+
+def test_grpc_stream_empty_final_responses_on_request(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    replies = stream_replies(
+        grpc_client, [("repeat_int32", [3, 4], {})], expected=3, enable_empty_final_response=True
+    )
+    results = [result for result, error in replies if error is None]
+    assert len(results) == 3
+    assert [final_flag(r) for r in results] == [False, False, True]
+    last = results[-1].get_response()
+    assert (last.id, last.model_name, list(last.outputs)) == ("r0", "repeat_int32", [])
+
+
+def test_grpc_stream_async_execute_and_error_responses(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    requests = [("async_repeat", [1, 2, 3], {}), ("async_repeat", [1, -1], {})]
+    replies = stream_replies(grpc_client, requests, expected=4)
+    errors = [error for _, error in replies if error is not None]
+    assert len(errors) == 1 and "negative input" in errors[0].message()
+    results = [result for result, error in replies if error is None]
+    assert [int(r.as_numpy("OUT")[0]) for r in results] == [10, 20, 30]
+    assert [final_flag(r) for r in results] == [False, False, True]
+
+
+def test_grpc_stream_single_response_models_answer_in_request_order(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """A default model answering through its response sender, on the same stream."""
+    requests = [("sender_default", [index, index], {}) for index in range(6)]
+    replies = stream_replies(grpc_client, requests, expected=6)
+    assert [r.get_response().id for r, _ in replies] == [f"r{i}" for i in range(6)]
+    assert [r.as_numpy("OUT").tolist() for r, _ in replies] == [[i + 1, i + 1] for i in range(6)]
+    assert all(final_flag(r) for r, _ in replies)
+
+
+def test_grpc_unary_infer_refuses_a_decoupled_model(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        grpc_client.infer("repeat_int32", [int32_input([1])])
+    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert caught.value.message() == (
+        "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    )
+
+
+# -- HTTP Server-Sent Events and the generate extension -------------------------------------------
+def http_post(server: RunningServer, path: str, body: dict[str, Any]) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=WAIT_S)
+    payload = json.dumps(body).encode()
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    return sock
+
+
+class ChunkedReader:
+    """Reads one HTTP/1.1 response from a socket: the head, then the chunked body's chunks."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = b""
+
+    def _fill(self) -> None:
+        data = self._sock.recv(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        self._buffer += data
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self._buffer:
+            self._fill()
+        line, self._buffer = self._buffer.split(b"\r\n", 1)
+        return line
+
+    def head(self) -> tuple[int, dict[str, str]]:
+        status = int(self._line().split()[1])
+        headers = {}
+        while line := self._line():
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return status, headers
+
+    def chunk(self) -> bytes:
+        size = int(self._line(), 16)
+        while len(self._buffer) < size + 2:
+            self._fill()
+        data, self._buffer = self._buffer[:size], self._buffer[size + 2 :]
+        return data
+
+
+def sse_events(reader: ChunkedReader) -> Iterator[dict[str, Any]]:
+    """The events of a Server-Sent Events body, as their JSON ``data``."""
+    pending = b""
+    while chunk := reader.chunk():
+        pending += chunk
+        while b"\n\n" in pending:
+            event, pending = pending.split(b"\n\n", 1)
+            assert event.startswith(b"data: ")
+            yield json.loads(event[len(b"data: ") :])
+    assert pending == b""
+
+
+@pytest.mark.parametrize("model", ["repeat_int32", "repeat_py", "async_repeat"])
+def test_generate_stream_sends_each_response_as_an_event(
+    stream_server: RunningServer, model: str
+) -> None:
+    with http_post(
+        stream_server, f"/v2/models/{model}/generate_stream", {"IN": [2, 3, 4], "id": "g1"}
+    ) as sock:
+        reader = ChunkedReader(sock)
+        status, headers = reader.head()
+        assert status == 200
+        assert headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert headers["transfer-encoding"] == "chunked"
+        events = list(sse_events(reader))
+    scale = 10 if model == "async_repeat" else 1
+    assert [event["OUT"] for event in events] == [2 * scale, 3 * scale, 4 * scale]
+    assert all(event["model_name"] == model and event["id"] == "g1" for event in events)
+
+
+def test_generate_stream_error_response_sets_the_status(stream_server: RunningServer) -> None:
+    body = {"IN": [-1]}
+    with http_post(stream_server, "/v2/models/async_repeat/generate_stream", body) as sock:
+        reader = ChunkedReader(sock)
+        status, _ = reader.head()
+        assert status == 500
+        assert list(sse_events(reader)) == [{"error": "negative input"}]
+
+
+def test_generate_maps_inputs_parameters_and_outputs(stream_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(stream_server.http_url)
+    try:
+        status, body = post_json(
+            stream_server,
+            "/v2/models/identity_fp32/generate",
+            {"INPUT0": [1.5, 2.0], "parameters": {"note": "x"}},
+        )
+        assert status == 200
+        assert body == {"model_name": "identity_fp32", "model_version": "1", "OUTPUT0": [1.5, 2.0]}
+        status, body = post_json(stream_server, "/v2/models/async_repeat/generate", {"IN": 4})
+        assert (status, body["OUT"]) == (200, 40)  # one element: a scalar
+        status, body = post_json(stream_server, "/v2/models/async_repeat/generate", {"IN": [1, 2]})
+        assert body == {
+            "error": "generate expects model to produce exactly 1 response, use generate stream"
+            " for model that generates various number of responses"
+        }
+        status, body = post_json(stream_server, "/v2/models/identity_fp32/generate", {"X": 1})
+        assert status == 400 and "INPUT0" in body["error"]
+    finally:
+        client.close()
+
+
+def test_http_infer_refuses_a_decoupled_model(stream_server: RunningServer) -> None:
+    status, body = post_json(
+        stream_server,
+        "/v2/models/repeat_int32/infer",
+        {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [1]}]},
+    )
+    assert (status, body) == (
+        501,
+        {"error": "HTTP end point doesn't support models with decoupled transaction policy"},
+    )
+
+
+def post_json(server: RunningServer, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    with http_post(server, path, body) as sock:
+        reader = ChunkedReader(sock)
+        status, headers = reader.head()
+        length = int(headers["content-length"])
+        while len(reader._buffer) < length:
+            reader._fill()
+        return status, json.loads(reader._buffer[:length])
+
+
+# -- cancellation reaches the producer ------------------------------------------------------------
+def cancelled_count(client: grpcclient.InferenceServerClient) -> int:
+    replies = stream_replies(client, [("repeat_int32", [0], {})], expected=1)
+    result, error = replies[0]
+    assert error is None
+    return int(result.as_numpy("CANCELLED")[0])
+
+
+def wait_for_cancelled(client: grpcclient.InferenceServerClient, at_least: int) -> int:
+    deadline = time.monotonic() + WAIT_S
+    while (count := cancelled_count(client)) < at_least:
+        assert time.monotonic() < deadline, f"the producer saw {count} cancellations"
+    return count
+
+
+def test_a_client_leaving_cancels_its_stream(
+    stream_server: RunningServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    before = cancelled_count(grpc_client)
+    # HTTP: read the first event, then close the connection.
+    long_request = {"IN": list(range(200)), "delay_ms": 20}
+    with http_post(stream_server, "/v2/models/repeat_int32/generate_stream", long_request) as sock:
+        reader = ChunkedReader(sock)
+        assert reader.head()[0] == 200
+        assert next(sse_events(reader))["IDX"] == 0
+    after_http = wait_for_cancelled(grpc_client, before + 1)
+    # gRPC: stop the stream with its requests still sending.
+    first: queue.Queue[Any] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: first.put(result))
+    grpc_client.async_stream_infer(
+        "repeat_int32", [int32_input(list(range(200)))], parameters={"delay_ms": 20}
+    )
+    assert first.get(timeout=WAIT_S) is not None
+    grpc_client.stop_stream(cancel_requests=True)
+    wait_for_cancelled(grpc_client, after_http + 1)
+
+
+# -- BLS through the server handle ----------------------------------------------------------------
+def test_bls_calls_another_model_in_process(stream_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(stream_server.http_url)
+    try:
+        tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([1.5], dtype=np.float32))
+        result = client.infer("bls_double", [tensor])
+        assert result.as_numpy("OUTPUT0").tolist() == [4.5]
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("bls_double", [tensor], parameters={"callee": "no_such_model"})
+        assert "Request for unknown model: 'no_such_model' is not found" in caught.value.message()
+        stats = client.get_inference_statistics("identity_fp32")["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] >= 3  # the callee's own scheduler
+    finally:
+        client.close()
