@@ -19,12 +19,12 @@ from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast._proto import grpc_service_pb2_grpc as pb_grpc
 from tritonfast._proto import health_pb2, health_pb2_grpc
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
-from tritonfast.frontends.grpc import codec
-from tritonfast.frontends.grpc.core import CoreServer, Method
+from tritonfast.frontends.grpc import codec, engine
 from tritonfast.frontends.grpc.stream import StreamSession
 
 if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
+    from tritonfast.frontends.grpc.core import CoreServer
 
 # No practical limit on message size: tensors of several hundred MiB must pass.
 MAX_MESSAGE_BYTES = 2**31 - 1
@@ -325,19 +325,22 @@ def _address(host: str, port: int) -> str:
 
 
 async def start_grpc_server(
-    dataplane: DataPlane, host: str, port: int, engine: str = "core"
+    dataplane: DataPlane, host: str, port: int, engine_name: str = "core"
 ) -> CoreServer | grpc.aio.Server:
     """Start serving both services on ``host:port``; returns once it is listening.
 
-    ``engine``: ``core`` (:mod:`.core`, the default) or ``aio`` (grpc.aio). Stop the server
-    with ``await server.stop(grace)``.
+    ``engine``: ``core`` (:mod:`.core`, the default; grpc.aio when the installed grpcio cannot
+    run it, see :mod:`.engine`) or ``aio`` (grpc.aio). Stop the server with
+    ``await server.stop(grace)``.
     """
     handlers = _method_handlers(dataplane)
     server: CoreServer | grpc.aio.Server
-    if engine == "aio":
+    if engine.choose(engine_name) == "aio":
         server = grpc.aio.server(options=SERVER_OPTIONS)
         server.add_generic_rpc_handlers((_PathHandler(handlers),))
     else:
+        from tritonfast.frontends.grpc.core import CoreServer, Method
+
         methods = {path: Method.of(handler) for path, handler in handlers.items()}
         server = CoreServer(asyncio.get_running_loop(), methods, SERVER_OPTIONS)
     address = _address(host, port)
@@ -347,10 +350,10 @@ async def start_grpc_server(
         raise OSError(f"gRPC server cannot listen on {address}: {error}") from error
     if bound == 0:
         raise OSError(f"gRPC server cannot listen on {address}")
-    if isinstance(server, CoreServer):
-        server.start()
-    else:
+    if isinstance(server, grpc.aio.Server):
         await server.start()
+    else:
+        server.start()
     return server
 
 
