@@ -7,9 +7,10 @@ test_lifecycle)."""
 from __future__ import annotations
 
 import queue
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,11 +23,89 @@ from tests.conftest import EXAMPLES, TEST_MODELS, RunningServer, start_server
 from tests.e2e.test_cancellation import mode_input, seen
 from tests.e2e.test_metrics import scrape
 
+# MODE 0: marks its run in a file, then runs until the request is cancelled (at most 10 s),
+# counting the cancellations it sees. MODE 1: answers at once with that count. Two instances.
+WAITER_CONFIG = """
+backend: "python"
+input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SEEN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+WAITER_MODEL = """
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+MARKS = {marks!r}
+_seen = 0
+_lock = threading.Lock()
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        global _seen
+        responses = []
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+            if mode == 0:
+                with open(MARKS, "a") as marks:
+                    marks.write("running\\n")
+                stop = threading.Event()
+                for _ in range(1000):  # up to 10 s
+                    if request.is_cancelled():
+                        with _lock:
+                            _seen += 1
+                        break
+                    stop.wait(0.01)
+            with _lock:
+                seen = np.array([_seen], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", seen)]))
+        return responses
+"""
+
+
+@dataclass
+class Waiters:
+    """The repository of the ``waiter`` model, and the file where it marks its runs."""
+
+    repository: Path
+    marks: Path
+
+    def runs(self) -> int:
+        return len(self.marks.read_text().splitlines()) if self.marks.exists() else 0
+
 
 @pytest.fixture(scope="module")
-def aio_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def waiters(tmp_path_factory: pytest.TempPathFactory) -> Waiters:
+    root = tmp_path_factory.mktemp("waiter")
+    model = root / "repository" / "waiter"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(WAITER_CONFIG)
+    (model / "1" / "model.py").write_text(WAITER_MODEL.format(marks=str(root / "marks")))
+    return Waiters(root / "repository", root / "marks")
+
+
+@pytest.fixture(scope="module")
+def aio_server(
+    tmp_path_factory: pytest.TempPathFactory, waiters: Waiters
+) -> Iterator[RunningServer]:
     log_path = tmp_path_factory.mktemp("aio") / "server.log"
-    running = start_server([EXAMPLES, TEST_MODELS], log_path, "--grpc-engine=aio")
+    running = start_server(
+        [EXAMPLES, TEST_MODELS, waiters.repository], log_path, "--grpc-engine=aio"
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+@pytest.fixture(scope="module")
+def core_server(
+    tmp_path_factory: pytest.TempPathFactory, waiters: Waiters
+) -> Iterator[RunningServer]:
+    """A server on the default engine that serves the ``waiter`` model (the session's server
+    does not)."""
+    log_path = tmp_path_factory.mktemp("core") / "server.log"
+    running = start_server([waiters.repository], log_path)
     yield running
     assert running.stop() == 0, running.log()
 
@@ -106,44 +185,56 @@ def test_an_unknown_method_is_unimplemented(engine_server: RunningServer) -> Non
         channel.close()
 
 
-def test_a_request_given_up_while_queued_never_runs(engine_server: RunningServer) -> None:
-    """Both cancel_watch instances wait on calls with a 1.5 s deadline; a third call, queued
-    behind them, gives up after 0.3 s. It leaves the queue as a CANCELED failure; each waiter
-    counts its cancellation, and the third would count one too had it run after them."""
+@pytest.mark.parametrize("engine", ["core", "aio"])
+def test_a_request_given_up_while_queued_never_runs(
+    request: pytest.FixtureRequest, engine: str, waiters: Waiters
+) -> None:
+    """Both waiter instances run calls that last until they are cancelled; a third call, queued
+    behind them, gives up after 0.3 s. It leaves the queue as a CANCELED failure and never
+    runs (it would mark its run); each waiter counts its cancellation."""
+    engine_server: RunningServer = request.getfixturevalue(f"{engine}_server")
     client = grpcclient.InferenceServerClient(engine_server.grpc_url)
+    waiter = grpcclient.InferenceServerClient(engine_server.grpc_url)
     try:
-        before = seen(client)
+        before = seen(client, "waiter")
+        runs_before = waiters.runs()
         canceled_before = canceled_failures(engine_server)
-        errors: list[str] = []
+        ended: queue.Queue[str] = queue.Queue()
 
-        def wait_for_cancel(timeout: float) -> None:
-            waiter = grpcclient.InferenceServerClient(engine_server.grpc_url)
-            try:
-                waiter.infer("cancel_watch", [mode_input(0)], client_timeout=timeout)
-            except InferenceServerException as error:
-                errors.append(error.message())
-            finally:
-                waiter.close()
+        def record(result: Any, error: InferenceServerException | None) -> None:
+            ended.put("answered" if error is None else error.message())
 
-        waiters = [threading.Thread(target=wait_for_cancel, args=(1.5,)) for _ in range(2)]
-        for thread in waiters:
-            thread.start()
-        time.sleep(0.5)  # both instances are busy
-        wait_for_cancel(0.3)
-        for thread in waiters:
-            thread.join(30)
-        assert len(errors) == 3 and all("Deadline" in e for e in errors), errors
-        deadline = time.monotonic() + 10
-        while seen(client) < before + 2:
-            assert time.monotonic() < deadline, "the waiters never saw their cancellation"
-            time.sleep(0.05)
-        time.sleep(0.3)  # room for the queued call to run, had it stayed queued
-        assert seen(client) == before + 2
-        assert canceled_failures(engine_server) == canceled_before + 1
+        calls = [waiter.async_infer("waiter", [mode_input(0)], record) for _ in range(2)]
+        try:
+            wait_for(lambda: waiters.runs() == runs_before + 2, "both instances to be busy")
+            with pytest.raises(InferenceServerException, match="Deadline"):
+                client.infer("waiter", [mode_input(0)], client_timeout=0.3)
+        finally:
+            for call in calls:
+                call.cancel()
+        endings = [ended.get(timeout=30) for _ in calls]
+        assert all("cancelled" in ending.lower() for ending in endings), endings
+        wait_for(lambda: seen(client, "waiter") == before + 2, "the waiters to see the cancel")
+        # Counted as CANCELED when it left the queue: from then on it cannot run.
+        wait_for(
+            lambda: canceled_failures(engine_server) == canceled_before + 1,
+            "the queued call to leave the queue",
+        )
+        assert waiters.runs() == runs_before + 2
+        assert seen(client, "waiter") == before + 2
     finally:
+        waiter.close()
         client.close()
 
 
+def wait_for(check: Callable[[], object], what: str, timeout: float = 30) -> None:
+    """Polls ``check`` until it holds; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def canceled_failures(server: RunningServer) -> float:
-    labels = frozenset({("model", "cancel_watch"), ("version", "1"), ("reason", "CANCELED")})
+    labels = frozenset({("model", "waiter"), ("version", "1"), ("reason", "CANCELED")})
     return scrape(server)[1].get(("nv_inference_request_failure", labels), 0.0)

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import BROKEN_MODELS, EXAMPLES, ROOT, TEST_MODELS, start_server
+from tests.conftest import BROKEN_MODELS, EXAMPLES, ROOT, start_server
 
 
 def test_startup_prints_model_table_and_addresses(server) -> None:
@@ -98,36 +99,92 @@ def test_warmup_runs_before_the_model_is_ready(server) -> None:
         client.close()
 
 
+# Marks each execution's start in a file, then runs until the test creates the release file
+# (at most 30 s): the test can tell that its requests are running, and keep them running.
+HELD_CONFIG = """
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 4 kind: KIND_CPU } ]
+"""
+HELD_MODEL = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+STARTED = {started!r}
+RELEASE = {release!r}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        with open(STARTED, "a") as marks:
+            marks.write("started\\n")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(RELEASE) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
+def wait_for(check: Callable[[], object], what: str, timeout: float = 30) -> None:
+    """Polls ``check`` until it holds; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("via", ["http", "grpc-core", "grpc-aio"])
 def test_sigterm_finishes_requests_in_flight(tmp_path, via: str) -> None:
     protocol, _, engine = via.partition("-")
     extra = [f"--grpc-engine={engine}"] if engine else []
-    server = start_server([TEST_MODELS], tmp_path / "server.log", *extra)
+    started, release = tmp_path / "started", tmp_path / "release"
+    model = tmp_path / "repository" / "held"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(HELD_CONFIG)
+    (model / "1" / "model.py").write_text(
+        HELD_MODEL.format(started=str(started), release=str(release))
+    )
+    server = start_server([tmp_path / "repository"], tmp_path / "server.log", *extra)
     client_module = grpcclient if protocol == "grpc" else httpclient
     url = server.grpc_url if protocol == "grpc" else server.http_url
     results: list[object] = []
 
-    def call() -> None:
+    def call(value: int) -> None:
         client = client_module.InferenceServerClient(url)
         try:
             tensor = client_module.InferInput("X", [1], "INT32")
-            tensor.set_data_from_numpy(np.zeros(1, dtype=np.int32))
-            results.append(client.infer("sleeper", [tensor]).as_numpy("SEEN_PARALLEL"))
+            tensor.set_data_from_numpy(np.array([value], dtype=np.int32))
+            results.append(client.infer("held", [tensor]).as_numpy("Y"))
         except Exception as error:  # recorded, then asserted below
             results.append(error)
         finally:
             client.close()
 
-    threads = [threading.Thread(target=call) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.2)  # the requests are running (each takes 0.5 s)
-    server.proc.send_signal(signal.SIGTERM)
+    threads = [threading.Thread(target=call, args=(value,)) for value in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+
+        def running() -> int:
+            return len(started.read_text().splitlines()) if started.exists() else 0
+
+        wait_for(lambda: running() == 3, "the three requests to run")
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "shutting down" in server.log(), "the server to begin its shutdown")
+    finally:
+        release.touch()  # the requests end only now, after the shutdown began
     for thread in threads:
         thread.join(30)
     assert server.wait_exit(30) == 0, server.log()
-    assert len(results) == 3
-    assert all(isinstance(r, np.ndarray) for r in results), results
+    assert sorted(int(r[0]) for r in results if isinstance(r, np.ndarray)) == [0, 1, 2], results
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,16 @@ def generation_of(client: Any, module: Any, name: str = "generation") -> int:
     tensor = module.InferInput("X", [1, 1], "INT32")
     tensor.set_data_from_numpy(np.zeros((1, 1), dtype=np.int32))
     return int(client.infer(name, [tensor]).as_numpy("GENERATION")[0, 0])
+
+
+def wait_for(check: Callable[[], object], what: str, server: RunningServer | None = None) -> None:
+    """Polls ``check`` until it holds; fails after 30 s (with the server's log, if given)."""
+    deadline = time.monotonic() + 30
+    while not check():
+        if time.monotonic() > deadline:
+            log = server.log() if server is not None else ""
+            raise AssertionError(f"timed out waiting for {what}\n{log}")
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -148,16 +158,20 @@ def test_reload_under_load_loses_nothing(explicit: tuple[RunningServer, Path]) -
         finally:
             client.close()
 
+    def answered(generation: int) -> Callable[[], bool]:
+        """Whether the traffic has had answers from ``generation`` (a few per thread)."""
+        return lambda: seen.count(generation) >= 20 or bool(failures)
+
     threads = [threading.Thread(target=traffic) for _ in range(4)]
     for thread in threads:
         thread.start()
     try:
         for generation in (2, 3, 4):
-            time.sleep(0.3)
+            wait_for(answered(generation - 1), f"answers from generation {generation - 1}")
             write_generation_model(repository, "generation", generation)
             admin.load_model("generation")  # a reload: the new code serves new requests
             assert generation_of(admin, httpclient) == generation
-        time.sleep(0.3)
+        wait_for(answered(4), "answers from generation 4")
     finally:
         stop.set()
         for thread in threads:
@@ -291,33 +305,35 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
     )
     client = httpclient.InferenceServerClient(server.http_url)
 
-    def wait_for(check: Any) -> None:
-        deadline = time.monotonic() + 15
-        while not check():
-            assert time.monotonic() < deadline, server.log()
-            time.sleep(0.1)
-
     try:
         assert generation_of(client, httpclient) == 1
         # A changed model reloads.
         write_generation_model(repository, "generation", 2)
-        wait_for(lambda: generation_of(client, httpclient) == 2)
+        wait_for(lambda: generation_of(client, httpclient) == 2, "the reload", server)
         # A new version appears: the default policy (latest 1) serves it instead.
         write_generation_model(repository, "generation", 3, version=2)
-        wait_for(lambda: client.get_model_metadata("generation")["versions"] == ["2"])
+        wait_for(
+            lambda: client.get_model_metadata("generation")["versions"] == ["2"],
+            "version 2",
+            server,
+        )
         assert generation_of(client, httpclient) == 3
         shutil.rmtree(repository / "generation" / "2")
-        wait_for(lambda: client.get_model_metadata("generation")["versions"] == ["1"])
+        wait_for(
+            lambda: client.get_model_metadata("generation")["versions"] == ["1"],
+            "version 1 alone",
+            server,
+        )
         # A new model appears.
         shutil.copytree(EXAMPLES / "add_sub", repository / "add_sub")
-        wait_for(lambda: client.is_model_ready("add_sub"))
+        wait_for(lambda: client.is_model_ready("add_sub"), "add_sub to load", server)
         # A broken change leaves the serving version in place.
         (repository / "generation" / "1" / "model.py").write_text("raise RuntimeError('x')")
-        time.sleep(1.0)
+        wait_for(lambda: "RuntimeError: x" in server.log(), "a try of the broken model", server)
         assert generation_of(client, httpclient) == 2
         # A removed model unloads.
         shutil.rmtree(repository / "add_sub")
-        wait_for(lambda: not client.is_model_ready("add_sub"))
+        wait_for(lambda: not client.is_model_ready("add_sub"), "add_sub to unload", server)
         with pytest.raises(InferenceServerException, match="not allowed"):
             client.load_model("generation")
     finally:

@@ -12,6 +12,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 from tritonfast.runtime import cudamemory
+
+from tests.conftest import RunningServer, start_server
 
 PROTOCOLS = ("http", "grpc")
 
@@ -281,67 +285,153 @@ def test_one_region_shared_by_concurrent_requests(
     np.testing.assert_array_equal(got, np.repeat(A[None], count, axis=0))
 
 
+# Watches its input while it runs: waits up to WAIT_MS for INPUT0[0] to change, then answers
+# with INPUT0 as it is then (a change made by the client shows only if the model reads the
+# client's shared memory in place). It marks in a file when it has read INPUT0[0] and starts
+# to wait, so the test knows that a write of its own is a change.
+WATCH_CONFIG = """
+backend: "python"
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "WAIT_MS" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+WATCH_MODEL = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+STARTED = {started!r}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            wait_ms = int(pb_utils.get_input_tensor_by_name(request, "WAIT_MS").as_numpy()[0])
+            first = data[0]
+            with open(STARTED, "a") as marks:
+                marks.write("watching\\n")
+            deadline = time.monotonic() + wait_ms / 1000
+            while data[0] == first and time.monotonic() < deadline:
+                time.sleep(0.005)
+            out = pb_utils.Tensor("OUTPUT0", data.copy())
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
+
+@dataclass
+class Watch:
+    """A server of the ``watch`` model alone, and the file where the model marks its runs."""
+
+    server: RunningServer
+    marks: Path
+
+    def runs(self) -> int:
+        return len(self.marks.read_text().splitlines()) if self.marks.exists() else 0
+
+    def wait_for_runs(self, count: int) -> None:
+        deadline = time.monotonic() + 30
+        while self.runs() < count:
+            assert time.monotonic() < deadline, "the model never started watching"
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def watch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watch]:
+    root = tmp_path_factory.mktemp("watch")
+    model = root / "repository" / "watch"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(WATCH_CONFIG)
+    (model / "1" / "model.py").write_text(WATCH_MODEL.format(started=str(root / "marks")))
+    server = start_server([root / "repository"], root / "server.log")
+    yield Watch(server, root / "marks")
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture
+def watch_client(protocol: str, watch: Watch) -> Iterator[Any]:
+    client = make_client(protocol, watch.server)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def watch_regions(watch_client: Any) -> Iterator[Regions]:
+    made = Regions(watch_client)
+    yield made
+    made.close()
+
+
 def test_inputs_are_read_in_place(
-    protocol: str, server: Any, client: Any, regions: Regions
+    protocol: str, watch: Watch, watch_client: Any, watch_regions: Regions
 ) -> None:
-    # The model waits for INPUT0[0] to change while it runs; only a zero-copy input sees the
-    # client's write, made after the request started.
-    region = regions.create(16)
-    regions.set(region, [np.ones(4, dtype=np.float32)])
+    # The model waits for INPUT0[0] to change once it has read it; only a zero-copy input sees
+    # the client's write, made after that.
+    region = watch_regions.create(16)
+    watch_regions.set(region, [np.ones(4, dtype=np.float32)])
     wait = np_input(protocol, "WAIT_MS", np.array([10_000], dtype=np.int32), "INT32")
     answer: dict[str, Any] = {}
 
     def run() -> None:
-        local = make_client(protocol, server)  # tritonclient.http clients stay on one thread
+        local = make_client(protocol, watch.server)  # tritonclient.http clients stay on one thread
         try:
             answer["result"] = local.infer(
-                "shm_watch", [shm_input(protocol, "INPUT0", [4], "FP32", region, 16), wait]
+                "watch", [shm_input(protocol, "INPUT0", [4], "FP32", region, 16), wait]
             )
         finally:
             local.close()
 
-    started = time.monotonic()
+    runs = watch.runs()
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(0.5)
-    regions.set(region, [np.full(4, 7, dtype=np.float32)])
+    watch.wait_for_runs(runs + 1)
+    written = time.monotonic()
+    watch_regions.set(region, [np.full(4, 7, dtype=np.float32)])
     thread.join(30)
-    assert time.monotonic() - started < 8, "the model never saw the client's write"
+    assert time.monotonic() - written < 8, "the model never saw the client's write"
     np.testing.assert_array_equal(answer["result"].as_numpy("OUTPUT0"), np.full(4, 7))
 
 
 def test_unregister_while_a_request_runs(
-    protocol: str, server: Any, client: Any, regions: Regions
+    protocol: str, watch: Watch, watch_client: Any, watch_regions: Regions
 ) -> None:
-    inputs_region = regions.create(16)
-    outputs_region = regions.create(16)
-    regions.set(inputs_region, [np.full(4, 3, dtype=np.float32)])
-    wait = np_input(protocol, "WAIT_MS", np.array([700], dtype=np.int32), "INT32")
+    inputs_region = watch_regions.create(16)
+    outputs_region = watch_regions.create(16)
+    watch_regions.set(inputs_region, [np.full(4, 3, dtype=np.float32)])
+    wait = np_input(protocol, "WAIT_MS", np.array([10_000], dtype=np.int32), "INT32")
     answer: dict[str, Any] = {}
 
     def run() -> None:
-        local = make_client(protocol, server)
+        local = make_client(protocol, watch.server)
         try:
             answer["result"] = local.infer(
-                "shm_watch",
+                "watch",
                 [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait],
                 outputs=[shm_output(protocol, "OUTPUT0", outputs_region, 16)],
             )
         finally:
             local.close()
 
+    runs = watch.runs()
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(0.3)
-    client.unregister_system_shared_memory()  # every region, while the request runs
-    assert not status_names(client, protocol)
+    watch.wait_for_runs(runs + 1)
+    watch_client.unregister_system_shared_memory()  # every region, while the request runs
+    assert not status_names(watch_client, protocol)
+    # The running request still reads the input in place, and ends on this change.
+    watch_regions.set(inputs_region, [np.full(4, 5, dtype=np.float32)])
     thread.join(30)
     assert "result" in answer
-    np.testing.assert_array_equal(regions.get(outputs_region, np.float32, [4]), np.full(4, 3))
+    np.testing.assert_array_equal(watch_regions.get(outputs_region, np.float32, [4]), np.full(4, 5))
     # Unregistered means unknown to new requests.
     with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
-        client.infer(
-            "shm_watch", [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait]
+        watch_client.infer(
+            "watch", [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait]
         )
 
 

@@ -51,8 +51,19 @@ def _read_answers(sock: socket.socket, count: int) -> list[bytes]:
             if name.lower() == b"content-length":
                 length = int(value)
         bodies.append(reader.read(length))
-        time.sleep(0.0005)  # a slow reader: the server's buffers stay full
+        # A slow reader is the case under test: pausing after each answer keeps the server's
+        # buffers full while it sends the rest. Nothing is waited for here.
+        time.sleep(0.0005)
     return bodies
+
+
+async def _until(check: Callable[[], object], what: str, timeout: float = 10) -> None:
+    """Polls ``check`` (letting the loop run in between) until it holds; fails after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
 
 
 async def _scenario() -> list[bytes]:
@@ -65,19 +76,22 @@ async def _scenario() -> list[bytes]:
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
     try:
         await asyncio.to_thread(client.connect, ("127.0.0.1", port))
-        while not server.connections:
-            await asyncio.sleep(0.001)
+        await _until(lambda: server.connections, "the server to accept the connection")
         (connection,) = server.connections
+        transport = connection.transport
         assert connection._out is not None, "the connection has no writer-thread stream"
-        assert connection.transport is not None
-        server_sock = connection.transport.get_extra_info("socket")
+        assert transport is not None
+        server_sock = transport.get_extra_info("socket")
         server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         requests = b"".join(
             f"GET /{kind}/{index} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
             for index, kind in enumerate(PLAN)
         )
         await asyncio.to_thread(client.sendall, requests)
-        await asyncio.sleep(0.2)  # answers pile up unread in both ways
+        # Answers pile up unread until the transport holds more than its high-water mark:
+        # the server then waits for the client to read.
+        high = transport.get_write_buffer_limits()[1]
+        await _until(lambda: transport.get_write_buffer_size() > high, "answers to pile up unread")
         return await asyncio.to_thread(_read_answers, client, len(PLAN))
     finally:
         client.close()
@@ -111,15 +125,16 @@ async def _slow_reader_holdings() -> tuple[int, int]:
             f"GET /{kind}/{index} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
             for index, kind in enumerate(plan)
         )
-        while not server.connections:
-            await asyncio.sleep(0.001)
+        await _until(lambda: server.connections, "the server to accept the connection")
         (connection,) = server.connections
         out, transport = connection._out, connection.transport
         assert out is not None and transport is not None
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         await asyncio.to_thread(client.sendall, requests)
         most = 0
-        for _ in range(100):  # a second of not reading
+        # A client that does not read for a second is the case under test: what the server
+        # holds is sampled all along, and no event marks the end of that second.
+        for _ in range(100):
             most = max(most, out.unsent + transport.get_write_buffer_size())
             await asyncio.sleep(0.01)
         return most, sum(SIZES[kind] for kind in plan)

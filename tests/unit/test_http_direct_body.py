@@ -6,8 +6,13 @@ the handler answers with what it received and how."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
-from collections.abc import Callable
+import struct
+import termios
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -50,14 +55,54 @@ async def _answer(reader: asyncio.StreamReader) -> str:
     return (await reader.readexactly(length)).decode()
 
 
-async def _with_server(scenario: Callable[[int], Any], handler: Any = _describe) -> Any:
+@contextlib.asynccontextmanager
+async def _serving(handler: Any = _describe) -> AsyncIterator[tuple[HttpServer, int]]:
+    """A server on a free port: ``(server, port)``."""
     server = HttpServer(handler)
     await server.start("127.0.0.1", 0)
     assert server._server is not None
     try:
-        return await scenario(server._server.sockets[0].getsockname()[1])
+        yield server, server._server.sockets[0].getsockname()[1]
     finally:
         await asyncio.wait_for(server.close(), 10)
+
+
+async def _with_server(scenario: Callable[[int], Any], handler: Any = _describe) -> Any:
+    async with _serving(handler) as (_, port):
+        return await scenario(port)
+
+
+async def _until(check: Callable[[], object], what: str, timeout: float = 10) -> None:
+    """Polls ``check`` (letting the loop run in between) until it holds; fails after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
+def _queued(sock: Any, request: int) -> int:
+    """``FIONREAD`` (bytes received, not read yet) or ``TIOCOUTQ`` (bytes sent, not yet
+    acknowledged by the peer) of a socket."""
+    return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), request, b"\0" * 4))[0])
+
+
+async def _delivered(server: HttpServer, writer: asyncio.StreamWriter) -> None:
+    """Waits until the server has read every byte ``writer`` has written."""
+    await writer.drain()
+    client = writer.get_extra_info("socket")
+    address = writer.get_extra_info("sockname")
+
+    def read_by_the_server() -> bool:
+        if writer.transport.get_write_buffer_size() or _queued(client, termios.TIOCOUTQ):
+            return False  # still on the client's side
+        for connection in server.connections:
+            transport = connection.transport
+            if transport is not None and transport.get_extra_info("peername") == address:
+                return _queued(transport.get_extra_info("socket"), termios.FIONREAD) == 0
+        return False  # not accepted yet
+
+    await _until(read_by_the_server, "the server to read what was sent")
 
 
 def _bodies() -> list[bytes]:
@@ -88,22 +133,22 @@ def test_large_bodies_are_received_directly_and_pipelined_requests_after_them_pa
 def test_a_large_body_sent_slowly_after_100_continue(run: Callable[[Any], Any]) -> None:
     body = bytes(reversed(range(256))) * (DIRECT_BODY_BYTES // 128)
 
-    async def scenario(port: int) -> str:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        head, _, _ = _post(body, "Expect: 100-continue\r\n").partition(b"\r\n\r\n")
-        writer.write(head + b"\r\n\r\n")
-        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == (
-            b"HTTP/1.1 100 Continue\r\n\r\n"
-        )
-        for start in range(0, len(body), 50_000):  # many small reads into the one buffer
-            writer.write(body[start : start + 50_000])
-            await writer.drain()
-            await asyncio.sleep(0.001)
-        answer = await _answer(reader)
-        writer.close()
-        return answer
+    async def scenario() -> str:
+        async with _serving() as (server, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head, _, _ = _post(body, "Expect: 100-continue\r\n").partition(b"\r\n\r\n")
+            writer.write(head + b"\r\n\r\n")
+            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == (
+                b"HTTP/1.1 100 Continue\r\n\r\n"
+            )
+            for start in range(0, len(body), 50_000):  # many small reads into the one buffer
+                writer.write(body[start : start + 50_000])
+                await _delivered(server, writer)  # read before the next part is sent
+            answer = await _answer(reader)
+            writer.close()
+            return answer
 
-    assert run(_with_server(scenario)) == _expected("direct", body)
+    assert run(scenario()) == _expected("direct", body)
 
 
 @LOOPS
@@ -112,19 +157,19 @@ def test_a_client_leaving_in_the_middle_of_a_large_body_costs_nothing_else(
 ) -> None:
     body = b"y" * (2 * DIRECT_BODY_BYTES)
 
-    async def scenario(port: int) -> str:
-        _, quitter = await asyncio.open_connection("127.0.0.1", port)
-        quitter.write(_post(body)[:DIRECT_BODY_BYTES])  # the head and part of the body
-        await quitter.drain()
-        await asyncio.sleep(0.05)
-        quitter.close()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post(body))
-        answer = await _answer(reader)
-        writer.close()
-        return answer
+    async def scenario() -> str:
+        async with _serving() as (server, port):
+            _, quitter = await asyncio.open_connection("127.0.0.1", port)
+            quitter.write(_post(body)[:DIRECT_BODY_BYTES])  # the head and part of the body
+            await _delivered(server, quitter)  # the server is receiving the body directly
+            quitter.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(body))
+            answer = await _answer(reader)
+            writer.close()
+            return answer
 
-    assert run(_with_server(scenario)) == _expected("direct", body)
+    assert run(scenario()) == _expected("direct", body)
 
 
 @LOOPS
@@ -149,12 +194,6 @@ def test_a_large_chunked_body_is_streamed(run: Callable[[Any], Any]) -> None:
     assert run(_with_server(scenario)) == _expected("streamed", body)
 
 
-async def _answer_without_reading(request: Request) -> Answer:
-    # After what the client sent has come in (so that closing sends a FIN, not a reset).
-    await asyncio.sleep(0.2)
-    return Answer(200, (b"not read",), "text/plain")
-
-
 @LOOPS
 def test_an_answer_before_its_direct_body_is_in_closes_the_connection(
     run: Callable[[Any], Any],
@@ -163,20 +202,23 @@ def test_an_answer_before_its_direct_body_is_in_closes_the_connection(
     body = b"GET /v2 HTTP/1.1\r\n\r\n" * (2 * DIRECT_BODY_BYTES // 20)
 
     async def scenario() -> tuple[bytes, bytes]:
-        server = HttpServer(_answer_without_reading)
-        await server.start("127.0.0.1", 0)
-        assert server._server is not None
-        port = server._server.sockets[0].getsockname()[1]
-        try:
+        sent = asyncio.Event()
+
+        async def answer_without_reading(request: Request) -> Answer:
+            # Once what the client sent has come in (so that closing sends a FIN, not a reset).
+            await sent.wait()
+            return Answer(200, (b"not read",), "text/plain")
+
+        async with _serving(answer_without_reading) as (server, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(_post(body)[:DIRECT_BODY_BYTES])  # head and part of the body
+            await _delivered(server, writer)
+            sent.set()
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             await asyncio.wait_for(reader.readexactly(len(b"not read")), 10)
             rest = await asyncio.wait_for(reader.read(), 10)  # b"" once the server closes
             writer.close()
             return head, rest
-        finally:
-            await asyncio.wait_for(server.close(), 10)
 
     head, rest = run(scenario())
     assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in head, head
@@ -193,18 +235,30 @@ def test_a_direct_body_right_after_a_streamed_one_that_pauses_the_parser(
     first = bytes(range(256)) * (200 * 1024 // 256)
     second = bytes(reversed(range(256))) * (2 * DIRECT_BODY_BYTES // 256)
 
-    async def scenario(port: int) -> list[str]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post(first) + _post(second) + _post(b"tail"))
-        answers = [await _answer(reader) for _ in range(3)]
-        writer.close()
-        return answers
+    async def scenario() -> list[str]:
+        handled = 0
 
-    async def describe_later(request: Request) -> Answer:
-        await asyncio.sleep(0.1)  # the streamed body piles up past the high-water mark
-        return await _describe(request)
+        async def describe_later(request: Request) -> Answer:
+            nonlocal handled
+            handled += 1
+            if handled == 1:  # its streamed body piles up past the high-water mark
+                await _until(
+                    lambda: all(
+                        c.transport is not None and not c.transport.is_reading()
+                        for c in server.connections
+                    ),
+                    "the body stream to pause reading",
+                )
+            return await _describe(request)
 
-    assert run(_with_server(scenario, describe_later)) == [
+        async with _serving(describe_later) as (server, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(first) + _post(second) + _post(b"tail"))
+            answers = [await _answer(reader) for _ in range(3)]
+            writer.close()
+            return answers
+
+    assert run(scenario()) == [
         _expected("streamed", first),
         _expected("direct", second),
         _expected("streamed", b"tail"),
