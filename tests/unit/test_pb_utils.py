@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
-from tritonfast.backends.python import pb_utils
+from tritonfast.backends.python import loader, pb_utils
 
 
 def test_byte_tensor_round_trip_keeps_nul_and_non_utf8() -> None:
@@ -101,3 +102,47 @@ def test_config_helpers_and_auto_complete_object() -> None:
         auto.add_input({"name": "A", "data_type": "TYPE_INT8", "dims": [2]})
     with pytest.raises(ValueError, match="max_batch_size"):
         auto.set_max_batch_size(8)
+
+
+class _Plain:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return [pb_utils.InferenceResponse() for _ in requests]
+
+
+class _Blocking:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return [pb_utils.InferenceRequest(model_name="other").exec() for _ in requests]
+
+
+class _Nested:
+    async def execute(self, requests: list[Any]) -> list[Any]:
+        async def call(request: Any) -> Any:
+            return await request.async_exec()
+
+        return [await call(r) for r in requests]
+
+
+def test_models_that_call_the_server_are_recognised() -> None:
+    assert not loader.calls_server(_Plain)
+    assert loader.calls_server(_Blocking)
+    assert loader.calls_server(_Nested)
+
+
+def test_response_sender_refuses_bad_flags_and_a_missing_response() -> None:
+    sent: list[Any] = []
+
+    class Sink:
+        def send(self, result: Any, final: bool) -> None:
+            sent.append((result, final))
+
+    sender = pb_utils.InferenceResponseSender(Sink(), None, lambda origin, response: response)
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        sender.send(pb_utils.InferenceResponse(), flags=2)
+    assert caught.value.message() == "Unable to send response. Unsupported flag provided."
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        sender.send()
+    assert caught.value.message() == (
+        "Inference Response object must be provided when the response flags is set to zero."
+    )
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == [(None, True)]
