@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# The GPU checks, on a machine lent by the `device` tool (made ready by scripts/gpu_kit.sh):
-#   1. installs the kit (.whl/) into a folder of its own, beside the image's packages;
+# The GPU checks, on a machine with an NVIDIA GPU that reaches no package index, made ready by
+# scripts/gpu_kit.sh (its .whl/ copied into this checkout):
+#   1. installs the kit into a folder of its own ($SITE), beside the machine's packages;
 #   2. runs the shared-memory tests, the CUDA ones included (they skip without a GPU);
 #   3. times FP32 identities through CUDA shared memory, system shared memory, HTTP and gRPC
 #      (bench/e2e/transfer.py against tritonfast serving tests/models).
-# Logs go to $OUT (which `run` brings back). Exits non-zero if a test failed.
-#   usage: bash scripts/gpu_check.sh       env: OUT (/tmp/gpu_check), KIT (.whl), SITE (/tmp/site)
+# Logs go to $OUT. Exits non-zero if a test failed.
+#   usage: OUT=<log folder> bash scripts/gpu_check.sh
+#   env:   OUT (required), KIT (.whl), SITE ($KIT/site)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_check}
+if [ -z "${OUT:-}" ]; then
+    echo "gpu_check.sh: OUT is not set" >&2
+    sed -n '9,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+fi
 KIT=${KIT:-.whl}
-SITE=${SITE:-/tmp/site}
+SITE=${SITE:-$KIT/site}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "$KIT"/*.whl || exit 1
-export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+PYTHONPATH=$(cd "$SITE" && pwd)
+export PYTHONPATH PYTHONUNBUFFERED=1
 
 {
     nvidia-smi -L || echo "nvidia-smi: none"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Packs what the GPU checks need into .whl/ (git-ignored), for a task that is lent a GPU
-# machine (the `device` tool): that machine reaches no package index, and its Python (3.12)
-# already holds numpy, aiohttp, uvloop, prometheus-client, pytest, pytest-timeout, hypothesis,
-# ml-dtypes and cuda-python (cuda-bindings), so only the rest travels:
+# Packs what the GPU checks need into .whl/ (git-ignored), for a GPU machine that reaches no
+# package index and whose Python (3.12) already holds numpy, aiohttp, uvloop,
+# prometheus-client, pytest, pytest-timeout, hypothesis, ml-dtypes and cuda-python
+# (cuda-bindings), so only the rest travels:
 #   - tritonfast itself, built here (the extension is abi3, so one wheel serves 3.12);
 #   - tritonclient and what its HTTP and gRPC clients import;
-#   - grpcio and protobuf at the versions we test with (the image's may be older).
-# Then, in one `run` with carry [".whl"]:  bash scripts/gpu_check.sh
+#   - grpcio and protobuf at the versions the tests run with (the machine's may be older).
+# Then, on the GPU machine, with .whl/ copied into the checkout: OUT=<logs> bash scripts/gpu_check.sh
 #   usage: scripts/gpu_kit.sh            env: PYTHON (python3, for pip), KIT (.whl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ mkdir -p "$KIT"
 
 maturin build --release --quiet --out "$KIT"
 
-# Pinned to the versions CI installs today, so the device runs what CI tested.
+# Pinned to the versions CI installs, so the GPU machine runs what CI tests.
 WHEELS=(
     tritonclient==2.73.0 python-rapidjson==1.25 geventhttpclient==2.6.1 gevent==26.9.0
     greenlet==3.3.2 zope.event==6.2 zope.interface==8.7 brotli==1.2.1 orjson==3.13.0

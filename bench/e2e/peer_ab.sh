@@ -1,16 +1,35 @@
 #!/usr/bin/env bash
-# Side-by-side load matrix: real Triton and tritonfast on the same machine, alternating
-# (A B A B …), with ../shared/tools/peer_bench.sh. Prints where each table went.
-#   usage: bench/e2e/peer_ab.sh [ROUNDS] [MODEL_REPO]
-# Needs: wrk and h2load (apt-get install -y wrk nghttp2-client); tritonfast installed in
-# $PYTHON's environment; ../shared/tools/triton_anchor.sh (builds /tmp/anchor on first use).
+# Side-by-side load matrix: a real Triton and tritonfast on the same machine, alternating
+# (Triton, tritonfast, Triton, tritonfast, ...), each server fresh and measured by the
+# load-matrix script. Prints where each table went. See bench/README.md.
+#
+#   usage: bench/e2e/peer_ab.sh [ROUNDS] [MODEL_REPO]      (2 rounds, bench/models)
+#
+#   PEER_BENCH     required: the load-matrix script, run as
+#                  SERVER_PGID=<server's process group> $PEER_BENCH HTTP GRPC MODEL LABEL
+#   TRITON_LAUNCH  required: a command that runs Triton in the foreground when given
+#                  REPO HTTP_PORT GRPC_PORT METRICS_PORT as its last four arguments
+#   PYTHON         the Python whose environment holds tritonfast (.venv/bin/python)
+#   MODEL          the model the matrix measures (identity)
+#   OUT            where tables and server logs go (a new temporary directory)
+#   Other variables (ROWS, DUR, ...) reach PEER_BENCH unchanged.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-TOOLS=${TOOLS:-$ROOT/../shared/tools}
+
+usage() {
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+[ -n "${PEER_BENCH:-}" ] || { echo "peer_ab.sh: PEER_BENCH is not set" >&2; usage; }
+[ -n "${TRITON_LAUNCH:-}" ] || { echo "peer_ab.sh: TRITON_LAUNCH is not set" >&2; usage; }
+[ -x "$PEER_BENCH" ] || { echo "peer_ab.sh: PEER_BENCH=$PEER_BENCH is not executable" >&2; exit 2; }
+read -r -a LAUNCH <<< "$TRITON_LAUNCH"
+
 ROUNDS=${1:-2}
-REPO=${2:-$TOOLS/models}
+REPO=${2:-$ROOT/bench/models}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
-OUT=${OUT:-/tmp/peer_ab}
+MODEL=${MODEL:-identity}
+OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 
 wait_ready() {
@@ -31,15 +50,15 @@ run_one() {  # label http grpc metrics command...
   for _ in $(seq 1 50); do [ -s "$OUT/$label.pid" ] && break; sleep 0.1; done
   local pid
   pid=$(cat "$OUT/$label.pid")
-  wait_ready "$http" && SERVER_PGID=$pid "$TOOLS/peer_bench.sh" "127.0.0.1:$http" \
-    "127.0.0.1:$grpc" identity "$label" > "$OUT/$label.txt" 2>&1
+  wait_ready "$http" && SERVER_PGID=$pid "$PEER_BENCH" "127.0.0.1:$http" \
+    "127.0.0.1:$grpc" "$MODEL" "$label" > "$OUT/$label.txt" 2>&1
   kill -TERM -- "-$pid" 2>/dev/null
   for _ in $(seq 1 120); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.25; done
   echo "$label: $OUT/$label.txt"
 }
 
 for round in $(seq 1 "$ROUNDS"); do
-  run_one "triton-r$round" 18000 18001 18002 "$TOOLS/triton_anchor.sh" "$REPO" 18000 18001 18002
+  run_one "triton-r$round" 18000 18001 18002 "${LAUNCH[@]}" "$REPO" 18000 18001 18002
   run_one "tritonfast-r$round" 28000 28001 28002 "$PYTHON" -m tritonfast serve \
     --model-repository "$REPO" --http-port 28000 --grpc-port 28001 --metrics-port 28002
 done

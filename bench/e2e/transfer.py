@@ -12,7 +12,7 @@ Run it against any Triton-compatible server, e.g. real Triton and tritonfast in 
     python bench/e2e/transfer.py HTTP_HOSTPORT GRPC_HOSTPORT [MODEL] [N]
 
 MODEL (default ``identity``) takes ``INPUT0`` FP32 ``[1, n]`` and returns it as ``OUTPUT0``
-(``../shared/tools/models/identity``). Prints one line per (path, size).
+(``bench/models/identity``). Prints one line per (path, size).
 """
 
 from __future__ import annotations
