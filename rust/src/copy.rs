@@ -9,8 +9,8 @@
 //! The helpers are threads started once and parked between copies, not threads spawned per
 //! copy: a thread spawned by a process that has been idle for a few milliseconds is placed on
 //! its parent's core (both look equally idle to the scheduler) and only runs once the parent
-//! blocks, which made a 64 MiB copy after an idle gap as slow as one thread's (3.8 ms against
-//! 1.9 ms back to back, measured). Waking a parked thread goes to an idle core instead.
+//! blocks, so after an idle gap a spawned helper would leave a 64 MiB copy as slow as one
+//! thread's. Waking a parked thread goes to an idle core instead.
 //!
 //! A copy is cut into chunks that the caller and the helpers claim one at a time, so a helper
 //! that wakes late (or not at all, while it serves another copy) only takes fewer chunks: the

@@ -5,10 +5,10 @@
 //! the event loop needs it to answer the requests. Under load the two pass the GIL back and
 //! forth for every batch, and each pass costs two context switches. When a model's executions
 //! are short, running them on the event loop itself is cheaper: the instance thread still forms
-//! the batch in the core (waits and batching rules unchanged, no GIL), then offers it here and
+//! the batch in the core (the same waits and batching rules, no GIL), then offers it here and
 //! sleeps until the loop has run it. One batch per instance is outstanding at a time, so an
-//! instance never runs two batches at once and a batch is still formed only when its instance
-//! is free, exactly as before.
+//! instance never runs two batches at once and a batch is formed only when its instance is
+//! free, as when the instance runs its batches itself.
 //!
 //! The offer is refused while the handoff is switched off; the instance thread then runs the
 //! batch itself.
