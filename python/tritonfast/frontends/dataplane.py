@@ -134,7 +134,9 @@ class DataPlane:
         model = self._repository.get(request.model_name, request.model_version)
         if model.decoupled:
             raise UnsupportedError(f"{endpoint} {DECOUPLED_REFUSAL}")
-        trace = self._start_trace(model.name, model.version, request, received)
+        trace = None
+        if self.tracer.enabled:
+            trace = self._start_trace(model.name, model.version, request, received)
         try:
             windows = None
             if request.uses_shared_memory:

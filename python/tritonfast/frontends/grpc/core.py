@@ -82,10 +82,16 @@ class Method:
 class Context:
     """The part of ``grpc.aio.ServicerContext`` our handlers use."""
 
-    __slots__ = ("_metadata",)
+    __slots__ = ("_call", "_metadata")
 
-    def __init__(self, metadata: tuple[tuple[str, Any], ...]) -> None:
+    def __init__(self, call: _Call, metadata: tuple[tuple[str, Any], ...]) -> None:
+        self._call = call
         self._metadata = metadata
+
+    def add_done_callback(self, callback: Callable[[Context], None]) -> None:
+        """Call ``callback(context)`` on the event loop once the RPC is over (finished or
+        cancelled)."""
+        self._call.done_callbacks.append(lambda: callback(self))
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise _Abort(code, details)
@@ -108,6 +114,7 @@ class _Call:
     __slots__ = (
         "call",
         "cancelled",
+        "done_callbacks",
         "metadata",
         "metadata_sent",
         "method",
@@ -125,6 +132,7 @@ class _Call:
         self.cancelled = False
         self.metadata_sent = False
         self.payload: bytes | None = None
+        self.done_callbacks: list[Callable[[], None]] = []
 
     # -- on the completion-queue thread ------------------------------------------------------
     def on_close(self, event: Any) -> None:
@@ -146,10 +154,20 @@ class _Call:
         self.cancelled = True
         if self.task is not None:
             self.task.cancel()
+        self.over()
+
+    def over(self) -> None:
+        """The RPC is over: run its done callbacks, once."""
+        callbacks, self.done_callbacks = self.done_callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a done callback of %s failed", self.method.handler)
 
     async def run(self, data: bytes | None) -> None:
         method = self.method
-        context = Context(self.metadata)
+        context = Context(self, self.metadata)
         # Counted from the task's first step: a task cancelled before it never runs this.
         self.server.running += 1
         try:
@@ -176,6 +194,7 @@ class _Call:
             self.finish(cygrpc.StatusCode.unknown, f"Unexpected {type(error)}: {error}")
         finally:
             self.server.running -= 1
+            self.over()
 
     async def _stream_replies(self, replies: Any) -> None:
         if not hasattr(replies, "__aiter__"):  # a coroutine that answers with abort()

@@ -265,7 +265,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request's responses as they come (see :mod:`.stream`)."""
-        replies = StreamSession(self._dataplane, request_iterator).replies()
+        session = StreamSession(self._dataplane, request_iterator)
+        # The call may end while its engine waits to write a reply, outside the generators:
+        # its done callback is what cancels the requests still running then.
+        context.add_done_callback(lambda _: session.cancel())
+        replies = session.replies()
         assert isinstance(replies, AsyncGenerator)
         try:
             async for reply in replies:

@@ -53,20 +53,28 @@ class StreamSession:
         self._ordered: deque[asyncio.Future[pb.ModelStreamInferResponse]] = deque()
         self._reading_done = False
         self._read_error: BaseException | None = None
+        self._reader: asyncio.Future[None] | None = None
 
     async def replies(self) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        reader = asyncio.ensure_future(self._read())
+        self._reader = asyncio.ensure_future(self._read())
         try:
             while (reply := await self._out.get()) is not _END:
                 yield reply
             if self._read_error is not None:
                 raise self._read_error  # a malformed message ends the call with its status
         finally:
-            reader.cancel()
-            for task in list(self._running):
-                task.cancel()  # the client is gone: its requests are cancelled
+            self.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await reader
+                await self._reader
+
+    def cancel(self) -> None:
+        """The call is over (the client may be gone): stop reading and cancel every request
+        still in flight. Called by the RPC's done callback, which also runs when the call ends
+        while its handler waits to write, outside this generator."""
+        if self._reader is not None:
+            self._reader.cancel()
+        for task in list(self._running):
+            task.cancel()
 
     # -- reading ----------------------------------------------------------------------------
     async def _read(self) -> None:
