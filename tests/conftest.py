@@ -70,9 +70,14 @@ class RunningServer:
 
 
 def start_server(
-    repositories: list[Path], log_path: Path, *extra: str, wait_ready: bool = True
+    repositories: list[Path],
+    log_path: Path,
+    *extra: str,
+    wait_ready: bool = True,
+    pythonpath: tuple[Path, ...] = (),
 ) -> RunningServer:
-    """Start ``python -m tritonfast serve`` and wait (bounded) until it answers /v2/health/live."""
+    """Start ``python -m tritonfast serve`` and wait (bounded) until it answers /v2/health/live.
+    ``pythonpath``: folders the server's interpreter finds modules in first."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     cmd = [sys.executable, "-m", "tritonfast", "serve"]
     for repo in repositories:
@@ -86,9 +91,14 @@ def start_server(
         "--metrics-address=127.0.0.1",
         *extra,
     ]
+    env = os.environ.copy()
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*map(str, pythonpath), *filter(None, [env.get("PYTHONPATH")])]
+        )
     log_file = log_path.open("w")
     proc = subprocess.Popen(
-        cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=os.environ.copy()
+        cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
     )
     server = RunningServer(proc, http, grpc, metrics, log_path, log_file)
     if wait_ready:

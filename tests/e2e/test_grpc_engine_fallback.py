@@ -7,7 +7,6 @@ interpreter starts."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -34,15 +33,7 @@ def test_the_installed_grpcio_runs_the_core_engine() -> None:
 def fallback_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     site = tmp_path_factory.mktemp("site")
     (site / "sitecustomize.py").write_text(WITHOUT_CLOSE_OPERATION)
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), saved]))
-    try:
-        server = start_server([EXAMPLES], site / "server.log")
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
+    server = start_server([EXAMPLES], site / "server.log", pythonpath=(site,))
     yield server
     assert server.stop() == 0, server.log()
 

@@ -11,7 +11,6 @@ flag; it counts the requests it saw cancelled in its ``CANCELLED`` output.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import socket
 import time
@@ -33,17 +32,11 @@ WAIT_S = 30.0
 
 @pytest.fixture(scope="module")
 def stream_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    env_path = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS), env_path]))
-    try:
-        server = start_server(
-            [TEST_MODELS, STREAMING_MODELS], tmp_path_factory.mktemp("stream") / "server.log"
-        )
-    finally:
-        if env_path is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = env_path
+    server = start_server(
+        [TEST_MODELS, STREAMING_MODELS],
+        tmp_path_factory.mktemp("stream") / "server.log",
+        pythonpath=(PLUGINS,),
+    )
     yield server
     assert server.stop() == 0, server.log()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from tritonfast.errors import UnavailableError
@@ -60,22 +60,12 @@ class ServerHandle:
         """Send ``request`` and yield its responses as they come (any model)."""
         self._may_wait()
         items: queue.SimpleQueue[Streamed | BaseException] = queue.SimpleQueue()
-
-        async def pump() -> None:
-            try:
-                async for item in self._dataplane.stream(request):
-                    items.put(item)
-            except BaseException as exc:  # the request could not start, or was cancelled
-                items.put(exc)
-
-        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._pump(request, items.put), self._loop)
         try:
             while True:
-                got = items.get()
-                if isinstance(got, BaseException):
-                    raise got
-                yield got
-                if got.final:
+                item = _checked(items.get())
+                yield item
+                if item.final:
                     return
         finally:
             future.cancel()  # the caller stopped early: the request is cancelled
@@ -90,24 +80,29 @@ class ServerHandle:
         items: asyncio.Queue[Streamed | BaseException] = asyncio.Queue()
         caller = asyncio.get_running_loop()
 
-        async def pump() -> None:
-            try:
-                async for item in self._dataplane.stream(request):
-                    caller.call_soon_threadsafe(items.put_nowait, item)
-            except BaseException as exc:
-                caller.call_soon_threadsafe(items.put_nowait, exc)
+        def put(got: Streamed | BaseException) -> None:
+            caller.call_soon_threadsafe(items.put_nowait, got)
 
-        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._pump(request, put), self._loop)
         try:
             while True:
-                got = await items.get()
-                if isinstance(got, BaseException):
-                    raise got
-                yield got
-                if got.final:
+                item = _checked(await items.get())
+                yield item
+                if item.final:
                     return
         finally:
             future.cancel()
+
+    async def _pump(
+        self, request: InferRequest, put: Callable[[Streamed | BaseException], None]
+    ) -> None:
+        """On the server's loop: hand each of ``request``'s responses to ``put``, or what
+        stopped it (it could not start, or it was cancelled)."""
+        try:
+            async for item in self._dataplane.stream(request):
+                put(item)
+        except BaseException as exc:
+            put(exc)
 
     def _may_wait(self) -> None:
         """Refuse a wait on the loop's own thread; tell the calling model it waits on the
@@ -121,6 +116,12 @@ class ServerHandle:
                 f"a model running on the server's event loop cannot wait for the server{where};"
                 " its batches run on its own threads from now on"
             )
+
+
+def _checked(got: Streamed | BaseException) -> Streamed:
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 _current: ServerHandle | None = None

@@ -147,11 +147,14 @@ class QueueScheduler(Scheduler):
     ) -> None:
         self._loop = loop
         self._decoupled = config.model_transaction_policy.decoupled
-        first = self._new_queue(config, latency_summaries)
+        self._configure(config)
+        first = self._new_queue(config, latency_summaries=latency_summaries)
         self._queues = [first]
         if self.per_instance_queues:
             self._queues += [
-                self._new_queue(config, latency_summaries, share_statistics_with=first)
+                self._new_queue(
+                    config, latency_summaries=latency_summaries, share_statistics_with=first
+                )
                 for _ in instances[1:]
             ]
         preserve_ordering = config.dynamic_batching.preserve_ordering
@@ -189,14 +192,13 @@ class QueueScheduler(Scheduler):
             instance_loop.start()
 
     # -- what subclasses decide -------------------------------------------------------------
+    def _configure(self, config: model_config_pb2.ModelConfig) -> None:
+        """Read what :meth:`_push` needs from ``config`` (before any queue is made)."""
+
     @abc.abstractmethod
-    def _new_queue(
-        self,
-        config: model_config_pb2.ModelConfig,
-        latency_summaries: bool,
-        share_statistics_with: RequestQueue | None = None,
-    ) -> RequestQueue:
-        """A queue with this scheduler's rules."""
+    def _new_queue(self, config: model_config_pb2.ModelConfig, **options: Any) -> RequestQueue:
+        """A queue with this scheduler's rules, made with ``options`` (``latency_summaries``,
+        and ``share_statistics_with`` for the queues of the second instance on)."""
 
     @abc.abstractmethod
     def _push(
@@ -312,13 +314,8 @@ class QueueScheduler(Scheduler):
 class DefaultScheduler(QueueScheduler):
     """Triton's default scheduler: one request per execution, FIFO to idle instances."""
 
-    def _new_queue(
-        self,
-        config: model_config_pb2.ModelConfig,
-        latency_summaries: bool,
-        share_statistics_with: RequestQueue | None = None,
-    ) -> RequestQueue:
-        return RequestQueue(latency_summaries=latency_summaries, **_shared(share_statistics_with))
+    def _new_queue(self, config: model_config_pb2.ModelConfig, **options: Any) -> RequestQueue:
+        return RequestQueue(**options)
 
     def _push(
         self, queue: RequestQueue, request: InferRequest, sink: Sink, batch_size: int
@@ -330,26 +327,13 @@ class DefaultScheduler(QueueScheduler):
 class DynamicBatchScheduler(QueueScheduler):
     """Triton's dynamic batcher (see the module docstring)."""
 
-    def __init__(
-        self,
-        name: str,
-        config: model_config_pb2.ModelConfig,
-        instances: list[ModelInstance],
-        loop: asyncio.AbstractEventLoop,
-        **options: Any,
-    ) -> None:
+    def _configure(self, config: model_config_pb2.ModelConfig) -> None:
         # Inputs whose shape (True: and content) must match within a batch.
         self._keyed = _shape_checked_inputs(config)
         self._optional_inputs = any(tensor.optional for tensor in config.input)
         self._needs_shape_key = bool(self._keyed) or self._optional_inputs
-        super().__init__(name, config, instances, loop, **options)
 
-    def _new_queue(
-        self,
-        config: model_config_pb2.ModelConfig,
-        latency_summaries: bool,
-        share_statistics_with: RequestQueue | None = None,
-    ) -> RequestQueue:
+    def _new_queue(self, config: model_config_pb2.ModelConfig, **options: Any) -> RequestQueue:
         batching = config.dynamic_batching
         return RequestQueue(
             config.max_batch_size,
@@ -362,8 +346,7 @@ class DynamicBatchScheduler(QueueScheduler):
                 level: _queue_policy(policy)
                 for level, policy in batching.priority_queue_policy.items()
             },
-            latency_summaries=latency_summaries,
-            **_shared(share_statistics_with),
+            **options,
         )
 
     def _push(
@@ -396,11 +379,10 @@ def create_scheduler(
     config: model_config_pb2.ModelConfig,
     instances: list[ModelInstance],
     loop: asyncio.AbstractEventLoop,
-    *,
-    latency_summaries: bool = False,
-    loop_execution: bool = False,
+    **options: bool,
 ) -> Scheduler:
-    """The scheduler ``config`` asks for, started with ``instances``."""
+    """The scheduler ``config`` asks for, started with ``instances`` (``options``: the
+    scheduler's keyword arguments, ``latency_summaries`` and ``loop_execution``)."""
     if config.HasField("sequence_batching"):
         raise UnsupportedError(
             f"model '{config.name}': sequence batching is not supported by tritonfast yet"
@@ -408,14 +390,7 @@ def create_scheduler(
     kind: type[QueueScheduler] = DefaultScheduler
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         kind = DynamicBatchScheduler
-    return kind(
-        name,
-        config,
-        instances,
-        loop,
-        latency_summaries=latency_summaries,
-        loop_execution=loop_execution,
-    )
+    return kind(name, config, instances, loop, **options)
 
 
 def _settle(seq: int, sinks: list[Sink], results: Sequence[Result | None] | None) -> None:
@@ -439,10 +414,6 @@ def _fail_timed_out(sinks: list[Sink]) -> None:
     """Runs on the event loop: answer requests whose queue timeout expired (REJECT)."""
     for sink in sinks:
         settle(sink, UnavailableError(REQUEST_TIMEOUT_MESSAGE), True)
-
-
-def _shared(queue: RequestQueue | None) -> dict[str, Any]:
-    return {} if queue is None else {"share_statistics_with": queue}
 
 
 def _queue_policy(policy: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:

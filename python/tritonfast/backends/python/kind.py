@@ -5,6 +5,7 @@ configuration, and start each instance in-process or in a worker process (the mo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
@@ -46,19 +47,12 @@ class PythonBackend(Backend):
     def create_instance(
         self, config: model_config_pb2.ModelConfig, placement: InstancePlacement
     ) -> ModelInstance:
+        where: dict[str, Any] = {
+            "instance_name": placement.name,
+            "repository_path": self.model_dir,
+            "version": placement.version,
+        }
         if instance_mode(config) == "process":
-            return ProcessInstance(
-                self.model_file(config, placement.version),
-                config,
-                instance_name=placement.name,
-                repository_path=self.model_dir,
-                version=placement.version,
-            )
-        return PythonInstance(
-            self.model_class(config, placement.version),
-            config,
-            instance_name=placement.name,
-            repository_path=self.model_dir,
-            version=placement.version,
-            device_id=placement.device_id,
-        )
+            return ProcessInstance(self.model_file(config, placement.version), config, **where)
+        model_class = self.model_class(config, placement.version)
+        return PythonInstance(model_class, config, device_id=placement.device_id, **where)

@@ -194,10 +194,7 @@ def _reply(
 
 
 def _error_reply(error: TritonError, message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
-    reply = codec.stream_error(error.message, message.id)
-    reply.infer_response.model_name = message.model_name
-    reply.infer_response.model_version = message.model_version
-    return reply
+    return codec.stream_error(error.message, message.id)
 
 
 def _empty_final(message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:

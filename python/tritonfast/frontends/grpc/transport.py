@@ -9,7 +9,8 @@ still supported path: our completion-queue thread polls the connections itself a
 request in the same thread that reports it. grpcio's list of experiments makes some others
 depend on that one (``event_engine_callback_cq``, ``event_engine_for_all_other_endpoints``), so
 they go off with it, for grpc clients in the server process too. Measured on the identity
-model (``bench/README.md``, "Session 11"): gRPC concurrency 1 ~8% faster, 4 MiB gRPC ~15% less
+model (``bench/README.md``, "gRPC with grpcio's EventEngine listener on and off"): gRPC
+concurrency 1 ~8% faster, 4 MiB gRPC ~15% less
 server CPU per request, concurrency 16 within this row's run-to-run spread.
 
 The core reads ``GRPC_EXPERIMENTS`` once, as it starts (the first ``import grpc`` of the
