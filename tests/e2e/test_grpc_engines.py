@@ -6,9 +6,9 @@ test_lifecycle)."""
 
 from __future__ import annotations
 
+import json
 import queue
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,49 +20,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import EXAMPLES, TEST_MODELS, RunningServer, start_server
+from tests.e2e.models_on_disk import Marks, write_model
 from tests.e2e.test_cancellation import mode_input, seen
 from tests.e2e.test_metrics import scrape
-
-# MODE 0: marks its run in a file, then runs until the request is cancelled (at most 10 s),
-# counting the cancellations it sees. MODE 1: answers at once with that count. Two instances.
-WAITER_CONFIG = """
-backend: "python"
-input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "SEEN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-instance_group [ { count: 2 kind: KIND_CPU } ]
-"""
-WAITER_MODEL = """
-import threading
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-MARKS = {marks!r}
-_seen = 0
-_lock = threading.Lock()
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        global _seen
-        responses = []
-        for request in requests:
-            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
-            if mode == 0:
-                with open(MARKS, "a") as marks:
-                    marks.write("running\\n")
-                stop = threading.Event()
-                for _ in range(1000):  # up to 10 s
-                    if request.is_cancelled():
-                        with _lock:
-                            _seen += 1
-                        break
-                    stop.wait(0.01)
-            with _lock:
-                seen = np.array([_seen], dtype=np.int32)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", seen)]))
-        return responses
-"""
+from tests.waiting import wait_for
 
 
 @dataclass
@@ -70,20 +31,22 @@ class Waiters:
     """The repository of the ``waiter`` model, and the file where it marks its runs."""
 
     repository: Path
-    marks: Path
-
-    def runs(self) -> int:
-        return len(self.marks.read_text().splitlines()) if self.marks.exists() else 0
+    marks: Marks
 
 
 @pytest.fixture(scope="module")
 def waiters(tmp_path_factory: pytest.TempPathFactory) -> Waiters:
+    """``waiter``: a copy of tests/models/cancel_watch (MODE 0 runs until the request is
+    cancelled, counting the cancellations it sees; MODE 1 answers at once with that count; two
+    instances) that marks each MODE 0 run in a file."""
     root = tmp_path_factory.mktemp("waiter")
-    model = root / "repository" / "waiter"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(WAITER_CONFIG)
-    (model / "1" / "model.py").write_text(WAITER_MODEL.format(marks=str(root / "marks")))
-    return Waiters(root / "repository", root / "marks")
+    marks = Marks(root / "marks")
+    source = TEST_MODELS / "cancel_watch"
+    path = json.dumps(str(marks.path))
+    config = (source / "config.pbtxt").read_text()
+    config += f'parameters {{ key: "MARKS" value: {{ string_value: {path} }} }}\n'
+    write_model(root / "repository", "waiter", config, (source / "1" / "model.py").read_text())
+    return Waiters(root / "repository", marks)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +160,7 @@ def test_a_request_given_up_while_queued_never_runs(
     waiter = grpcclient.InferenceServerClient(engine_server.grpc_url)
     try:
         before = seen(client, "waiter")
-        runs_before = waiters.runs()
+        runs_before = waiters.marks.count()
         canceled_before = canceled_failures(engine_server)
         ended: queue.Queue[str] = queue.Queue()
 
@@ -206,7 +169,7 @@ def test_a_request_given_up_while_queued_never_runs(
 
         calls = [waiter.async_infer("waiter", [mode_input(0)], record) for _ in range(2)]
         try:
-            wait_for(lambda: waiters.runs() == runs_before + 2, "both instances to be busy")
+            wait_for(lambda: waiters.marks.count() == runs_before + 2, "both instances to be busy")
             with pytest.raises(InferenceServerException, match="Deadline"):
                 client.infer("waiter", [mode_input(0)], client_timeout=0.3)
         finally:
@@ -220,19 +183,11 @@ def test_a_request_given_up_while_queued_never_runs(
             lambda: canceled_failures(engine_server) == canceled_before + 1,
             "the queued call to leave the queue",
         )
-        assert waiters.runs() == runs_before + 2
+        assert waiters.marks.count() == runs_before + 2
         assert seen(client, "waiter") == before + 2
     finally:
         waiter.close()
         client.close()
-
-
-def wait_for(check: Callable[[], object], what: str, timeout: float = 30) -> None:
-    """Polls ``check`` until it holds; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def canceled_failures(server: RunningServer) -> float:

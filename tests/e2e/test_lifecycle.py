@@ -7,9 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import BROKEN_MODELS, EXAMPLES, ROOT, start_server
+from tests.e2e.models_on_disk import Marks, write_model
+from tests.waiting import wait_for
 
 
 def test_startup_prints_model_table_and_addresses(server) -> None:
@@ -133,25 +133,13 @@ class TritonPythonModel:
 """
 
 
-def wait_for(check: Callable[[], object], what: str, timeout: float = 30) -> None:
-    """Polls ``check`` until it holds; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("via", ["http", "grpc-core", "grpc-aio"])
 def test_sigterm_finishes_requests_in_flight(tmp_path, via: str) -> None:
     protocol, _, engine = via.partition("-")
     extra = [f"--grpc-engine={engine}"] if engine else []
-    started, release = tmp_path / "started", tmp_path / "release"
-    model = tmp_path / "repository" / "held"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(HELD_CONFIG)
-    (model / "1" / "model.py").write_text(
-        HELD_MODEL.format(started=str(started), release=str(release))
-    )
+    started, release = Marks(tmp_path / "started"), tmp_path / "release"
+    model = HELD_MODEL.format(started=str(started.path), release=str(release))
+    write_model(tmp_path / "repository", "held", HELD_CONFIG, model)
     server = start_server([tmp_path / "repository"], tmp_path / "server.log", *extra)
     client_module = grpcclient if protocol == "grpc" else httpclient
     url = server.grpc_url if protocol == "grpc" else server.http_url
@@ -172,11 +160,7 @@ def test_sigterm_finishes_requests_in_flight(tmp_path, via: str) -> None:
     try:
         for thread in threads:
             thread.start()
-
-        def running() -> int:
-            return len(started.read_text().splitlines()) if started.exists() else 0
-
-        wait_for(lambda: running() == 3, "the three requests to run")
+        wait_for(lambda: started.count() == 3, "the three requests to run")
         server.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: "shutting down" in server.log(), "the server to begin its shutdown")
     finally:

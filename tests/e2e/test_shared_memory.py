@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,8 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 from tritonfast.runtime import cudamemory
 
 from tests.conftest import RunningServer, start_server
+from tests.e2e.models_on_disk import Marks, write_model
+from tests.waiting import wait_for
 
 PROTOCOLS = ("http", "grpc")
 
@@ -67,8 +68,14 @@ def protocol(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def client(protocol: str, server: Any) -> Iterator[Any]:
-    client = make_client(protocol, server)
+def client(protocol: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A client of the session's server, or of the ``watch`` model's server in the tests that
+    take ``watch``."""
+    if "watch" in request.fixturenames:
+        serving = request.getfixturevalue("watch").server
+    else:
+        serving = request.getfixturevalue("server")
+    client = make_client(protocol, serving)
     yield client
     client.close()
 
@@ -329,51 +336,32 @@ class Watch:
     """A server of the ``watch`` model alone, and the file where the model marks its runs."""
 
     server: RunningServer
-    marks: Path
-
-    def runs(self) -> int:
-        return len(self.marks.read_text().splitlines()) if self.marks.exists() else 0
+    marks: Marks
 
     def wait_for_runs(self, count: int) -> None:
-        deadline = time.monotonic() + 30
-        while self.runs() < count:
-            assert time.monotonic() < deadline, "the model never started watching"
-            time.sleep(0.01)
+        wait_for(lambda: self.marks.count() >= count, "the model to start watching")
 
 
 @pytest.fixture(scope="module")
 def watch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watch]:
+    """The ``watch`` model's server; the ``client`` and ``regions`` of a test that takes it are
+    on that server."""
     root = tmp_path_factory.mktemp("watch")
-    model = root / "repository" / "watch"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(WATCH_CONFIG)
-    (model / "1" / "model.py").write_text(WATCH_MODEL.format(started=str(root / "marks")))
+    marks = Marks(root / "marks")
+    model = WATCH_MODEL.format(started=str(marks.path))
+    write_model(root / "repository", "watch", WATCH_CONFIG, model)
     server = start_server([root / "repository"], root / "server.log")
-    yield Watch(server, root / "marks")
+    yield Watch(server, marks)
     assert server.stop() == 0, server.log()
 
 
-@pytest.fixture
-def watch_client(protocol: str, watch: Watch) -> Iterator[Any]:
-    client = make_client(protocol, watch.server)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def watch_regions(watch_client: Any) -> Iterator[Regions]:
-    made = Regions(watch_client)
-    yield made
-    made.close()
-
-
 def test_inputs_are_read_in_place(
-    protocol: str, watch: Watch, watch_client: Any, watch_regions: Regions
+    protocol: str, watch: Watch, client: Any, regions: Regions
 ) -> None:
     # The model waits for INPUT0[0] to change once it has read it; only a zero-copy input sees
     # the client's write, made after that.
-    region = watch_regions.create(16)
-    watch_regions.set(region, [np.ones(4, dtype=np.float32)])
+    region = regions.create(16)
+    regions.set(region, [np.ones(4, dtype=np.float32)])
     wait = np_input(protocol, "WAIT_MS", np.array([10_000], dtype=np.int32), "INT32")
     answer: dict[str, Any] = {}
 
@@ -386,23 +374,23 @@ def test_inputs_are_read_in_place(
         finally:
             local.close()
 
-    runs = watch.runs()
+    runs = watch.marks.count()
     thread = threading.Thread(target=run)
     thread.start()
     watch.wait_for_runs(runs + 1)
     written = time.monotonic()
-    watch_regions.set(region, [np.full(4, 7, dtype=np.float32)])
+    regions.set(region, [np.full(4, 7, dtype=np.float32)])
     thread.join(30)
     assert time.monotonic() - written < 8, "the model never saw the client's write"
     np.testing.assert_array_equal(answer["result"].as_numpy("OUTPUT0"), np.full(4, 7))
 
 
 def test_unregister_while_a_request_runs(
-    protocol: str, watch: Watch, watch_client: Any, watch_regions: Regions
+    protocol: str, watch: Watch, client: Any, regions: Regions
 ) -> None:
-    inputs_region = watch_regions.create(16)
-    outputs_region = watch_regions.create(16)
-    watch_regions.set(inputs_region, [np.full(4, 3, dtype=np.float32)])
+    inputs_region = regions.create(16)
+    outputs_region = regions.create(16)
+    regions.set(inputs_region, [np.full(4, 3, dtype=np.float32)])
     wait = np_input(protocol, "WAIT_MS", np.array([10_000], dtype=np.int32), "INT32")
     answer: dict[str, Any] = {}
 
@@ -417,22 +405,20 @@ def test_unregister_while_a_request_runs(
         finally:
             local.close()
 
-    runs = watch.runs()
+    runs = watch.marks.count()
     thread = threading.Thread(target=run)
     thread.start()
     watch.wait_for_runs(runs + 1)
-    watch_client.unregister_system_shared_memory()  # every region, while the request runs
-    assert not status_names(watch_client, protocol)
+    client.unregister_system_shared_memory()  # every region, while the request runs
+    assert not status_names(client, protocol)
     # The running request still reads the input in place, and ends on this change.
-    watch_regions.set(inputs_region, [np.full(4, 5, dtype=np.float32)])
+    regions.set(inputs_region, [np.full(4, 5, dtype=np.float32)])
     thread.join(30)
     assert "result" in answer
-    np.testing.assert_array_equal(watch_regions.get(outputs_region, np.float32, [4]), np.full(4, 5))
+    np.testing.assert_array_equal(regions.get(outputs_region, np.float32, [4]), np.full(4, 5))
     # Unregistered means unknown to new requests.
     with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
-        watch_client.infer(
-            "watch", [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait]
-        )
+        client.infer("watch", [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait])
 
 
 # -- registration errors ------------------------------------------------------------------------

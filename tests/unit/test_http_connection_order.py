@@ -19,6 +19,8 @@ from tritonfast.frontends.http.answer import Answer
 from tritonfast.frontends.http.connection import JOIN_BYTES, MAX_UNSENT, HttpServer
 from tritonfast.frontends.http.request import Request
 
+from tests.waiting import wait_for_async
+
 # "large" stays under the transport's high-water mark, so its writer does not wait for the
 # transport to drain and the next answer comes while bytes are left there; "huge" waits.
 SIZES = {"small": 1000, "large": JOIN_BYTES + 1000, "huge": 4 * JOIN_BYTES}
@@ -57,15 +59,6 @@ def _read_answers(sock: socket.socket, count: int) -> list[bytes]:
     return bodies
 
 
-async def _until(check: Callable[[], object], what: str, timeout: float = 10) -> None:
-    """Polls ``check`` (letting the loop run in between) until it holds; fails after
-    ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
-
-
 async def _scenario() -> list[bytes]:
     server = HttpServer(_answer)
     await server.start("127.0.0.1", 0)
@@ -76,7 +69,7 @@ async def _scenario() -> list[bytes]:
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
     try:
         await asyncio.to_thread(client.connect, ("127.0.0.1", port))
-        await _until(lambda: server.connections, "the server to accept the connection")
+        await wait_for_async(lambda: server.connections, "the server to accept the connection")
         (connection,) = server.connections
         transport = connection.transport
         assert connection._out is not None, "the connection has no writer-thread stream"
@@ -91,7 +84,9 @@ async def _scenario() -> list[bytes]:
         # Answers pile up unread until the transport holds more than its high-water mark:
         # the server then waits for the client to read.
         high = transport.get_write_buffer_limits()[1]
-        await _until(lambda: transport.get_write_buffer_size() > high, "answers to pile up unread")
+        await wait_for_async(
+            lambda: transport.get_write_buffer_size() > high, "answers to pile up unread"
+        )
         return await asyncio.to_thread(_read_answers, client, len(PLAN))
     finally:
         client.close()
@@ -125,7 +120,7 @@ async def _slow_reader_holdings() -> tuple[int, int]:
             f"GET /{kind}/{index} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
             for index, kind in enumerate(plan)
         )
-        await _until(lambda: server.connections, "the server to accept the connection")
+        await wait_for_async(lambda: server.connections, "the server to accept the connection")
         (connection,) = server.connections
         out, transport = connection._out, connection.transport
         assert out is not None and transport is not None

@@ -11,7 +11,6 @@ import fcntl
 import hashlib
 import struct
 import termios
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -21,6 +20,8 @@ from tritonfast.frontends.http.answer import Answer
 from tritonfast.frontends.http.app import _read_body
 from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import DIRECT_BODY_BYTES, Request
+
+from tests.waiting import wait_for_async
 
 LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
 
@@ -72,15 +73,6 @@ async def _with_server(scenario: Callable[[int], Any], handler: Any = _describe)
         return await scenario(port)
 
 
-async def _until(check: Callable[[], object], what: str, timeout: float = 10) -> None:
-    """Polls ``check`` (letting the loop run in between) until it holds; fails after
-    ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
-
-
 def _queued(sock: Any, request: int) -> int:
     """``FIONREAD`` (bytes received, not read yet) or ``TIOCOUTQ`` (bytes sent, not yet
     acknowledged by the peer) of a socket."""
@@ -102,7 +94,7 @@ async def _delivered(server: HttpServer, writer: asyncio.StreamWriter) -> None:
                 return _queued(transport.get_extra_info("socket"), termios.FIONREAD) == 0
         return False  # not accepted yet
 
-    await _until(read_by_the_server, "the server to read what was sent")
+    await wait_for_async(read_by_the_server, "the server to read what was sent")
 
 
 def _bodies() -> list[bytes]:
@@ -242,7 +234,7 @@ def test_a_direct_body_right_after_a_streamed_one_that_pauses_the_parser(
             nonlocal handled
             handled += 1
             if handled == 1:  # its streamed body piles up past the high-water mark
-                await _until(
+                await wait_for_async(
                     lambda: all(
                         c.transport is not None and not c.transport.is_reading()
                         for c in server.connections
