@@ -134,6 +134,11 @@ def test_grpc_stream_single_response_models_answer_in_request_order(
     assert [r.get_response().id for r, _ in replies] == [f"r{i}" for i in range(6)]
     assert [r.as_numpy("OUT").tolist() for r, _ in replies] == [[i + 1, i + 1] for i in range(6)]
     assert all(final_flag(r) for r, _ in replies)
+    # Its attempt to send the final flag before a response was refused, in Triton's words.
+    assert {r.as_numpy("REFUSAL")[0] for r, _ in replies} == {
+        b"Unable to send response. Non-decoupled model cannot send complete final before"
+        b" sending a response."
+    }
 
 
 def test_grpc_unary_infer_refuses_a_decoupled_model(
@@ -148,9 +153,9 @@ def test_grpc_unary_infer_refuses_a_decoupled_model(
 
 
 # -- HTTP Server-Sent Events and the generate extension -------------------------------------------
-def http_post(server: RunningServer, path: str, body: dict[str, Any]) -> socket.socket:
+def http_post(server: RunningServer, path: str, body: dict[str, Any] | bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=WAIT_S)
-    payload = json.dumps(body).encode()
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
     sock.sendall(
         f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(payload)}\r\n\r\n".encode()
@@ -225,11 +230,12 @@ def test_generate_stream_sends_each_response_as_an_event(
 
 
 def test_generate_stream_error_response_sets_the_status(stream_server: RunningServer) -> None:
+    """As in Triton 2.51: a first response that is an error answers 400, whatever its code."""
     body = {"IN": [-1]}
     with http_post(stream_server, "/v2/models/async_repeat/generate_stream", body) as sock:
         reader = ChunkedReader(sock)
         status, _ = reader.head()
-        assert status == 500
+        assert status == 400
         assert list(sse_events(reader)) == [{"error": "negative input"}]
 
 
@@ -245,13 +251,32 @@ def test_generate_maps_inputs_parameters_and_outputs(stream_server: RunningServe
         assert body == {"model_name": "identity_fp32", "model_version": "1", "OUTPUT0": [1.5, 2.0]}
         status, body = post_json(stream_server, "/v2/models/async_repeat/generate", {"IN": 4})
         assert (status, body["OUT"]) == (200, 40)  # one element: a scalar
+        status, body = post_json(stream_server, "/v2/models/async_repeat/generate", {"IN": [[5]]})
+        assert (status, body["OUT"]) == (200, 50)  # nested arrays are flattened
         status, body = post_json(stream_server, "/v2/models/async_repeat/generate", {"IN": [1, 2]})
         assert body == {
             "error": "generate expects model to produce exactly 1 response, use generate stream"
             " for model that generates various number of responses"
         }
         status, body = post_json(stream_server, "/v2/models/identity_fp32/generate", {"X": 1})
-        assert status == 400 and "INPUT0" in body["error"]
+        assert (status, body["error"]) == (
+            400,
+            "[request id: <id_unknown>] expected 1 inputs but got 0 inputs for model"
+            " 'identity_fp32'. Got input(s) [], but missing required input(s) ['INPUT0']."
+            " Please provide all required input(s).",
+        )
+        status, body = post_json(
+            stream_server, "/v2/models/async_repeat/generate", {"IN": 1, "x": [1]}
+        )
+        assert (status, body["error"]) == (
+            400,
+            "parameter 'x' has invalid type. It should be either 'int', 'bool', or 'string'.",
+        )
+        status, body = post_json(stream_server, "/v2/models/async_repeat/generate", b"{bad")
+        assert (status, body["error"]) == (
+            500,
+            "failed to parse the request JSON buffer: Missing a name for object member. at 1",
+        )
     finally:
         client.close()
 
@@ -268,7 +293,7 @@ def test_http_infer_refuses_a_decoupled_model(stream_server: RunningServer) -> N
     )
 
 
-def post_json(server: RunningServer, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+def post_json(server: RunningServer, path: str, body: dict[str, Any] | bytes) -> tuple[int, Any]:
     with http_post(server, path, body) as sock:
         reader = ChunkedReader(sock)
         status, headers = reader.head()

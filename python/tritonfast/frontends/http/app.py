@@ -290,7 +290,7 @@ async def generate_once(
         infer_request = await _generate_request(request, dataplane, model_name, model_version)
         async for item in dataplane.stream(infer_request):
             if not results and isinstance(item.result, TritonError):
-                status = codec.HTTP_STATUS[item.result.code]
+                status = generate.ERROR_RESPONSE_STATUS
             if item.result is not None:
                 results.append(item.result)
     except TritonError as err:
@@ -300,7 +300,7 @@ async def generate_once(
         return json_answer(generate.error_body(generate.NOT_ONE_RESPONSE), status)
     (result,) = results
     if isinstance(result, TritonError):
-        return _error(result)
+        return json_answer(generate.error_body(result), generate.ERROR_RESPONSE_STATUS)
     return _traced(dataplane, infer_request, json_answer(generate.encode_response(result)))
 
 
@@ -315,7 +315,7 @@ async def generate_stream(
         first = await anext(items)
     except TritonError as err:
         return _error(err)
-    status = codec.HTTP_STATUS[first.result.code] if isinstance(first.result, TritonError) else 200
+    status = generate.ERROR_RESPONSE_STATUS if isinstance(first.result, TritonError) else 200
 
     async def rest() -> AsyncIterator[bytes]:
         try:

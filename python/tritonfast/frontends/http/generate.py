@@ -1,15 +1,17 @@
 """The generate extension's JSON: ``POST .../generate`` and ``.../generate_stream``.
 
 A request is one flat JSON object. A member named like one of the model's inputs is that input
-(a scalar, or a flat array, its shape taken from the model's dims: fixed dimensions as they
+(a scalar, or an array, flattened, its shape taken from the model's dims: fixed dimensions as they
 are, the innermost variable one holding the rest, other variable ones 1); ``id`` is the
 request id; any other member is a request parameter (string, integer, boolean or number). The
 member ``parameters`` is an object whose members follow the same rule.
 
-A response is one flat JSON object: ``id`` (when the request had one), ``model_name``,
-``model_version``, the response's parameters, and each output by name, a single element as a
-scalar and more as a flat array. ``generate_stream`` sends each response as a Server-Sent
-Event (``data: <json>`` and a blank line); an error response as ``data: {"error": ...}``.
+A response is one flat JSON object with its members sorted by name, as Triton writes it:
+``id`` (when the request had one), ``model_name``, ``model_version``, the response's
+parameters, and each output by name, a single element as a scalar and more as a flat array.
+``generate_stream`` sends each response as a Server-Sent Event (``data: <json>`` and a blank
+line); an error response as ``data: {"error": ...}``. A body that does not parse is answered
+with INTERNAL (500), an error response with 400, as Triton 2.51 does.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from typing import Any
 
 import orjson
 
-from tritonfast.errors import InvalidArgumentError, TritonError
-from tritonfast.frontends.http import tensordata
+from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
+from tritonfast.frontends.http import jsonparse, tensordata
 from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor
 
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream; charset=utf-8"
+# The status of a generate answer whose (first) response is an error, whatever its code.
+ERROR_RESPONSE_STATUS = 400
 # Triton's answer when ``generate`` meets a model that does not send exactly one response.
 NOT_ONE_RESPONSE = (
     "generate expects model to produce exactly 1 response, use generate stream for model that"
@@ -43,11 +47,11 @@ def decode_request(
 ) -> InferRequest:
     """The inference request a generate body describes, for the model ``metadata`` names."""
     try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+        document = jsonparse.loads(body)
+    except InvalidArgumentError as error:  # Triton answers a body it cannot parse with INTERNAL
+        raise InternalError(error.message) from None
     if type(document) is not dict:
-        raise InvalidArgumentError("failed to parse the request JSON buffer: expected an object")
+        raise InvalidArgumentError("the generate request must be a JSON object")
     specs = {spec["name"]: spec for spec in metadata["inputs"]}
     if _NESTED in specs:
         raise InvalidArgumentError(
@@ -82,8 +86,8 @@ def _take_members(
 
 def _tensor(spec: Mapping[str, Any], value: Any, model_name: str) -> InputTensor:
     name, datatype = spec["name"], spec["datatype"]
-    values = value if type(value) is list else [value]
-    if any(type(item) in (list, dict) for item in values):
+    values = tensordata.flatten(value) if type(value) is list else [value]
+    if any(type(item) is dict for item in values):
         raise _shape_error(name)
     shape = _shape(spec["shape"], len(values), name)
     data = tensordata.from_json(datatype, shape, values, name, model_name)
@@ -123,7 +127,7 @@ def encode_response(response: InferResponse) -> bytes:
         values = tensordata.to_json(tensor.datatype, tensor.data)
         flat = values.tolist() if hasattr(values, "tolist") else values
         document[tensor.name] = flat[0] if len(flat) == 1 else flat
-    return orjson.dumps(document)
+    return orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
 
 
 def error_body(error: TritonError | str) -> bytes:

@@ -50,7 +50,8 @@ def bf16_to_float(bits: np.ndarray) -> np.ndarray:
 
 
 # -- JSON input -------------------------------------------------------------------------------
-def _flatten(data: list[Any]) -> list[Any]:
+def flatten(data: list[Any]) -> list[Any]:
+    """The elements of nested lists, in order."""
     flat: list[Any] = []
     stack = [iter(data)]
     while stack:
@@ -84,7 +85,7 @@ def from_json(
     flat = data
     kinds = set(map(type, flat))
     if list in kinds:
-        flat = _flatten(data)
+        flat = flatten(data)
         kinds = set(map(type, flat))
     if datatype == "BYTES":
         if not kinds <= {str}:

@@ -1,10 +1,10 @@
 """A default (not decoupled) model that answers through its response sender from a thread,
 after execute returned None. Before answering it tries to send the final flag alone, which
-Triton refuses for such a model; the refusal's message comes back in the response parameter
-``final_first``."""
+Triton refuses for such a model; the refusal's message comes back in the output REFUSAL."""
 
 import threading
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
@@ -21,8 +21,11 @@ class TritonPythonModel:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             refusal = "accepted"
         except pb_utils.TritonModelException as error:
-            refusal = error.message()
+            refusal = str(error)
         response = pb_utils.InferenceResponse(
-            [pb_utils.Tensor("OUT", values + 1)], parameters={"final_first": refusal}
+            [
+                pb_utils.Tensor("OUT", values + 1),
+                pb_utils.Tensor("REFUSAL", np.array([refusal.encode()], dtype=np.object_)),
+            ]
         )
         sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
