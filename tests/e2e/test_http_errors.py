@@ -176,8 +176,33 @@ def test_batch_larger_than_max_batch_size(conn):
 )
 def test_malformed_json(conn, body, message):
     assert_error(
-        conn.post(ADD_SUB, body), 400, "failed to parse the request JSON buffer: " + message
+        conn.post(ADD_SUB, body), 500, "failed to parse the request JSON buffer: " + message
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        (
+            "/v2/repository/index",
+            b'{"ready": "x"}',
+            "attempt to access JSON non-boolean as boolean",
+        ),
+        (
+            "/v2/systemsharedmemory/region/r/register",
+            b'{"key": 5}',
+            "attempt to access JSON non-string as string",
+        ),
+        (
+            "/v2/repository/index",
+            b"{bad",
+            "failed to parse the request JSON buffer: Missing a name for object member. at 1",
+        ),
+    ],
+)
+def test_bodies_triton_cannot_read_are_internal_errors(conn, path, body, message):
+    """As Triton 2.51 answers them: a body or member of the wrong JSON type is INTERNAL."""
+    assert_error(conn.post(path, body), 500, message)
 
 
 def test_json_element_count_does_not_match_shape(conn):
@@ -191,7 +216,7 @@ def test_json_element_count_does_not_match_shape(conn):
     ).encode()
     reply = conn.post(ADD_SUB, body)
     assert_error(
-        reply, 400, "Unable to parse 'data': Shape does not match true shape of 'data' field"
+        reply, 500, "Unable to parse 'data': Shape does not match true shape of 'data' field"
     )
 
 
@@ -263,7 +288,7 @@ def test_unsupported_content_encoding(conn):
 
 def test_corrupt_gzip_body(conn):
     reply = conn.post(ADD_SUB, b"\x1f\x8b not really gzip", {"Content-Encoding": "gzip"})
-    assert_error(reply, 400, "failed to parse the request JSON buffer: The document is empty. at 0")
+    assert_error(reply, 500, "failed to parse the request JSON buffer: The document is empty. at 0")
 
 
 def test_reserved_parameter(conn):

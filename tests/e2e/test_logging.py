@@ -73,8 +73,8 @@ def test_settings_over_http_and_grpc(server: Any) -> None:
     [
         ({"log_file": "/tmp/x.log"}, "501", "can not be updated through network protocol"),
         ({"log_format": "xml"}, "503", "invalid argument for --log_format, got: xml"),
-        ({"log_info": "yes"}, "400", "non-boolean"),
-        ({"log_verbose_level": -1}, "400", "non-unsigned-integer"),
+        ({"log_info": "yes"}, "500", "non-boolean"),
+        ({"log_verbose_level": -1}, "500", "non-unsigned-integer"),
     ],
 )
 def test_bad_settings(server: Any, change: dict[str, Any], status: str, message: str) -> None:

@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from tritonfast.errors import Code, InvalidArgumentError
+from tritonfast.errors import Code, InvalidArgumentError, TritonError
 from tritonfast.frontends.http import codec, tensordata
 from tritonfast.runtime.datatypes import NUMPY_DTYPES
 from tritonfast.runtime.types import (
@@ -273,7 +273,9 @@ def decode_doc(doc, tail: bytes = b"", length: int | None = None):
 
 
 def raises(message: str):
-    return pytest.raises(InvalidArgumentError, match="^" + re.escape(message) + "$")
+    """The error ``message``, of whichever code Triton gives it (parse failures are INTERNAL,
+    checked over the wire in tests/e2e/test_http_errors.py)."""
+    return pytest.raises(TritonError, match="^" + re.escape(message) + "$")
 
 
 @pytest.mark.parametrize(

@@ -10,15 +10,19 @@ Two sides:
 
 - :class:`ResponseStream`, the consumer, lives on the event loop: the frontend iterates it
   (``async for item in stream``) and writes each :class:`Streamed` item as it comes.
+  A request whose caller awaits its single response has a plain future instead (the fast
+  path); :func:`settle` hands a response to either.
 - The producer is either the scheduler settling a whole batch of single-response requests at
-  once (the stream then behaves like the future a one-shot request awaits: ``set_result``,
-  ``set_exception``), or a :class:`ResponseSender` that a decoupled model calls from any
-  thread. Senders hand their responses to the loop through a :class:`LoopMailbox`, so that one
-  wake-up of the loop delivers every response sent since the last.
+  once, or a :class:`ResponseSender` that the model calls from any thread: a decoupled
+  request's passes every response on; a single-response request's (made on demand by
+  :func:`sender_of`) takes exactly one, with Triton's errors for anything else. Senders hand
+  their responses to the loop through the loop's :class:`LoopMailbox`, so that one wake-up of
+  the loop delivers every response sent since the last.
 
 Cancellation flows the other way: :meth:`ResponseStream.cancel` (the client went away) calls
-the scheduler's hook, which drops a queued request or flags a running one; the producer sees
-it through :meth:`ResponseSender.is_cancelled`. What is sent after that is dropped.
+the scheduler's hook, which drops a queued request (a running one sees its stream cancelled);
+the producer sees it through :meth:`ResponseSender.is_cancelled` or :func:`is_cancelled`.
+What is sent after that is dropped.
 """
 
 from __future__ import annotations

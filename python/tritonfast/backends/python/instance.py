@@ -58,6 +58,7 @@ class PythonInstance(ModelInstance):
             o.name for o in config.output if o.data_type == model_config_pb2.TYPE_BF16
         }
         self._output_types = {o.name: WIRE_DATATYPES[o.data_type] for o in config.output}
+        self._convert = self._from_pb  # made once: every request's pb_utils wrapper holds it
         self._model = model_class()
         # A model may take whole-batch arrays instead of a list of requests (tritonfast only).
         self._batched = getattr(self._model, "execute_batched", None)
@@ -220,7 +221,7 @@ class PythonInstance(ModelInstance):
             parameters=params,
         )
         pb_request._origin = request
-        pb_request._convert = self._from_pb
+        pb_request._convert = self._convert
         return pb_request
 
     def _from_pb(self, request: InferRequest, response: Any) -> Result:

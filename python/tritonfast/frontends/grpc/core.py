@@ -91,7 +91,10 @@ class Context:
     def add_done_callback(self, callback: Callable[[Context], None]) -> None:
         """Call ``callback(context)`` on the event loop once the RPC is over (finished or
         cancelled)."""
-        self._call.done_callbacks.append(lambda: callback(self))
+        call = self._call
+        if call.done_callbacks is None:
+            call.done_callbacks = []
+        call.done_callbacks.append(lambda: callback(self))
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise _Abort(code, details)
@@ -132,7 +135,7 @@ class _Call:
         self.cancelled = False
         self.metadata_sent = False
         self.payload: bytes | None = None
-        self.done_callbacks: list[Callable[[], None]] = []
+        self.done_callbacks: list[Callable[[], None]] | None = None  # made on first use
 
     # -- on the completion-queue thread ------------------------------------------------------
     def on_close(self, event: Any) -> None:
@@ -158,8 +161,8 @@ class _Call:
 
     def over(self) -> None:
         """The RPC is over: run its done callbacks, once."""
-        callbacks, self.done_callbacks = self.done_callbacks, []
-        for callback in callbacks:
+        callbacks, self.done_callbacks = self.done_callbacks, None
+        for callback in callbacks or ():
             try:
                 callback()
             except Exception:

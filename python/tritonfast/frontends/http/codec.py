@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from tritonfast.errors import Code, InvalidArgumentError
+from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.http import jsonparse, tensordata
 from tritonfast.runtime import rawtensor, sharedmemory
 from tritonfast.runtime.datatypes import NUMPY_DTYPES
@@ -78,8 +78,9 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value, option=_DUMPS_OPTIONS)
 
 
-def _unable(what: str, problem: str) -> InvalidArgumentError:
-    return InvalidArgumentError(f"Unable to parse '{what}': {problem}")
+def _unable(what: str, problem: str) -> InternalError:
+    """A member of the JSON body Triton could not read: INTERNAL, as Triton answers it."""
+    return InternalError(f"Unable to parse '{what}': {problem}")
 
 
 def _require(value: Any, kind: type, what: str) -> Any:
@@ -286,11 +287,22 @@ _LOG_SETTING_TYPES = {
 }
 
 
+def _setting(value: Any, kind: type) -> Any:
+    """``value`` if it has JSON type ``kind``; else INTERNAL with TritonJson's bare words, as
+    Triton answers the logging, repository-index and shared-memory bodies."""
+    wrong = not isinstance(value, kind)
+    if kind is int:  # Triton reads these as unsigned integers, and a bool is none
+        wrong = wrong or type(value) is bool or value < 0
+    if wrong:
+        raise InternalError(_TYPE_ERRORS[kind])
+    return value
+
+
 def decode_log_settings(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The settings a logging request changes (unknown keys and nulls are ignored)."""
     doc = _object_body(body, "log settings")
     return {
-        key: _require(value, _LOG_SETTING_TYPES[key], key)
+        key: _setting(value, _LOG_SETTING_TYPES[key])
         for key, value in doc.items()
         if key in _LOG_SETTING_TYPES and value is not None
     }
@@ -325,7 +337,7 @@ def _object_body(body: bytes | bytearray | memoryview, what: str) -> dict[str, A
 def decode_index_request(body: bytes | bytearray | memoryview) -> bool:
     """Whether a repository index request asks for ready models only."""
     doc = _object_body(body, "repository index")
-    return bool(_require(doc["ready"], bool, "ready")) if "ready" in doc else False
+    return bool(_setting(doc["ready"], bool)) if "ready" in doc else False
 
 
 def _repository_parameters(doc: dict[str, Any]) -> dict[str, Any]:
@@ -368,7 +380,7 @@ def _register_field(doc: dict[str, Any], key: str, kind: type, default: Any = No
         if default is not None:
             return default
         raise InvalidArgumentError(f"Shared memory register request has no '{key}' field")
-    return _require(doc[key], kind, key)
+    return _setting(doc[key], kind)
 
 
 def decode_system_register(body: bytes | bytearray | memoryview) -> tuple[str, int, int]:
@@ -391,7 +403,7 @@ def decode_cuda_register(body: bytes | bytearray | memoryview) -> tuple[bytes, i
     handle = _register_field(doc, "raw_handle", dict)
     try:
         raw_handle = base64.b64decode(_require(handle.get("b64"), str, "b64"), validate=True)
-    except (binascii.Error, InvalidArgumentError):
+    except (binascii.Error, TritonError):
         raise InvalidArgumentError(
             "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
         ) from None

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
+from tritonfast.errors import InvalidArgumentError, TritonError
 from tritonfast.frontends.http import jsonparse, tensordata
 from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor
 
@@ -46,10 +46,7 @@ def decode_request(
     metadata: Mapping[str, Any],
 ) -> InferRequest:
     """The inference request a generate body describes, for the model ``metadata`` names."""
-    try:
-        document = jsonparse.loads(body)
-    except InvalidArgumentError as error:  # Triton answers a body it cannot parse with INTERNAL
-        raise InternalError(error.message) from None
+    document = jsonparse.loads(body)
     if type(document) is not dict:
         raise InvalidArgumentError("the generate request must be a JSON object")
     specs = {spec["name"]: spec for spec in metadata["inputs"]}

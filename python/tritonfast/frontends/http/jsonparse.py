@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from tritonfast.errors import InvalidArgumentError
+from tritonfast.errors import InternalError
 
 # RapidJSON's GetParseError_En texts.
 _EMPTY = "The document is empty."
@@ -47,7 +47,7 @@ class _SyntaxError(Exception):
 
 
 def loads(buf: bytes | bytearray | memoryview) -> Any:
-    """Parse ``buf`` as one JSON document; raise InvalidArgumentError as Triton words it."""
+    """Parse ``buf`` as one JSON document; raise InternalError as Triton words it."""
     try:
         return orjson.loads(buf)
     except orjson.JSONDecodeError:
@@ -56,7 +56,8 @@ def loads(buf: bytes | bytearray | memoryview) -> Any:
     try:
         end = _scan(data)
     except _SyntaxError as err:
-        raise InvalidArgumentError(
+        # Triton answers a body it cannot parse with INTERNAL.
+        raise InternalError(
             f"failed to parse the request JSON buffer: {err.message} at {err.offset}"
         ) from None
     # RapidJSON accepts it; the standard library is laxer than orjson about what remains.

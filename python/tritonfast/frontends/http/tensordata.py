@@ -1,5 +1,8 @@
 """Tensor contents in HTTP's JSON: element lists in, element lists out.
 
+Data Triton cannot read ("Unable to parse 'data': ...") is an INTERNAL error (500), as
+Triton answers it.
+
 Binary tensor data needs nothing HTTP-specific: :mod:`tritonfast.runtime.rawtensor` reads
 and writes it. What is left here is JSON's: numbers and strings with TritonJson's type
 rules, nested lists flattened, and BF16 (``uint16`` bit patterns) shown as plain numbers.
@@ -11,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonfast.errors import InvalidArgumentError
+from tritonfast.errors import InternalError, InvalidArgumentError
 from tritonfast.runtime import rawtensor
 from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
@@ -79,9 +82,7 @@ def from_json(
         # Triton never looks at 'data' for an empty tensor.
         return np.empty(shape, dtype=NUMPY_DTYPES[datatype])
     if type(data) is not list:
-        raise InvalidArgumentError(
-            "Unable to parse 'data': attempt to access JSON non-array as array"
-        )
+        raise InternalError("Unable to parse 'data': attempt to access JSON non-array as array")
     flat = data
     kinds = set(map(type, flat))
     if list in kinds:
@@ -89,14 +90,14 @@ def from_json(
         kinds = set(map(type, flat))
     if datatype == "BYTES":
         if not kinds <= {str}:
-            raise InvalidArgumentError(f"Unable to parse JSON bytes array: {_NOT_STRING}")
+            raise InternalError(f"Unable to parse JSON bytes array: {_NOT_STRING}")
         items = [s.encode("utf-8", "surrogateescape") for s in flat]
         if len(items) != count:
             raise rawtensor.string_count_error(name, model, request_id, count, len(items))
         return rawtensor.bytes_array(items).reshape(shape)
     array = _numbers(datatype, flat, kinds, name)
     if len(flat) != count:
-        raise InvalidArgumentError(_SHAPE_MISMATCH)
+        raise InternalError(_SHAPE_MISMATCH)
     return array.reshape(shape)
 
 
@@ -105,20 +106,20 @@ def _numbers(datatype: str, flat: list[Any], kinds: set[type], name: str) -> np.
     try:
         if datatype == "BOOL":
             if not kinds <= {bool}:
-                raise InvalidArgumentError(f"Unable to parse 'data': {_NOT_BOOL}")
+                raise InternalError(f"Unable to parse 'data': {_NOT_BOOL}")
             return np.array(flat, dtype=dtype)
         if datatype in _SIGNED:
             if not kinds <= {int}:
-                raise InvalidArgumentError(f"Unable to parse 'data': {_NOT_INT}")
+                raise InternalError(f"Unable to parse 'data': {_NOT_INT}")
             # Narrowing wraps, as Triton's C casts do.
             return np.array(flat, dtype=np.int64).astype(dtype)
         if datatype in _UNSIGNED:
             if not kinds <= {int} or (flat and min(flat) < 0):
-                raise InvalidArgumentError(f"Unable to parse 'data': {_NOT_UINT}")
+                raise InternalError(f"Unable to parse 'data': {_NOT_UINT}")
             return np.array(flat, dtype=np.uint64).astype(dtype)
         if datatype in _FLOATS:
             if not kinds <= {int, float}:
-                raise InvalidArgumentError(f"Unable to parse 'data': {_NOT_NUMBER}")
+                raise InternalError(f"Unable to parse 'data': {_NOT_NUMBER}")
             with np.errstate(over="ignore", invalid="ignore"):
                 values = np.array(flat, dtype=np.float64)
                 if datatype == "BF16":
@@ -126,7 +127,7 @@ def _numbers(datatype: str, flat: list[Any], kinds: set[type], name: str) -> np.
                 return values.astype(dtype)
     except OverflowError:
         message = _NOT_UINT if datatype in _UNSIGNED else _NOT_INT
-        raise InvalidArgumentError(f"Unable to parse 'data': {message}") from None
+        raise InternalError(f"Unable to parse 'data': {message}") from None
     raise InvalidArgumentError(f"invalid datatype for input {name}")
 
 
