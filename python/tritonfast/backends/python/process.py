@@ -341,10 +341,8 @@ def worker_main(
                 f"model instance '{instance_name}' returned no response for a request: the"
                 " response sender is not available in the 'process' instance mode"
             )
-            results: list[Result] = [
-                unanswered if returned is None or returned[i] is None else returned[i]  # type: ignore[misc]
-                for i in range(len(requests))
-            ]
+            results = [unanswered] * len(requests) if returned is None else list(returned)
+            results = [unanswered if result is None else result for result in results]
             conn.send((*_describe_results(outputs, results), CUSTOM_METRICS.state_if_changed()))
     except EOFError:  # the server went away
         return
