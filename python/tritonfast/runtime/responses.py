@@ -69,11 +69,7 @@ class Streamed(NamedTuple):
 
 class ResponseStream:
     """The responses of one request, in the order they were sent; lives on the event loop.
-
-    Iterating yields :class:`Streamed` items and stops after the final one. ``set_result``,
-    ``set_exception`` and ``done`` let the scheduler settle it exactly like the future of a
-    single-response request.
-    """
+    Iterating yields :class:`Streamed` items and stops after the final one."""
 
     __slots__ = ("_items", "_loop", "_on_cancel", "_waiter", "cancelled", "finished")
 
@@ -103,17 +99,6 @@ class ResponseStream:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-
-    def done(self) -> bool:
-        return self.finished or self.cancelled
-
-    def set_result(self, response: InferResponse) -> None:
-        self.put(response, True)
-
-    def set_exception(self, error: BaseException) -> None:
-        if not isinstance(error, TritonError):
-            error = InternalError(str(error))
-        self.put(error, True)
 
     # -- the consumer side ------------------------------------------------------------------
     def __aiter__(self) -> ResponseStream:

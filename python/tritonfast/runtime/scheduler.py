@@ -62,7 +62,7 @@ from typing import Any, ClassVar, Literal
 from tritonfast._core import QUEUE_FULL_MESSAGE, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance
-from tritonfast.errors import TritonError, UnavailableError, UnsupportedError
+from tritonfast.errors import UnavailableError, UnsupportedError
 from tritonfast.runtime.instance import InstanceLoop
 from tritonfast.runtime.looprun import LoopExecution
 from tritonfast.runtime.rawtensor import request_prefix
@@ -399,15 +399,8 @@ def _settle(seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
     if results is None:
         return
     for sink, result in zip(sinks, results, strict=True):
-        if result is None:
-            continue
-        if type(sink) is ResponseStream:
-            sink.put(result, True)
-        elif not sink.done():  # the one-shot future (done: its caller went away)
-            if isinstance(result, TritonError):
-                sink.set_exception(result)
-            else:
-                sink.set_result(result)
+        if result is not None:
+            settle(sink, result, True)
 
 
 def _fail_timed_out(sinks: list[Sink]) -> None:
