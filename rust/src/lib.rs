@@ -17,6 +17,7 @@ pub mod latency;
 pub mod outbox;
 pub mod pool;
 pub mod queue;
+pub mod sequence;
 pub mod shm;
 pub mod stats;
 pub mod wire;
