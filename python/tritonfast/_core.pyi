@@ -78,6 +78,10 @@ class Batch:
     @property
     def seq(self) -> int:
         """0, 1, 2, ... in the order batches left the queue (for ordered completion)."""
+    @property
+    def slots(self) -> tuple[int, ...] | None:
+        """A :class:`SequenceBatcher` batch's slot per item (``None`` items are null entries,
+        not counted by :meth:`report`); ``None`` for a queue's batch."""
 
     def report(
         self,
@@ -321,3 +325,59 @@ class OutStream:
     @property
     def unsent(self) -> int:
         """Bytes written and not yet handed to the kernel."""
+
+
+class SequenceTicket:
+    """The handle of a request pushed with :meth:`SequenceBatcher.push`."""
+
+    @property
+    def status(self) -> Literal["QUEUED", "TAKEN", "CANCELLED"]: ...
+
+class SequenceBatcher:
+    """Triton's sequence batcher: each sequence (correlation ID) is pinned to one instance slot
+    from its START to its END; its requests run one at a time, in arrival order; sequences
+    beyond the slots wait in a backlog; a sequence idle for ``max_sequence_idle_us`` is
+    released. ``strategy`` is "direct" (batch position = slot, null entries below the highest
+    slot with work) or "oldest" (the oldest waiting requests of up to ``max_batch_size``
+    sequences)."""
+
+    def __init__(
+        self,
+        model: str,
+        instances: int,
+        max_batch_size: int = 0,
+        *,
+        strategy: Literal["direct", "oldest"] = "direct",
+        max_queue_delay_us: int = 0,
+        minimum_slot_utilization: float = 0.0,
+        max_candidate_sequences: int = 0,
+        preferred_batch_sizes: list[int] = ...,
+        max_sequence_idle_us: int = 1_000_000,
+        latency_summaries: bool = False,
+    ) -> None: ...
+    def push(
+        self,
+        item: object,
+        correlation_id: int | str,
+        start: bool = False,
+        end: bool = False,
+        batch_size: int = 1,
+    ) -> SequenceTicket:
+        """Queue ``item``; never blocks. Raises Triton's ``InvalidArgumentError`` (batch size
+        above 1, no correlation ID, no START for an unknown sequence) or ``UnavailableError``
+        (a START once closed)."""
+
+    def cancel(self, ticket: SequenceTicket) -> bool: ...
+    def pop(self, instance: int, timeout_us: int) -> Batch | None:
+        """Wait (GIL released) for a batch for ``instance``: a :class:`Batch` whose ``items``
+        hold ``None`` at null entries (empty on a timeout), or ``None`` once closed with nothing
+        left for the instance."""
+
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def live_sequences(self) -> int: ...
+    def statistics(self) -> dict[str, Any]: ...
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None: ...
+    def __len__(self) -> int: ...

@@ -19,9 +19,8 @@
 //!   least `minimum_slot_utilization` of the slots have a request waiting (always, with the
 //!   default 0), otherwise once its oldest request has waited `max_queue_delay`.
 //! * **Oldest**: an instance has `max_candidate_sequences` slots (`max(max_batch_size, 1)` when
-//!   that is 0); a batch takes the oldest
-//!   waiting request of up to `max_batch_size` sequences (by the sum of the requests' batch
-//!   sizes), oldest first, with no null entries. It leaves when it is full or reaches the
+//!   that is 0); a batch takes the oldest waiting request of up to `max_batch_size` sequences,
+//!   oldest first, with no null entries. It leaves when it is full or reaches the
 //!   largest preferred batch size it can, otherwise once its oldest request has waited
 //!   `max_queue_delay`.
 //!
@@ -119,16 +118,12 @@ impl SequenceConfig {
     /// How many slots each instance has.
     pub fn slots_per_instance(&self) -> usize {
         match &self.strategy {
-            Strategy::Direct { .. } => self.max_batch_size.max(1) as usize,
-            // Triton falls back to the batch size when no candidate count is set.
-            Strategy::Oldest {
-                max_candidate_sequences: 0,
-                ..
-            } => self.max_batch_size.max(1) as usize,
             Strategy::Oldest {
                 max_candidate_sequences,
                 ..
-            } => *max_candidate_sequences as usize,
+            } if *max_candidate_sequences > 0 => *max_candidate_sequences as usize,
+            // Direct, and oldest without a candidate count (Triton's fallback).
+            _ => self.max_batch_size.max(1) as usize,
         }
     }
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.config.sequence import complete_sequence_batching, validate_sequence_batching
 from tritonfast.errors import InvalidArgumentError
 
 CONFIG_FILE = "config.pbtxt"
@@ -104,6 +105,7 @@ def validate(config: ModelConfig, model_dir: Path) -> None:
                 f"{where}: dynamic batching preferred size must be positive and <="
                 f" max batch size {config.max_batch_size}"
             )
+    validate_sequence_batching(config, model_dir)
 
 
 def _version_dirs(model_dir: Path) -> list[Path]:
@@ -119,8 +121,8 @@ def complete(config: ModelConfig, default_model_filename: str = "") -> None:
 
     Runs after validation: version policy (latest 1), named instance groups with a count and
     a CPU kind (no GPU instances yet), the backend's default model file name, the pinned-memory
-    optimisation defaults, and a preferred batch size equal to max_batch_size when dynamic
-    batching names none.
+    optimisation defaults, a preferred batch size equal to max_batch_size when dynamic
+    batching names none, and the sequence batcher's defaults.
     """
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
@@ -144,3 +146,4 @@ def complete(config: ModelConfig, default_model_filename: str = "") -> None:
         and not config.dynamic_batching.preferred_batch_size
     ):
         config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+    complete_sequence_batching(config)

@@ -188,18 +188,19 @@ class ModelRepository:
                     )
                     instances.append(backend.create_instance(config, placement))
             warm_up(config, instances, backend.model_dir)
+            scheduler = create_scheduler(
+                f"{config.name}_{version}",
+                config,
+                instances,
+                self._loop,
+                model_dir=backend.model_dir,
+                latency_summaries=self._latency_summaries,
+                loop_execution=backend.runs_on_event_loop(config),
+            )
         except BaseException:
             for started in instances:  # worker processes and their segments must not leak
                 started.finalize()
             raise
-        scheduler = create_scheduler(
-            f"{config.name}_{version}",
-            config,
-            instances,
-            self._loop,
-            latency_summaries=self._latency_summaries,
-            loop_execution=backend.runs_on_event_loop(config),
-        )
         return ModelVersion(config, version, scheduler, served)
 
     # -- queries ------------------------------------------------------------------------

@@ -56,13 +56,14 @@ import abc
 import asyncio
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, ClassVar, Literal
 
 from tritonfast._core import QUEUE_FULL_MESSAGE, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance
-from tritonfast.errors import UnavailableError, UnsupportedError
+from tritonfast.errors import UnavailableError
 from tritonfast.runtime.instance import InstanceLoop
 from tritonfast.runtime.looprun import LoopExecution
 from tritonfast.runtime.rawtensor import request_prefix
@@ -72,6 +73,16 @@ from tritonfast.runtime.responses import (
     Result,
     Sink,
     settle,
+)
+from tritonfast.runtime.sequence import (
+    Controls,
+    SequenceInstance,
+    SlotSource,
+    SlotStates,
+    batcher_for,
+    correlation_id,
+    slots_per_instance,
+    state_specs,
 )
 from tritonfast.runtime.types import InferRequest, InferResponse
 
@@ -374,19 +385,84 @@ class DynamicBatchScheduler(QueueScheduler):
         return hash(frozenset(parts)) & _U64
 
 
+class SequenceScheduler(QueueScheduler):
+    """Triton's sequence batcher (see :mod:`.sequence`): the Rust core pins each sequence to
+    an instance slot; each instance takes its batches from its own :class:`SlotSource`."""
+
+    per_instance_queues = True
+
+    def __init__(
+        self,
+        name: str,
+        config: model_config_pb2.ModelConfig,
+        instances: list[ModelInstance],
+        loop: asyncio.AbstractEventLoop,
+        *,
+        model_dir: Path | None = None,
+        **options: bool,
+    ) -> None:
+        self._instance_count = len(instances)
+        self._sources: list[SlotSource] = []
+        controls = Controls(config)
+        specs = state_specs(config, model_dir)
+        slots = slots_per_instance(config)
+        decoupled = config.model_transaction_policy.decoupled
+        wrapped: list[ModelInstance] = [
+            SequenceInstance(instance, controls, SlotStates(specs, slots), loop, decoupled)
+            for instance in instances
+        ]
+        super().__init__(name, config, wrapped, loop, **options)
+
+    def _new_queue(self, config: model_config_pb2.ModelConfig, **options: Any) -> Any:
+        if "share_statistics_with" not in options:  # the first instance's: make the batcher
+            self._batcher = batcher_for(
+                config.name,
+                config,
+                self._instance_count,
+                latency_summaries=bool(options.get("latency_summaries")),
+            )
+        source = SlotSource(self._batcher, len(self._sources))
+        self._sources.append(source)
+        return source
+
+    def _push(self, queue: Any, request: InferRequest, sink: Sink, batch_size: int) -> Any:
+        params = request.parameters
+        return self._batcher.push(
+            (request, sink),
+            correlation_id(params),
+            bool(params.get("sequence_start")),
+            bool(params.get("sequence_end")),
+            batch_size,
+        )
+
+    def pending(self) -> int:
+        return len(self._batcher)
+
+    def _deliver(
+        self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
+    ) -> None:
+        # Null requests (no sink) are answered nowhere.
+        if results is not None and None in sinks:
+            kept = [(sink, result) for sink, result in zip(sinks, results, strict=True) if sink]
+            sinks = [sink for sink, _ in kept]
+            results = [result for _, result in kept]
+        super()._deliver(seq, sinks, results)
+
+
 def create_scheduler(
     name: str,
     config: model_config_pb2.ModelConfig,
     instances: list[ModelInstance],
     loop: asyncio.AbstractEventLoop,
+    *,
+    model_dir: Path | None = None,
     **options: bool,
 ) -> Scheduler:
     """The scheduler ``config`` asks for, started with ``instances`` (``options``: the
-    scheduler's keyword arguments, ``latency_summaries`` and ``loop_execution``)."""
+    scheduler's keyword arguments, ``latency_summaries`` and ``loop_execution``;
+    ``model_dir`` holds what the config refers to, such as initial states)."""
     if config.HasField("sequence_batching"):
-        raise UnsupportedError(
-            f"model '{config.name}': sequence batching is not supported by tritonfast yet"
-        )
+        return SequenceScheduler(name, config, instances, loop, model_dir=model_dir, **options)
     kind: type[QueueScheduler] = DefaultScheduler
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         kind = DynamicBatchScheduler

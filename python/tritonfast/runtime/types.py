@@ -60,6 +60,9 @@ class InferRequest:
     # The runtime.responses.ResponseSender its responses go through: made when the request
     # is queued for a decoupled model, on demand (responses.sender_of) for any other.
     sender: Any = None
+    # Sequence batching: (the instance slot it runs in, READY); READY is False for the null
+    # requests that fill a batch's empty slots (runtime.sequence).
+    slot: Any = None
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ mod handoff;
 mod outbox;
 mod pool;
 mod queue;
+mod sequence;
 mod shm;
 mod stats;
 mod wire;
@@ -24,6 +25,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyQueuePolicy>()?;
     m.add_class::<queue::PyTicket>()?;
     m.add_class::<queue::PyBatch>()?;
+    m.add_class::<sequence::PySequenceBatcher>()?;
+    m.add_class::<sequence::PySequenceTicket>()?;
     m.add_class::<handoff::PyHandoff>()?;
     m.add_class::<handoff::HandoffDone>()?;
     m.add_class::<outbox::PyOutbox>()?;

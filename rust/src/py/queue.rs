@@ -17,7 +17,8 @@ use crate::queue::{
     BatchPolicy, PopResult, QueueConfig, QueuePolicy, Queued, RequestMeta, RequestQueue, Ticket,
     TicketStatus, TimeoutAction,
 };
-use crate::stats::{ComputeTimes, RequestTiming};
+use crate::sequence::SlotBatch;
+use crate::stats::{ComputeTimes, ModelStats, RequestTiming};
 
 /// Longest stretch a `pop` waits without coming back for the GIL to check for signals, so
 /// Ctrl-C reaches a main thread blocked in `pop`.
@@ -140,9 +141,29 @@ pub(crate) struct PyBatch {
     rejected: Option<Py<PyTuple>>,
     seq: u64,
     timings: Timings,
-    /// The queue, for its statistics (a plain reference count under the GIL, unlike an `Arc`).
-    queue: Py<PyRequestQueue>,
+    /// Where its execution is recorded.
+    stats: StatsOwner,
+    /// Sequence batches: each position's slot, and which positions are null entries (no
+    /// request; excluded from the statistics).
+    slots: Option<Box<[usize]>>,
+    nulls: Option<Box<[bool]>>,
     reported: AtomicBool,
+}
+
+/// What holds the statistics a batch reports to.
+pub(super) enum StatsOwner {
+    /// A request queue (a plain reference count under the GIL, cheaper than an `Arc`).
+    Queue(Py<PyRequestQueue>),
+    Shared(Arc<ModelStats>),
+}
+
+impl StatsOwner {
+    fn stats(&self) -> &ModelStats {
+        match self {
+            StatsOwner::Queue(queue) => queue.get().inner.stats(),
+            StatsOwner::Shared(stats) => stats,
+        }
+    }
 }
 
 #[pymethods]
@@ -162,10 +183,20 @@ impl PyBatch {
         }
     }
 
-    /// 0, 1, 2, ... in the order batches left the queue.
+    /// 0, 1, 2, ... in the order batches left the queue (for a sequence batch: left this
+    /// instance's slots).
     #[getter]
     fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// A sequence batch's slot for each item (null entries included); `None` otherwise.
+    #[getter]
+    fn slots<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.slots
+            .as_ref()
+            .map(|slots| PyTuple::new(py, slots.iter()))
+            .transpose()
     }
 
     /// Records the batch's execution in the queue's statistics: `results` holds one entry per
@@ -180,11 +211,14 @@ impl PyBatch {
         compute_output_ns: u64,
     ) -> PyResult<()> {
         let timings = self.timings.as_slice();
-        if results.len()? != timings.len() {
+        let expected = self
+            .nulls
+            .as_ref()
+            .map_or(timings.len(), |nulls| nulls.len());
+        if results.len()? != expected {
             return Err(CoreError::bad_value(format!(
-                "report() got {} results for a batch of {}",
+                "report() got {} results for a batch of {expected}",
                 results.len()?,
-                timings.len()
             ))
             .into());
         }
@@ -213,19 +247,39 @@ impl PyBatch {
         let dequeued_at = now
             .checked_sub(compute.input + compute.infer + compute.output)
             .unwrap_or(now);
-        self.queue.get().inner.stats().record_execution(
-            timings
-                .iter()
-                .zip(results.iter())
-                .map(|(timing, result)| (*timing, !result.is_instance_of::<PyBaseException>())),
-            dequeued_at,
-            compute,
-        );
+        let succeeded = |result: Bound<'_, PyAny>| !result.is_instance_of::<PyBaseException>();
+        let stats = self.stats.stats();
+        match &self.nulls {
+            None => stats.record_execution(
+                timings
+                    .iter()
+                    .zip(results.iter())
+                    .map(|(timing, result)| (*timing, succeeded(result))),
+                dequeued_at,
+                compute,
+            ),
+            Some(nulls) => stats.record_execution(
+                timings
+                    .iter()
+                    .zip(
+                        results
+                            .iter()
+                            .zip(nulls.iter())
+                            .filter(|(_, null)| !**null)
+                            .map(|(result, _)| succeeded(result)),
+                    )
+                    .map(|(timing, ok)| (*timing, ok)),
+                dequeued_at,
+                compute,
+            ),
+        }
         Ok(())
     }
 
     fn __len__(&self) -> usize {
-        self.timings.as_slice().len()
+        self.nulls
+            .as_ref()
+            .map_or(self.timings.as_slice().len(), |nulls| nulls.len())
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
@@ -240,7 +294,7 @@ impl PyBatch {
 
 /// Each item's batch size and enqueue time, without a heap allocation for the one-item batches
 /// of unbatched models.
-enum Timings {
+pub(super) enum Timings {
     One(RequestTiming),
     Many(Vec<RequestTiming>),
 }
@@ -434,14 +488,7 @@ impl PyRequestQueue {
         py: Python<'py>,
         quantiles: Vec<f64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Some(summaries) = self.inner.stats().latency_summaries(&quantiles) else {
-            return Ok(None);
-        };
-        let dict = PyDict::new(py);
-        for (name, snapshot) in summaries {
-            dict.set_item(name, (snapshot.count, snapshot.sum, snapshot.quantiles))?;
-        }
-        Ok(Some(dict))
+        summaries_dict(py, self.inner.stats(), &quantiles)
     }
 
     fn __len__(&self) -> usize {
@@ -461,6 +508,22 @@ impl PyRequestQueue {
             py_bool(self.inner.is_closed()),
         )
     }
+}
+
+/// The latency summaries of `stats` as `latency_summaries()` returns them.
+pub(super) fn summaries_dict<'py>(
+    py: Python<'py>,
+    stats: &ModelStats,
+    quantiles: &[f64],
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let Some(summaries) = stats.latency_summaries(quantiles) else {
+        return Ok(None);
+    };
+    let dict = PyDict::new(py);
+    for (name, snapshot) in summaries {
+        dict.set_item(name, (snapshot.count, snapshot.sum, snapshot.quantiles))?;
+    }
+    Ok(Some(dict))
 }
 
 fn request_meta(batch_size: u32, priority: u32, timeout_us: u64, shape_key: u64) -> RequestMeta {
@@ -514,7 +577,46 @@ pub(super) fn to_batch(
         rejected,
         seq,
         timings,
-        queue: queue.clone().unbind(),
+        stats: StatsOwner::Queue(queue.clone().unbind()),
+        slots: None,
+        nulls: None,
         reported: AtomicBool::new(false),
     }))
+}
+
+/// A sequence batch's Python face: `items` holds `None` at null entries.
+pub(super) fn sequence_batch(
+    py: Python<'_>,
+    batch: SlotBatch<Py<PyAny>>,
+    stats: Arc<ModelStats>,
+) -> PyResult<PyBatch> {
+    let count = batch.entries.len();
+    let mut timings = Vec::with_capacity(count);
+    let mut slots = Vec::with_capacity(count);
+    let mut nulls = Vec::with_capacity(count);
+    let mut items = Vec::with_capacity(count);
+    for entry in batch.entries {
+        slots.push(entry.slot);
+        nulls.push(entry.request.is_none());
+        match entry.request {
+            Some(taken) => {
+                timings.push(RequestTiming {
+                    batch_size: taken.batch_size,
+                    enqueued_at: taken.enqueued_at,
+                });
+                items.push(taken.item);
+            }
+            None => items.push(py.None()),
+        }
+    }
+    Ok(PyBatch {
+        items: PyList::new(py, items)?.unbind(),
+        rejected: None,
+        seq: batch.seq,
+        timings: Timings::Many(timings),
+        stats: StatsOwner::Shared(stats),
+        slots: Some(slots.into_boxed_slice()),
+        nulls: Some(nulls.into_boxed_slice()),
+        reported: AtomicBool::new(false),
+    })
 }

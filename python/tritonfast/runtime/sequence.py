@@ -1,0 +1,377 @@
+"""Triton's sequence batcher for stateful models (``sequence_batching``).
+
+Routing, slots, the backlog, batch formation and idle release happen in the Rust core
+(:class:`~tritonfast._core.SequenceBatcher`): every request of a sequence (correlation ID)
+runs on the instance slot its START took, one at a time, in arrival order. This module adds
+what the server hands the model with each request, as Triton does:
+
+* **Control inputs** (``control_input``): START, END, READY as the two values of
+  ``int32_false_true`` / ``fp32_false_true`` / ``bool_false_true``; CORRID as the request's
+  correlation ID in the control's ``data_type``. Each is a one-element tensor (``[1, 1]`` for a
+  batching model, ``[1]`` otherwise).
+* **Null requests**: with the direct strategy a batch covers the slots up to the highest one
+  with work, and a slot without a request gets a request whose inputs are zeros shaped like
+  the batch's first request, READY false, START and END false, CORRID 0. Its responses are
+  dropped and it is not counted in the statistics.
+* **Implicit state** (``state``): each slot keeps its sequence's state. The model gets it as
+  the input ``input_name`` (the ``initial_state``, or zeros, on START) and returns the next
+  state as the output ``output_name``, which the server keeps and removes from the response.
+  A model that returns no state output keeps its current state. Null requests get a copy of
+  the initial state, so a slot's real state is never touched. Unlike Triton, which implements
+  this in its ONNX Runtime, TensorRT and PyTorch backends only, it works for every backend.
+  States of decoupled models are not captured (their responses bypass the batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tritonfast._core import Batch, SequenceBatcher
+from tritonfast._proto.model_config_pb2 import ModelConfig, ModelSequenceBatching
+from tritonfast.backends.base import ModelInstance, PhaseClock
+from tritonfast.config.sequence import initial_state_path
+from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
+from tritonfast.runtime.responses import ResponseSender, ResponseStream, Result
+from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+
+Control = ModelSequenceBatching.Control
+_U64 = (1 << 64) - 1
+
+
+def correlation_id(parameters: dict[str, Any]) -> int | str:
+    """A request's correlation ID (0: none). gRPC carries it as int64: negative values wrap
+    to uint64, as in Triton."""
+    value = parameters.get("sequence_id", 0)
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value & _U64
+    return value if isinstance(value, str) else 0
+
+
+def batcher_for(name: str, config: ModelConfig, instances: int, **options: Any) -> SequenceBatcher:
+    """The Rust sequence batcher ``config`` asks for."""
+    batching = config.sequence_batching
+    if batching.HasField("oldest"):
+        oldest = batching.oldest
+        return SequenceBatcher(
+            name,
+            instances,
+            config.max_batch_size,
+            strategy="oldest",
+            max_queue_delay_us=oldest.max_queue_delay_microseconds,
+            max_candidate_sequences=oldest.max_candidate_sequences,
+            preferred_batch_sizes=list(oldest.preferred_batch_size),
+            max_sequence_idle_us=batching.max_sequence_idle_microseconds,
+            **options,
+        )
+    return SequenceBatcher(
+        name,
+        instances,
+        config.max_batch_size,
+        strategy="direct",
+        max_queue_delay_us=batching.direct.max_queue_delay_microseconds,
+        minimum_slot_utilization=batching.direct.minimum_slot_utilization,
+        max_sequence_idle_us=batching.max_sequence_idle_microseconds,
+        **options,
+    )
+
+
+def slots_per_instance(config: ModelConfig) -> int:
+    """How many slots each instance has (as the Rust batcher counts them)."""
+    batching = config.sequence_batching
+    if batching.HasField("oldest") and batching.oldest.max_candidate_sequences > 0:
+        return batching.oldest.max_candidate_sequences
+    return max(config.max_batch_size, 1)
+
+
+# -- control inputs ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    """A START, END or READY control: its tensor for false and for true (shared, read-only)."""
+
+    name: str
+    kind: int
+    datatype: str
+    false: np.ndarray
+    true: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class _CorrId:
+    name: str
+    datatype: str
+    dtype: np.dtype[Any]
+
+
+class Controls:
+    """Builds the control inputs of the requests handed to the model."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self._shape: tuple[int, ...] = (1, 1) if config.max_batch_size > 0 else (1,)
+        self._flags: list[_Flag] = []
+        self._corrid: _CorrId | None = None
+        for control_input in config.sequence_batching.control_input:
+            for control in control_input.control:
+                self._add(control_input.name, control)
+
+    def _add(self, name: str, control: Any) -> None:
+        if control.kind == Control.CONTROL_SEQUENCE_CORRID:
+            datatype = WIRE_DATATYPES[control.data_type]
+            self._corrid = _CorrId(name, datatype, NUMPY_DTYPES[datatype])
+            return
+        for values, datatype in (
+            (control.int32_false_true, "INT32"),
+            (control.fp32_false_true, "FP32"),
+            (control.bool_false_true, "BOOL"),
+        ):
+            if len(values) == 2:
+                false, true = (self._constant(value, datatype) for value in values)
+                self._flags.append(_Flag(name, control.kind, datatype, false, true))
+                return
+
+    def _constant(self, value: Any, datatype: str) -> np.ndarray:
+        array = np.full(self._shape, value, dtype=NUMPY_DTYPES[datatype])
+        array.flags.writeable = False
+        return array
+
+    def __bool__(self) -> bool:
+        return bool(self._flags) or self._corrid is not None
+
+    def tensors(self, start: bool, end: bool, ready: bool, corrid: int | str) -> list[InputTensor]:
+        shape = self._shape
+        tensors = []
+        for flag in self._flags:
+            on = ready and (
+                flag.kind == Control.CONTROL_SEQUENCE_READY
+                or (flag.kind == Control.CONTROL_SEQUENCE_START and start)
+                or (flag.kind == Control.CONTROL_SEQUENCE_END and end)
+            )
+            data = flag.true if on else flag.false
+            tensors.append(InputTensor(flag.name, flag.datatype, shape, data))
+        if self._corrid is not None:
+            tensors.append(self._corrid_tensor(self._corrid, corrid))
+        return tensors
+
+    def _corrid_tensor(self, control: _CorrId, corrid: int | str) -> InputTensor:
+        if control.datatype == "BYTES":
+            value: Any = corrid.encode() if isinstance(corrid, str) else str(corrid).encode()
+            data = np.full(self._shape, value, dtype=object)
+        else:
+            if isinstance(corrid, str):
+                # Triton writes a string ID into a numeric CORRID as raw bytes; its number,
+                # when it is one, is what a model can use.
+                corrid = int(corrid) if corrid.isdigit() else 0
+            # Triton copies the low-order bytes of the uint64 ID into narrower types.
+            width = control.dtype.itemsize * 8
+            value = corrid & ((1 << width) - 1)
+            data = np.array(value, dtype=np.uint64).astype(control.dtype).reshape(self._shape)
+        return InputTensor(control.name, control.datatype, self._shape, data)
+
+
+# -- implicit state ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _StateSpec:
+    input_name: str
+    output_name: str
+    datatype: str
+    initial: np.ndarray  # the state a sequence starts with (batch dimension included)
+
+
+def state_specs(config: ModelConfig, model_dir: Path | None) -> list[_StateSpec]:
+    specs = []
+    batch: tuple[int, ...] = (1,) if config.max_batch_size > 0 else ()
+    for state in config.sequence_batching.state:
+        datatype = WIRE_DATATYPES[state.data_type]
+        dtype = NUMPY_DTYPES[datatype]
+        dims = tuple(1 if dim == -1 else int(dim) for dim in state.dims)
+        initial: np.ndarray
+        if state.initial_state:
+            first = state.initial_state[0]
+            dims = tuple(int(dim) for dim in first.dims)
+            if first.WhichOneof("state_data") == "data_file" and model_dir is not None:
+                raw = initial_state_path(model_dir, first.data_file).read_bytes()
+                count = int(np.prod(dims)) if dims else 1
+                if dtype.hasobject:
+                    initial = np.array([raw] * count, dtype=object).reshape(dims)
+                else:
+                    initial = np.frombuffer(raw, dtype=dtype, count=count).reshape(dims)
+            else:
+                initial = _zeros(dims, dtype)
+        else:
+            # Triton leaves a state without initial_state uninitialised; zeros are one
+            # such value, and a reproducible one.
+            initial = _zeros(dims, dtype)
+        initial = np.ascontiguousarray(initial).reshape(batch + dims)
+        initial.flags.writeable = False
+        specs.append(_StateSpec(state.input_name, state.output_name, datatype, initial))
+    return specs
+
+
+def _zeros(dims: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    if dtype.hasobject:
+        return np.full(dims, b"", dtype=object)
+    return np.zeros(dims, dtype=dtype)
+
+
+class SlotStates:
+    """The implicit states of one instance's slots."""
+
+    def __init__(self, specs: list[_StateSpec], slots: int) -> None:
+        self._specs = specs
+        self._held: list[dict[str, np.ndarray] | None] = [None] * slots
+
+    def __bool__(self) -> bool:
+        return bool(self._specs)
+
+    def tensors(self, slot: int, start: bool, ready: bool) -> list[InputTensor]:
+        """The state inputs of a request of ``slot`` (a fresh initial state for null ones)."""
+        held = self._held[slot] if ready and not start else None
+        if ready and held is None:
+            # The model may update the state in place (use_same_buffer_for_input_output):
+            # each sequence gets its own writable copy.
+            held = {spec.input_name: spec.initial.copy() for spec in self._specs}
+            self._held[slot] = held
+        tensors = []
+        for spec in self._specs:
+            data = held[spec.input_name] if held is not None else spec.initial.copy()
+            tensors.append(InputTensor(spec.input_name, spec.datatype, data.shape, data))
+        return tensors
+
+    def output_names(self) -> list[str]:
+        return [spec.output_name for spec in self._specs]
+
+    def keep(self, slot: int, response: InferResponse, end: bool) -> None:
+        """Keep the next states ``response`` carries (taking them out of it); forget the
+        slot's state when its sequence ended."""
+        held = self._held[slot]
+        by_output = {spec.output_name: spec for spec in self._specs}
+        kept = []
+        for tensor in response.outputs:
+            spec = by_output.get(tensor.name)
+            if spec is None:
+                kept.append(tensor)
+            elif held is not None:
+                held[spec.input_name] = tensor.data
+        if len(kept) != len(response.outputs):
+            response.outputs = kept
+        if end:
+            self._held[slot] = None
+
+
+# -- requests handed to the model ---------------------------------------------------------
+
+
+class SequenceInstance(ModelInstance):
+    """A backend instance behind the sequence batcher: adds each request's control and state
+    inputs before it runs, and keeps the states its responses carry."""
+
+    def __init__(
+        self,
+        inner: ModelInstance,
+        controls: Controls,
+        states: SlotStates,
+        loop: asyncio.AbstractEventLoop,
+        decoupled: bool,
+    ) -> None:
+        self._inner = inner
+        self._controls = controls
+        self._states = states
+        self._loop = loop
+        self._decoupled = decoupled
+
+    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
+        controls, states = self._controls, self._states
+        for request in requests:
+            slot, ready = request.slot
+            params = request.parameters
+            start = ready and bool(params.get("sequence_start"))
+            end = ready and bool(params.get("sequence_end"))
+            if controls:
+                corrid = correlation_id(params) if ready else 0
+                request.inputs.extend(controls.tensors(start, end, ready, corrid))
+            if states:
+                request.inputs.extend(states.tensors(slot, start, ready))
+                if request.outputs is not None:
+                    request.outputs.extend(RequestedOutput(name) for name in states.output_names())
+            if not ready and self._decoupled:
+                # Whatever the model sends for a null request goes nowhere.
+                discard = ResponseStream(self._loop)
+                discard.cancelled = True
+                request.sender = ResponseSender(discard, "", decoupled=True)
+        results = self._inner.execute(requests, clock)
+        if states and results is not None:
+            for request, result in zip(requests, results, strict=False):
+                slot, ready = request.slot
+                if ready and isinstance(result, InferResponse):
+                    states.keep(slot, result, bool(request.parameters.get("sequence_end")))
+        return results
+
+    def finalize(self) -> None:
+        self._inner.finalize()
+
+
+def null_request(like: InferRequest, slot: int) -> InferRequest:
+    """A request for ``slot`` with nothing to do (READY false): ``like``'s inputs as zeros."""
+    inputs = [
+        InputTensor(t.name, t.datatype, t.shape, _zeros(t.shape, t.data.dtype)) for t in like.inputs
+    ]
+    return InferRequest(like.model_name, like.model_version, inputs=inputs, slot=(slot, False))
+
+
+class SlotSource:
+    """One instance's view of the sequence batcher, in the shape of a request queue: its
+    batches come with null entries filled in and every request's slot set."""
+
+    def __init__(self, batcher: SequenceBatcher, index: int) -> None:
+        self._batcher = batcher
+        self._index = index
+
+    def pop(self, timeout_us: int) -> Batch | None:
+        batch = self._batcher.pop(self._index, timeout_us)
+        if batch is None or not batch.items:
+            return batch
+        items = batch.items
+        slots = batch.slots
+        assert slots is not None
+        template: InferRequest | None = None
+        for position, item in enumerate(items):
+            if item is not None:
+                request = item[0]
+                request.slot = (slots[position], True)
+                if template is None:
+                    template = request
+        assert template is not None  # a batch holds at least one request
+        for position, item in enumerate(items):
+            if item is None:
+                items[position] = (null_request(template, slots[position]), None)
+        return batch
+
+    # The rest of a queue's face, for the scheduler (shared by every instance's source).
+    def cancel(self, ticket: Any) -> bool:
+        return self._batcher.cancel(ticket)
+
+    def statistics(self) -> dict[str, Any]:
+        return self._batcher.statistics()
+
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
+        return self._batcher.latency_summaries(quantiles)
+
+    def close(self) -> None:
+        self._batcher.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._batcher.closed
+
+    def __len__(self) -> int:
+        return len(self._batcher) if self._index == 0 else 0
