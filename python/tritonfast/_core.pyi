@@ -326,7 +326,6 @@ class OutStream:
     def unsent(self) -> int:
         """Bytes written and not yet handed to the kernel."""
 
-
 class SequenceTicket:
     """The handle of a request pushed with :meth:`SequenceBatcher.push`."""
 

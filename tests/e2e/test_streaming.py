@@ -79,7 +79,7 @@ def final_flag(result: Any) -> bool:
 
 
 # -- gRPC ModelStreamInfer ------------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["repeat_int32", "repeat_py"])
+@pytest.mark.parametrize("model", ["repeat_int32", "repeat_py", "repeat_proc"])
 def test_grpc_stream_carries_every_response_of_each_request(
     grpc_client: grpcclient.InferenceServerClient, model: str
 ) -> None:
@@ -211,7 +211,7 @@ def sse_events(reader: ChunkedReader) -> Iterator[dict[str, Any]]:
     assert pending == b""
 
 
-@pytest.mark.parametrize("model", ["repeat_int32", "repeat_py", "async_repeat"])
+@pytest.mark.parametrize("model", ["repeat_int32", "repeat_py", "repeat_proc", "async_repeat"])
 def test_generate_stream_sends_each_response_as_an_event(
     stream_server: RunningServer, model: str
 ) -> None:

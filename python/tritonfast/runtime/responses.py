@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -189,18 +190,29 @@ class ResponseSender:
     __slots__ = (
         "__weakref__",
         "_closed",
+        "_deliver",
         "_held",
         "_lock",
-        "_mailbox",
         "_sent",
         "_sink",
         "decoupled",
         "request_id",
     )
 
-    def __init__(self, sink: Sink, request_id: str, *, decoupled: bool) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        request_id: str,
+        *,
+        decoupled: bool,
+        deliver: Callable[[Result | None, bool], None] | None = None,
+    ) -> None:
+        """``deliver(result, final)`` passes each response on; by default it is settled into
+        ``sink`` on the sink's event loop (through the loop's mailbox)."""
         self._sink = sink
-        self._mailbox = mailbox_for(sink.get_loop())
+        if deliver is None:
+            deliver = functools.partial(mailbox_for(sink.get_loop()).post, settle, sink)
+        self._deliver = deliver
         self._lock = threading.Lock()
         self._closed = False
         self._sent = 0
@@ -231,7 +243,7 @@ class ResponseSender:
                 self._held = None
             elif result is None and not final:
                 return
-        self._mailbox.post(settle, self._sink, result, final)
+        self._deliver(result, final)
 
     @property
     def closed(self) -> bool:
@@ -250,7 +262,7 @@ class ResponseSender:
                 return
             self._closed = True
             self._held = None
-        self._mailbox.post(settle, self._sink, error, True)
+        self._deliver(error, True)
 
     def __del__(self) -> None:
         if not self._closed:  # never leave the consumer waiting for a final flag

@@ -12,7 +12,6 @@ from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
 from tritonfast.backends.python import loader
 from tritonfast.backends.python.instance import PythonInstance
 from tritonfast.backends.python.process import ProcessInstance, instance_mode
-from tritonfast.errors import UnsupportedError
 
 
 class PythonBackend(Backend):
@@ -34,12 +33,7 @@ class PythonBackend(Backend):
         loader.auto_complete(self.model_class(config, version), config)
 
     def validate(self, config: model_config_pb2.ModelConfig) -> None:
-        mode = instance_mode(config)  # raises for an unknown mode
-        if mode == "process" and config.model_transaction_policy.decoupled:
-            raise UnsupportedError(
-                f"model '{config.name}': decoupled models run in the server process;"
-                " the 'process' instance mode does not support them yet"
-            )
+        instance_mode(config)  # raises for an unknown mode
 
     def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
         return instance_mode(config) == "auto" and not config.model_transaction_policy.decoupled

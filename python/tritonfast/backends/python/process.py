@@ -22,6 +22,10 @@ an error naming the instance, and is started again, with ``initialize``, for the
 A client that goes away while its request runs is seen by the model through
 ``request.is_cancelled()``: the server raises that request's byte in a small shared
 cancellation segment (one byte per request of the batch), which the worker's requests read.
+
+Decoupled models work too: their responses, sent from ``execute`` or from the model's own
+threads after it returned, travel over the pipe (see :mod:`.workerstream`). The response
+sender of a non-decoupled model is not available in this mode.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import queue
 import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,6 +43,7 @@ import numpy as np
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
+from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import rawtensor
@@ -136,6 +142,10 @@ class ProcessInstance(ModelInstance):
     ) -> None:
         self._instance_name = instance_name
         self._model_name = config.name
+        self._decoupled = config.model_transaction_policy.decoupled
+        # Decoupled models: the pipe's reader, and the tokens naming each request's stream.
+        self._relay: ResponseRelay | None = None
+        self._tokens = itertools.count(1)
         self._start_args = (
             str(model_file),
             config.SerializeToString(),
@@ -186,8 +196,10 @@ class ProcessInstance(ModelInstance):
             self._stop_process()
             raise InternalError(reply[1])
         self._take_metrics(reply[1])
+        if self._decoupled:
+            self._relay = ResponseRelay(ours, self._instance_name)
 
-    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result]:
+    def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
         if self._conn is None:
             try:
                 self._start()
@@ -213,16 +225,29 @@ class ProcessInstance(ModelInstance):
             position += count
         flags = self._cancel.buffer
         flags[: len(requests)] = bytes(len(requests))
+        tokens = None
+        relay = self._relay
+        if relay is not None:
+            tokens = [next(self._tokens) for _ in requests]
+            for token, request in zip(tokens, requests, strict=True):
+                relay.open(token, request.sender)
+        message = ("execute", name, size, described, self._cancel.name, self._cancel.size, tokens)
         try:
-            self._conn.send(
-                ("execute", name, size, described, self._cancel.name, self._cancel.size)
-            )
-            clock.inputs_ready()
-            while not self._conn.poll(CANCEL_POLL_S):
-                for index, request in enumerate(requests):
-                    if is_cancelled(request):
-                        flags[index] = 1
-            reply = self._conn.recv()
+            if relay is None:
+                self._conn.send(message)
+                clock.inputs_ready()
+                while not self._conn.poll(CANCEL_POLL_S):
+                    _flag_cancelled(requests, flags)
+                reply = self._conn.recv()
+            else:
+                relay.send(message)
+                clock.inputs_ready()
+                reply = None
+                while reply is None:
+                    try:
+                        reply = relay.reply(CANCEL_POLL_S)
+                    except queue.Empty:
+                        _flag_cancelled(requests, flags)
             clock.infer_done()
         except (EOFError, OSError):
             code = None
@@ -238,6 +263,8 @@ class ProcessInstance(ModelInstance):
             return [error] * len(requests)
         _, out_name, out_size, results, metrics = reply
         self._take_metrics(metrics)
+        if relay is not None:
+            return None  # every response went through the requests' senders
         segment = self._outputs.map(out_name, out_size) if out_name else None
         return [self._result(segment, r) for r in results]
 
@@ -279,6 +306,9 @@ class ProcessInstance(ModelInstance):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._relay is not None:
+            self._relay.join(FINALIZE_TIMEOUT_S)
+            self._relay = None
         if self._process is not None:
             self._process.join(FINALIZE_TIMEOUT_S)
             if self._process.is_alive():
@@ -318,6 +348,8 @@ def worker_main(
         conn.send(("error", exc.message))
         return
     conn.send(("ready", CUSTOM_METRICS.state_if_changed()))
+    # Responses of decoupled requests are sent from any thread: every send takes its lock.
+    streams = WorkerStreams(conn)
     inputs = SegmentReader()
     cancel_flags = SegmentReader()
     outputs = SegmentWriter(output_prefix)
@@ -326,16 +358,27 @@ def worker_main(
             message = conn.recv()
             if message[0] == "finalize":
                 instance.finalize()
-                conn.send(("finalized",))
+                streams.send(("finalized",))
                 return
-            _, name, size, described, flags_name, flags_size = message
+            if message[0] == "cancel":
+                streams.cancel(message[1])
+                continue
+            _, name, size, described, flags_name, flags_size, tokens = message
             segment = inputs.map(name, size)
             flags = cancel_flags.map(flags_name, flags_size).buffer
             requests = [
                 _request(segment.buffer, config.name, d, flags, index)
                 for index, d in enumerate(described)
             ]
-            returned = instance.execute(requests, PhaseClock())
+            if tokens is not None:
+                for token, request in zip(tokens, requests, strict=True):
+                    request.sender = streams.sender(token, request)
+            returned = instance.execute(list[InferRequest](requests), PhaseClock())
+            for request in requests:
+                request.detach()  # the cancellation bytes now belong to the next batch
+            if tokens is not None:
+                streams.send(("results", "", 0, [], CUSTOM_METRICS.state_if_changed()))
+                continue
             # No response sender in a worker: a request without a returned response fails.
             unanswered = InternalError(
                 f"model instance '{instance_name}' returned no response for a request: the"
@@ -343,7 +386,7 @@ def worker_main(
             )
             results = [unanswered] * len(requests) if returned is None else list(returned)
             results = [unanswered if result is None else result for result in results]
-            conn.send((*_describe_results(outputs, results), CUSTOM_METRICS.state_if_changed()))
+            streams.send((*_describe_results(outputs, results), CUSTOM_METRICS.state_if_changed()))
     except EOFError:  # the server went away
         return
     finally:
@@ -361,16 +404,28 @@ class _WorkerRequest(InferRequest):
 
     @property  # type: ignore[override]
     def cancelled(self) -> bool:
-        return bool(self._flags[self._index])
+        flags = self._flags  # None once its batch returned
+        return flags is not None and bool(flags[self._index])
 
     @cancelled.setter
     def cancelled(self, value: bool) -> None:
         pass  # only the server raises the flag
 
+    def detach(self) -> None:
+        """Its batch returned: from now on only the server's cancel messages count."""
+        self._flags = None
+
+
+def _flag_cancelled(requests: list[InferRequest], flags: Any) -> None:
+    """Raise the cancellation byte of each request whose caller went away."""
+    for index, request in enumerate(requests):
+        if is_cancelled(request):
+            flags[index] = 1
+
 
 def _request(
     buffer: Any, model: str, described: tuple[Any, ...], flags: Any, index: int
-) -> InferRequest:
+) -> _WorkerRequest:
     model_name, model_version, request_id, parameters, output_names, slots = described
     request = _WorkerRequest(
         model_name=model_name,

@@ -1,0 +1,190 @@
+"""Decoupled models in worker processes: responses sent from the worker, at any time, reach
+the request's sender in the server.
+
+The worker gives each request of a decoupled model a :class:`~tritonfast.runtime.responses.
+ResponseSender` (with Triton's rules) whose responses go over the instance's pipe as
+``("response", token, result, final)`` messages: the output tensors travel in the message
+itself (pickled), not through the instance's output segment, because a stream's responses
+outlive the batch that segment belongs to. The server's :class:`ResponseRelay` owns the
+pipe's reading end: it passes each response to the server-side sender of the request with
+that token, hands the batch's own reply to the instance thread waiting for it, and tells the
+worker which streams' consumers went away (``("cancel", token)``), which the worker's senders
+then report through ``is_cancelled()``.
+
+A worker that dies ends every stream still open with an error naming the instance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tritonfast.errors import Code, InternalError, TritonError, error_for
+from tritonfast.runtime.responses import ResponseSender, Result
+from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
+
+log = logging.getLogger(__name__)
+
+# How often the relay looks for streams whose consumer went away.
+CANCEL_POLL_S = 0.005
+
+# A response as it travels: ("ok", model, version, id, parameters, [(name, datatype, shape,
+# data)]) or ("error", code, message).
+Described = tuple[Any, ...]
+
+
+def describe(result: Result) -> Described:
+    if isinstance(result, TritonError):
+        return ("error", result.code.value, result.message)
+    tensors = [(t.name, t.datatype, t.shape, t.data) for t in result.outputs]
+    return ("ok", result.model_name, result.model_version, result.id, result.parameters, tensors)
+
+
+def rebuild(described: Described) -> Result:
+    if described[0] == "error":
+        return error_for(Code(described[1]), described[2])
+    _, model_name, model_version, response_id, parameters, tensors = described
+    outputs = [
+        OutputTensor(name, dtype, tuple(shape), data) for name, dtype, shape, data in tensors
+    ]
+    return InferResponse(model_name, model_version, response_id, outputs, parameters)
+
+
+# -- the server side ----------------------------------------------------------------------------
+class ResponseRelay:
+    """Reads one worker's pipe on its own thread (see the module docstring)."""
+
+    def __init__(self, conn: Connection, instance_name: str) -> None:
+        self._conn = conn
+        self._instance_name = instance_name
+        self._send_lock = threading.Lock()
+        self._open: dict[int, ResponseSender] = {}
+        self._cancel_sent: set[int] = set()
+        self._open_lock = threading.Lock()
+        self._replies: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(
+            target=self._run, name=f"relay:{instance_name}", daemon=True
+        )
+        self._thread.start()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+    def open(self, token: int, sender: ResponseSender) -> None:
+        with self._open_lock:
+            self._open[token] = sender
+
+    def reply(self, timeout: float) -> Any:
+        """The worker's next batch reply; raises ``queue.Empty`` after ``timeout``, EOFError
+        once the worker is gone."""
+        reply = self._replies.get(timeout=timeout)
+        if reply is None:
+            raise EOFError
+        return reply
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        conn = self._conn
+        try:
+            while True:
+                if not conn.poll(CANCEL_POLL_S):
+                    self._pass_cancellations()
+                    continue
+                message = conn.recv()
+                if message[0] == "response":
+                    self._deliver(
+                        message[1], rebuild(message[2]) if message[2] else None, message[3]
+                    )
+                else:
+                    self._replies.put(message)
+        except (EOFError, OSError):
+            pass
+        except Exception:  # a relay bug must not leave streams hanging
+            log.exception("instance %s: the response relay failed", self._instance_name)
+        self._replies.put(None)
+        self._end_open_streams()
+
+    def _deliver(self, token: int, result: Result | None, final: bool) -> None:
+        with self._open_lock:
+            sender = self._open.pop(token, None) if final else self._open.get(token)
+            if final:
+                self._cancel_sent.discard(token)
+        if sender is None:
+            return
+        try:
+            sender.send(result, final)
+        except TritonError as error:  # the worker's sender enforces the same rules first
+            log.warning("instance %s: %s", self._instance_name, error.message)
+
+    def _pass_cancellations(self) -> None:
+        with self._open_lock:
+            gone = [
+                token
+                for token, sender in self._open.items()
+                if token not in self._cancel_sent and sender.is_cancelled()
+            ]
+            self._cancel_sent.update(gone)
+        for token in gone:
+            self.send(("cancel", token))
+
+    def _end_open_streams(self) -> None:
+        with self._open_lock:
+            senders, self._open = list(self._open.values()), {}
+        error = InternalError(
+            f"the worker process of model instance '{self._instance_name}' exited before it"
+            " sent the final response"
+        )
+        for sender in senders:
+            sender.abandon(error)
+
+
+# -- the worker side ----------------------------------------------------------------------------
+class WorkerStreams:
+    """The worker's end: senders whose responses go over the pipe."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._cancelled: set[int] = set()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+    def cancel(self, token: int) -> None:
+        self._cancelled.add(token)
+
+    def sender(self, token: int, request: InferRequest) -> ResponseSender:
+        """A decoupled sender for ``request``, whose ``cancelled`` tells whether its caller
+        went away while its batch runs (the cancellation bytes)."""
+
+        def deliver(result: Result | None, final: bool) -> None:
+            described = None if result is None else describe(result)
+            with contextlib.suppress(OSError, ValueError):  # the server went away
+                self.send(("response", token, described, final))
+            if final:
+                self._cancelled.discard(token)
+
+        sink = _WorkerSink(self._cancelled, token, request)
+        return ResponseSender(sink, request.id, decoupled=True, deliver=deliver)
+
+
+class _WorkerSink:
+    """What a worker-side sender asks whether its consumer went away."""
+
+    __slots__ = ("_cancelled", "_request", "_token")
+
+    def __init__(self, cancelled: set[int], token: int, request: InferRequest) -> None:
+        self._cancelled = cancelled
+        self._token = token
+        self._request = request
+
+    def cancelled(self) -> bool:
+        return self._token in self._cancelled or self._request.cancelled
