@@ -16,7 +16,7 @@ from google.protobuf import text_format
 from tritonfast._core import RequestQueue
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock, Result
-from tritonfast.errors import InternalError, UnavailableError, UnsupportedError
+from tritonfast.errors import InternalError, UnavailableError
 from tritonfast.runtime import looprun
 from tritonfast.runtime.handle import ServerHandle
 from tritonfast.runtime.instance import running_instance
@@ -24,6 +24,9 @@ from tritonfast.runtime.responses import (
     FINAL_FIRST_MESSAGE,
     ONE_RESPONSE_MESSAGE,
     SENDER_CLOSED_MESSAGE,
+    STREAM_BUFFER,
+    ResponseSender,
+    ResponseStream,
     Streamed,
     sender_of,
 )
@@ -31,11 +34,13 @@ from tritonfast.runtime.scheduler import (
     DefaultScheduler,
     QueueScheduler,
     Scheduler,
+    SequenceScheduler,
     create_scheduler,
 )
 from tritonfast.runtime.types import InferRequest, InferResponse
 
 from tests.core.test_scheduler import WAIT_S, model, request
+from tests.waiting import wait_for_async
 
 DECOUPLED = "model_transaction_policy { decoupled: true }"
 
@@ -312,7 +317,44 @@ def test_the_config_decides_the_scheduler() -> None:
     config = text_format.Parse("sequence_batching {}", model_config_pb2.ModelConfig(name="seq"))
     loop = asyncio.new_event_loop()
     try:
-        with pytest.raises(UnsupportedError, match="sequence batching is not supported"):
-            create_scheduler("seq_1", config, [], loop)
+        scheduler = create_scheduler("seq_1", config, [Streamer()], loop)
+        assert isinstance(scheduler, SequenceScheduler)
+        scheduler.stop(WAIT_S)
     finally:
         loop.close()
+
+
+def test_a_slow_consumer_blocks_the_sender_at_the_stream_buffer() -> None:
+    """Backpressure: at most STREAM_BUFFER responses wait for the consumer; send() blocks
+    until it takes one, and returns at once when it goes away."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stream = ResponseStream(loop)
+        sender = ResponseSender(stream, "r", decoupled=True)
+        req = request("r")
+        sent = 0
+
+        def produce(count: int) -> None:
+            nonlocal sent
+            for index in range(count):
+                sender.send(response(req, str(index)))
+                sent += 1
+
+        producer = threading.Thread(target=produce, args=(STREAM_BUFFER + 10,))
+        producer.start()
+        await wait_for_async(lambda: sent == STREAM_BUFFER, "a full buffer")
+        assert producer.is_alive()  # blocked on the eleventh response beyond the buffer
+        for _ in range(10):
+            await anext(stream)
+        await wait_for_async(lambda: sent == STREAM_BUFFER + 10, "the rest sent")
+        producer.join(WAIT_S)
+        # A consumer that goes away releases a blocked sender.
+        producer = threading.Thread(target=produce, args=(20,))
+        producer.start()
+        await wait_for_async(lambda: sent == STREAM_BUFFER + 10, "still blocked")
+        stream.cancel()
+        await wait_for_async(lambda: not producer.is_alive(), "the sender released")
+        sender.send(final=True)
+
+    asyncio.run(main())

@@ -19,6 +19,11 @@ Two sides:
   their responses to the loop through the loop's :class:`LoopMailbox`, so that one wake-up of
   the loop delivers every response sent since the last.
 
+Backpressure: a decoupled request's sender lets at most :data:`STREAM_BUFFER` responses wait
+for its consumer (sent but not yet taken from the stream); the next :meth:`ResponseSender.send`
+blocks until the consumer (the client, through the frontend's writes) takes one, or goes
+away. A slow reader therefore holds its model's sending thread, never unbounded memory.
+
 Cancellation flows the other way: :meth:`ResponseStream.cancel` (the client went away) calls
 the scheduler's hook, which drops a queued request (a running one sees its stream cancelled);
 the producer sees it through :meth:`ResponseSender.is_cancelled` or :func:`is_cancelled`.
@@ -56,6 +61,11 @@ SENDER_DROPPED_MESSAGE = (
 )
 
 
+# How many responses of a decoupled request may wait for its consumer before send() blocks.
+STREAM_BUFFER = 256
+# How often a blocked send() looks whether the consumer went away.
+_CREDIT_POLL_S = 0.05
+
 # Where a request's responses go: a ResponseStream, or the future of a single-response request.
 Sink = Any
 
@@ -72,7 +82,15 @@ class ResponseStream:
     """The responses of one request, in the order they were sent; lives on the event loop.
     Iterating yields :class:`Streamed` items and stops after the final one."""
 
-    __slots__ = ("_items", "_loop", "_on_cancel", "_waiter", "cancelled", "finished")
+    __slots__ = (
+        "_items",
+        "_loop",
+        "_on_cancel",
+        "_on_taken",
+        "_waiter",
+        "cancelled",
+        "finished",
+    )
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
@@ -82,12 +100,17 @@ class ResponseStream:
         self._items: deque[Streamed] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._on_cancel: Callable[[], None] | None = None
+        self._on_taken: Callable[[], None] | None = None
         self.finished = False  # the final item has been put
         self.cancelled = False  # the consumer went away before the final item
 
     def on_cancel(self, hook: Callable[[], None]) -> None:
         """What :meth:`cancel` does besides dropping what comes next (set by the scheduler)."""
         self._on_cancel = hook
+
+    def on_taken(self, hook: Callable[[], None]) -> None:
+        """Called each time the consumer takes a response (the producer's backpressure)."""
+        self._on_taken = hook
 
     # -- the producer side (on the loop) ------------------------------------------------------
     def put(self, result: Result | None, final: bool) -> None:
@@ -112,7 +135,10 @@ class ResponseStream:
                 raise StopAsyncIteration
             waiter = self._waiter = self._loop.create_future()
             await waiter
-        return items.popleft()
+        item = items.popleft()
+        if self._on_taken is not None and item.result is not None:
+            self._on_taken()
+        return item
 
     def cancel(self) -> None:
         """The consumer is gone: drop what is still to come and tell the producer."""
@@ -190,6 +216,7 @@ class ResponseSender:
     __slots__ = (
         "__weakref__",
         "_closed",
+        "_credit",
         "_deliver",
         "_held",
         "_lock",
@@ -213,6 +240,11 @@ class ResponseSender:
         if deliver is None:
             deliver = functools.partial(mailbox_for(sink.get_loop()).post, settle, sink)
         self._deliver = deliver
+        # Responses the consumer may still be sent before it takes one (see STREAM_BUFFER).
+        self._credit: threading.Semaphore | None = None
+        if decoupled and isinstance(sink, ResponseStream):
+            self._credit = threading.Semaphore(STREAM_BUFFER)
+            sink.on_taken(self._credit.release)
         self._lock = threading.Lock()
         self._closed = False
         self._sent = 0
@@ -223,7 +255,13 @@ class ResponseSender:
     def send(self, result: Result | None = None, final: bool = False) -> None:
         """Send one response (or, with ``result`` None, only the final flag). Raises
         :class:`~tritonfast.errors.InternalError` with Triton's message for a send the
-        request's mode does not allow."""
+        request's mode does not allow. Blocks while :data:`STREAM_BUFFER` responses wait for
+        the consumer."""
+        credit = self._credit
+        if credit is not None and result is not None:
+            while not credit.acquire(timeout=_CREDIT_POLL_S):
+                if self.is_cancelled():
+                    break  # what is sent now is dropped
         with self._lock:
             if self._closed:
                 raise InternalError(SENDER_CLOSED_MESSAGE)
