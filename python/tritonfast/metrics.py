@@ -36,6 +36,7 @@ from tritonfast.custommetrics import (
     merge,
 )
 from tritonfast.errors import InvalidArgumentError
+from tritonfast.runtime.histogram import FIRST_RESPONSE_FAMILY
 
 if TYPE_CHECKING:
     from tritonfast.repository.manager import ModelRepository
@@ -126,6 +127,8 @@ class MetricsConfig:
 
     summary_latencies: bool = False
     summary_quantiles: tuple[float, ...] = DEFAULT_QUANTILES
+    # Time-to-first-response histograms of decoupled models.
+    histogram_latencies: bool = False
 
 
 def parse_metrics_config(values: list[str]) -> MetricsConfig:
@@ -135,7 +138,7 @@ def parse_metrics_config(values: list[str]) -> MetricsConfig:
         if not separator:
             raise InvalidArgumentError(f"--metrics-config expects key=value, got '{value}'")
         if key == "summary_latencies":
-            config = replace(config, summary_latencies=text.lower() in ("true", "1", "yes", "on"))
+            config = replace(config, summary_latencies=_true(text))
         elif key == "summary_quantiles":
             try:
                 quantiles = tuple(float(item.split(":")[0]) for item in text.split(",") if item)
@@ -144,11 +147,17 @@ def parse_metrics_config(values: list[str]) -> MetricsConfig:
             if not quantiles or not all(0 <= q <= 1 for q in quantiles):
                 raise InvalidArgumentError(f"bad summary_quantiles '{text}'")
             config = replace(config, summary_quantiles=quantiles)
-        elif key in ("histogram_latencies", "counter_latencies"):
-            pass  # histograms cover decoupled models' first responses; counters are always on
+        elif key == "histogram_latencies":
+            config = replace(config, histogram_latencies=_true(text))
+        elif key == "counter_latencies":
+            pass  # counters are always on
         else:
             raise InvalidArgumentError(f"unknown --metrics-config setting '{key}'")
     return config
+
+
+def _true(text: str) -> bool:
+    return text.lower() in ("true", "1", "yes", "on")
 
 
 def _lookup(counters: dict[str, Any], path: tuple[str, ...]) -> int:
@@ -168,8 +177,26 @@ class InferenceMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._counters()
+        if self._config.histogram_latencies:
+            yield self._first_response_histograms()
         if self._config.summary_latencies:
             yield from self._summaries()
+
+    def _first_response_histograms(self) -> Metric:
+        name = FIRST_RESPONSE_FAMILY
+        metric = Metric(
+            name, "Duration from request to first response in milliseconds", "histogram"
+        )
+        for version in self._repository.serving():
+            histogram = version.first_response_histogram()
+            if histogram is None:
+                continue
+            labels = {"model": version.name, "version": str(version.version)}
+            for bound, count in histogram.cumulative():
+                metric.add_sample(name + "_bucket", {**labels, "le": _number(bound)}, count)
+            metric.add_sample(name + "_count", labels, histogram.count)
+            metric.add_sample(name + "_sum", labels, histogram.sum)
+        return metric
 
     def _summaries(self) -> Iterator[Metric]:
         quantiles = list(self._config.summary_quantiles)

@@ -83,6 +83,7 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
         loop,
         strict_config=options.strict_model_config,
         latency_summaries=metrics_config.summary_latencies,
+        histogram_latencies=metrics_config.histogram_latencies,
     )
     control = ModelControl(
         repository,

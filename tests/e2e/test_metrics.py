@@ -6,7 +6,9 @@ sends (models used here get no other traffic while a test runs).
 
 from __future__ import annotations
 
+import queue
 import re
+import shutil
 import threading
 import time
 import urllib.request
@@ -18,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import EXAMPLES, start_server
+from tests.conftest import EXAMPLES, ROOT, start_server
 
 Sample = tuple[str, frozenset[tuple[str, str]]]
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -256,6 +258,58 @@ def test_latency_summaries_when_configured(server: Any, tmp_path: Any) -> None:
     )
     assert idle != idle  # NaN: no request in the window
     assert 'nv_inference_request_summary_us{model="add_sub",version="1",quantile="0.5"}' in text
+
+
+def test_first_response_histograms_for_decoupled_models(server: Any, tmp_path: Any) -> None:
+    """``histogram_latencies=true``: nv_inference_first_response_histogram_ms for decoupled
+    models only, with Triton's default buckets or the model's ``model_metrics`` override."""
+    _, default = scrape(server)
+    assert not any(name.startswith(FIRST_RESPONSE) for name, _ in default)
+    repository = tmp_path / "models"
+    for name in ("repeat_py", "repeat_buckets"):
+        shutil.copytree(STREAMING / "repeat_py", repository / name)
+    with (repository / "repeat_buckets" / "config.pbtxt").open("a") as config:
+        config.write(
+            "model_metrics { metric_control: [ { metric_identifier: { family:"
+            f' "{FIRST_RESPONSE}" }} histogram_options: {{ buckets: [ 0.5, 2.5 ] }} }} ] }}\n'
+        )
+    histograms = start_server(
+        [EXAMPLES, repository], tmp_path / "server.log", "--metrics-config=histogram_latencies=true"
+    )
+    client = grpcclient.InferenceServerClient(histograms.grpc_url)
+    try:
+        done: queue.Queue[Any] = queue.Queue()
+        client.start_stream(callback=lambda result, error: done.put(error))
+        for model in ("repeat_py", "repeat_py", "repeat_py", "repeat_buckets"):
+            values = grpcclient.InferInput("IN", [2], "INT32")
+            values.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
+            client.async_stream_infer(model, [values])
+        assert [done.get(timeout=30) for _ in range(8)] == [None] * 8
+        client.stop_stream()
+        text, samples = scrape(histograms)
+    finally:
+        client.close()
+        assert histograms.stop() == 0
+    assert f"# TYPE {FIRST_RESPONSE} histogram\n" in text
+    labels = {"model": "repeat_py", "version": "1"}
+    assert value(samples, FIRST_RESPONSE + "_count", **labels) == 3
+    assert value(samples, FIRST_RESPONSE + "_sum", **labels) > 0
+    buckets = [
+        value(samples, FIRST_RESPONSE + "_bucket", **labels, le=le)
+        for le in ("100", "500", "2000", "5000", "+Inf")
+    ]
+    assert buckets == sorted(buckets) and buckets[-1] == 3
+    custom = {"model": "repeat_buckets", "version": "1"}
+    assert value(samples, FIRST_RESPONSE + "_bucket", **custom, le="+Inf") == 1
+    assert (FIRST_RESPONSE + "_bucket", frozenset({**custom, "le": "2.5"}.items())) in samples
+    assert not any(
+        name.startswith(FIRST_RESPONSE) and ("model", "add_sub") in labels_
+        for name, labels_ in samples
+    )
+
+
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+STREAMING = ROOT / "tests" / "models_streaming"
 
 
 QUANTILES = ("0.5", "0.9", "0.95", "0.99", "0.999")

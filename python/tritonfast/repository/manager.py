@@ -64,10 +64,12 @@ class ModelRepository:
         *,
         strict_config: bool = False,
         latency_summaries: bool = False,
+        histogram_latencies: bool = False,
     ) -> None:
         self._paths = paths
         self._loop = loop
         self._latency_summaries = latency_summaries
+        self._histogram_latencies = histogram_latencies
         self._strict_config = strict_config
         self._models: dict[str, ModelEntry] = {}
 
@@ -195,6 +197,7 @@ class ModelRepository:
                 self._loop,
                 model_dir=backend.model_dir,
                 latency_summaries=self._latency_summaries,
+                histogram_latencies=self._histogram_latencies,
                 loop_execution=backend.runs_on_event_loop(config),
             )
         except BaseException:

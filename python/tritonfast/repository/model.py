@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.runtime.histogram import Histogram
 from tritonfast.runtime.responses import ResponseStream
 from tritonfast.runtime.scheduler import Scheduler
 from tritonfast.runtime.types import InferRequest, InferResponse
@@ -51,6 +52,10 @@ class ModelVersion:
 
     def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
         return self._scheduler.latency_summaries(quantiles)
+
+    def first_response_histogram(self) -> Histogram | None:
+        """Time to first response (ms) of a decoupled version, when histograms are on."""
+        return self._scheduler.first_response_histogram()
 
     def pending(self) -> int:
         """Requests queued and not yet taken by an instance."""

@@ -86,6 +86,7 @@ class ResponseStream:
         "_items",
         "_loop",
         "_on_cancel",
+        "_on_first",
         "_on_taken",
         "_waiter",
         "cancelled",
@@ -101,12 +102,17 @@ class ResponseStream:
         self._waiter: asyncio.Future[None] | None = None
         self._on_cancel: Callable[[], None] | None = None
         self._on_taken: Callable[[], None] | None = None
+        self._on_first: Callable[[], None] | None = None
         self.finished = False  # the final item has been put
         self.cancelled = False  # the consumer went away before the final item
 
     def on_cancel(self, hook: Callable[[], None]) -> None:
         """What :meth:`cancel` does besides dropping what comes next (set by the scheduler)."""
         self._on_cancel = hook
+
+    def on_first(self, hook: Callable[[], None]) -> None:
+        """Called (on the loop) when the first response or final flag arrives."""
+        self._on_first = hook
 
     def on_taken(self, hook: Callable[[], None]) -> None:
         """Called each time the consumer takes a response (the producer's backpressure)."""
@@ -116,6 +122,9 @@ class ResponseStream:
     def put(self, result: Result | None, final: bool) -> None:
         if self.finished or self.cancelled:
             return
+        if self._on_first is not None:
+            hook, self._on_first = self._on_first, None
+            hook()
         self.finished = final
         self._items.append(Streamed(result, final))
         waiter = self._waiter

@@ -64,6 +64,7 @@ from tritonfast._core import QUEUE_FULL_MESSAGE, QueuePolicy, RequestQueue, Tick
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance
 from tritonfast.errors import UnavailableError
+from tritonfast.runtime.histogram import Histogram, first_response_buckets
 from tritonfast.runtime.instance import InstanceLoop
 from tritonfast.runtime.looprun import LoopExecution
 from tritonfast.runtime.rawtensor import request_prefix
@@ -127,6 +128,11 @@ class Scheduler(abc.ABC):
     def pending(self) -> int:
         """Requests waiting, not yet taken by an instance."""
 
+    def first_response_histogram(self) -> Histogram | None:
+        """Milliseconds from each decoupled request's arrival to its first response, when
+        kept (``histogram_latencies``)."""
+        return None
+
     @property
     def runs_on_loop(self) -> bool:
         """Whether the model's batches run on the event loop now (see looprun)."""
@@ -154,10 +160,14 @@ class QueueScheduler(Scheduler):
         loop: asyncio.AbstractEventLoop,
         *,
         latency_summaries: bool = False,
+        histogram_latencies: bool = False,
         loop_execution: bool = False,
     ) -> None:
         self._loop = loop
         self._decoupled = config.model_transaction_policy.decoupled
+        self._first_response: Histogram | None = None
+        if histogram_latencies and self._decoupled:
+            self._first_response = Histogram(first_response_buckets(config))
         self._configure(config)
         first = self._new_queue(config, latency_summaries=latency_summaries)
         self._queues = [first]
@@ -240,6 +250,10 @@ class QueueScheduler(Scheduler):
             sender = request.sender = ResponseSender(stream, request.id, decoupled=True)
             self._senders.add(sender)
         queue, ticket = self._enqueue(request, stream, batch_size)
+        histogram = self._first_response
+        if histogram is not None:
+            started = perf_counter_ns()
+            stream.on_first(lambda: histogram.observe((perf_counter_ns() - started) / 1e6))
 
         # Holds the ticket, not the request: a sender the model drops must be collectable. A
         # running request sees the cancellation through its stream (responses.is_cancelled).
@@ -277,6 +291,9 @@ class QueueScheduler(Scheduler):
 
     def pending(self) -> int:
         return sum(len(queue) for queue in self._queues)
+
+    def first_response_histogram(self) -> Histogram | None:
+        return self._first_response
 
     @property
     def runs_on_loop(self) -> bool:
@@ -459,7 +476,8 @@ def create_scheduler(
     **options: bool,
 ) -> Scheduler:
     """The scheduler ``config`` asks for, started with ``instances`` (``options``: the
-    scheduler's keyword arguments, ``latency_summaries`` and ``loop_execution``;
+    scheduler's keyword arguments: ``latency_summaries``, ``histogram_latencies`` and
+    ``loop_execution``;
     ``model_dir`` holds what the config refers to, such as initial states)."""
     if config.HasField("sequence_batching"):
         return SequenceScheduler(name, config, instances, loop, model_dir=model_dir, **options)
