@@ -16,8 +16,10 @@ How a call flows:
 - When the request is in, the handler starts on the event loop (one ``call_soon_threadsafe``
   per call); a unary reply leaves in one batch (initial metadata, message, status) from the
   loop, and its completion needs nothing more.
-- A cancelled call cancels its handler's task. Streams read and write one message at a time,
-  each step an awaited batch.
+- A cancelled call cancels its handler's task. Streams read one message at a time, each step
+  an awaited batch. A streaming reply's messages are queued by the loop and sent one after
+  another from the completion-queue thread (:class:`_StreamWriter`): the loop neither waits
+  for each send nor does its transport work.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +44,8 @@ _QUEUE_TIMEOUT = cygrpc.CompletionType.queue_timeout
 _QUEUE_SHUTDOWN = cygrpc.CompletionType.queue_shutdown
 # Calls asked for ahead of time, so that a burst of new calls never waits for us.
 _CALLS_AHEAD = 64
+# Messages of one streaming reply that may wait to be sent before its handler waits for room.
+_STREAM_AHEAD = 16
 
 
 class _Abort(Exception):
@@ -204,15 +209,12 @@ class _Call:
             await replies
             return
         serialize = self.method.serialize
+        writer = _StreamWriter(self)
         async for reply in replies:
-            message = cygrpc.SendMessageOperation(
-                serialize(reply) if serialize else reply, _NO_FLAGS
-            )
-            if self.metadata_sent:
-                await self.batch((message,))
-            else:
-                self.metadata_sent = True
-                await self.batch((cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), message))
+            room = writer.write(serialize(reply) if serialize else reply)
+            if room is not None:
+                await room
+        await writer.drained()
 
     def reply(self, payload: bytes) -> None:
         """Send a unary reply: from the completion-queue thread, bounced there through an
@@ -261,6 +263,79 @@ class _Call:
 
         self.call.start_server_batch(operations, completed)
         return future
+
+
+class _StreamWriter:
+    """Sends a streaming call's messages in order, each from the completion-queue thread as
+    the previous one completes (grpc allows one send in flight per call). The loop only
+    queues them; :meth:`write` hands back a future to wait on when :data:`_STREAM_AHEAD` are
+    queued, resolved once half of them are sent."""
+
+    __slots__ = ("_call", "_ended", "_idle", "_lock", "_queued", "_room", "_sending")
+
+    def __init__(self, call: _Call) -> None:
+        self._call = call
+        self._lock = threading.Lock()
+        self._queued: deque[bytes] = deque()
+        self._sending = False
+        self._ended = False  # a send failed: the call is over
+        self._room: asyncio.Future[Any] | None = None
+        self._idle: asyncio.Future[Any] | None = None
+
+    def write(self, payload: bytes) -> asyncio.Future[Any] | None:  # on the loop
+        with self._lock:
+            if self._ended:
+                return None
+            if self._sending:
+                self._queued.append(payload)
+                if len(self._queued) < _STREAM_AHEAD:
+                    return None
+                self._room = self._call.server.loop.create_future()
+                return self._room
+            self._sending = True
+        call = self._call
+        message = cygrpc.SendMessageOperation(payload, _NO_FLAGS)
+        if call.metadata_sent:
+            call.call.start_server_batch((message,), self._sent)
+        else:
+            call.metadata_sent = True
+            operations = (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), message)
+            call.call.start_server_batch(operations, self._sent)
+        return None
+
+    async def drained(self) -> None:
+        """Wait until every queued message is sent (or the call ended)."""
+        with self._lock:
+            if not self._sending or self._ended:
+                return
+            self._idle = self._call.server.loop.create_future()
+        await self._idle
+
+    def _sent(self, event: Any) -> None:  # on the completion-queue thread
+        wake = []
+        with self._lock:
+            payload = None
+            if not event.success:
+                self._ended = True
+                self._queued.clear()
+            elif self._queued:
+                payload = self._queued.popleft()
+            if payload is None:
+                self._sending = False
+            if self._room is not None and (
+                payload is None or len(self._queued) <= _STREAM_AHEAD // 2
+            ):
+                wake.append(self._room)
+                self._room = None
+            if payload is None and self._idle is not None:
+                wake.append(self._idle)
+                self._idle = None
+        for future in wake:
+            self._call.server.call_soon(_resolve, future, None)
+        if payload is not None:
+            self._call.call.start_server_batch(
+                (cygrpc.SendMessageOperation(payload, _NO_FLAGS),), self._sent
+            )
 
 
 def _resolve(future: asyncio.Future[Any], event: Any) -> None:

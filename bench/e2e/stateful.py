@@ -1,0 +1,227 @@
+"""Load for stateful and streaming models (bench/models_stateful), against any Triton-compatible
+server. Every answer is checked; a wrong one fails the run.
+
+Rows (``ROWS``, space-separated; all by default):
+
+- ``seq``: ``sequence_sum`` (direct strategy, 4 slots), 16 concurrent sequences of 100
+  requests each over gRPC, one client per sequence sending its requests one after another
+  (``infer`` with ``sequence_id``/``sequence_start``/``sequence_end``); each response must be
+  the running sum. Reports completed requests/s.
+- ``stream``: ``stream_repeat`` (decoupled, 4 instances), 4 gRPC streams at once
+  (``start_stream`` + ``async_stream_infer``), each sending 5 requests one after another, each
+  answered by N = 1000 one-element responses 0 .. N-1 in order. Reports responses/s and the
+  median time to first response.
+- ``sse``: the same model and load through ``POST /v2/models/stream_repeat/generate_stream``
+  (Server-Sent Events over HTTP/1.1), one connection per stream.
+
+With ``SERVER_PGID`` set (bench/e2e/peer_ab.sh sets it), each row also reports the server's
+CPU time per request or response, from /proc for that process group.
+
+    usage: stateful.py HTTP_HOSTPORT GRPC_HOSTPORT [MODEL] [LABEL]
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+SEQUENCES, STEPS = 16, 100
+STREAMS, REQUESTS, RESPONSES = 4, 5, 1000
+TIMEOUT_S = 120
+
+
+class Failed(Exception):
+    pass
+
+
+# -- server CPU -------------------------------------------------------------------------------
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of every process in process group ``pgid``."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ...
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def measured(run: Callable[[], tuple[int, dict[str, float]]]) -> tuple[float, dict[str, float]]:
+    """Run a load; (units per second, its figures plus server µs per unit when known)."""
+    pgid = int(os.environ.get("SERVER_PGID", "0"))
+    cpu_before = group_cpu_s(pgid) if pgid else 0.0
+    started = time.perf_counter()
+    units, figures = run()
+    wall = time.perf_counter() - started
+    if pgid:
+        figures["server_us_per_unit"] = (group_cpu_s(pgid) - cpu_before) * 1e6 / units
+    return units / wall, figures
+
+
+# -- seq ----------------------------------------------------------------------------------------
+def sequences(grpc_url: str) -> tuple[int, dict[str, float]]:
+    errors: list[str] = []
+
+    def one(sequence_id: int) -> None:
+        client = grpcclient.InferenceServerClient(grpc_url)
+        tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        total = 0
+        try:
+            for step in range(STEPS):
+                value = (sequence_id * 7 + step) % 13 - 6
+                total += value
+                tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+                result = client.infer(
+                    "sequence_sum",
+                    [tensor],
+                    sequence_id=sequence_id,
+                    sequence_start=step == 0,
+                    sequence_end=step == STEPS - 1,
+                    client_timeout=TIMEOUT_S,
+                )
+                got = int(result.as_numpy("SUM").reshape(-1)[0])
+                if got != total:
+                    raise Failed(f"sequence {sequence_id} step {step}: sum {got}, not {total}")
+        except Exception as exc:
+            errors.append(str(exc))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=one, args=(1000 + i,)) for i in range(SEQUENCES)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise Failed(errors[0])
+    return SEQUENCES * STEPS, {}
+
+
+# -- stream ---------------------------------------------------------------------------------------
+def grpc_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
+    first: list[float] = []
+    errors: list[str] = []
+
+    def one(index: int) -> None:
+        client = grpcclient.InferenceServerClient(grpc_url)
+        replies: queue.Queue[tuple[object, object, float]] = queue.Queue()
+        client.start_stream(
+            callback=lambda result, error: replies.put((result, error, time.perf_counter()))
+        )
+        tensor = grpcclient.InferInput("N", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([RESPONSES], dtype=np.int32))
+        try:
+            for request in range(REQUESTS):
+                sent = time.perf_counter()
+                client.async_stream_infer(
+                    "stream_repeat", [tensor], request_id=f"{index}-{request}"
+                )
+                for expected in range(RESPONSES):
+                    result, error, arrived = replies.get(timeout=TIMEOUT_S)
+                    if error is not None:
+                        raise Failed(str(error))
+                    if expected == 0:
+                        first.append(arrived - sent)
+                    got = int(result.as_numpy("OUT")[0])  # type: ignore[attr-defined]
+                    if got != expected:
+                        raise Failed(f"stream {index}: response {expected} carried {got}")
+        except Exception as exc:
+            errors.append(str(exc))
+        finally:
+            client.stop_stream()
+            client.close()
+
+    run_all(one, errors)
+    return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
+
+
+# -- sse ------------------------------------------------------------------------------------------
+def sse_streams(http_url: str) -> tuple[int, dict[str, float]]:
+    host, port = http_url.rsplit(":", 1)
+    first: list[float] = []
+    errors: list[str] = []
+
+    def one(index: int) -> None:
+        connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
+        body = json.dumps({"N": RESPONSES})
+        try:
+            for _ in range(REQUESTS):
+                sent = time.perf_counter()
+                connection.request("POST", "/v2/models/stream_repeat/generate_stream", body)
+                reply = connection.getresponse()
+                if reply.status != 200:
+                    raise Failed(f"generate_stream answered {reply.status}: {reply.read()!r}")
+                expected = 0
+                for line in reply:
+                    if not line.startswith(b"data:"):
+                        continue
+                    if expected == 0:
+                        first.append(time.perf_counter() - sent)
+                    event = json.loads(line[5:])
+                    if event.get("OUT") != expected:
+                        raise Failed(f"stream {index}: event {expected} was {event}")
+                    expected += 1
+                if expected != RESPONSES:
+                    raise Failed(f"stream {index}: {expected} events, not {RESPONSES}")
+        except Exception as exc:
+            errors.append(str(exc))
+        finally:
+            connection.close()
+
+    run_all(one, errors)
+    return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
+
+
+def run_all(one: Callable[[int], None], errors: list[str]) -> None:
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(STREAMS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise Failed(errors[0])
+
+
+def median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1e3
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    http_url, grpc_url = sys.argv[1], sys.argv[2]
+    label = sys.argv[4] if len(sys.argv) > 4 else ""
+    loads = {
+        "seq": (lambda: sequences(grpc_url), "requests/s"),
+        "stream": (lambda: grpc_streams(grpc_url), "responses/s"),
+        "sse": (lambda: sse_streams(http_url), "responses/s"),
+    }
+    for row in os.environ.get("ROWS", "seq stream sse").split():
+        run, unit = loads[row]
+        try:
+            rate, figures = measured(run)
+        except Failed as failure:
+            print(f"{label} {row} FAILED {failure}", flush=True)
+            continue
+        extra = " ".join(f"{name} {value:.2f}" for name, value in figures.items())
+        print(f"{label} {row} {unit} {rate:.0f} {extra}".strip(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
