@@ -369,8 +369,10 @@ class SequenceBatcher:
     def cancel(self, ticket: SequenceTicket) -> bool: ...
     def pop(self, instance: int, timeout_us: int) -> Batch | None:
         """Wait (GIL released) for a batch for ``instance``: a :class:`Batch` whose ``items``
-        hold ``None`` at null entries (empty on a timeout), or ``None`` once closed with nothing
-        left for the instance."""
+        hold ``None`` at null entries, or whose ``rejected`` holds the requests of cancelled
+        sequences (a cancelled request cancels the rest of its sequence; answer them
+        CANCELLED); both empty on a timeout. ``None`` once closed with nothing left for the
+        instance."""
 
     def close(self) -> None: ...
     @property

@@ -32,6 +32,12 @@
 //! behind the requests already waiting, and the model sees START again (and resets what it
 //! keeps for the slot).
 //!
+//! Cancellation (as in Triton): a request cancelled while it waits never runs, and when it
+//! reaches the head of its sequence the whole sequence is cancelled: the requests waiting
+//! behind it come back from `pop_batch` as [`SequencePop::Cancelled`] (to be answered with a
+//! CANCELLED error), the slot is freed and the ID needs a START again. A backlog sequence
+//! holding a cancelled request is cancelled whole when its turn for a slot comes.
+//!
 //! Idle sequences: a sequence holding a slot, with no request waiting, whose last request
 //! arrived (or was handed out, or which took its slot from the backlog) more than
 //! `max_sequence_idle` ago is released. Backlog sequences are never released. A later request
@@ -214,6 +220,8 @@ pub struct SlotBatch<T> {
 #[derive(Debug)]
 pub enum SequencePop<T> {
     Batch(SlotBatch<T>),
+    /// Requests of cancelled sequences: answer each with a CANCELLED error.
+    Cancelled(Vec<T>),
     TimedOut,
     /// Closed, and nothing is left for this instance.
     Closed,
@@ -254,24 +262,6 @@ impl<T> Sequence<T> {
             ending: false,
         }
     }
-
-    /// Drops cancelled requests at the head; true if one of them was the END.
-    fn drop_cancelled_head(&mut self) -> bool {
-        let mut ended = false;
-        while self.waiting.front().is_some_and(Waiting::cancelled) {
-            ended |= self.waiting.pop_front().is_some_and(|w| w.end);
-        }
-        ended
-    }
-
-    /// The head request, after dropping cancelled ones. Marks the sequence finished (the
-    /// caller frees its slot) when a cancelled END was dropped and nothing waits after it.
-    fn head(&mut self) -> Option<&Waiting<T>> {
-        if self.drop_cancelled_head() && self.waiting.is_empty() {
-            self.ending = true;
-        }
-        self.waiting.front()
-    }
 }
 
 /// Where a live sequence is.
@@ -288,6 +278,8 @@ struct State<T> {
     /// `slots[instance][slot]`: the sequence holding it.
     slots: Vec<Vec<Option<Sequence<T>>>>,
     backlog: VecDeque<Sequence<T>>,
+    /// Requests of cancelled sequences, for the next `pop_batch`.
+    cancelled: Vec<T>,
     next_seq: Vec<u64>,
     /// Requests waiting (not cancelled).
     waiting: usize,
@@ -371,6 +363,7 @@ impl<T> SequenceBatcher<T> {
                     .map(|_| (0..slots).map(|_| None).collect())
                     .collect(),
                 backlog: VecDeque::new(),
+                cancelled: Vec::new(),
                 next_seq: vec![0; config.instances],
                 waiting: 0,
                 closed: false,
@@ -516,6 +509,9 @@ impl<T> SequenceBatcher<T> {
         loop {
             let now = Instant::now();
             self.release_idle(&mut state, now);
+            if !state.cancelled.is_empty() {
+                return SequencePop::Cancelled(std::mem::take(&mut state.cancelled));
+            }
             let mut wake = self.next_idle_deadline(&state);
             match self.plan(&mut state, instance, now) {
                 Plan::Send(positions) => {
@@ -543,14 +539,19 @@ impl<T> SequenceBatcher<T> {
 
     // -- placing sequences ---------------------------------------------------------------------
 
-    /// Frees a slot and gives it to the oldest backlog sequence.
+    /// Frees a slot and gives it to the oldest backlog sequence (cancelling, in turn, backlog
+    /// sequences that hold a cancelled request).
     fn free_slot(&self, state: &mut State<T>, instance: usize, slot: usize) {
         if let Some(sequence) = state.slots[instance][slot].take()
             && !sequence.ending
         {
             state.live.remove(&sequence.id);
         }
-        if let Some(mut next) = state.backlog.pop_front() {
+        while let Some(mut next) = state.backlog.pop_front() {
+            if next.waiting.iter().any(Waiting::cancelled) {
+                self.cancel_sequence(state, next);
+                continue;
+            }
             next.last_request = Instant::now();
             if !next.ending {
                 state
@@ -559,7 +560,44 @@ impl<T> SequenceBatcher<T> {
             }
             state.slots[instance][slot] = Some(next);
             self.ready[instance].notify_one();
+            break;
         }
+    }
+
+    /// A sequence (out of its slot or the backlog) is cancelled: its waiting requests go to
+    /// the cancelled list and its ID is no longer live.
+    fn cancel_sequence(&self, state: &mut State<T>, mut sequence: Sequence<T>) {
+        if !sequence.ending {
+            state.live.remove(&sequence.id);
+        }
+        let now = Instant::now();
+        for waiting in sequence.waiting.drain(..) {
+            if waiting.ticket.swap(CANCELLED, Ordering::AcqRel) == QUEUED {
+                state.waiting -= 1;
+                self.stats.record_failure(
+                    FailureReason::Canceled,
+                    now.saturating_duration_since(waiting.enqueued_at),
+                );
+                state.cancelled.push(waiting.item);
+            }
+        }
+        for ready in &self.ready {
+            ready.notify_one();
+        }
+    }
+
+    /// If the next request of the sequence in `slot` was cancelled, cancels the sequence and
+    /// frees the slot; true if it did.
+    fn cancel_if_head_cancelled(&self, state: &mut State<T>, instance: usize, slot: usize) -> bool {
+        let cancelled = state.slots[instance][slot]
+            .as_ref()
+            .is_some_and(|sequence| sequence.waiting.front().is_some_and(Waiting::cancelled));
+        if cancelled {
+            let sequence = state.slots[instance][slot].take().expect("checked above");
+            self.cancel_sequence(state, sequence);
+            self.free_slot(state, instance, slot); // hands the emptied slot to the backlog
+        }
+        cancelled
     }
 
     /// Releases sequences idle for longer than `max_sequence_idle`.
@@ -569,12 +607,14 @@ impl<T> SequenceBatcher<T> {
             |sequence: &Sequence<T>| now.saturating_duration_since(sequence.last_request) > idle;
         for instance in 0..state.slots.len() {
             for slot in 0..state.slots[instance].len() {
+                if self.cancel_if_head_cancelled(state, instance, slot) {
+                    continue;
+                }
+                // A sequence with a request waiting is not idle.
                 let release = state.slots[instance][slot]
-                    .as_mut()
+                    .as_ref()
                     .is_some_and(|sequence| {
-                        // A sequence with a request waiting is not idle; one whose END was
-                        // cancelled is over.
-                        sequence.head().is_none() && (sequence.ending || expired(sequence))
+                        sequence.waiting.is_empty() && (sequence.ending || expired(sequence))
                     });
                 if release {
                     self.free_slot(state, instance, slot);
@@ -604,21 +644,18 @@ impl<T> SequenceBatcher<T> {
     fn plan(&self, state: &mut State<T>, instance: usize, now: Instant) -> Plan {
         // (slot, batch size, enqueued at) of each slot's head request.
         let mut heads: Vec<(usize, u32, Instant)> = Vec::new();
-        let mut finished = Vec::new();
-        for (slot, held) in state.slots[instance].iter_mut().enumerate() {
-            if let Some(sequence) = held {
-                let head = sequence
-                    .head()
-                    .map(|head| (slot, head.batch_size, head.enqueued_at));
-                match head {
-                    Some(head) => heads.push(head),
-                    None if sequence.ending => finished.push(slot),
-                    None => {}
-                }
+        for slot in 0..state.slots[instance].len() {
+            if self.cancel_if_head_cancelled(state, instance, slot) {
+                continue;
             }
-        }
-        for slot in finished {
-            self.free_slot(state, instance, slot);
+            let Some(sequence) = &state.slots[instance][slot] else {
+                continue;
+            };
+            match sequence.waiting.front() {
+                Some(head) => heads.push((slot, head.batch_size, head.enqueued_at)),
+                None if sequence.ending => self.free_slot(state, instance, slot),
+                None => {}
+            }
         }
         let Some(oldest) = heads.iter().map(|head| head.2).min() else {
             return Plan::Nothing;
@@ -689,6 +726,7 @@ impl<T> SequenceBatcher<T> {
         let direct = matches!(self.config.strategy, Strategy::Direct { .. });
         let mut entries: Vec<Entry<T>> = Vec::with_capacity(slots.len());
         let mut ended = Vec::new();
+        let mut lost = Vec::new();
         for &slot in slots {
             if direct {
                 // Null entries for the slots before this one that have nothing waiting.
@@ -712,11 +750,11 @@ impl<T> SequenceBatcher<T> {
                 .ticket
                 .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok();
-            if waiting.end {
-                ended.push(slot);
-            }
             sequence.last_request = Instant::now();
             if claimed {
+                if waiting.end {
+                    ended.push(slot);
+                }
                 state.waiting -= 1;
                 entries.push(Entry {
                     slot,
@@ -728,12 +766,22 @@ impl<T> SequenceBatcher<T> {
                         end: waiting.end,
                     }),
                 });
-            } else if direct {
-                entries.push(Entry {
-                    slot,
-                    request: None,
-                });
+            } else {
+                // Cancelled since the plan: the rest of its sequence is cancelled too.
+                lost.push(slot);
+                if direct {
+                    entries.push(Entry {
+                        slot,
+                        request: None,
+                    });
+                }
             }
+        }
+        for slot in lost {
+            if let Some(sequence) = state.slots[instance][slot].take() {
+                self.cancel_sequence(state, sequence);
+            }
+            self.free_slot(state, instance, slot);
         }
         for slot in ended {
             self.free_slot(state, instance, slot);

@@ -227,33 +227,65 @@ fn sequence_requests_carry_one_batch_element() {
 }
 
 #[test]
-fn cancelled_requests_never_run_and_a_cancelled_end_frees_the_slot() {
+fn a_cancelled_request_cancels_the_rest_of_its_sequence() {
     let batcher = SequenceBatcher::new(direct(1, 1)).unwrap();
     batcher.push(&id(1), true, false, 1, 1).unwrap();
-    let second = batcher.push(&id(1), false, false, 2, 1).unwrap();
-    let end = batcher.push(&id(1), false, true, 3, 1).unwrap();
-    batcher.push(&id(2), true, true, 4, 1).unwrap(); // backlog
-    assert!(batcher.cancel(&second));
-    assert!(batcher.cancel(&end));
-    assert!(!batcher.cancel(&end));
     assert_eq!(
         layout(&batch(batcher.pop_batch(0, WAIT))),
         vec![(0, Some(1))]
     );
+    let second = batcher.push(&id(1), false, false, 2, 1).unwrap();
+    let third = batcher.push(&id(1), false, false, 3, 1).unwrap();
+    batcher.push(&id(2), true, true, 4, 1).unwrap(); // backlog
+    assert!(batcher.cancel(&second));
+    assert!(!batcher.cancel(&second));
+    // As in Triton: the requests behind the cancelled one come back to be answered
+    // CANCELLED, the slot goes to the backlog, and the ID needs a START again.
+    match batcher.pop_batch(0, WAIT) {
+        SequencePop::Cancelled(items) => assert_eq!(items, vec![3]),
+        other => panic!("expected the cancelled rest, got {other:?}"),
+    }
+    assert!(third.cancelled());
     assert_eq!(
         layout(&batch(batcher.pop_batch(0, WAIT))),
         vec![(0, Some(4))]
     );
-    assert!(second.cancelled());
+    let err = batcher.push(&id(1), false, false, 5, 1).unwrap_err();
+    assert!(err.message.contains("must specify the START flag"));
+    let canceled = batcher
+        .stats()
+        .snapshot()
+        .failures
+        .iter()
+        .map(|f| f.1)
+        .sum::<u64>();
+    assert_eq!(canceled, 2);
+}
+
+#[test]
+fn a_backlog_sequence_with_a_cancelled_request_is_cancelled_whole() {
+    let batcher = SequenceBatcher::new(direct(1, 1)).unwrap();
+    batcher.push(&id(1), true, false, 1, 1).unwrap();
+    let start = batcher.push(&id(2), true, false, 20, 1).unwrap(); // backlog
+    batcher.push(&id(2), false, false, 21, 1).unwrap();
+    batcher.push(&id(3), true, true, 30, 1).unwrap(); // backlog, behind sequence 2
+    assert!(batcher.cancel(&start));
     assert_eq!(
-        batcher
-            .stats()
-            .snapshot()
-            .failures
-            .iter()
-            .map(|f| f.1)
-            .sum::<u64>(),
-        2
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(1))]
+    );
+    batcher.push(&id(1), false, true, 11, 1).unwrap();
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(11))]
+    );
+    match batcher.pop_batch(0, WAIT) {
+        SequencePop::Cancelled(items) => assert_eq!(items, vec![21]),
+        other => panic!("expected sequence 2 cancelled, got {other:?}"),
+    }
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(30))]
     );
 }
 
@@ -377,6 +409,7 @@ fn sequences_never_run_twice_at_once_and_keep_their_order() {
                             }
                         }
                         SequencePop::Closed => return,
+                        SequencePop::Cancelled(items) => panic!("cancelled {items:?}"),
                         SequencePop::TimedOut => {}
                     }
                 }

@@ -63,7 +63,7 @@ from typing import Any, ClassVar, Literal
 from tritonfast._core import QUEUE_FULL_MESSAGE, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance
-from tritonfast.errors import UnavailableError
+from tritonfast.errors import CancelledError, UnavailableError
 from tritonfast.runtime.histogram import Histogram, first_response_buckets
 from tritonfast.runtime.instance import InstanceLoop
 from tritonfast.runtime.looprun import LoopExecution
@@ -93,6 +93,8 @@ REQUEST_TIMEOUT_MESSAGE = "Request timeout expired"
 STOPPING_MESSAGE = (
     "Server is stopping, scheduler for model has stopped accepting new inference requests"
 )
+# What the requests of a sequence are answered with when an earlier one of it was cancelled.
+SEQUENCE_CANCELLED_MESSAGE = "an earlier request of this sequence was cancelled"
 # What a decoupled request still open when its model stops is answered with.
 STOPPED_MESSAGE = "the model stopped before it sent the final response of this request"
 
@@ -455,6 +457,10 @@ class SequenceScheduler(QueueScheduler):
     def pending(self) -> int:
         return len(self._batcher)
 
+    def _reject(self, sinks: list[Sink]) -> None:
+        # The requests of a sequence cancelled by one of its earlier requests' cancellation.
+        self._loop.call_soon_threadsafe(_fail_cancelled, sinks)
+
     def _deliver(
         self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
     ) -> None:
@@ -501,6 +507,12 @@ def _fail_timed_out(sinks: list[Sink]) -> None:
     """Runs on the event loop: answer requests whose queue timeout expired (REJECT)."""
     for sink in sinks:
         settle(sink, UnavailableError(REQUEST_TIMEOUT_MESSAGE), True)
+
+
+def _fail_cancelled(sinks: list[Sink]) -> None:
+    """Runs on the event loop: answer the requests of a cancelled sequence."""
+    for sink in sinks:
+        settle(sink, CancelledError(SEQUENCE_CANCELLED_MESSAGE), True)
 
 
 def _queue_policy(policy: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:

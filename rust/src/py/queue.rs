@@ -584,6 +584,24 @@ pub(super) fn to_batch(
     }))
 }
 
+/// A batch holding only `rejected` items (the requests of cancelled sequences).
+pub(super) fn rejected_batch(
+    py: Python<'_>,
+    items: Vec<Py<PyAny>>,
+    stats: Arc<ModelStats>,
+) -> PyResult<PyBatch> {
+    Ok(PyBatch {
+        items: PyList::empty(py).unbind(),
+        rejected: Some(PyTuple::new(py, items)?.unbind()),
+        seq: 0,
+        timings: Timings::Many(Vec::new()),
+        stats: StatsOwner::Shared(stats),
+        slots: Some(Box::default()),
+        nulls: Some(Box::default()),
+        reported: AtomicBool::new(false),
+    })
+}
+
 /// A sequence batch's Python face: `items` holds `None` at null entries.
 pub(super) fn sequence_batch(
     py: Python<'_>,

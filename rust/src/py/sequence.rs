@@ -9,7 +9,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyString};
 
 use super::gil::without_gil;
-use super::queue::{PyBatch, SIGNAL_CHECK_INTERVAL, sequence_batch, summaries_dict};
+use super::queue::{
+    PyBatch, SIGNAL_CHECK_INTERVAL, rejected_batch, sequence_batch, summaries_dict,
+};
 use super::stats::snapshot_dict;
 use crate::error::CoreError;
 use crate::sequence::{
@@ -137,8 +139,9 @@ impl PySequenceBatcher {
 
     /// Waits up to `timeout_us` microseconds (GIL released) for a batch for instance
     /// `instance`. Returns a `Batch` whose `items` hold `None` at null entries (slots without a
-    /// request) and whose `slots` name each position's slot (both empty when the wait timed
-    /// out), or `None` once closed with nothing left for this instance.
+    /// request) and whose `slots` name each position's slot, or whose `rejected` holds the
+    /// requests of cancelled sequences (answer them CANCELLED); both empty when the wait timed
+    /// out. `None` once closed with nothing left for this instance.
     fn pop(&self, py: Python<'_>, instance: usize, timeout_us: u64) -> PyResult<Option<PyBatch>> {
         if instance >= self.inner.config().instances {
             return Err(CoreError::invalid_arg(format!("no instance {instance}")).into());
@@ -155,6 +158,10 @@ impl PySequenceBatcher {
                 SequencePop::Batch(batch) => {
                     let stats = Arc::clone(self.inner.stats());
                     return Ok(Some(sequence_batch(py, batch, stats)?));
+                }
+                SequencePop::Cancelled(items) => {
+                    let stats = Arc::clone(self.inner.stats());
+                    return Ok(Some(rejected_batch(py, items, stats)?));
                 }
                 SequencePop::Closed => return Ok(None),
                 SequencePop::TimedOut => {
