@@ -1,7 +1,9 @@
 """The response stream end to end: requests answered by any number of responses, over gRPC
 ``ModelStreamInfer`` (tritonclient) and HTTP Server-Sent Events (raw sockets), cancellation
 reaching the producer, the generate extension, the Python backend's response sender and
-``async def execute``, and BLS calls through the server handle.
+``async def execute``, BLS calls through the server handle, a decoupled model in a worker
+process (``repeat_proc``), and our equivalents of python_backend's decoupled examples
+(``repeat_example``, ``square_int32``) with what their clients check.
 
 The ``repeat`` backend (tests/plugins) is a test-only backend found through the
 ``tritonfast.backends`` entry points: one response per element of ``IN``, then a bare final
@@ -355,3 +357,87 @@ def test_bls_calls_another_model_in_process(stream_server: RunningServer) -> Non
         assert stats["inference_stats"]["success"]["count"] >= 3  # the callee's own scheduler
     finally:
         client.close()
+
+
+# -- python_backend's decoupled examples, and the custom_repeat example client --------------------
+def uint32_input(name: str, values: list[int]) -> Any:
+    tensor = grpcclient.InferInput(name, [len(values)], "UINT32")
+    tensor.set_data_from_numpy(np.array(values, dtype=np.uint32))
+    return tensor
+
+
+def test_custom_repeat_client_gets_every_response_in_order(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """What tritonclient's ``simple_grpc_custom_repeat.py`` checks, with shorter delays: ten
+    responses OUT = IN[i], in order, and no empty final reply (it did not ask for one)."""
+    values = list(range(100, 110))
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        grpc_client.async_stream_infer(
+            "repeat_example",
+            [int32_input(values), uint32_input("DELAY", [5] * 10), uint32_input("WAIT", [20])],
+        )
+        received = [replies.get(timeout=WAIT_S) for _ in values]
+    finally:
+        grpc_client.stop_stream()  # waits for the stream's end: nothing else came
+    assert all(error is None for _, error in received)
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in received] == values
+    assert [int(r.as_numpy("IDX")[0]) for r, _ in received] == list(range(10))
+    assert [final_flag(r) for r, _ in received] == [False] * 10
+    assert replies.empty()
+
+
+def test_repeat_example_errors_keep_the_stream_open(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        grpc_client.async_stream_infer(
+            "repeat_example",
+            [int32_input([1, 2]), uint32_input("DELAY", [1]), uint32_input("WAIT", [0])],
+            request_id="bad",
+        )
+        _, error = replies.get(timeout=WAIT_S)
+        assert error is not None and "IN and DELAY must have the same shape" in error.message()
+        grpc_client.async_stream_infer(
+            "repeat_example",
+            [int32_input([7]), uint32_input("DELAY", [0]), uint32_input("WAIT", [0])],
+        )
+        result, error = replies.get(timeout=WAIT_S)
+        assert error is None and int(result.as_numpy("OUT")[0]) == 7
+    finally:
+        grpc_client.stop_stream()
+
+
+def test_square_example_sends_in_responses_then_a_final_flag(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """As python_backend's square client checks: IN responses of OUT = IN for each request
+    (none for 0), then one empty final reply each when asked for."""
+    counts = [4, 2, 0, 1, 3]
+    replies = stream_replies(
+        grpc_client,
+        [("square_int32", [count], {}) for count in counts],
+        expected=sum(counts) + len(counts),
+        enable_empty_final_response=True,
+    )
+    assert all(error is None for _, error in replies)
+    by_request: dict[str, list[Any]] = {}
+    for result, _ in replies:
+        by_request.setdefault(result.get_response().id, []).append(result)
+    for index, count in enumerate(counts):
+        results = by_request[f"r{index}"]
+        assert [final_flag(r) for r in results] == [False] * count + [True]
+        assert [int(r.as_numpy("OUT")[0]) for r in results[:-1]] == [count] * count
+        assert results[-1].as_numpy("OUT") is None
+
+
+def test_square_example_failing_execute_answers_with_its_error(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    replies = stream_replies(grpc_client, [("square_int32", [-1], {})], expected=1)
+    ((_, error),) = replies
+    assert error is not None and "IN must be non-negative" in error.message()
