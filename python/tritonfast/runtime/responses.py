@@ -62,7 +62,7 @@ SENDER_DROPPED_MESSAGE = (
 
 
 # How many responses of a decoupled request may wait for its consumer before send() blocks.
-STREAM_BUFFER = 64
+STREAM_BUFFER = 16
 # How often a blocked send() looks whether the consumer went away.
 _CREDIT_POLL_S = 0.05
 
