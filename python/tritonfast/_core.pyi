@@ -17,6 +17,8 @@ __all__ = [
     "QueuePolicy",
     "RegionView",
     "RequestQueue",
+    "SequenceBatcher",
+    "SequenceTicket",
     "SharedMemoryRegistry",
     "TensorPool",
     "Ticket",
@@ -326,12 +328,14 @@ class OutStream:
     def unsent(self) -> int:
         """Bytes written and not yet handed to the kernel."""
 
+@final
 class SequenceTicket:
     """The handle of a request pushed with :meth:`SequenceBatcher.push`."""
 
     @property
     def status(self) -> Literal["QUEUED", "TAKEN", "CANCELLED"]: ...
 
+@final
 class SequenceBatcher:
     """Triton's sequence batcher: each sequence (correlation ID) is pinned to one instance slot
     from its START to its END; its requests run one at a time, in arrival order; sequences
@@ -340,8 +344,8 @@ class SequenceBatcher:
     slot with work) or "oldest" (the oldest waiting requests of up to ``max_batch_size``
     sequences)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         model: str,
         instances: int,
         max_batch_size: int = 0,
@@ -353,7 +357,7 @@ class SequenceBatcher:
         preferred_batch_sizes: list[int] = ...,
         max_sequence_idle_us: int = 1_000_000,
         latency_summaries: bool = False,
-    ) -> None: ...
+    ) -> Self: ...
     def push(
         self,
         item: object,
