@@ -13,9 +13,7 @@ class TritonPythonModel:
         for request in requests:
             corrid = int(control(request, "CORRID")[0][0])
             if corrid in seen:
-                raise pb_utils.TritonModelException(
-                    "a batch holds two requests of sequence %d" % corrid
-                )
+                raise pb_utils.TritonModelException(f"a batch holds two requests of {corrid}")
             seen.add(corrid)
             output = control(request, "INPUT") + control(request, "START")
             if control(request, "END")[0][0]:

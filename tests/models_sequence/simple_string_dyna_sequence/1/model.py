@@ -15,10 +15,8 @@ class TritonPythonModel:
         for request in requests:
             corrid = control(request, "CORRID")[0][0].decode()
             value = int(control(request, "INPUT")[0][0])
-            if control(request, "START")[0][0]:
-                total = value
-            else:
-                total = self.sums[corrid] + value
+            start = control(request, "START")[0][0]
+            total = value if start else self.sums[corrid] + value
             if control(request, "END")[0][0]:
                 total += int(corrid)
                 self.sums.pop(corrid, None)

@@ -32,7 +32,7 @@ class TritonPythonModel:
         return None
 
     def send(self, sender, values, delays):
-        for index, (value, delay) in enumerate(zip(values.tolist(), delays.tolist())):
+        for index, (value, delay) in enumerate(zip(values.tolist(), delays.tolist(), strict=True)):
             time.sleep(delay / 1000)
             sender.send(
                 pb_utils.InferenceResponse(
