@@ -25,7 +25,10 @@ ENTRY_POINT_GROUP = "tritonfast.backends"
 # Backend name -> "module:class" of the backends that come with tritonfast.
 BUILTIN: dict[str, str] = {
     "python": "tritonfast.backends.python.kind:PythonBackend",
+    "ensemble": "tritonfast.backends.ensemble.kind:EnsembleBackend",
 }
+# Platform name -> the built-in backend that serves it.
+BUILTIN_PLATFORMS: dict[str, str] = {"ensemble": "ensemble"}
 
 _by_name: dict[str, type[Backend]] = {}
 _by_platform: dict[str, type[Backend]] = {}
@@ -57,6 +60,8 @@ def lookup(config: model_config_pb2.ModelConfig) -> type[Backend]:
 def _find(config: model_config_pb2.ModelConfig) -> type[Backend] | None:
     if config.backend:
         return _find_by_name(config.backend)
+    if config.platform not in _by_platform and config.platform in BUILTIN_PLATFORMS:
+        return _find_by_name(BUILTIN_PLATFORMS[config.platform])
     return _by_platform.get(config.platform)
 
 

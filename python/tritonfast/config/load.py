@@ -126,6 +126,8 @@ def complete(config: ModelConfig, default_model_filename: str = "") -> None:
     """
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
+    if config.HasField("ensemble_scheduling"):
+        return  # an ensemble has no instances, model file or batcher of its own
     if not config.instance_group:
         config.instance_group.add()
     for index, group in enumerate(config.instance_group):

@@ -485,6 +485,10 @@ def create_scheduler(
     scheduler's keyword arguments: ``latency_summaries``, ``histogram_latencies`` and
     ``loop_execution``;
     ``model_dir`` holds what the config refers to, such as initial states)."""
+    if config.HasField("ensemble_scheduling"):
+        from tritonfast.runtime.ensemble import EnsembleScheduler  # it builds on this module
+
+        return EnsembleScheduler(config, loop)
     if config.HasField("sequence_batching"):
         return SequenceScheduler(name, config, instances, loop, model_dir=model_dir, **options)
     kind: type[QueueScheduler] = DefaultScheduler

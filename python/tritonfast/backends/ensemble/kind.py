@@ -1,0 +1,28 @@
+"""Ensembles (``platform: "ensemble"``): models made of other models' steps.
+
+An ensemble has no model file and no instances of its own: its requests are run by the
+ensemble scheduler (:mod:`tritonfast.runtime.ensemble`), which sends each step to its model.
+This backend checks the graph at load (:mod:`.plan`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
+from tritonfast.backends.ensemble.plan import plan_of
+from tritonfast.errors import InternalError
+
+
+class EnsembleBackend(Backend):
+    name: ClassVar[str] = "ensemble"
+    platforms: ClassVar[tuple[str, ...]] = ("ensemble",)
+
+    def validate(self, config: model_config_pb2.ModelConfig) -> None:
+        plan_of(config)
+
+    def create_instance(
+        self, config: model_config_pb2.ModelConfig, placement: InstancePlacement
+    ) -> ModelInstance:
+        raise InternalError(f"ensemble '{config.name}' has no instances of its own")

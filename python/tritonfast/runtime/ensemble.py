@@ -1,0 +1,179 @@
+"""The ensemble scheduler: a request to an ensemble runs its steps, each through its model's
+own scheduler, in-process.
+
+A request starts with the ensemble's inputs as the available tensors. Every step whose inputs
+all exist is sent at once (:meth:`~tritonfast.runtime.handle.ServerHandle.infer_async`: the
+step model's validation, scheduler, batching and statistics, the tensors passed as the arrays
+they are), so independent steps run concurrently; each step's outputs become available under
+their ensemble names as it answers. When every step has answered, the ensemble's outputs (the
+requested ones) are its response. A step that fails fails the request with the step's error;
+the steps still running are cancelled. The ensemble's own statistics count its requests (with
+their whole durations); each step counts in its own model's statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from time import perf_counter_ns
+from typing import Any
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.backends.ensemble.plan import EnsemblePlan, Step, plan_of
+from tritonfast.errors import TritonError
+from tritonfast.runtime import handle
+from tritonfast.runtime.responses import ResponseStream, settle
+from tritonfast.runtime.scheduler import Scheduler
+from tritonfast.runtime.types import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
+
+# A tensor as it flows between steps: (datatype, shape, data).
+Tensor = tuple[str, tuple[int, ...], Any]
+
+
+class EnsembleScheduler(Scheduler):
+    def __init__(
+        self, config: model_config_pb2.ModelConfig, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._plan: EnsemblePlan = plan_of(config)
+        self._loop = loop
+        self._stats = _Counters(config.max_batch_size)
+        self._running: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+
+    async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
+        started = perf_counter_ns()
+        try:
+            response = await self._run(request)
+        except TritonError:
+            self._stats.failed(perf_counter_ns() - started)
+            raise
+        self._stats.succeeded(perf_counter_ns() - started, max(batch_size, 1))
+        return response
+
+    def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        stream = ResponseStream(self._loop)
+        request.sink = stream
+        task = self._loop.create_task(self._answer(request, batch_size, stream))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+        def cancel() -> None:
+            task.cancel()
+
+        stream.on_cancel(cancel)
+        return stream
+
+    async def _answer(self, request: InferRequest, batch_size: int, stream: ResponseStream) -> None:
+        try:
+            settle(stream, await self.infer(request, batch_size), True)
+        except TritonError as error:
+            settle(stream, error, True)
+
+    async def _run(self, request: InferRequest) -> InferResponse:
+        plan = self._plan
+        tensors: dict[str, Tensor] = {t.name: (t.datatype, t.shape, t.data) for t in request.inputs}
+        started: set[int] = set()
+        running: dict[asyncio.Task[InferResponse], Step] = {}
+        server = handle.current()
+        try:
+            while True:
+                for step in plan.ready(set(tensors), started):
+                    started.add(step.index)
+                    step_request = _step_request(step, request, tensors)
+                    running[asyncio.ensure_future(server.infer_async(step_request))] = step
+                if not running:
+                    break
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = running.pop(task)
+                    response = task.result()  # a step's error fails the request
+                    produced = {t.name: t for t in response.outputs}
+                    for model_output, tensor in step.outputs:
+                        out = produced[model_output]
+                        tensors[tensor] = (out.datatype, tuple(out.shape), out.data)
+        finally:
+            for task in running:
+                task.cancel()
+        wanted = (
+            [output.name for output in request.outputs]
+            if request.outputs is not None
+            else list(plan.outputs)
+        )
+        outputs = [OutputTensor(name, *tensors[name]) for name in wanted]
+        return InferResponse(request.model_name, request.model_version, request.id, outputs)
+
+    # -- state ---------------------------------------------------------------------------
+    def statistics(self) -> dict[str, Any]:
+        return self._stats.snapshot()
+
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
+        return None
+
+    def pending(self) -> int:
+        return 0
+
+    def stop(self, timeout: float) -> None:
+        """Requests in flight finish through their steps' schedulers (which stop on their
+        own); nothing of the ensemble's own needs stopping."""
+
+
+def _step_request(step: Step, request: InferRequest, tensors: dict[str, Tensor]) -> InferRequest:
+    inputs = [InputTensor(model_input, *tensors[tensor]) for model_input, tensor in step.inputs]
+    return InferRequest(
+        step.model_name,
+        step.model_version,
+        id=request.id,
+        inputs=inputs,
+        outputs=[RequestedOutput(model_output) for model_output, _ in step.outputs],
+        parameters=request.parameters,
+    )
+
+
+class _Counters:
+    """The ensemble's own statistics, in the layout of a scheduler's (see runtime.scheduler)."""
+
+    def __init__(self, max_batch_size: int) -> None:
+        self._max_batch_size = max_batch_size
+        self._success = [0, 0]
+        self._fail = [0, 0]
+        self._inferences = 0
+        self._last_ms = 0
+
+    def succeeded(self, ns: int, batch_size: int) -> None:
+        self._success[0] += 1
+        self._success[1] += ns
+        self._inferences += batch_size
+        self._last_ms = int(time.time() * 1000)
+
+    def failed(self, ns: int) -> None:
+        self._fail[0] += 1
+        self._fail[1] += ns
+
+    def snapshot(self) -> dict[str, Any]:
+        def tally(pair: list[int] | None = None) -> dict[str, int]:
+            count, ns = pair if pair is not None else (0, 0)
+            return {"count": count, "ns": ns}
+
+        return {
+            "last_inference": self._last_ms,
+            "inference_count": self._inferences,
+            "execution_count": self._success[0],
+            "inference_stats": {
+                "success": tally(self._success),
+                "fail": tally(self._fail),
+                "queue": tally(),
+                "compute_input": tally(),
+                "compute_infer": tally(),
+                "compute_output": tally(),
+                "cache_hit": tally(),
+                "cache_miss": tally(),
+            },
+            "batch_stats": [],
+            "failure_reasons": {"REJECTED": 0, "CANCELED": 0, "BACKEND": self._fail[0], "OTHER": 0},
+        }
