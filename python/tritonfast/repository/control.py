@@ -17,6 +17,7 @@ fails leaves the serving versions in place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import shutil
@@ -28,8 +29,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from tritonfast._proto import model_config_pb2
-from tritonfast.errors import InternalError, InvalidArgumentError, UnavailableError
-from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
+from tritonfast.errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
+from tritonfast.repository.dependencies import composing_models
+from tritonfast.repository.manager import READY, ModelEntry, ModelRepository, plan_models
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ class ModelControl:
         self._loaded_from: dict[str, str] = {}
         self._temp_dirs: dict[str, Path] = {}
         self._operations: set[asyncio.Future[None]] = set()
+        # Models whose load is under way (an ensemble's steps that are part of a cycle are not
+        # loaded again from inside their own load).
+        self._in_load: set[str] = set()
 
     # -- start-up -----------------------------------------------------------------------------
     def startup(self) -> list[ModelEntry]:
@@ -127,10 +132,22 @@ class ModelControl:
         await self._run_to_end(self._load(name, parameters))
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
-        """Stop serving ``name`` once its queued and running requests are done. (No model has
-        dependents without ensembles, so ``unload_dependents`` changes nothing yet.)"""
+        """Stop serving ``name`` once its queued and running requests are done, and the
+        loaded ensembles that have a step on it. With ``unload_dependents``, an ensemble's
+        step models go too, unless another loaded ensemble uses them."""
         self._require_explicit()
-        await self._run_to_end(self._unload(name))
+        await self._run_to_end(self._unload_with_dependencies(name, unload_dependents))
+
+    async def _unload_with_dependencies(self, name: str, unload_dependents: bool) -> None:
+        entry = self.repository.entry(name)
+        steps = plan_models(entry.config) if entry is not None and entry.config else set()
+        await self._unload(name)
+        for ensemble in self.repository.dependents(name):
+            await self._unload_with_dependencies(ensemble, False)
+        if unload_dependents:
+            for model in sorted(steps):
+                if not self.repository.dependents(model):
+                    await self._unload_with_dependencies(model, True)
 
     async def drain(self) -> None:
         """Wait for loads and unloads in progress (before the server stops its models)."""
@@ -144,6 +161,13 @@ class ModelControl:
         await asyncio.shield(task)
 
     async def _load(self, name: str, parameters: Mapping[str, Any] | None) -> None:
+        self._in_load.add(name)
+        try:
+            await self._load_unguarded(name, parameters)
+        finally:
+            self._in_load.discard(name)
+
+    async def _load_unguarded(self, name: str, parameters: Mapping[str, Any] | None) -> None:
         _check_model_name(name)
         parameters = dict(parameters or {})
         override = _config_override(name, parameters.pop("config", None))
@@ -163,6 +187,7 @@ class ModelControl:
                 if found is None:
                     raise _poll_failure(name, "model not found in any model repository.")
                 model_dir = found
+                await self._load_composing_models(name, found)
                 fingerprint = "" if override else await asyncio.to_thread(_fingerprint, found)
                 current = self.repository.entry(name)
                 unchanged = fingerprint and self._loaded_from.get(name) == fingerprint
@@ -185,6 +210,16 @@ class ModelControl:
                 await asyncio.to_thread(self.repository.retire, replaced, self._exit_timeout)
             if previous_dir is not None:
                 shutil.rmtree(previous_dir, ignore_errors=True)
+
+    async def _load_composing_models(self, name: str, model_dir: Path) -> None:
+        """An ensemble's step models are loaded first when they are not (as Triton does); a
+        failed one is left for the ensemble's own load to report."""
+        for model in await asyncio.to_thread(composing_models, model_dir):
+            entry = self.repository.entry(model)
+            if model in self._in_load or (entry is not None and entry.state == READY):
+                continue
+            with contextlib.suppress(TritonError):
+                await self._load(model, None)
 
     async def _unload(self, name: str) -> None:
         async with self._lock(name):

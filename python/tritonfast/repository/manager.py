@@ -25,8 +25,10 @@ from pathlib import Path
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends import registry
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
+from tritonfast.backends.ensemble.plan import check_composing, is_ensemble, plan_of
 from tritonfast.config import load as config_load
 from tritonfast.errors import InvalidArgumentError, NotFoundError, TritonError
+from tritonfast.repository.dependencies import with_dependencies
 from tritonfast.repository.model import ModelVersion
 from tritonfast.repository.warmup import warm_up
 from tritonfast.runtime.scheduler import create_scheduler
@@ -90,9 +92,10 @@ class ModelRepository:
         return found
 
     def load_all(self, names: Iterable[str] | None = None) -> list[ModelEntry]:
-        """Load every model found (or only ``names``) at start-up; returns all entries."""
+        """Load every model found (or only ``names``, with the models their ensembles are
+        made of) at start-up, each ensemble after its step models; returns all entries."""
         found = self.discover()
-        for name in found if names is None else names:
+        for name in with_dependencies(found if names is None else names, found):
             if name not in found:
                 entry = ModelEntry(name=name, path=Path(name))
                 entry.reason = f"failed to load '{name}', no version is available"
@@ -148,6 +151,46 @@ class ModelRepository:
         if entry is not None and entry.state == UNLOADING:
             entry.state, entry.reason = UNAVAILABLE, UNLOADED_REASON
 
+    def _check_ensemble(self, config: model_config_pb2.ModelConfig) -> None:
+        """Triton's load-time checks of an ensemble against its step models, which must be
+        loaded first."""
+        plan = plan_of(config)
+        found = self.discover()
+        missing = [m for m in plan.models() if m not in found and m not in self._models]
+        if missing:
+            raise InvalidArgumentError(
+                f"ensemble {config.name} contains models that are not available or ambiguous:"
+                f" {', '.join(missing)}"
+            )
+        configs: dict[str, model_config_pb2.ModelConfig] = {}
+        for step in plan.steps:
+            entry = self._models.get(step.model_name)
+            if entry is None or entry.state != READY or entry.config is None:
+                failed = ""
+                if entry is not None and entry.reason:
+                    failed = f" Model '{step.model_name}' loading failed with error: {entry.reason}"
+                raise InvalidArgumentError(
+                    f"ensemble '{config.name}' depends on '{step.model_name}' which has no loaded"
+                    f" version.{failed}"
+                )
+            if step.model_version and int(step.model_version) not in entry.versions:
+                raise InvalidArgumentError(
+                    f"ensemble '{config.name}' depends on '{step.model_name}' whose required"
+                    f" version {step.model_version} is not loaded."
+                )
+            configs[step.model_name] = entry.config
+        check_composing(plan, config, configs)
+
+    def dependents(self, name: str) -> list[str]:
+        """The loaded ensembles that have a step on ``name``."""
+        return [
+            entry.name
+            for entry in self._models.values()
+            if entry.state == READY
+            and entry.config is not None
+            and name in plan_models(entry.config)
+        ]
+
     def _load_versions(
         self, entry: ModelEntry, override: model_config_pb2.ModelConfig | None = None
     ) -> None:
@@ -164,6 +207,8 @@ class ModelRepository:
             backend.auto_complete(config, max(versions))
         config_load.validate(config, model_dir)
         backend.validate(config)
+        if is_ensemble(config):
+            self._check_ensemble(config)
         config_load.complete(config, backend.default_model_filename)
         entry.config = config
         for version in versions:
@@ -291,3 +336,8 @@ def _select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> l
             f" '{config.name}'"
         )
     return chosen
+
+
+def plan_models(config: model_config_pb2.ModelConfig) -> set[str]:
+    """The models of an ensemble config's steps (none for other models)."""
+    return {step.model_name for step in config.ensemble_scheduling.step}

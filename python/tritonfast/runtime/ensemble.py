@@ -1,13 +1,15 @@
 """The ensemble scheduler: a request to an ensemble runs its steps, each through its model's
 own scheduler, in-process.
 
-A request starts with the ensemble's inputs as the available tensors. Every step whose inputs
-all exist is sent at once (:meth:`~tritonfast.runtime.handle.ServerHandle.infer_async`: the
-step model's validation, scheduler, batching and statistics, the tensors passed as the arrays
-they are), so independent steps run concurrently; each step's outputs become available under
+A request starts with the ensemble's inputs as the available tensors. Every step that the
+requested outputs depend on is sent as soon as its inputs all exist
+(:meth:`~tritonfast.runtime.handle.ServerHandle.infer_async`: the step model's validation,
+scheduler, batching and statistics, the tensors passed as the arrays they are), so
+independent steps run concurrently; each step's outputs become available under
 their ensemble names as it answers. When every step has answered, the ensemble's outputs (the
-requested ones) are its response. A step that fails fails the request with the step's error;
-the steps still running are cancelled. The ensemble's own statistics count its requests (with
+requested ones) are its response. A step that fails fails the request with the step's error
+code and message, prefixed ``in ensemble '<name>', `` as in Triton; the steps still running
+are cancelled. The ensemble's own statistics count its requests (with
 their whole durations); each step counts in its own model's statistics.
 """
 
@@ -20,7 +22,7 @@ from typing import Any
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.ensemble.plan import EnsemblePlan, Step, plan_of
-from tritonfast.errors import TritonError
+from tritonfast.errors import InternalError, TritonError, error_for
 from tritonfast.runtime import handle
 from tritonfast.runtime.responses import ResponseStream, settle
 from tritonfast.runtime.scheduler import Scheduler
@@ -78,7 +80,14 @@ class EnsembleScheduler(Scheduler):
     async def _run(self, request: InferRequest) -> InferResponse:
         plan = self._plan
         tensors: dict[str, Tensor] = {t.name: (t.datatype, t.shape, t.data) for t in request.inputs}
-        started: set[int] = set()
+        wanted = (
+            [output.name for output in request.outputs]
+            if request.outputs is not None
+            else list(plan.outputs)
+        )
+        needed = plan.needed_for(wanted)
+        # Steps no requested output depends on count as started: they never run.
+        started: set[int] = {step.index for step in plan.steps if step.index not in needed}
         running: dict[asyncio.Task[InferResponse], Step] = {}
         server = handle.current()
         try:
@@ -92,7 +101,12 @@ class EnsembleScheduler(Scheduler):
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     step = running.pop(task)
-                    response = task.result()  # a step's error fails the request
+                    try:
+                        response = task.result()
+                    except TritonError as error:
+                        raise error_for(
+                            error.code, f"in ensemble '{plan.name}', {error.message}"
+                        ) from None
                     produced = {t.name: t for t in response.outputs}
                     for model_output, tensor in step.outputs:
                         out = produced[model_output]
@@ -100,11 +114,12 @@ class EnsembleScheduler(Scheduler):
         finally:
             for task in running:
                 task.cancel()
-        wanted = (
-            [output.name for output in request.outputs]
-            if request.outputs is not None
-            else list(plan.outputs)
-        )
+        missing = [name for name in wanted if name not in tensors]
+        if missing:
+            raise InternalError(
+                f"in ensemble '{plan.name}', unexpected deadlock, at least one output is not set"
+                " while no more ensemble steps can be made"
+            )
         outputs = [OutputTensor(name, *tensors[name]) for name in wanted]
         return InferResponse(request.model_name, request.model_version, request.id, outputs)
 
