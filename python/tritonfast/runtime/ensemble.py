@@ -88,11 +88,23 @@ class EnsembleScheduler(Scheduler):
         needed = plan.needed_for(wanted)
         # Steps no requested output depends on count as started: they never run.
         started: set[int] = {step.index for step in plan.steps if step.index not in needed}
-        running: dict[asyncio.Task[InferResponse], Step] = {}
+        running: dict[asyncio.Future[InferResponse], Step] = {}
         server = handle.current()
         try:
             while True:
-                for step in plan.ready(set(tensors), started):
+                ready = plan.ready(set(tensors), started)
+                if len(ready) == 1 and not running:
+                    # One step at a time (a chain): awaited directly, without a task.
+                    step = ready[0]
+                    started.add(step.index)
+                    step_request = _step_request(step, request, tensors)
+                    try:
+                        response = await server.infer_async(step_request)
+                    except TritonError as error:
+                        raise _step_failed(plan.name, error) from None
+                    _take_outputs(step, response, tensors)
+                    continue
+                for step in ready:
                     started.add(step.index)
                     step_request = _step_request(step, request, tensors)
                     running[asyncio.ensure_future(server.infer_async(step_request))] = step
@@ -104,13 +116,8 @@ class EnsembleScheduler(Scheduler):
                     try:
                         response = task.result()
                     except TritonError as error:
-                        raise error_for(
-                            error.code, f"in ensemble '{plan.name}', {error.message}"
-                        ) from None
-                    produced = {t.name: t for t in response.outputs}
-                    for model_output, tensor in step.outputs:
-                        out = produced[model_output]
-                        tensors[tensor] = (out.datatype, tuple(out.shape), out.data)
+                        raise _step_failed(plan.name, error) from None
+                    _take_outputs(step, response, tensors)
         finally:
             for task in running:
                 task.cancel()
@@ -136,6 +143,19 @@ class EnsembleScheduler(Scheduler):
     def stop(self, timeout: float) -> None:
         """Requests in flight finish through their steps' schedulers (which stop on their
         own); nothing of the ensemble's own needs stopping."""
+
+
+def _step_failed(ensemble: str, error: TritonError) -> TritonError:
+    """A step's error as the ensemble's, worded as Triton words it."""
+    return error_for(error.code, f"in ensemble '{ensemble}', {error.message}")
+
+
+def _take_outputs(step: Step, response: InferResponse, tensors: dict[str, Tensor]) -> None:
+    """A step's outputs, available from now on under their ensemble names."""
+    produced = {t.name: t for t in response.outputs}
+    for model_output, tensor in step.outputs:
+        out = produced[model_output]
+        tensors[tensor] = (out.datatype, tuple(out.shape), out.data)
 
 
 def _step_request(step: Step, request: InferRequest, tensors: dict[str, Tensor]) -> InferRequest:
