@@ -9,6 +9,7 @@ HTTP or gRPC type crosses this boundary, and nothing here imports a frontend.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from concurrent.futures import Future
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +153,18 @@ class DataPlane:
         if trace is not None:
             trace.stamp("REQUEST_END", perf_counter_ns())
         return response
+
+    def submit(self, request: InferRequest, sink: Future[Any]) -> bool:
+        """From a thread other than the loop's: validate and queue ``request`` for a
+        single-response model, its response to be set on ``sink``. False when it must go
+        through :meth:`infer` instead (tracing on, a scheduler without a queue); raises
+        Triton's error for a request that cannot be queued."""
+        if self.tracer.enabled or request.uses_shared_memory:
+            return False
+        model = self._repository.get(request.model_name, request.model_version)
+        if model.decoupled:
+            raise UnsupportedError(f"in-process inference {DECOUPLED_REFUSAL}")
+        return model.submit(request, sink)
 
     async def stream(
         self, request: InferRequest, received: tuple[str, int, int] | None = None

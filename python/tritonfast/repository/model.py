@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 from tritonfast._proto import model_config_pb2
@@ -38,6 +39,13 @@ class ModelVersion:
         batch_size = self._validator.check(request)
         request.model_version = self._version_text
         return await self._scheduler.infer(request, batch_size)
+
+    def submit(self, request: InferRequest, sink: Future[Any]) -> bool:
+        """Check and queue a single-response request from any thread, its response to be set
+        on ``sink``; False when the scheduler cannot take it that way."""
+        batch_size = self._validator.check(request)
+        request.model_version = self._version_text
+        return self._scheduler.submit(request, batch_size, sink)
 
     def open_stream(self, request: InferRequest) -> ResponseStream:
         """Check and queue ``request``; its responses arrive on the returned stream."""

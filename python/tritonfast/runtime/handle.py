@@ -12,6 +12,7 @@ there). Coroutines waiting on the handle from another event loop (a model's own 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -40,6 +41,15 @@ class ServerHandle:
         """Send ``request`` and wait for its one response; raises its TritonError, or
         TimeoutError after ``timeout`` seconds (the request is then cancelled)."""
         self._may_wait()
+        sink: concurrent.futures.Future[InferResponse] = concurrent.futures.Future()
+        # Straight into the model's queue from this thread when its scheduler allows (the
+        # answer comes back from the instance that ran it), else through the loop.
+        if self._dataplane.submit(request, sink):
+            try:
+                return sink.result(timeout)
+            except TimeoutError:
+                request.cancelled = True
+                raise
         future = asyncio.run_coroutine_threadsafe(self._dataplane.infer(request), self._loop)
         try:
             return future.result(timeout)

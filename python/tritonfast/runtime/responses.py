@@ -33,6 +33,7 @@ What is sent after that is dropped.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import threading
@@ -203,8 +204,10 @@ def mailbox_for(loop: asyncio.AbstractEventLoop) -> LoopMailbox:
 
 
 def settle(sink: Sink, result: Result | None, final: bool) -> None:
-    """On the loop: hand one response to ``sink``, a :class:`ResponseStream` or the future a
-    single-response request awaits (which takes the response with the final flag)."""
+    """Hand one response to ``sink``: a :class:`ResponseStream` or the future a
+    single-response request awaits (on the loop), or the ``concurrent.futures.Future`` a caller
+    on another thread waits on (from any thread). A future takes the response with the final
+    flag."""
     if isinstance(sink, ResponseStream):
         sink.put(result, final)
     elif not sink.done() and result is not None:
@@ -247,7 +250,11 @@ class ResponseSender:
         ``sink`` on the sink's event loop (through the loop's mailbox)."""
         self._sink = sink
         if deliver is None:
-            deliver = functools.partial(mailbox_for(sink.get_loop()).post, settle, sink)
+            if isinstance(sink, concurrent.futures.Future):
+                # A caller waiting on another thread (runtime.handle): set from here.
+                deliver = functools.partial(settle, sink)
+            else:
+                deliver = functools.partial(mailbox_for(sink.get_loop()).post, settle, sink)
         self._deliver = deliver
         # Responses the consumer may still be sent before it takes one (see STREAM_BUFFER).
         self._credit: threading.Semaphore | None = None

@@ -56,6 +56,7 @@ import abc
 import asyncio
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, ClassVar, Literal
@@ -112,6 +113,11 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
         """Queue a single-response request and await its response (its error is raised)."""
+
+    def submit(self, request: InferRequest, batch_size: int, sink: Future[Any]) -> bool:
+        """Queue a single-response request from any thread, its response to be set on
+        ``sink``; False when this scheduler cannot (the caller then uses :meth:`infer`)."""
+        return False
 
     @abc.abstractmethod
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
@@ -246,6 +252,10 @@ class QueueScheduler(Scheduler):
                 request.cancelled = True
             raise
 
+    def submit(self, request: InferRequest, batch_size: int, sink: Future[Any]) -> bool:
+        self._enqueue(request, sink, batch_size)
+        return True
+
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         stream = ResponseStream(self._loop)
         if self._decoupled:
@@ -319,7 +329,12 @@ class QueueScheduler(Scheduler):
     def _deliver(
         self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
     ) -> None:
-        if results is not None:
+        if results is None:
+            return
+        if all(type(sink) is Future for sink in sinks):
+            # Only callers waiting on other threads (runtime.handle): answered from here.
+            _settle(seq, sinks, results)
+        else:
             self._loop.call_soon_threadsafe(_settle, seq, sinks, results)
 
     def _deliver_in_order(
