@@ -183,3 +183,54 @@ def test_model_errors_map_to_grpc_status(grpc_client: grpcclient.InferenceServer
     error = infer_error(grpc_client, "err_resp", [tensor])
     assert "custom error from model" in error.message()
     still_serving(grpc_client)
+
+
+@pytest.mark.parametrize(
+    ("version", "status", "message"),
+    [
+        (
+            "wrong_specification",
+            "StatusCode.INVALID_ARGUMENT",
+            "failed to get model version from specified version string 'wrong_specification'"
+            " (details: stol), version should be an integral value > 0",
+        ),
+        (
+            "99999999999999999999",
+            "StatusCode.INVALID_ARGUMENT",
+            "failed to get model version from specified version string '99999999999999999999'"
+            " (details: stol), version should be an integral value > 0",
+        ),
+        (
+            "-1",
+            "StatusCode.INVALID_ARGUMENT",
+            "invalid model version specified '-1' , version should be an integral value > 0",
+        ),
+        (
+            "0",
+            "StatusCode.NOT_FOUND",
+            "Request for unknown model: 'identity_fp32' version 0 is not found",
+        ),
+    ],
+)
+def test_malformed_version_strings(
+    grpc_client: grpcclient.InferenceServerClient, version: str, status: str, message: str
+) -> None:
+    """As Triton 2.51 reads them (C's stol): checked on every call that names a version."""
+    calls = (
+        lambda: grpc_client.infer("identity_fp32", [fp32_input([1, 2])], model_version=version),
+        lambda: grpc_client.get_model_metadata("identity_fp32", model_version=version),
+        lambda: grpc_client.get_model_config("identity_fp32", model_version=version),
+    )
+    for call in calls:
+        with pytest.raises(InferenceServerException) as info:
+            call()
+        assert (info.value.status(), info.value.message()) == (status, message)
+    if status == "StatusCode.NOT_FOUND":  # a version that parses is just not ready
+        assert not grpc_client.is_model_ready("identity_fp32", model_version=version)
+    else:
+        with pytest.raises(InferenceServerException) as info:
+            grpc_client.is_model_ready("identity_fp32", model_version=version)
+        assert info.value.message() == message
+    # stol reads the leading digits and ignores the rest.
+    assert grpc_client.get_model_metadata("identity_fp32", model_version="1a").versions == ["1"]
+    still_serving(grpc_client)

@@ -259,6 +259,7 @@ class ModelRepository:
         return self._models.get(name)
 
     def get(self, name: str, version: str = "") -> ModelVersion:
+        number = parse_version(version)
         entry = self._models.get(name)
         if entry is None:
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
@@ -266,13 +267,10 @@ class ModelRepository:
             if entry.config is None:  # never got as far as a parsed configuration
                 raise NotFoundError(f"Request for unknown model: '{name}' is not found")
             raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
-        if not version:
-            chosen = entry.default_version
-        else:
-            chosen = entry.versions.get(int(version)) if version.isdigit() else None
+        chosen = entry.default_version if number is None else entry.versions.get(number)
         if chosen is None:
             raise NotFoundError(
-                f"Request for unknown model: '{name}' version {version} is not found"
+                f"Request for unknown model: '{name}' version {number} is not found"
             )
         return chosen
 
@@ -280,12 +278,13 @@ class ModelRepository:
         """The loaded versions a statistics request names (all of them without a name)."""
         if not name:
             return [v for e in self.entries() for _, v in sorted(e.versions.items())]
+        number = parse_version(version)
         entry = self._models.get(name)
         if entry is None or entry.state != READY:
             raise InvalidArgumentError(f"requested model '{name}' is not available")
-        if not version:
+        if number is None:
             return [v for _, v in sorted(entry.versions.items())]
-        chosen = entry.versions.get(int(version)) if version.isdigit() else None
+        chosen = entry.versions.get(number)
         if chosen is None:
             raise InvalidArgumentError(
                 f"requested model version is not available for model '{name}'"
@@ -293,6 +292,7 @@ class ModelRepository:
         return [chosen]
 
     def is_ready(self, name: str, version: str = "") -> bool:
+        parse_version(version)  # a malformed version is an error, not "not ready"
         try:
             self.get(name, version)
         except TritonError:
@@ -341,3 +341,29 @@ def _select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> l
 def plan_models(config: model_config_pb2.ModelConfig) -> set[str]:
     """The models of an ensemble config's steps (none for other models)."""
     return {step.model_name for step in config.ensemble_scheduling.step}
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def parse_version(text: str) -> int | None:
+    """A requested version string as Triton reads it (C's ``stol``: leading blanks, a sign,
+    then the leading digits; the rest ignored); None for "" (the model's default version)."""
+    if not text:
+        return None
+    digits = text.lstrip(" \t\n\r\f\v")
+    sign = -1 if digits[:1] == "-" else 1
+    if digits[:1] in "+-":
+        digits = digits[1:]
+    count = len(digits) - len(digits.lstrip("0123456789"))
+    if count == 0 or int(digits[:count]) > _INT64_MAX + (sign < 0):
+        raise InvalidArgumentError(
+            f"failed to get model version from specified version string '{text}'"
+            " (details: stol), version should be an integral value > 0"
+        )
+    number = sign * int(digits[:count])
+    if number < 0:
+        raise InvalidArgumentError(
+            f"invalid model version specified '{text}' , version should be an integral value > 0"
+        )
+    return number
