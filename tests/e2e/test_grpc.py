@@ -225,6 +225,26 @@ def test_request_parameters_reach_the_model(grpc_client: grpcclient.InferenceSer
     assert echoed["seen_request_id"] == {"string_param": "p1"}
 
 
+def test_protocol_parameters_do_not_reach_the_model(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """As in Triton 2.51: the server acts on these; the model's parameters() holds the rest."""
+    tensor = grpcclient.InferInput("INPUT0", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+    result = grpc_client.infer(
+        "params",
+        [tensor],
+        sequence_id=5,
+        sequence_start=True,
+        sequence_end=True,
+        priority=1,
+        timeout=100000,
+        parameters={"custom": "kept"},
+    )
+    echoed = result.get_response(as_json=True)["parameters"]
+    assert set(echoed) == {"custom", "seen_request_id"}
+
+
 def _typed_request(model: str, datatype: str, shape: list[int]) -> tc_pb.ModelInferRequest:
     request = tc_pb.ModelInferRequest(model_name=model, id="typed")
     request.inputs.add(name="INPUT0", datatype=datatype, shape=shape)

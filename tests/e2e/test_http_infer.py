@@ -198,6 +198,24 @@ def test_request_parameters_reach_the_model(client):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [5, 6])
 
 
+def test_protocol_parameters_do_not_reach_the_model(client):
+    """As in Triton 2.51: the server acts on these; the model's parameters() holds the rest."""
+    tensor = httpclient.InferInput("INPUT0", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+    result = client.infer(
+        "params",
+        [tensor],
+        sequence_id=5,
+        sequence_start=True,
+        sequence_end=True,
+        priority=1,
+        timeout=100000,
+        parameters={"custom": "kept"},
+    )
+    params = result.get_response()["parameters"]
+    assert {k: v for k, v in params.items() if k != "seen_request_id"} == {"custom": "kept"}
+
+
 @pytest.mark.parametrize("request_algorithm", [None, "gzip", "deflate"])
 @pytest.mark.parametrize("response_algorithm", [None, "gzip", "deflate"])
 def test_compression(client, request_algorithm, response_algorithm):

@@ -19,6 +19,12 @@ from typing import Any
 
 import numpy as np
 
+# Request parameters the protocol itself uses: the server acts on them, and (as Triton, checked
+# on 2.51 over HTTP and gRPC) a model does not see them among its request's parameters.
+PROTOCOL_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
+
 
 @dataclass(slots=True)
 class InputTensor:

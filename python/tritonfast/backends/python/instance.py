@@ -33,7 +33,12 @@ from tritonfast.errors import InternalError, TritonError, error_for
 from tritonfast.runtime import batchtensor
 from tritonfast.runtime.datatypes import WIRE_DATATYPES
 from tritonfast.runtime.responses import Result
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
+from tritonfast.runtime.types import (
+    PROTOCOL_PARAMETERS,
+    InferRequest,
+    InferResponse,
+    OutputTensor,
+)
 
 log = logging.getLogger(__name__)
 
@@ -212,12 +217,14 @@ class PythonInstance(ModelInstance):
             [o.name for o in request.outputs] if request.outputs is not None else self._output_names
         )
         params = request.parameters
+        if not PROTOCOL_PARAMETERS.isdisjoint(params):
+            params = {k: v for k, v in params.items() if k not in PROTOCOL_PARAMETERS}
         pb_request = pb_utils.InferenceRequest(
             model_name=request.model_name,
             requested_output_names=wanted,
             inputs=[pb_utils.Tensor._wrap(t.name, t.data, t.datatype) for t in request.inputs],
             request_id=request.id,
-            correlation_id=params.get("sequence_id", 0),
+            correlation_id=request.parameters.get("sequence_id", 0),
             parameters=params,
         )
         pb_request._origin = request

@@ -304,8 +304,9 @@ class InferenceRequest:
         return self._requested_output_names
 
     def parameters(self) -> str:
-        """The request parameters as a JSON string (as in Triton)."""
-        return json.dumps(self._parameters)
+        """The request parameters as a JSON string (compact, as Triton writes it), without
+        those the protocol itself uses (``runtime.types.PROTOCOL_PARAMETERS``)."""
+        return json.dumps(self._parameters, separators=(",", ":"))
 
     def is_cancelled(self) -> bool:
         return self._cancelled or (
@@ -398,7 +399,7 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        return json.dumps(self._parameters)
+        return json.dumps(self._parameters, separators=(",", ":"))
 
     @property
     def parameter_dict(self) -> dict[str, Any]:
