@@ -324,3 +324,24 @@ def test_raw_stream_error_message_carries_request_id(
         replies[1].error_message
     )
     assert grpcclient.InferResult(replies[2].infer_response).as_numpy("OUTPUT0").tolist() == [[4.0]]
+
+
+def test_classification_extension(grpc_client: grpcclient.InferenceServerClient) -> None:
+    scores = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    scores.set_data_from_numpy(np.array([[0.1, 0.7, 0.15, 0.05]], np.float32))
+    result = grpc_client.infer(
+        "classify_fp32",
+        [scores],
+        outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=3)],
+    )
+    assert result.as_numpy("OUTPUT0").tolist() == [
+        [b"0.700000:1:dog", b"0.150000:2:bird", b"0.100000:0:cat"]
+    ]
+    values = grpcclient.InferInput("INPUT0", [5], "INT32")
+    values.set_data_from_numpy(np.array([4, 9, -1, 9, 2], np.int32))
+    result = grpc_client.infer(
+        "classify_int32",
+        [values],
+        outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=2)],
+    )
+    assert result.as_numpy("OUTPUT0").tolist() == [b"9:1", b"9:3"]

@@ -382,3 +382,29 @@ def test_binary_answers_carry_the_header_length(server):
     answer = json.loads(reply[:json_length])
     assert answer["outputs"][0]["parameters"]["binary_data_size"] == data.nbytes
     assert np.array_equal(np.frombuffer(reply[json_length:], np.int64).reshape(1, 6), data)
+
+
+def test_classification_extension(client):
+    """Top K per batch element as "value:index:label", as Triton 2.51 answers (checked side
+    by side): %f for floating point, ties in index order, K above the element count gives all,
+    0 leaves the output as it is."""
+    scores = httpclient.InferInput("INPUT0", [2, 4], "FP32")
+    scores.set_data_from_numpy(np.array([[0.1, 0.7, 0.15, 0.05], [3, 1, 2, 2.5]], np.float32))
+    top2 = client.infer(
+        "classify_fp32",
+        [scores],
+        outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=2)],
+    )
+    assert top2.as_numpy("OUTPUT0").tolist() == [
+        [b"0.700000:1:dog", b"0.150000:2:bird"],
+        [b"3.000000:0:cat", b"2.500000:3:fish"],
+    ]
+    values = httpclient.InferInput("INPUT0", [5], "INT32")
+    values.set_data_from_numpy(np.array([4, 9, -1, 9, 2], np.int32))
+    top = client.infer(
+        "classify_int32",
+        [values],
+        outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=9)],
+    )
+    assert top.as_numpy("OUTPUT0").tolist() == [b"9:1", b"9:3", b"4:0", b"2:4", b"-1:2"]
+    assert "classification" in client.get_server_metadata()["extensions"]

@@ -17,6 +17,7 @@ from tritonfast import __version__
 from tritonfast.config.jsonform import config_to_json
 from tritonfast.errors import InvalidArgumentError, UnsupportedError
 from tritonfast.logsettings import ServerLog
+from tritonfast.runtime.classification import wants_classification
 from tritonfast.runtime.responses import Streamed
 from tritonfast.runtime.sharedmemory import SharedMemory
 from tritonfast.runtime.types import InferRequest, InferResponse
@@ -32,6 +33,9 @@ DECOUPLED_REFUSAL = "doesn't support models with decoupled transaction policy"
 
 # Protocol extensions this server implements (reported in server metadata).
 EXTENSIONS: tuple[str, ...] = (
+    "classification",
+    "sequence",
+    "schedule_policy",
     "binary_tensor_data",
     "parameters",
     "model_configuration",
@@ -143,6 +147,8 @@ class DataPlane:
             if request.uses_shared_memory:
                 windows = self._shared_memory.resolve_inputs(request)
             response = await model.infer(request)
+            if request.outputs is not None and wants_classification(request.outputs):
+                model.classify(response, request.outputs)
             if trace is not None:
                 trace.record_tensors("TENSOR_BACKEND_OUTPUT", response.outputs)
             if windows is not None:
@@ -159,7 +165,11 @@ class DataPlane:
         single-response model, its response to be set on ``sink``. False when it must go
         through :meth:`infer` instead (tracing on, a scheduler without a queue); raises
         Triton's error for a request that cannot be queued."""
-        if self.tracer.enabled or request.uses_shared_memory:
+        if (
+            self.tracer.enabled
+            or request.uses_shared_memory
+            or wants_classification(request.outputs)
+        ):
             return False
         model = self._repository.get(request.model_name, request.model_version)
         if model.decoupled:
@@ -188,10 +198,14 @@ class DataPlane:
         except BaseException:
             self._end_failed_trace(request, trace)
             raise
+        classified = request.outputs is not None and wants_classification(request.outputs)
         try:
             async for item in responses:
                 result = item.result
                 if isinstance(result, InferResponse):
+                    if classified:
+                        assert request.outputs is not None
+                        model.classify(result, request.outputs)
                     if trace is not None:
                         trace.record_tensors("TENSOR_BACKEND_OUTPUT", result.outputs)
                     if windows is not None:

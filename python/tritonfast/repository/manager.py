@@ -249,7 +249,7 @@ class ModelRepository:
             for started in instances:  # worker processes and their segments must not leak
                 started.finalize()
             raise
-        return ModelVersion(config, version, scheduler, served)
+        return ModelVersion(config, version, scheduler, served, backend.model_dir)
 
     # -- queries ------------------------------------------------------------------------
     def entries(self) -> list[ModelEntry]:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.runtime.classification import classify
 from tritonfast.runtime.histogram import Histogram
 from tritonfast.runtime.responses import ResponseStream
 from tritonfast.runtime.scheduler import Scheduler
-from tritonfast.runtime.types import InferRequest, InferResponse
+from tritonfast.runtime.types import InferRequest, InferResponse, RequestedOutput
 from tritonfast.runtime.validate import RequestValidator
 
 
@@ -20,8 +22,11 @@ class ModelVersion:
         version: int,
         scheduler: Scheduler,
         served_versions: list[int],
+        model_dir: Path | None = None,
     ) -> None:
         self.config = config
+        self._model_dir = model_dir
+        self._labels: dict[str, list[str] | None] = {}
         self.name = config.name
         self.version = version
         self._version_text = str(version)
@@ -30,6 +35,21 @@ class ModelVersion:
         self._metadata = _metadata(config, self._validator, served_versions)
         # Whether a request may yield any number of responses (then only streams reach them).
         self.decoupled = config.model_transaction_policy.decoupled
+
+    def classify(self, response: InferResponse, outputs: list[RequestedOutput]) -> None:
+        """Apply the classification extension to ``response`` (see runtime.classification)."""
+        classify(response, outputs, self._output_labels, self.config.max_batch_size > 0)
+
+    def _output_labels(self, name: str) -> list[str] | None:
+        """The labels of output ``name`` from its ``label_filename`` (read once)."""
+        if name not in self._labels:
+            labels = None
+            for output in self.config.output:
+                if output.name == name and output.label_filename and self._model_dir:
+                    path = self._model_dir / output.label_filename
+                    labels = path.read_text().splitlines() if path.is_file() else None
+            self._labels[name] = labels
+        return self._labels[name]
 
     def metadata(self) -> dict[str, Any]:
         return self._metadata

@@ -1,0 +1,1 @@
+../../classify_fp32/1/model.py
