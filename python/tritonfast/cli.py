@@ -35,9 +35,7 @@ IGNORED_FLAGS = (
     "--metrics-interval-ms",
     "--rate-limit",
     "--rate-limit-resource",
-    "--cache-config",
     "--cache-directory",
-    "--response-cache-byte-size",
     "--host-policy",
 )
 
@@ -76,6 +74,8 @@ class ServeOptions:
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
     metrics_config: list[str] = field(default_factory=list)
+    cache_config: list[str] = field(default_factory=list)
+    response_cache_byte_size: int | None = None
     strict_model_config: bool = False
     model_control_mode: str = "none"
     load_model: list[str] = field(default_factory=list)
@@ -128,6 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-grpc", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--allow-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--allow-cpu-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
+    serve.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="a response cache of BYTES for the models whose config enables response_cache",
+    )
+    serve.add_argument(
+        "--response-cache-byte-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="tritonserver's older spelling of --cache-config local,size=BYTES",
+    )
     serve.add_argument(
         "--metrics-config",
         action="append",

@@ -87,6 +87,24 @@ _REQUEST_COUNTERS = (
         ("inference_stats", "compute_output", "ns"),
     ),
 )
+# The response cache's per-model counters (for models that use it): (name, help, statistics
+# entry, field).
+_CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit", "count"),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss", "count"),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        "cache_hit",
+        "ns",
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        "cache_miss",
+        "ns",
+    ),
+)
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 # Triton's default summary quantiles (the error terms after ':' are accepted and ignored).
 DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
@@ -245,6 +263,22 @@ class InferenceMetrics(Collector):
                 "counter",
                 ((labels, _lookup(counters, path)) for labels, counters, _ in versions),
             )
+        cached = [
+            ({"model": v.name, "version": str(v.version)}, v.counters()["inference_stats"])
+            for v in self._repository.serving()
+            if v.caches_responses
+        ]
+        if cached:
+            for name, documentation, kind, field in _CACHE_COUNTERS:
+                yield _family(
+                    name,
+                    documentation,
+                    "counter",
+                    (
+                        (labels, stats[kind][field] // (1000 if field == "ns" else 1))
+                        for labels, stats in cached
+                    ),
+                )
         yield _family(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",

@@ -19,6 +19,7 @@ from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
 from tritonfast.runtime import handle
 from tritonfast.runtime.allocator import keep_large_buffers
+from tritonfast.runtime.cache import ResponseCache, parse_cache_config
 from tritonfast.runtime.handle import ServerHandle
 from tritonfast.tracing import Tracer, parse_trace_config
 
@@ -75,6 +76,9 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
     try:
         metrics_config = parse_metrics_config(options.metrics_config)
         tracer = Tracer(parse_trace_config(options.trace_config))
+        cache_size = parse_cache_config(options.cache_config)
+        if cache_size is None and options.response_cache_byte_size:
+            cache_size = options.response_cache_byte_size
     except TritonError as exc:
         log.error("%s", exc.message)
         return 1
@@ -84,6 +88,7 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
         strict_config=options.strict_model_config,
         latency_summaries=metrics_config.summary_latencies,
         histogram_latencies=metrics_config.histogram_latencies,
+        response_cache=None if not cache_size else ResponseCache(cache_size),
     )
     control = ModelControl(
         repository,

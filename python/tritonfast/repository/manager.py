@@ -31,6 +31,7 @@ from tritonfast.errors import InvalidArgumentError, NotFoundError, TritonError
 from tritonfast.repository.dependencies import with_dependencies
 from tritonfast.repository.model import ModelVersion
 from tritonfast.repository.warmup import warm_up
+from tritonfast.runtime.cache import ResponseCache
 from tritonfast.runtime.scheduler import create_scheduler
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ class ModelRepository:
         strict_config: bool = False,
         latency_summaries: bool = False,
         histogram_latencies: bool = False,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         self._paths = paths
+        self._response_cache = response_cache
         self._loop = loop
         self._latency_summaries = latency_summaries
         self._histogram_latencies = histogram_latencies
@@ -209,6 +212,12 @@ class ModelRepository:
         backend.validate(config)
         if is_ensemble(config):
             self._check_ensemble(config)
+        cached = self._response_cache is not None and config.response_cache.enable
+        if cached and config.HasField("sequence_batching"):
+            raise InvalidArgumentError(
+                f"Response Cache does not currently support model {config.name} with"
+                " sequence batching scheduler. Please disable the response cache."
+            )
         config_load.complete(config, backend.default_model_filename)
         entry.config = config
         for version in versions:
@@ -249,7 +258,10 @@ class ModelRepository:
             for started in instances:  # worker processes and their segments must not leak
                 started.finalize()
             raise
-        return ModelVersion(config, version, scheduler, served, backend.model_dir)
+        cache = None
+        if config.response_cache.enable and not config.model_transaction_policy.decoupled:
+            cache = self._response_cache
+        return ModelVersion(config, version, scheduler, served, backend.model_dir, cache)
 
     # -- queries ------------------------------------------------------------------------
     def entries(self) -> list[ModelEntry]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from pathlib import Path
+from time import perf_counter_ns
 from typing import Any
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.runtime.cache import ResponseCache
 from tritonfast.runtime.classification import classify
 from tritonfast.runtime.histogram import Histogram
 from tritonfast.runtime.responses import ResponseStream
@@ -23,8 +25,13 @@ class ModelVersion:
         scheduler: Scheduler,
         served_versions: list[int],
         model_dir: Path | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.config = config
+        # The response cache, when the server has one and the model asks for it.
+        self._cache = cache
+        self._cache_hits = [0, 0]  # (count, ns): answered from the cache, and the lookups' time
+        self._cache_misses = [0, 0]  # (count, ns): the lookups' and insertions' time
         self._model_dir = model_dir
         self._labels: dict[str, list[str] | None] = {}
         self.name = config.name
@@ -55,14 +62,37 @@ class ModelVersion:
         return self._metadata
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Check, queue and answer a single-response request (not for decoupled models)."""
+        """Check, queue and answer a single-response request (not for decoupled models);
+        from the response cache when it holds the answer."""
         batch_size = self._validator.check(request)
         request.model_version = self._version_text
-        return await self._scheduler.infer(request, batch_size)
+        cache = self._cache
+        if cache is None:
+            return await self._scheduler.infer(request, batch_size)
+        started = perf_counter_ns()
+        key = cache.key(self.name, self._version_text, request)
+        cached = cache.get(key, request)
+        looked_up = perf_counter_ns()
+        if cached is not None:
+            self._cache_hits[0] += 1
+            self._cache_hits[1] += looked_up - started
+            return cached
+        response = await self._scheduler.infer(request, batch_size)
+        inserting = perf_counter_ns()
+        cache.put(key, response)
+        self._cache_misses[0] += 1
+        self._cache_misses[1] += looked_up - started + perf_counter_ns() - inserting
+        return response
+
+    @property
+    def caches_responses(self) -> bool:
+        return self._cache is not None
 
     def submit(self, request: InferRequest, sink: Future[Any]) -> bool:
         """Check and queue a single-response request from any thread, its response to be set
         on ``sink``; False when the scheduler cannot take it that way."""
+        if self._cache is not None:
+            return False  # answered by infer(), through the cache
         batch_size = self._validator.check(request)
         request.model_version = self._version_text
         return self._scheduler.submit(request, batch_size, sink)
@@ -75,8 +105,18 @@ class ModelVersion:
 
     def counters(self) -> dict[str, Any]:
         """The core's counters for this version (the statistics layout plus
-        ``failure_reasons``; see :class:`~tritonfast.runtime.scheduler.Scheduler`)."""
-        return self._scheduler.statistics()
+        ``failure_reasons``; see :class:`~tritonfast.runtime.scheduler.Scheduler`), with the
+        response cache's hits and misses (a hit counts as a successful request, as in
+        Triton)."""
+        counters = self._scheduler.statistics()
+        if self._cache is not None:
+            stats = counters["inference_stats"]
+            hits, misses = self._cache_hits, self._cache_misses
+            stats["cache_hit"] = {"count": hits[0], "ns": hits[1]}
+            stats["cache_miss"] = {"count": misses[0], "ns": misses[1]}
+            success = stats["success"]
+            stats["success"] = {"count": success["count"] + hits[0], "ns": success["ns"] + hits[1]}
+        return counters
 
     def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
         return self._scheduler.latency_summaries(quantiles)
@@ -91,7 +131,7 @@ class ModelVersion:
 
     def statistics(self) -> dict[str, Any]:
         """One ``model_stats`` entry of Triton's statistics extension for this version."""
-        counters = self._scheduler.statistics()
+        counters = self.counters()
         return {
             "name": self.name,
             "version": self._version_text,

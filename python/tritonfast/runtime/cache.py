@@ -1,0 +1,121 @@
+"""The response cache (``--cache-config local,size=BYTES``; per model ``response_cache
+{ enable: true }``): identical requests are answered from memory without running the model.
+
+A request's key is a digest of what determines its response, as Triton keys its cache: the
+model's name and version, and each input's name, datatype, shape and bytes (in the request's
+order), plus the outputs asked for. Only successful responses of single-response models are
+kept. The cache holds at most ``size`` bytes of output data, shared by every model that uses
+it; the least recently used responses are evicted first. A response larger than the whole
+cache is not kept.
+
+Answers from the cache are copies: a model's output arrays are copied once into the cache
+when kept, and each hit gets arrays of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from tritonfast.errors import InvalidArgumentError
+from tritonfast.runtime import rawtensor
+from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    outputs: tuple[OutputTensor, ...]
+    parameters: dict[str, object]
+    nbytes: int
+
+
+def parse_cache_config(values: list[str]) -> int | None:
+    """The local cache's size in bytes from ``--cache-config`` values (``local,size=N``;
+    tritonserver's other spelling ``local,size,N`` too), or None when no cache is asked for."""
+    size: int | None = None
+    for value in values:
+        name, _, setting = value.partition(",")
+        if name != "local":
+            raise InvalidArgumentError(
+                f"unsupported cache '{name}': tritonfast has the 'local' cache only"
+            )
+        key, _, number = setting.replace(",", "=", 1).partition("=")
+        if key != "size" or not number.isdigit():
+            raise InvalidArgumentError(f"--cache-config expects local,size=BYTES, got '{value}'")
+        size = int(number)
+    return size
+
+
+class ResponseCache:
+    """An LRU cache of responses, bounded by the bytes of their output data; thread-safe."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._used = 0
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    @staticmethod
+    def key(model: str, version: str, request: InferRequest) -> bytes:
+        digest = hashlib.blake2b(digest_size=20)
+        digest.update(f"{model}\0{version}\0".encode())
+        for tensor in request.inputs:
+            digest.update(f"{tensor.name}\0{tensor.datatype}\0{tensor.shape}\0".encode())
+            raw = rawtensor.to_raw(tensor.datatype, tensor.data)
+            digest.update(raw if isinstance(raw, bytes) else raw.data)
+        if request.outputs is not None:
+            digest.update("\0".join(o.name for o in request.outputs).encode())
+        return digest.digest()
+
+    def get(self, key: bytes, request: InferRequest) -> InferResponse | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+        outputs = [
+            OutputTensor(o.name, o.datatype, o.shape, o.data.copy(), dict(o.parameters))
+            for o in entry.outputs
+        ]
+        return InferResponse(
+            request.model_name, request.model_version, request.id, outputs, dict(entry.parameters)
+        )
+
+    def put(self, key: bytes, response: InferResponse) -> None:
+        outputs = tuple(
+            OutputTensor(
+                o.name, o.datatype, o.shape, np.array(o.data, copy=True), dict(o.parameters)
+            )
+            for o in response.outputs
+        )
+        nbytes = sum(_nbytes(o.data) for o in outputs)
+        if nbytes > self.size:
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            while self._used + nbytes > self.size and self._entries:
+                _, evicted = self._entries.popitem(last=False)
+                self._used -= evicted.nbytes
+                self.evictions += 1
+            self._entries[key] = _Entry(outputs, dict(response.parameters), nbytes)
+            self._used += nbytes
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+
+def _nbytes(data: np.ndarray) -> int:
+    if data.dtype.hasobject:  # BYTES elements: their lengths (plus a little per element)
+        return sum(len(item) + 4 for item in data.flat)
+    return int(data.nbytes)
