@@ -8,8 +8,9 @@ kept. The cache holds at most ``size`` bytes of output data, shared by every mod
 it; the least recently used responses are evicted first. A response larger than the whole
 cache is not kept.
 
-Answers from the cache are copies: a model's output arrays are copied once into the cache
-when kept, and each hit gets arrays of its own.
+A model's output arrays are copied once into the cache when kept, and made read-only there;
+each hit gets response objects of its own over those arrays (nothing downstream writes into
+an answer's arrays).
 """
 
 from __future__ import annotations
@@ -63,13 +64,14 @@ class ResponseCache:
     @staticmethod
     def key(model: str, version: str, request: InferRequest) -> bytes:
         digest = hashlib.blake2b(digest_size=20)
-        digest.update(f"{model}\0{version}\0".encode())
+        described = [model, version]
         for tensor in request.inputs:
-            digest.update(f"{tensor.name}\0{tensor.datatype}\0{tensor.shape}\0".encode())
+            described += (tensor.name, tensor.datatype, str(tensor.shape))
             raw = rawtensor.to_raw(tensor.datatype, tensor.data)
             digest.update(raw if isinstance(raw, bytes) else raw.data)
         if request.outputs is not None:
-            digest.update("\0".join(o.name for o in request.outputs).encode())
+            described += (o.name for o in request.outputs)
+        digest.update("\0".join(described).encode())
         return digest.digest()
 
     def get(self, key: bytes, request: InferRequest) -> InferResponse | None:
@@ -78,19 +80,14 @@ class ResponseCache:
             if entry is None:
                 return None
             self._entries.move_to_end(key)
-        outputs = [
-            OutputTensor(o.name, o.datatype, o.shape, o.data.copy(), dict(o.parameters))
-            for o in entry.outputs
-        ]
+        outputs = [OutputTensor(o.name, o.datatype, o.shape, o.data) for o in entry.outputs]
         return InferResponse(
             request.model_name, request.model_version, request.id, outputs, dict(entry.parameters)
         )
 
     def put(self, key: bytes, response: InferResponse) -> None:
         outputs = tuple(
-            OutputTensor(
-                o.name, o.datatype, o.shape, np.array(o.data, copy=True), dict(o.parameters)
-            )
+            OutputTensor(o.name, o.datatype, o.shape, _frozen_copy(o.data))
             for o in response.outputs
         )
         nbytes = sum(_nbytes(o.data) for o in outputs)
@@ -113,6 +110,12 @@ class ResponseCache:
     @property
     def used(self) -> int:
         return self._used
+
+
+def _frozen_copy(data: np.ndarray) -> np.ndarray:
+    copy = np.array(data, copy=True)
+    copy.flags.writeable = False
+    return copy
 
 
 def _nbytes(data: np.ndarray) -> int:

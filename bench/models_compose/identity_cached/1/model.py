@@ -1,0 +1,1 @@
+../../../models/identity/1/model.py
