@@ -160,6 +160,14 @@ class DataPlane:
             trace.stamp("REQUEST_END", perf_counter_ns())
         return response
 
+    def check(self, request: InferRequest) -> None:
+        """Raise the error ``request`` would be refused with before running (an unknown or
+        decoupled model, invalid inputs), without queueing it."""
+        model = self._repository.get(request.model_name, request.model_version)
+        if model.decoupled:
+            raise UnsupportedError(f"in-process inference {DECOUPLED_REFUSAL}")
+        model.check(request)
+
     def submit(self, request: InferRequest, sink: Future[Any]) -> bool:
         """From a thread other than the loop's: validate and queue ``request`` for a
         single-response model, its response to be set on ``sink``. False when it must go

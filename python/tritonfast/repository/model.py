@@ -88,6 +88,10 @@ class ModelVersion:
     def caches_responses(self) -> bool:
         return self._cache is not None
 
+    def check(self, request: InferRequest) -> None:
+        """Raise the validation error ``request`` would get."""
+        self._validator.check(request)
+
     def submit(self, request: InferRequest, sink: Future[Any]) -> bool:
         """Check and queue a single-response request from any thread, its response to be set
         on ``sink``; False when the scheduler cannot take it that way."""

@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
-from tritonfast.errors import UnavailableError
+from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.instance import running_instance
 from tritonfast.runtime.responses import Streamed
 from tritonfast.runtime.types import InferRequest, InferResponse
@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
 
 NOT_SERVING_MESSAGE = "the server is not serving: models can call other models only while it runs"
+
+
+class NotRun(Exception):
+    """A request the server refused before running it (unknown model, invalid inputs, a full
+    queue): ``error`` says why."""
+
+    def __init__(self, error: TritonError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class ServerHandle:
@@ -38,13 +47,20 @@ class ServerHandle:
         self._loop_thread = threading.get_ident()
 
     def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse:
-        """Send ``request`` and wait for its one response; raises its TritonError, or
-        TimeoutError after ``timeout`` seconds (the request is then cancelled)."""
+        """Send ``request`` and wait for its one response; raises its TritonError, NotRun
+        when it was refused before running, or TimeoutError after ``timeout`` seconds (the
+        request is then cancelled)."""
         self._may_wait()
         sink: concurrent.futures.Future[InferResponse] = concurrent.futures.Future()
         # Straight into the model's queue from this thread when its scheduler allows (the
         # answer comes back from the instance that ran it), else through the loop.
-        if self._dataplane.submit(request, sink):
+        try:
+            submitted = self._dataplane.submit(request, sink)
+            if not submitted:
+                self._dataplane.check(request)
+        except TritonError as error:
+            raise NotRun(error) from None
+        if submitted:
             try:
                 return sink.result(timeout)
             except TimeoutError:
@@ -56,6 +72,13 @@ class ServerHandle:
         except TimeoutError:
             future.cancel()
             raise
+
+    def check(self, request: InferRequest) -> None:
+        """Raise NotRun with the error ``request`` would be refused with before running."""
+        try:
+            self._dataplane.check(request)
+        except TritonError as error:
+            raise NotRun(error) from None
 
     async def infer_async(self, request: InferRequest) -> InferResponse:
         """Send ``request`` from a coroutine on any event loop and await its one response."""

@@ -2,8 +2,11 @@
 through the server handle (:mod:`tritonfast.runtime.handle`), in-process.
 
 The callee gets the caller's arrays as they are (no copy), and its outputs come back the same
-way. A failure (unknown model, bad inputs, the callee's own error) is returned as a response
-whose ``has_error()`` is true, with Triton's message, as Triton's Python backend does.
+way. A failure is returned as a response whose ``has_error()`` is true, as Triton's Python
+backend returns it: the callee's own error as it is; a request refused before it ran (unknown
+model, bad inputs) as INTERNAL "Model <m> - Error when running inference: <why>", where an
+unknown or unloaded model's reason is "Failed for execute the inference request. Model '<m>'
+is not ready." (texts checked against Triton 2.51).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from tritonfast.backends.python import pb_utils
-from tritonfast.errors import TritonError
+from tritonfast.errors import Code, TritonError
 from tritonfast.runtime import handle
+from tritonfast.runtime.handle import NotRun
 from tritonfast.runtime.responses import Result
 from tritonfast.runtime.types import InferRequest, InputTensor, RequestedOutput
 
@@ -28,6 +32,8 @@ def execute(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
     try:
         timeout = request.timeout() / 1e6 or None  # microseconds, as Triton's BLS takes it
         return _response(handle.current().infer(server_request, timeout))
+    except NotRun as refused:
+        return _not_run(server_request.model_name, refused.error)
     except TritonError as error:
         return _response(error)
     except TimeoutError:
@@ -40,8 +46,12 @@ async def execute_async(request: pb_utils.InferenceRequest, decoupled: bool) -> 
     server_request = _server_request(request)
     if decoupled:
         return _async_responses(handle.current().stream_async(server_request))
+    server = handle.current()
     try:
-        return _response(await handle.current().infer_async(server_request))
+        server.check(server_request)
+        return _response(await server.infer_async(server_request))
+    except NotRun as refused:
+        return _not_run(server_request.model_name, refused.error)
     except TritonError as error:
         return _response(error)
 
@@ -86,6 +96,16 @@ def _server_request(request: pb_utils.InferenceRequest) -> InferRequest:
         outputs=[RequestedOutput(name) for name in outputs] if outputs else None,
         parameters=parameters,
     )
+
+
+def _not_run(model: str, error: TritonError) -> pb_utils.InferenceResponse:
+    """A request the server refused before running it, worded as Triton's Python backend
+    words it."""
+    reason = error.message
+    if error.code is Code.NOT_FOUND:
+        reason = f"Failed for execute the inference request. Model '{model}' is not ready."
+    message = f"Model {model} - Error when running inference: {reason}"
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
 def _response(result: Result) -> pb_utils.InferenceResponse:
