@@ -1,0 +1,72 @@
+"""Our equivalents of python_backend's BLS examples (``bls_sync``, ``bls_async``,
+``bls_decoupled`` in tests/models_streaming), checked the way their clients check them,
+against the bundled ``add_sub`` example model and the decoupled ``square_int32``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import EXAMPLES, ROOT, RunningServer, start_server
+
+STREAMING_MODELS = ROOT / "tests" / "models_streaming"
+PLUGINS = ROOT / "tests" / "plugins"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpclient.InferenceServerClient]:
+    server: RunningServer = start_server(
+        [EXAMPLES, STREAMING_MODELS],
+        tmp_path_factory.mktemp("bls") / "server.log",
+        pythonpath=(PLUGINS,),
+    )
+    http = httpclient.InferenceServerClient(server.http_url)
+    yield http
+    http.close()
+    assert server.stop() == 0, server.log()
+
+
+def add_sub_inputs(model_name: str) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    first = np.arange(4, dtype=np.float32)
+    second = np.full(4, 10, dtype=np.float32)
+    name = httpclient.InferInput("MODEL_NAME", [1], "BYTES")
+    name.set_data_from_numpy(np.array([model_name.encode()], dtype=object))
+    tensors = [name]
+    for input_name, values in (("INPUT0", first), ("INPUT1", second)):
+        tensor = httpclient.InferInput(input_name, [4], "FP32")
+        tensor.set_data_from_numpy(values)
+        tensors.append(tensor)
+    return tensors, first, second
+
+
+@pytest.mark.parametrize("model", ["bls_sync", "bls_async"])
+def test_a_bls_model_answers_with_the_model_it_calls(
+    client: httpclient.InferenceServerClient, model: str
+) -> None:
+    tensors, first, second = add_sub_inputs("add_sub")
+    result = client.infer(model, tensors)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), first + second)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), first - second)
+    tensors, _, _ = add_sub_inputs("no_such_model")
+    with pytest.raises(InferenceServerException) as error:
+        client.infer(model, tensors)
+    assert (
+        "Model no_such_model - Error when running inference: Failed for execute the inference"
+        " request. Model 'no_such_model' is not ready." in error.value.message()
+    )
+
+
+@pytest.mark.parametrize("count", [0, 1, 5])
+def test_bls_reads_every_response_of_a_decoupled_model(
+    client: httpclient.InferenceServerClient, count: int
+) -> None:
+    tensor = httpclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([count], dtype=np.int32))
+    result = client.infer("bls_decoupled", [tensor])
+    assert result.as_numpy("COUNT").tolist() == [count]
+    assert result.as_numpy("SUM").tolist() == [count * count]
