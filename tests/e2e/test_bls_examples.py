@@ -44,7 +44,7 @@ def add_sub_inputs(model_name: str) -> tuple[list[Any], np.ndarray, np.ndarray]:
     return tensors, first, second
 
 
-@pytest.mark.parametrize("model", ["bls_sync", "bls_async"])
+@pytest.mark.parametrize("model", ["bls_sync", "bls_async", "bls_sync_proc"])
 def test_a_bls_model_answers_with_the_model_it_calls(
     client: httpclient.InferenceServerClient, model: str
 ) -> None:

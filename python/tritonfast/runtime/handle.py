@@ -16,7 +16,7 @@ import concurrent.futures
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.instance import running_instance
@@ -157,16 +157,27 @@ def _checked(got: Streamed | BaseException) -> Streamed:
     return got
 
 
-_current: ServerHandle | None = None
+class Handle(Protocol):
+    """What models reach through :func:`current`: the server's :class:`ServerHandle`, or, in a
+    worker process, a handle that forwards to it."""
+
+    def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse: ...
+    async def infer_async(self, request: InferRequest) -> InferResponse: ...
+    def check(self, request: InferRequest) -> None: ...
+    def stream(self, request: InferRequest) -> Iterator[Streamed]: ...
+    def stream_async(self, request: InferRequest) -> AsyncIterator[Streamed]: ...
 
 
-def install(handle: ServerHandle | None) -> None:
+_current: Handle | None = None
+
+
+def install(handle: Handle | None) -> None:
     """Make ``handle`` the one models reach (None when the server stops)."""
     global _current
     _current = handle
 
 
-def current() -> ServerHandle:
+def current() -> Handle:
     """The running server's handle; UnavailableError when no server runs."""
     if _current is None:
         raise UnavailableError(NOT_SERVING_MESSAGE)

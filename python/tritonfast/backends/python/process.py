@@ -43,10 +43,11 @@ import numpy as np
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
+from tritonfast.backends.python import workerbls
 from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
-from tritonfast.runtime import rawtensor
+from tritonfast.runtime import handle, rawtensor
 from tritonfast.runtime.bufferpool import POOL
 from tritonfast.runtime.responses import Result, is_cancelled
 from tritonfast.runtime.shmsegment import (
@@ -234,11 +235,16 @@ class ProcessInstance(ModelInstance):
         message = ("execute", name, size, described, self._cancel.name, self._cancel.size, tokens)
         try:
             if relay is None:
-                self._conn.send(message)
+                conn = self._conn
+                conn.send(message)
                 clock.inputs_ready()
-                while not self._conn.poll(CANCEL_POLL_S):
-                    _flag_cancelled(requests, flags)
-                reply = self._conn.recv()
+                while True:
+                    while not conn.poll(CANCEL_POLL_S):
+                        _flag_cancelled(requests, flags)
+                    reply = conn.recv()
+                    if reply[0] != "bls":
+                        break
+                    conn.send(workerbls.answer(reply))  # the model called another model
             else:
                 relay.send(message)
                 clock.inputs_ready()
@@ -350,6 +356,12 @@ def worker_main(
     conn.send(("ready", CUSTOM_METRICS.state_if_changed()))
     # Responses of decoupled requests are sent from any thread: every send takes its lock.
     streams = WorkerStreams(conn)
+
+    def other(message: tuple[Any, ...]) -> None:  # what arrives while a BLS call waits
+        if message[0] == "cancel":
+            streams.cancel(message[1])
+
+    handle.install(workerbls.WorkerHandle(streams.send, conn.recv, other))
     inputs = SegmentReader()
     cancel_flags = SegmentReader()
     outputs = SegmentWriter(output_prefix)

@@ -23,6 +23,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tritonfast.backends.python import workerbls
 from tritonfast.errors import Code, InternalError, TritonError, error_for
 from tritonfast.runtime.responses import ResponseSender, Result
 from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
@@ -98,7 +99,9 @@ class ResponseRelay:
                     self._pass_cancellations()
                     continue
                 message = conn.recv()
-                if message[0] == "response":
+                if message[0] == "bls":  # the model called another model: answered from here
+                    self.send(workerbls.answer(message))
+                elif message[0] == "response":
                     self._deliver(
                         message[1], rebuild(message[2]) if message[2] else None, message[3]
                     )

@@ -1,0 +1,1 @@
+../../bls_sync/1/model.py
