@@ -70,3 +70,26 @@ def test_bls_reads_every_response_of_a_decoupled_model(
     result = client.infer("bls_decoupled", [tensor])
     assert result.as_numpy("COUNT").tolist() == [count]
     assert result.as_numpy("SUM").tolist() == [count * count]
+
+
+def test_a_call_that_could_never_run_is_refused_not_left_hanging(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """The rule: a call from a model is refused (UNAVAILABLE, at once) when every instance of
+    the model it calls is itself waiting on a call to the server; otherwise it waits its turn.
+    bls_loop has two instances: one level of calling itself works, two would need a third."""
+
+    def loop(x: int) -> Any:
+        tensor = httpclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([x], dtype=np.int32))
+        return client.infer("bls_loop", [tensor]).as_numpy("Y").tolist()
+
+    assert loop(1) == [1]
+    with pytest.raises(InferenceServerException) as error:
+        loop(2)
+    assert (
+        "model 'bls_loop' cannot take this call: every instance of it is waiting on a call to"
+        " the server (a model calling itself, or a cycle of calls), so it would wait forever"
+        in error.value.message()
+    )
+    assert loop(1) == [1]  # nothing is left stuck

@@ -8,6 +8,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.errors import UnavailableError
 from tritonfast.runtime.cache import ResponseCache
 from tritonfast.runtime.classification import classify
 from tritonfast.runtime.histogram import Histogram
@@ -89,8 +90,19 @@ class ModelVersion:
         return self._cache is not None
 
     def check(self, request: InferRequest) -> None:
-        """Raise the validation error ``request`` would get."""
+        """Raise the error a call from a model (BLS) would get before running: a validation
+        error, or UNAVAILABLE when every instance is itself waiting on such a call (the
+        request could never run: a model calling itself, or a cycle of calls)."""
         self._validator.check(request)
+        self._refuse_if_stuck()
+
+    def _refuse_if_stuck(self) -> None:
+        if self._scheduler.waiting_on_server():
+            raise UnavailableError(
+                f"model '{self.name}' cannot take this call: every instance of it is waiting on a"
+                " call to the server (a model calling itself, or a cycle of calls), so it would"
+                " wait forever"
+            )
 
     def submit(self, request: InferRequest, sink: Future[Any]) -> bool:
         """Check and queue a single-response request from any thread, its response to be set
@@ -98,6 +110,7 @@ class ModelVersion:
         if self._cache is not None:
             return False  # answered by infer(), through the cache
         batch_size = self._validator.check(request)
+        self._refuse_if_stuck()
         request.model_version = self._version_text
         return self._scheduler.submit(request, batch_size, sink)
 

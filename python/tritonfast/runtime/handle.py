@@ -49,8 +49,19 @@ class ServerHandle:
     def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse:
         """Send ``request`` and wait for its one response; raises its TritonError, NotRun
         when it was refused before running, or TimeoutError after ``timeout`` seconds (the
-        request is then cancelled)."""
+        request is then cancelled). A model instance waiting here counts as busy with the
+        server (see :meth:`~tritonfast.runtime.scheduler.Scheduler.waiting_on_server`)."""
         self._may_wait()
+        instance = running_instance()
+        if instance is None:
+            return self._infer(request, timeout)
+        instance.waiting_on_server = True
+        try:
+            return self._infer(request, timeout)
+        finally:
+            instance.waiting_on_server = False
+
+    def _infer(self, request: InferRequest, timeout: float | None) -> InferResponse:
         sink: concurrent.futures.Future[InferResponse] = concurrent.futures.Future()
         # Straight into the model's queue from this thread when its scheduler allows (the
         # answer comes back from the instance that ran it), else through the loop.

@@ -74,6 +74,8 @@ class InstanceLoop:
         self._handoff = handoff
         self._observe = observe
         self._on_server_call = on_server_call
+        # Set while a batch of this instance waits on a blocking call to the server (BLS).
+        self.waiting_on_server = False
         self._thread = threading.Thread(target=self._run, name=f"instance:{name}", daemon=True)
 
     def calls_server(self) -> None:

@@ -141,6 +141,11 @@ class Scheduler(abc.ABC):
         kept (``histogram_latencies``)."""
         return None
 
+    def waiting_on_server(self) -> bool:
+        """Whether every instance is blocked in a call to the server (BLS): a request from
+        one of those calls could then never run."""
+        return False
+
     @property
     def runs_on_loop(self) -> bool:
         """Whether the model's batches run on the event loop now (see looprun)."""
@@ -306,6 +311,9 @@ class QueueScheduler(Scheduler):
 
     def first_response_histogram(self) -> Histogram | None:
         return self._first_response
+
+    def waiting_on_server(self) -> bool:
+        return all(instance.waiting_on_server for instance in self._instances)
 
     @property
     def runs_on_loop(self) -> bool:
