@@ -243,3 +243,35 @@ def test_an_ensemble_brings_its_step_models_and_goes_with_them(
     finally:
         client.load_model("add_one")
         client.close()
+
+
+def test_a_decoupled_step_makes_the_ensemble_stream(ens_server: RunningServer) -> None:
+    """As in Triton: the ensemble is decoupled; each response of its decoupled step runs the
+    steps after it and is one response of the ensemble."""
+    client = grpcclient.InferenceServerClient(ens_server.grpc_url)
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    try:
+        assert client.get_model_config("ens_stream").config.model_transaction_policy.decoupled
+        client.start_stream(callback=lambda result, error: replies.put((result, error)))
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([3], dtype=np.int32))
+        client.async_stream_infer("ens_stream", [tensor], enable_empty_final_response=True)
+        received = [replies.get(timeout=WAIT_S) for _ in range(4)]
+        client.stop_stream()
+    finally:
+        client.close()
+    assert all(error is None for _, error in received)
+    pairs = [
+        (result.as_numpy("N").tolist(), result.as_numpy("NEG").tolist())
+        for result, _ in received[:3]
+    ]
+    assert pairs == [([1], [-1]), ([2], [-2]), ([3], [-3])]
+    final = received[3][0].get_response()
+    assert final.parameters["triton_final_response"].bool_param and not final.outputs
+    http = httpclient.InferenceServerClient(ens_server.http_url)
+    try:
+        with pytest.raises(InferenceServerException) as error:
+            http.infer("ens_stream", [int32_input(httpclient, [[1]])])
+        assert "decoupled" in error.value.message()
+    finally:
+        http.close()

@@ -183,6 +183,9 @@ class ModelRepository:
                 )
             configs[step.model_name] = entry.config
         check_composing(plan, config, configs)
+        # As in Triton: an ensemble with a decoupled step is decoupled (its responses stream).
+        if any(c.model_transaction_policy.decoupled for c in configs.values()):
+            config.model_transaction_policy.decoupled = True
 
     def dependents(self, name: str) -> list[str]:
         """The loaded ensembles that have a step on ``name``."""

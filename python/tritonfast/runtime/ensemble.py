@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from time import perf_counter_ns
 from typing import Any
 
@@ -43,6 +44,9 @@ class EnsembleScheduler(Scheduler):
         self, config: model_config_pb2.ModelConfig, loop: asyncio.AbstractEventLoop
     ) -> None:
         self._plan: EnsemblePlan = plan_of(config)
+        # With a decoupled step (the repository marks the ensemble decoupled then), requests
+        # are streamed: see _stream.
+        self._decoupled = config.model_transaction_policy.decoupled
         self._loop = loop
         self._stats = _Counters(config.max_batch_size)
         self._running: set[asyncio.Task[Any]] = set()
@@ -72,10 +76,75 @@ class EnsembleScheduler(Scheduler):
         return stream
 
     async def _answer(self, request: InferRequest, batch_size: int, stream: ResponseStream) -> None:
+        if self._decoupled:
+            await self._stream(request, batch_size, stream)
+            return
         try:
             settle(stream, await self.infer(request, batch_size), True)
         except TritonError as error:
             settle(stream, error, True)
+
+    async def _stream(self, request: InferRequest, batch_size: int, stream: ResponseStream) -> None:
+        """A decoupled ensemble's request, as Triton runs one: each response of a decoupled
+        step carries the graph on with its outputs (the steps after it run once per
+        response), and each complete set of the ensemble's outputs is a response; then the
+        final flag. Steps run one after another here."""
+        plan = self._plan
+        wanted = (
+            [output.name for output in request.outputs]
+            if request.outputs is not None
+            else list(plan.outputs)
+        )
+        needed = plan.needed_for(wanted)
+        started = {step.index for step in plan.steps if step.index not in needed}
+        tensors: dict[str, Tensor] = {t.name: (t.datatype, t.shape, t.data) for t in request.inputs}
+        begun = perf_counter_ns()
+        try:
+            async for complete in self._expand(request, tensors, started):
+                outputs = [
+                    OutputTensor(name, *complete[name]) for name in wanted if name in complete
+                ]
+                response = InferResponse(
+                    request.model_name, request.model_version, request.id, outputs
+                )
+                settle(stream, response, False)
+        except TritonError as error:
+            self._stats.failed(perf_counter_ns() - begun)
+            settle(stream, error, True)
+            return
+        self._stats.succeeded(perf_counter_ns() - begun, max(batch_size, 1))
+        settle(stream, None, True)
+
+    async def _expand(
+        self, request: InferRequest, tensors: dict[str, Tensor], started: set[int]
+    ) -> AsyncIterator[dict[str, Tensor]]:
+        """Every complete set of tensors the steps not yet ``started`` lead to."""
+        ready = self._plan.ready(set(tensors), started)
+        if not ready:
+            yield tensors
+            return
+        step = ready[0]
+        now_started = started | {step.index}
+        server = handle.current()
+        step_request = _step_request(step, request, tensors)
+        try:
+            if server.is_decoupled(step.model_name, step.model_version):
+                async for item in server.stream_async(step_request):
+                    if isinstance(item.result, TritonError):
+                        raise item.result
+                    if item.result is not None:
+                        following = dict(tensors)
+                        _take_outputs(step, item.result, following)
+                        async for complete in self._expand(request, following, now_started):
+                            yield complete
+                return
+            response = await server.infer_async(step_request)
+        except TritonError as error:
+            raise _step_failed(self._plan.name, error) from None
+        following = dict(tensors)
+        _take_outputs(step, response, following)
+        async for complete in self._expand(request, following, now_started):
+            yield complete
 
     async def _run(self, request: InferRequest) -> InferResponse:
         plan = self._plan

@@ -62,6 +62,9 @@ class WorkerHandle:
     def check(self, request: InferRequest) -> None:
         """Checked by the server as the call runs (one round trip instead of two)."""
 
+    def is_decoupled(self, model: str, version: str = "") -> bool:
+        return False  # (decoupled callees are not available from a worker)
+
     def stream(self, request: InferRequest) -> Iterator[Streamed]:
         raise UnsupportedError(NO_DECOUPLED_MESSAGE)
 
