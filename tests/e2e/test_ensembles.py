@@ -275,3 +275,17 @@ def test_a_decoupled_step_makes_the_ensemble_stream(ens_server: RunningServer) -
         assert "decoupled" in error.value.message()
     finally:
         http.close()
+
+
+def test_a_batch_dimension_of_one_is_bridged_between_steps(ens_server: RunningServer) -> None:
+    """As in Triton: a non-batching step in a batching ensemble gets its tensors without the
+    batch dimension of 1, and its outputs get it back."""
+    client = httpclient.InferenceServerClient(ens_server.http_url)
+    try:
+        tensor = httpclient.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[-7]], dtype=np.int32))
+        result = client.infer("ens_rebatch", [tensor])
+        assert result.as_numpy("NEG").tolist() == [[7]]
+        assert result.as_numpy("OUT").tolist() == [[8]]
+    finally:
+        client.close()

@@ -47,6 +47,7 @@ class EnsembleScheduler(Scheduler):
         # With a decoupled step (the repository marks the ensemble decoupled then), requests
         # are streamed: see _stream.
         self._decoupled = config.model_transaction_policy.decoupled
+        self._batches = config.max_batch_size > 0
         self._loop = loop
         self._stats = _Counters(config.max_batch_size)
         self._running: set[asyncio.Task[Any]] = set()
@@ -126,7 +127,8 @@ class EnsembleScheduler(Scheduler):
         step = ready[0]
         now_started = started | {step.index}
         server = handle.current()
-        step_request = _step_request(step, request, tensors)
+        change = self._batch_change(server, step)
+        step_request = _step_request(step, request, tensors, change)
         try:
             if server.is_decoupled(step.model_name, step.model_version):
                 async for item in server.stream_async(step_request):
@@ -134,7 +136,7 @@ class EnsembleScheduler(Scheduler):
                         raise item.result
                     if item.result is not None:
                         following = dict(tensors)
-                        _take_outputs(step, item.result, following)
+                        _take_outputs(step, item.result, following, change)
                         async for complete in self._expand(request, following, now_started):
                             yield complete
                 return
@@ -142,7 +144,7 @@ class EnsembleScheduler(Scheduler):
         except TritonError as error:
             raise _step_failed(self._plan.name, error) from None
         following = dict(tensors)
-        _take_outputs(step, response, following)
+        _take_outputs(step, response, following, change)
         async for complete in self._expand(request, following, now_started):
             yield complete
 
@@ -166,16 +168,19 @@ class EnsembleScheduler(Scheduler):
                     # One step at a time (a chain): awaited directly, without a task.
                     step = ready[0]
                     started.add(step.index)
-                    step_request = _step_request(step, request, tensors)
+                    change = self._batch_change(server, step)
+                    step_request = _step_request(step, request, tensors, change)
                     try:
                         response = await server.infer_async(step_request)
                     except TritonError as error:
                         raise _step_failed(plan.name, error) from None
-                    _take_outputs(step, response, tensors)
+                    _take_outputs(step, response, tensors, change)
                     continue
                 for step in ready:
                     started.add(step.index)
-                    step_request = _step_request(step, request, tensors)
+                    step_request = _step_request(
+                        step, request, tensors, self._batch_change(server, step)
+                    )
                     running[asyncio.ensure_future(server.infer_async(step_request))] = step
                 if not running:
                     break
@@ -186,7 +191,7 @@ class EnsembleScheduler(Scheduler):
                         response = task.result()
                     except TritonError as error:
                         raise _step_failed(plan.name, error) from None
-                    _take_outputs(step, response, tensors)
+                    _take_outputs(step, response, tensors, self._batch_change(server, step))
         finally:
             for task in running:
                 task.cancel()
@@ -198,6 +203,15 @@ class EnsembleScheduler(Scheduler):
             )
         outputs = [OutputTensor(name, *tensors[name]) for name in wanted]
         return InferResponse(request.model_name, request.model_version, request.id, outputs)
+
+    def _batch_change(self, server: handle.Handle, step: Step) -> int:
+        """How a step's tensors differ from the ensemble's, as Triton bridges them: +1 when
+        the step batches and the ensemble does not (a batch dimension of 1 is added to the
+        step's inputs and taken off its outputs), -1 the other way round, 0 when alike."""
+        step_batches = server.max_batch_size(step.model_name, step.model_version) > 0
+        if step_batches == self._batches:
+            return 0
+        return 1 if step_batches else -1
 
     # -- state ---------------------------------------------------------------------------
     def statistics(self) -> dict[str, Any]:
@@ -219,16 +233,23 @@ def _step_failed(ensemble: str, error: TritonError) -> TritonError:
     return error_for(error.code, f"in ensemble '{ensemble}', {error.message}")
 
 
-def _take_outputs(step: Step, response: InferResponse, tensors: dict[str, Tensor]) -> None:
+def _take_outputs(
+    step: Step, response: InferResponse, tensors: dict[str, Tensor], change: int
+) -> None:
     """A step's outputs, available from now on under their ensemble names."""
     produced = {t.name: t for t in response.outputs}
     for model_output, tensor in step.outputs:
         out = produced[model_output]
-        tensors[tensor] = (out.datatype, tuple(out.shape), out.data)
+        tensors[tensor] = _rebatched(out.datatype, tuple(out.shape), out.data, -change)
 
 
-def _step_request(step: Step, request: InferRequest, tensors: dict[str, Tensor]) -> InferRequest:
-    inputs = [InputTensor(model_input, *tensors[tensor]) for model_input, tensor in step.inputs]
+def _step_request(
+    step: Step, request: InferRequest, tensors: dict[str, Tensor], change: int
+) -> InferRequest:
+    inputs = [
+        InputTensor(model_input, *_rebatched(*tensors[tensor], change))
+        for model_input, tensor in step.inputs
+    ]
     return InferRequest(
         step.model_name,
         step.model_version,
@@ -237,6 +258,17 @@ def _step_request(step: Step, request: InferRequest, tensors: dict[str, Tensor])
         outputs=[RequestedOutput(model_output) for model_output, _ in step.outputs],
         parameters=request.parameters,
     )
+
+
+def _rebatched(datatype: str, shape: tuple[int, ...], data: Any, change: int) -> Tensor:
+    """A tensor with a batch dimension of 1 added (+1) or taken off (-1, when it has one)."""
+    if change > 0:
+        shape = (1, *shape)
+        return datatype, shape, data.reshape(shape)
+    if change < 0 and shape[:1] == (1,):
+        shape = shape[1:]
+        return datatype, shape, data.reshape(shape)
+    return datatype, shape, data
 
 
 class _Counters:

@@ -65,6 +65,9 @@ class WorkerHandle:
     def is_decoupled(self, model: str, version: str = "") -> bool:
         return False  # (decoupled callees are not available from a worker)
 
+    def max_batch_size(self, model: str, version: str = "") -> int:
+        raise UnsupportedError("model configurations are not available in a worker process")
+
     def stream(self, request: InferRequest) -> Iterator[Streamed]:
         raise UnsupportedError(NO_DECOUPLED_MESSAGE)
 
