@@ -78,6 +78,8 @@ class RequestTrace:
     request_id: str = ""
     with_timestamps: bool = True
     with_tensors: bool = False
+    # The trace of the request this one was made for (an ensemble's step, a BLS call); 0: none.
+    parent_id: int = 0
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     tensors: list[dict[str, Any]] = field(default_factory=list)
 
@@ -108,6 +110,8 @@ class RequestTrace:
         head["model_version"] = self.model_version
         if self.request_id:
             head["request_id"] = self.request_id
+        if self.parent_id:
+            head["parent_id"] = self.parent_id
         events = [head, *self.tensors]
         if self.with_timestamps:
             stamps = [{"name": n, "ns": ns} for n, ns in self.timestamps]
@@ -276,11 +280,25 @@ class Tracer:
         """Whether any request may be traced (frontends skip their stamps otherwise)."""
         return self._any_active
 
-    def start(self, model: str, version: int, request_id: str) -> RequestTrace | None:
-        """A trace for this request if it is sampled (one in ``trace_rate``), else None."""
+    def start(
+        self, model: str, version: int, request_id: str, parent_id: int = 0
+    ) -> RequestTrace | None:
+        """A trace for this request if it is sampled (one in ``trace_rate``), else None. A
+        request made for a traced one (``parent_id``: an ensemble's step, a BLS call) is
+        traced with it, as in Triton."""
         if not self._any_active:
             return None
         settings = self.settings(model)
+        if parent_id:
+            return RequestTrace(
+                next(self._ids),
+                model,
+                version,
+                request_id,
+                with_timestamps="TIMESTAMPS" in settings.level,
+                with_tensors="TENSORS" in settings.level,
+                parent_id=parent_id,
+            )
         if not settings.active or settings.rate <= 0:
             return None
         # Sampling counts per owner of the settings in force: the model when it has its own

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import EXAMPLES, RunningServer, start_server
+from tests.conftest import EXAMPLES, ROOT, RunningServer, start_server
 
 DEFAULTS = {
     "trace_level": ["OFF"],
@@ -243,3 +243,37 @@ def test_opentelemetry_export(tmp_path: Path) -> None:
     assert span.end_time_unix_nano >= span.start_time_unix_nano > 0
     assert resources[0]["deployment"] == "test"
     assert resources[0]["service.name"] == "triton-inference-server"
+
+
+def test_an_ensembles_steps_and_bls_calls_are_traced_as_its_children(tmp_path: Path) -> None:
+    """As Triton 2.51 writes them (checked side by side): each step's trace head names the
+    ensemble request's trace as ``parent_id``; a BLS call made with ``trace=request.trace()``
+    does the same for the calling request's."""
+    trace_file = tmp_path / "trace.json"
+    flags = [f"--trace-config={v}" for v in (f"triton,file={trace_file}", "level=TIMESTAMPS")]
+    server = start_server(
+        [ROOT / "tests" / "models_ensemble", ROOT / "tests" / "models_streaming"],
+        tmp_path / "server.log",
+        *flags,
+        "--trace-config=rate=1",
+        pythonpath=(ROOT / "tests" / "plugins",),
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        values = httpclient.InferInput("IN", [1, 2], "INT32")
+        values.set_data_from_numpy(np.array([[1, 2]], dtype=np.int32))
+        client.infer("ens_batched", [values], request_id="ens")
+        count = httpclient.InferInput("IN", [1], "INT32")
+        count.set_data_from_numpy(np.array([2], dtype=np.int32))
+        client.infer("bls_decoupled_traced", [count], request_id="bls")
+    finally:
+        client.close()
+        assert server.stop() == 0
+    heads = [e for e in json.loads(trace_file.read_text()) if "model_name" in e]
+    ensemble = next(h for h in heads if h["model_name"] == "ens_batched")
+    assert "parent_id" not in ensemble
+    steps = [h for h in heads if h["model_name"] == "add_one"]
+    assert len(steps) == 2 and all(h["parent_id"] == ensemble["id"] for h in steps)
+    caller = next(h for h in heads if h["model_name"] == "bls_decoupled_traced")
+    callee = [h for h in heads if h["model_name"] == "square_int32"]
+    assert len(callee) == 1 and callee[0]["parent_id"] == caller["id"]

@@ -158,7 +158,15 @@ class DataPlane:
             raise
         if trace is not None:
             trace.stamp("REQUEST_END", perf_counter_ns())
+            self._finish_child(request, trace)
         return response
+
+    def _finish_child(self, request: InferRequest, trace: RequestTrace) -> None:
+        """A request made for another (an ensemble's step, a BLS call) has no frontend to
+        finish its trace once its response is sent: it ends with its last response."""
+        if request.parent_trace is not None:
+            request.trace = None
+            self.tracer.finish(trace)
 
     def check(self, request: InferRequest) -> None:
         """Raise the error ``request`` would be refused with before running (an unknown or
@@ -220,6 +228,7 @@ class DataPlane:
                         self._shared_memory.write_outputs(result, windows)
                 if item.final and trace is not None:
                     trace.stamp("REQUEST_END", perf_counter_ns())
+                    self._finish_child(request, trace)
                 yield item
         finally:
             responses.cancel()  # nothing once the final item has passed
@@ -233,7 +242,9 @@ class DataPlane:
     ) -> RequestTrace | None:
         if not self.tracer.enabled:
             return None
-        trace = self.tracer.start(model_name, version, request.id)
+        parent = request.parent_trace
+        parent_id = parent.id if parent is not None else 0
+        trace = self.tracer.start(model_name, version, request.id, parent_id)
         if trace is not None:
             self._begin_trace(request, trace, received)
         return trace

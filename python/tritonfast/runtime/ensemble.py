@@ -257,6 +257,7 @@ def _step_request(
         inputs=inputs,
         outputs=[RequestedOutput(model_output) for model_output, _ in step.outputs],
         parameters=request.parameters,
+        parent_trace=request.trace,
     )
 
 

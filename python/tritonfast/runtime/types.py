@@ -60,6 +60,9 @@ class InferRequest:
     uses_shared_memory: bool = False
     # A tracing.RequestTrace when this request is traced (every layer stamps it), else None.
     trace: Any = None
+    # The trace of the request this one is made for (an ensemble's step, a BLS call): its
+    # own trace names it as its parent.
+    parent_trace: Any = None
     # Where the request's responses go (set by the scheduler): a runtime.responses.
     # ResponseStream, or the future its caller awaits.
     sink: Any = None

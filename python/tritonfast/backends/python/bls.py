@@ -95,6 +95,7 @@ def _server_request(request: pb_utils.InferenceRequest) -> InferRequest:
         ],
         outputs=[RequestedOutput(name) for name in outputs] if outputs else None,
         parameters=parameters,
+        parent_trace=request._trace._trace if request._trace is not None else None,
     )
 
 

@@ -245,6 +245,19 @@ class _CapsuleHolder:
         return (1, 0)  # kDLCPU
 
 
+class InferenceTrace:
+    """A request's trace, as ``request.trace()`` gives it (see :meth:`InferenceRequest.trace`)."""
+
+    __slots__ = ("_trace",)
+
+    def __init__(self, trace: Any = None) -> None:
+        self._trace = trace  # the server's tracing.RequestTrace, or None when not traced
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The OpenTelemetry context of the trace (none here: the trace is Triton-mode)."""
+        return None
+
+
 class InferenceRequest:
     """A request as ``execute`` sees it, or one a model builds to call another model of the
     server (BLS: :meth:`exec`, :meth:`async_exec`)."""
@@ -260,6 +273,7 @@ class InferenceRequest:
         timeout: int = 0,
         model_version: int = -1,
         parameters: dict[str, Any] | str | None = None,
+        trace: InferenceTrace | None = None,
         **_ignored: Any,
     ) -> None:
         self._model_name = model_name
@@ -273,6 +287,7 @@ class InferenceRequest:
         if isinstance(parameters, str):
             parameters = json.loads(parameters) if parameters else {}
         self._parameters: dict[str, Any] = parameters or {}
+        self._trace = trace
         self._cancelled = False
         # The server-side request this wraps (set by the backend), and the backend's
         # conversion of a model's InferenceResponse for it (what its response sender sends).
@@ -281,6 +296,14 @@ class InferenceRequest:
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
+
+    def trace(self) -> InferenceTrace:
+        """This request's trace: pass it as ``trace=`` to the requests made for it (BLS), so
+        that their traces name this one as their parent."""
+        if self._trace is None:
+            origin = self._origin
+            self._trace = InferenceTrace(origin.trace if origin is not None else None)
+        return self._trace
 
     def request_id(self) -> str:
         return self._request_id

@@ -38,7 +38,7 @@ class WorkerHandle:
         self._lock = threading.Lock()
 
     def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse:
-        request.sink = request.sender = request.trace = None  # not for the trip
+        request.sink = request.sender = request.trace = request.parent_trace = None  # not sent
         with self._lock:
             self._send(("bls", request, timeout))
             while True:
