@@ -61,13 +61,14 @@ def test_a_bls_model_answers_with_the_model_it_calls(
     )
 
 
+@pytest.mark.parametrize("model", ["bls_decoupled", "bls_decoupled_proc"])
 @pytest.mark.parametrize("count", [0, 1, 5])
 def test_bls_reads_every_response_of_a_decoupled_model(
-    client: httpclient.InferenceServerClient, count: int
+    client: httpclient.InferenceServerClient, model: str, count: int
 ) -> None:
     tensor = httpclient.InferInput("IN", [1], "INT32")
     tensor.set_data_from_numpy(np.array([count], dtype=np.int32))
-    result = client.infer("bls_decoupled", [tensor])
+    result = client.infer(model, [tensor])
     assert result.as_numpy("COUNT").tolist() == [count]
     assert result.as_numpy("SUM").tolist() == [count * count]
 

@@ -242,9 +242,9 @@ class ProcessInstance(ModelInstance):
                     while not conn.poll(CANCEL_POLL_S):
                         _flag_cancelled(requests, flags)
                     reply = conn.recv()
-                    if reply[0] != "bls":
+                    if reply[0] not in workerbls.REQUESTS:
                         break
-                    conn.send(workerbls.answer(reply))  # the model called another model
+                    workerbls.serve(reply, conn.send)  # the model called another model
             else:
                 relay.send(message)
                 clock.inputs_ready()

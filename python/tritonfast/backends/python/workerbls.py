@@ -6,14 +6,15 @@ The worker's side is :class:`WorkerHandle`, installed as the worker's server han
 server's side is :func:`answer`, called by whatever reads the pipe (the instance thread while
 its batch runs, or the decoupled models' relay). The tensors travel in the messages (pickled):
 these calls are not on the zero-copy path in-process BLS is on. Calls are made one at a time
-per worker. A decoupled callee (``exec(decoupled=True)``) is not available from a worker.
+per worker. ``exec(decoupled=True)`` works too; the callee's responses reach the worker's model
+together, once the callee has sent its final flag.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from tritonfast.errors import Code, TritonError, UnsupportedError, error_for
@@ -63,25 +64,61 @@ class WorkerHandle:
         """Checked by the server as the call runs (one round trip instead of two)."""
 
     def is_decoupled(self, model: str, version: str = "") -> bool:
-        return False  # (decoupled callees are not available from a worker)
+        return False  # (asked by ensembles only, which do not run in workers)
 
     def max_batch_size(self, model: str, version: str = "") -> int:
         raise UnsupportedError("model configurations are not available in a worker process")
 
     def stream(self, request: InferRequest) -> Iterator[Streamed]:
-        raise UnsupportedError(NO_DECOUPLED_MESSAGE)
+        request.sink = request.sender = request.trace = request.parent_trace = None
+        items = []
+        with self._lock:
+            self._send(("bls_stream", request, None))
+            while True:
+                message = self._recv()
+                if message[0] != "bls_item":
+                    self._other(message)
+                    continue
+                _, kind, payload, final = message
+                items.append((kind, payload, final))
+                if final:
+                    break
+        for kind, payload, final in items:
+            if kind == "ok":
+                yield Streamed(payload, final)
+            elif kind == "error":
+                yield Streamed(error_for(Code(payload[0]), payload[1]), final)
+            else:  # refused before it ran: raised, as the server's own handle raises it
+                raise error_for(Code(payload[0]), payload[1])
 
-    def stream_async(self, request: InferRequest) -> Any:
-        raise UnsupportedError(NO_DECOUPLED_MESSAGE)
+    async def stream_async(self, request: InferRequest) -> AsyncIterator[Streamed]:
+        for item in await asyncio.to_thread(lambda: list(self.stream(request))):
+            yield item
 
 
-NO_DECOUPLED_MESSAGE = (
-    "exec(decoupled=True) is not available to models in the 'process' instance mode"
-)
+# What a worker asks the server for over its pipe.
+REQUESTS = ("bls", "bls_stream")
 
 
-def answer(message: tuple[Any, ...]) -> tuple[Any, ...]:
-    """On the server: run a worker's BLS request and say how it went."""
+def serve(message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]) -> None:
+    """On the server: run a worker's BLS request (one of :data:`REQUESTS`) and send it what
+    came of it."""
+    if message[0] == "bls":
+        send(_answer(message))
+        return
+    request = message[1]
+    try:
+        for item in handle.current().stream(request):
+            result = item.result
+            if isinstance(result, TritonError):
+                send(("bls_item", "error", (result.code.value, result.message), item.final))
+            else:
+                send(("bls_item", "ok", result, item.final))
+    except TritonError as error:  # refused before it ran
+        send(("bls_item", "not_run", (error.code.value, error.message), True))
+
+
+def _answer(message: tuple[Any, ...]) -> tuple[Any, ...]:
     _, request, timeout = message
     try:
         return ("bls_answer", "ok", handle.current().infer(request, timeout))

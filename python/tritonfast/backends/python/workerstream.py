@@ -99,8 +99,8 @@ class ResponseRelay:
                     self._pass_cancellations()
                     continue
                 message = conn.recv()
-                if message[0] == "bls":  # the model called another model: answered from here
-                    self.send(workerbls.answer(message))
+                if message[0] in workerbls.REQUESTS:  # the model called another model
+                    workerbls.serve(message, self.send)
                 elif message[0] == "response":
                     self._deliver(
                         message[1], rebuild(message[2]) if message[2] else None, message[3]

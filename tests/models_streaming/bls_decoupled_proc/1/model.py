@@ -1,0 +1,1 @@
+../../bls_decoupled/1/model.py
