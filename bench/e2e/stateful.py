@@ -107,13 +107,7 @@ def sequences(grpc_url: str) -> tuple[int, dict[str, float]]:
         finally:
             client.close()
 
-    threads = [threading.Thread(target=one, args=(1000 + i,)) for i in range(SEQUENCES)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise Failed(errors[0])
+    run_all(lambda index: one(1000 + index), errors, SEQUENCES)
     return SEQUENCES * STEPS, {}
 
 
@@ -216,8 +210,9 @@ def sse_streams(http_url: str) -> tuple[int, dict[str, float]]:
     return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
 
 
-def run_all(one: Callable[[int], None], errors: list[str]) -> None:
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(STREAMS)]
+def run_all(one: Callable[[int], None], errors: list[str], count: int = STREAMS) -> None:
+    """``one(0)`` .. ``one(count - 1)`` on threads of their own; the first error fails."""
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -290,15 +290,7 @@ class Tracer:
             return None
         settings = self.settings(model)
         if parent_id:
-            return RequestTrace(
-                next(self._ids),
-                model,
-                version,
-                request_id,
-                with_timestamps="TIMESTAMPS" in settings.level,
-                with_tensors="TENSORS" in settings.level,
-                parent_id=parent_id,
-            )
+            return self._new(settings, model, version, request_id, parent_id)
         if not settings.active or settings.rate <= 0:
             return None
         # Sampling counts per owner of the settings in force: the model when it has its own
@@ -314,14 +306,20 @@ class Tracer:
                 return None
             if remaining > 0:
                 self._remaining[owner] = remaining - 1
-            return RequestTrace(
-                next(self._ids),
-                model,
-                version,
-                request_id,
-                with_timestamps="TIMESTAMPS" in settings.level,
-                with_tensors="TENSORS" in settings.level,
-            )
+            return self._new(settings, model, version, request_id, 0)
+
+    def _new(
+        self, settings: TraceSettings, model: str, version: int, request_id: str, parent_id: int
+    ) -> RequestTrace:
+        return RequestTrace(
+            next(self._ids),
+            model,
+            version,
+            request_id,
+            with_timestamps="TIMESTAMPS" in settings.level,
+            with_tensors="TENSORS" in settings.level,
+            parent_id=parent_id,
+        )
 
     def finish(self, trace: RequestTrace) -> None:
         if self._exporter is not None:

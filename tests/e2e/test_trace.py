@@ -265,7 +265,7 @@ def test_an_ensembles_steps_and_bls_calls_are_traced_as_its_children(tmp_path: P
         client.infer("ens_batched", [values], request_id="ens")
         count = httpclient.InferInput("IN", [1], "INT32")
         count.set_data_from_numpy(np.array([2], dtype=np.int32))
-        client.infer("bls_decoupled_traced", [count], request_id="bls")
+        client.infer("bls_decoupled", [count], request_id="bls")
     finally:
         client.close()
         assert server.stop() == 0
@@ -274,6 +274,6 @@ def test_an_ensembles_steps_and_bls_calls_are_traced_as_its_children(tmp_path: P
     assert "parent_id" not in ensemble
     steps = [h for h in heads if h["model_name"] == "add_one"]
     assert len(steps) == 2 and all(h["parent_id"] == ensemble["id"] for h in steps)
-    caller = next(h for h in heads if h["model_name"] == "bls_decoupled_traced")
+    caller = next(h for h in heads if h["model_name"] == "bls_decoupled")
     callee = [h for h in heads if h["model_name"] == "square_int32"]
     assert len(callee) == 1 and callee[0]["parent_id"] == caller["id"]

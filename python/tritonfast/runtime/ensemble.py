@@ -49,7 +49,7 @@ class EnsembleScheduler(Scheduler):
         self._decoupled = config.model_transaction_policy.decoupled
         self._batches = config.max_batch_size > 0
         self._loop = loop
-        self._stats = _Counters(config.max_batch_size)
+        self._stats = _Counters()
         self._running: set[asyncio.Task[Any]] = set()
         self._stopping = False
 
@@ -91,14 +91,7 @@ class EnsembleScheduler(Scheduler):
         response), and each complete set of the ensemble's outputs is a response; then the
         final flag. Steps run one after another here."""
         plan = self._plan
-        wanted = (
-            [output.name for output in request.outputs]
-            if request.outputs is not None
-            else list(plan.outputs)
-        )
-        needed = plan.needed_for(wanted)
-        started = {step.index for step in plan.steps if step.index not in needed}
-        tensors: dict[str, Tensor] = {t.name: (t.datatype, t.shape, t.data) for t in request.inputs}
+        wanted, started, tensors = _begin(plan, request)
         begun = perf_counter_ns()
         try:
             async for complete in self._expand(request, tensors, started):
@@ -150,15 +143,7 @@ class EnsembleScheduler(Scheduler):
 
     async def _run(self, request: InferRequest) -> InferResponse:
         plan = self._plan
-        tensors: dict[str, Tensor] = {t.name: (t.datatype, t.shape, t.data) for t in request.inputs}
-        wanted = (
-            [output.name for output in request.outputs]
-            if request.outputs is not None
-            else list(plan.outputs)
-        )
-        needed = plan.needed_for(wanted)
-        # Steps no requested output depends on count as started: they never run.
-        started: set[int] = {step.index for step in plan.steps if step.index not in needed}
+        wanted, started, tensors = _begin(plan, request)
         running: dict[asyncio.Future[InferResponse], Step] = {}
         server = handle.current()
         try:
@@ -228,6 +213,22 @@ class EnsembleScheduler(Scheduler):
         own); nothing of the ensemble's own needs stopping."""
 
 
+def _begin(
+    plan: EnsemblePlan, request: InferRequest
+) -> tuple[list[str], set[int], dict[str, Tensor]]:
+    """A request's start: the outputs it wants, the steps that count as started already (no
+    wanted output depends on them: they never run), and the tensors available (its inputs)."""
+    wanted = (
+        [output.name for output in request.outputs]
+        if request.outputs is not None
+        else list(plan.outputs)
+    )
+    needed = plan.needed_for(wanted)
+    started = {step.index for step in plan.steps if step.index not in needed}
+    tensors: dict[str, Tensor] = {t.name: (t.datatype, t.shape, t.data) for t in request.inputs}
+    return wanted, started, tensors
+
+
 def _step_failed(ensemble: str, error: TritonError) -> TritonError:
     """A step's error as the ensemble's, worded as Triton words it."""
     return error_for(error.code, f"in ensemble '{ensemble}', {error.message}")
@@ -275,8 +276,7 @@ def _rebatched(datatype: str, shape: tuple[int, ...], data: Any, change: int) ->
 class _Counters:
     """The ensemble's own statistics, in the layout of a scheduler's (see runtime.scheduler)."""
 
-    def __init__(self, max_batch_size: int) -> None:
-        self._max_batch_size = max_batch_size
+    def __init__(self) -> None:
         self._success = [0, 0]
         self._fail = [0, 0]
         self._inferences = 0

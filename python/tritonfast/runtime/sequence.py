@@ -25,6 +25,7 @@ what the server hands the model with each request, as Triton does:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,7 @@ class SlotStates:
 
     def __init__(self, specs: list[_StateSpec], slots: int) -> None:
         self._specs = specs
+        self._by_output = {spec.output_name: spec for spec in specs}
         self._held: list[dict[str, np.ndarray] | None] = [None] * slots
 
     def __bool__(self) -> bool:
@@ -247,17 +249,16 @@ class SlotStates:
             tensors.append(InputTensor(spec.input_name, spec.datatype, data.shape, data))
         return tensors
 
-    def output_names(self) -> list[str]:
-        return [spec.output_name for spec in self._specs]
+    def output_names(self) -> Iterable[str]:
+        return self._by_output.keys()
 
     def keep(self, slot: int, response: InferResponse, end: bool) -> None:
         """Keep the next states ``response`` carries (taking them out of it); forget the
         slot's state when its sequence ended."""
         held = self._held[slot]
-        by_output = {spec.output_name: spec for spec in self._specs}
         kept = []
         for tensor in response.outputs:
-            spec = by_output.get(tensor.name)
+            spec = self._by_output.get(tensor.name)
             if spec is None:
                 kept.append(tensor)
             elif held is not None:
@@ -372,6 +373,3 @@ class SlotSource:
     @property
     def closed(self) -> bool:
         return self._batcher.closed
-
-    def __len__(self) -> int:
-        return len(self._batcher) if self._index == 0 else 0

@@ -37,7 +37,7 @@ import queue
 import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -385,7 +385,7 @@ def worker_main(
             if tokens is not None:
                 for token, request in zip(tokens, requests, strict=True):
                     request.sender = streams.sender(token, request)
-            returned = instance.execute(list[InferRequest](requests), PhaseClock())
+            returned = instance.execute(cast(list[InferRequest], requests), PhaseClock())
             for request in requests:
                 request.detach()  # the cancellation bytes now belong to the next batch
             if tokens is not None:

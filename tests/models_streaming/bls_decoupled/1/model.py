@@ -10,6 +10,7 @@ class TritonPythonModel:
                 model_name="square_int32",
                 requested_output_names=["OUT"],
                 inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
+                trace=request.trace(),
             )
             total = count = 0
             for answer in call.exec(decoupled=True):
