@@ -23,10 +23,17 @@ TEST_MODELS = ROOT / "tests" / "models"
 BROKEN_MODELS = ROOT / "tests" / "models_broken"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports. The sockets stay open until all are picked, so the
+    kernel cannot hand out one port twice."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @dataclass
@@ -69,6 +76,9 @@ class RunningServer:
             self.log_file.close()
 
 
+PORT_TAKEN = "address already in use"
+
+
 def start_server(
     repositories: list[Path],
     log_path: Path,
@@ -77,8 +87,35 @@ def start_server(
     pythonpath: tuple[Path, ...] = (),
 ) -> RunningServer:
     """Start ``python -m tritonfast serve`` and wait (bounded) until it answers /v2/health/live.
-    ``pythonpath``: folders the server's interpreter finds modules in first."""
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    ``pythonpath``: folders the server's interpreter finds modules in first.
+
+    A free port can still be taken by some other socket between picking it and the server
+    binding it; a server that exits for that reason is started again on fresh ports."""
+    for attempt in range(3):
+        server = _launch(repositories, log_path, extra, pythonpath)
+        if not wait_ready:
+            return server
+        try:
+            _wait_live(server)
+            return server
+        except _ExitedEarly as exited:
+            if PORT_TAKEN not in exited.log or attempt == 2:
+                raise RuntimeError(
+                    f"server exited with {server.proc.returncode}:\n{exited.log}"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+class _ExitedEarly(Exception):
+    def __init__(self, log: str) -> None:
+        super().__init__(log)
+        self.log = log
+
+
+def _launch(
+    repositories: list[Path], log_path: Path, extra: tuple[str, ...], pythonpath: tuple[Path, ...]
+) -> RunningServer:
+    http, grpc, metrics = free_ports(3)
     cmd = [sys.executable, "-m", "tritonfast", "serve"]
     for repo in repositories:
         cmd += ["--model-repository", str(repo)]
@@ -100,22 +137,23 @@ def start_server(
     proc = subprocess.Popen(
         cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
     )
-    server = RunningServer(proc, http, grpc, metrics, log_path, log_file)
-    if wait_ready:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                log_file.close()
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
-            try:
-                with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=1):
-                    break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                if time.monotonic() > deadline:
-                    server.stop()
-                    raise RuntimeError(f"server did not come up:\n{server.log()}") from None
-                time.sleep(0.05)
-    return server
+    return RunningServer(proc, http, grpc, metrics, log_path, log_file)
+
+
+def _wait_live(server: RunningServer) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        if server.proc.poll() is not None:
+            server.log_file.close()
+            raise _ExitedEarly(server.log())
+        try:
+            with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=1):
+                return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            if time.monotonic() > deadline:
+                server.stop()
+                raise RuntimeError(f"server did not come up:\n{server.log()}") from None
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")
