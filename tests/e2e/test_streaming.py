@@ -371,6 +371,21 @@ def test_bls_calls_another_model_in_process(stream_server: RunningServer) -> Non
         client.close()
 
 
+def test_bls_call_timeout_fails_the_call_only(stream_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(stream_server.http_url)
+    try:
+        tensor = httpclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("bls_timeout", [tensor], parameters={"timeout_us": 20_000})
+        assert caught.value.message() == "Request timeout expired"
+        # Without a timeout the same call waits for the callee's answer.
+        result = client.infer("bls_timeout", [tensor])
+        assert result.as_numpy("SEEN_PARALLEL").shape == (1,)
+    finally:
+        client.close()
+
+
 # -- python_backend's decoupled examples, and the custom_repeat example client --------------------
 def uint32_input(name: str, values: list[int]) -> Any:
     tensor = grpcclient.InferInput(name, [len(values)], "UINT32")
