@@ -18,7 +18,6 @@ _FALSE = {"false", "0", "no", "off"}
 # commands work unchanged, reported at start-up, and otherwise without effect here.
 IGNORED_FLAGS = (
     "--backend-directory",
-    "--backend-config",
     "--repoagent-directory",
     "--pinned-memory-pool-byte-size",
     "--cuda-memory-pool-byte-size",
@@ -86,6 +85,7 @@ class ServeOptions:
     log_verbose: int = 0
     log_format: str = "default"
     trace_config: list[str] = field(default_factory=list)
+    backend_config: list[str] = field(default_factory=list)
     ignored_flags: list[str] = field(default_factory=list)
     log_file: str = ""
     log_info: bool = True
@@ -206,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[triton,]KEY=VALUE",
         help="request tracing: file=PATH, level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N,"
         " log-frequency=N (repeatable)",
+    )
+    serve.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="[BACKEND,]KEY=VALUE",
+        help="a backend's setting, e.g. onnxruntime,default-max-batch-size=8 (without"
+        " BACKEND: for every backend; repeatable)",
     )
     serve.add_argument("--log-file", default="", help="write the log here instead of stderr")
     serve.add_argument("--log-info", default=True, **bool_arg)  # type: ignore[arg-type]

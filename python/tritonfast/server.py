@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from tritonfast import __version__
+from tritonfast.backends.registry import BackendSettings
 from tritonfast.cli import ServeOptions
 from tritonfast.errors import TritonError
 from tritonfast.frontends.dataplane import DataPlane
@@ -79,6 +80,7 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
         cache_size = parse_cache_config(options.cache_config)
         if cache_size is None and options.response_cache_byte_size:
             cache_size = options.response_cache_byte_size
+        backend_settings = BackendSettings(options.backend_config)
     except TritonError as exc:
         log.error("%s", exc.message)
         return 1
@@ -89,6 +91,7 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
         latency_summaries=metrics_config.summary_latencies,
         histogram_latencies=metrics_config.histogram_latencies,
         response_cache=None if not cache_size else ResponseCache(cache_size),
+        backend_settings=backend_settings,
     )
     control = ModelControl(
         repository,

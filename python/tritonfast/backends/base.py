@@ -12,6 +12,7 @@ object per model load and calls its hooks in this order: :meth:`Backend.auto_com
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter_ns
@@ -98,9 +99,13 @@ class Backend(abc.ABC):
     # The model file a version directory holds when the config names none; its presence
     # also tells which backend a config without ``backend`` or ``platform`` means.
     default_model_filename: ClassVar[str] = ""
+    # Instances of a CPU instance group that gives no count (Triton's default per backend).
+    default_cpu_instance_count: ClassVar[int] = 1
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, settings: Mapping[str, str] | None = None) -> None:
         self.model_dir = model_dir
+        # This backend's --backend-config settings (key -> value), global ones included.
+        self.settings: Mapping[str, str] = settings or {}
 
     def model_file(self, config: model_config_pb2.ModelConfig, version: int) -> Path:
         """Where ``version``'s model file is."""

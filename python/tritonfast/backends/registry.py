@@ -16,7 +16,7 @@ from importlib import metadata
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend
-from tritonfast.errors import UnsupportedError
+from tritonfast.errors import InvalidArgumentError, UnsupportedError
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +26,34 @@ ENTRY_POINT_GROUP = "tritonfast.backends"
 BUILTIN: dict[str, str] = {
     "python": "tritonfast.backends.python.kind:PythonBackend",
     "ensemble": "tritonfast.backends.ensemble.kind:EnsembleBackend",
+    "onnxruntime": "tritonfast.backends.onnxruntime.kind:OnnxRuntimeBackend",
 }
 # Platform name -> the built-in backend that serves it.
-BUILTIN_PLATFORMS: dict[str, str] = {"ensemble": "ensemble"}
+BUILTIN_PLATFORMS: dict[str, str] = {"ensemble": "ensemble", "onnxruntime_onnx": "onnxruntime"}
 
 _by_name: dict[str, type[Backend]] = {}
 _by_platform: dict[str, type[Backend]] = {}
 _entry_points_read = False
+
+
+class BackendSettings:
+    """``--backend-config`` values: ``BACKEND,KEY=VALUE`` for one backend, ``KEY=VALUE`` for
+    every backend (a backend's own value wins)."""
+
+    def __init__(self, flags: list[str] | None = None) -> None:
+        self._values: dict[str, dict[str, str]] = {}
+        for flag in flags or []:
+            head, equals, value = flag.partition("=")
+            backend, comma, key = head.rpartition(",")
+            if not equals or not key:
+                raise InvalidArgumentError(
+                    f"--backend-config option format is '<backend name>,<setting>=<value>' or"
+                    f" '<setting>=<value>', got '{flag}'"
+                )
+            self._values.setdefault(backend if comma else "", {})[key] = value
+
+    def for_backend(self, name: str) -> dict[str, str]:
+        return {**self._values.get("", {}), **self._values.get(name, {})}
 
 
 def register(backend: type[Backend]) -> None:

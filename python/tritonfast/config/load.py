@@ -116,13 +116,16 @@ def _version_dirs(model_dir: Path) -> list[Path]:
     )
 
 
-def complete(config: ModelConfig, default_model_filename: str = "") -> None:
+def complete(
+    config: ModelConfig, default_model_filename: str = "", default_cpu_instance_count: int = 1
+) -> None:
     """Fill in what Triton's normalisation fills in, so the served config reads the same.
 
-    Runs after validation: version policy (latest 1), named instance groups with a count and
-    a CPU kind (no GPU instances yet), the backend's default model file name, the pinned-memory
-    optimisation defaults, a preferred batch size equal to max_batch_size when dynamic
-    batching names none, and the sequence batcher's defaults.
+    Runs after validation: version policy (latest 1), named instance groups with a kind (CPU
+    for AUTO) and a count (``default_cpu_instance_count`` for a CPU group, else 1), the
+    backend's default model file name, the pinned-memory optimisation defaults, a preferred
+    batch size equal to max_batch_size when dynamic batching names none, and the sequence
+    batcher's defaults.
     """
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
@@ -133,10 +136,11 @@ def complete(config: ModelConfig, default_model_filename: str = "") -> None:
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
-        if group.count < 1:
-            group.count = 1
         if group.kind == model_config_pb2.ModelInstanceGroup.KIND_AUTO:
             group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+        if group.count < 1:
+            cpu = group.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+            group.count = default_cpu_instance_count if cpu else 1
     if default_model_filename and not config.default_model_filename:
         config.default_model_filename = default_model_filename
     if not config.HasField("optimization"):

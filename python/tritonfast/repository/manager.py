@@ -69,8 +69,10 @@ class ModelRepository:
         latency_summaries: bool = False,
         histogram_latencies: bool = False,
         response_cache: ResponseCache | None = None,
+        backend_settings: registry.BackendSettings | None = None,
     ) -> None:
         self._paths = paths
+        self._backend_settings = backend_settings or registry.BackendSettings()
         self._response_cache = response_cache
         self._loop = loop
         self._latency_summaries = latency_summaries
@@ -208,7 +210,8 @@ class ModelRepository:
             config.CopyFrom(override)
         config_load.fill_defaults(config, model_dir)
         versions = _select_versions(config, model_dir)
-        backend = registry.lookup(config)(model_dir)
+        backend_class = registry.lookup(config)
+        backend = backend_class(model_dir, self._backend_settings.for_backend(backend_class.name))
         if not self._strict_config:
             backend.auto_complete(config, max(versions))
         config_load.validate(config, model_dir)
@@ -221,7 +224,13 @@ class ModelRepository:
                 f"Response Cache does not currently support model {config.name} with"
                 " sequence batching scheduler. Please disable the response cache."
             )
-        config_load.complete(config, backend.default_model_filename)
+        config_load.complete(
+            config, backend.default_model_filename, backend.default_cpu_instance_count
+        )
+        if backend.platforms and not is_ensemble(config):
+            # As Triton names them: e.g. backend onnxruntime, platform onnxruntime_onnx.
+            config.backend = config.backend or backend.name
+            config.platform = config.platform or backend.platforms[0]
         entry.config = config
         for version in versions:
             entry.versions[version] = self._start_version(backend, config, version, versions)

@@ -4,6 +4,7 @@ configuration, and start each instance in-process or in a worker process (the mo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ class PythonBackend(Backend):
     name = "python"
     default_model_filename = loader.DEFAULT_MODEL_FILE
 
-    def __init__(self, model_dir: Path) -> None:
-        super().__init__(model_dir)
+    def __init__(self, model_dir: Path, settings: Mapping[str, str] | None = None) -> None:
+        super().__init__(model_dir, settings)
         self._classes: dict[int, type] = {}  # each version's TritonPythonModel, imported once
 
     def model_class(self, config: model_config_pb2.ModelConfig, version: int) -> type:

@@ -1,0 +1,75 @@
+"""The ``onnxruntime`` backend's hooks: complete the configuration from the model, check it
+against the model, and give each instance a session of its own."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from tritonfast._proto import model_config_pb2
+from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
+from tritonfast.backends.onnxruntime import modelio
+from tritonfast.backends.onnxruntime.instance import OnnxInstance
+from tritonfast.backends.onnxruntime.session import import_onnxruntime, open_session
+from tritonfast.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    platforms = ("onnxruntime_onnx",)
+    default_model_filename = "model.onnx"
+    # Triton starts two instances of a CPU instance group with no count for this backend.
+    default_cpu_instance_count = 2
+
+    def __init__(self, model_dir: Path, settings: Mapping[str, str] | None = None) -> None:
+        super().__init__(model_dir, settings)
+        self._ort = import_onnxruntime()
+
+    def _default_max_batch_size(self) -> int:
+        text = self.settings.get("default-max-batch-size")
+        if text is None:
+            return modelio.DEFAULT_MAX_BATCH_SIZE
+        try:
+            return int(text)
+        except ValueError:
+            raise InvalidArgumentError(f"failed to convert '{text}' to integral number") from None
+
+    def auto_complete(self, config: model_config_pb2.ModelConfig, version: int) -> None:
+        if not modelio.wants_completion(config):
+            return
+        kind = "GPU" if _wants_gpu(config) else "CPU"
+        session = open_session(
+            self._ort, self.model_file(config, version), config, kind, verbose=_verbose()
+        )
+        modelio.auto_complete(config, modelio.model_io(session), self._default_max_batch_size())
+
+    def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
+        return True
+
+    def create_instance(
+        self, config: model_config_pb2.ModelConfig, placement: InstancePlacement
+    ) -> ModelInstance:
+        session = open_session(
+            self._ort,
+            self.model_file(config, placement.version),
+            config,
+            placement.kind,
+            placement.device_id,
+            verbose=_verbose(),
+        )
+        modelio.check(config, modelio.model_io(session))
+        return OnnxInstance(session, config, placement.name)
+
+
+def _wants_gpu(config: model_config_pb2.ModelConfig) -> bool:
+    return any(
+        group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+        for group in config.instance_group
+    )
+
+
+def _verbose() -> bool:
+    return logging.getLogger("tritonfast").isEnabledFor(logging.DEBUG)

@@ -1,0 +1,140 @@
+"""ONNX models the tests build with ``onnx.helper`` (no downloads), written into a temporary
+model repository as Triton expects them (``<repo>/<name>/1/model.onnx``).
+
+Every builder returns the ``onnx.ModelProto``; :func:`write_onnx` saves one. Weights come
+from a seeded generator, so a model is the same on every run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# An opset every onnxruntime since 1.16 runs.
+OPSET = 17
+IR_VERSION = 8
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def write_onnx(
+    repository: Path, name: str, model: onnx.ModelProto, config: str | None = None
+) -> Path:
+    """Save ``model`` as ``repository/name/1/model.onnx`` (with ``config`` as its
+    config.pbtxt when given); returns the model file's path."""
+    version_dir = repository / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    path = version_dir / "model.onnx"
+    onnx.save(model, str(path))
+    if config is not None:
+        (repository / name / "config.pbtxt").write_text(config)
+    return path
+
+
+def mlp(inputs: int = 16, hidden: int = 32, outputs: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """FP32 INPUT [batch, inputs] -> Relu(INPUT @ W1 + b1) @ W2 + b2 -> OUTPUT [batch, outputs],
+    the batch dimension symbolic ("batch")."""
+    rng = np.random.default_rng(seed)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((inputs, hidden), np.float32), "W1"),
+        numpy_helper.from_array(rng.standard_normal(hidden, np.float32), "B1"),
+        numpy_helper.from_array(rng.standard_normal((hidden, outputs), np.float32), "W2"),
+        numpy_helper.from_array(rng.standard_normal(outputs, np.float32), "B2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["INPUT", "W1"], ["h0"]),
+        helper.make_node("Add", ["h0", "B1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "W2"], ["h3"]),
+        helper.make_node("Add", ["h3", "B2"], ["OUTPUT"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", inputs])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", outputs])],
+        initializer=weights,
+    )
+    return _model(graph)
+
+
+def mixed_types() -> onnx.ModelProto:
+    """Several inputs and outputs of several types, batch dimension symbolic:
+    INT64_IN [batch, 4] -> INT64_OUT = INT64_IN * 3;
+    BOOL_IN [batch, 4] -> BOOL_OUT = not BOOL_IN;
+    STR_IN (string) [batch, 2] -> STR_OUT = STR_IN;
+    FP16_IN [batch, 3] -> FP16_OUT = FP16_IN + 1 and INT32_OUT = int32(FP16_IN);
+    UINT8_IN [batch, 5] -> UINT8_OUT = UINT8_IN."""
+    three = numpy_helper.from_array(np.array(3, np.int64), "THREE")
+    one = numpy_helper.from_array(np.array(1, np.float16), "ONE")
+    nodes = [
+        helper.make_node("Mul", ["INT64_IN", "THREE"], ["INT64_OUT"]),
+        helper.make_node("Not", ["BOOL_IN"], ["BOOL_OUT"]),
+        helper.make_node("Identity", ["STR_IN"], ["STR_OUT"]),
+        helper.make_node("Add", ["FP16_IN", "ONE"], ["FP16_OUT"]),
+        helper.make_node("Cast", ["FP16_IN"], ["INT32_OUT"], to=TensorProto.INT32),
+        helper.make_node("Identity", ["UINT8_IN"], ["UINT8_OUT"]),
+    ]
+
+    def value(name: str, elem: int, dims: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, ["batch", dims])
+
+    graph = helper.make_graph(
+        nodes,
+        "mixed_types",
+        [
+            value("INT64_IN", TensorProto.INT64, 4),
+            value("BOOL_IN", TensorProto.BOOL, 4),
+            value("STR_IN", TensorProto.STRING, 2),
+            value("FP16_IN", TensorProto.FLOAT16, 3),
+            value("UINT8_IN", TensorProto.UINT8, 5),
+        ],
+        [
+            value("INT64_OUT", TensorProto.INT64, 4),
+            value("BOOL_OUT", TensorProto.BOOL, 4),
+            value("STR_OUT", TensorProto.STRING, 2),
+            value("FP16_OUT", TensorProto.FLOAT16, 3),
+            value("INT32_OUT", TensorProto.INT32, 3),
+            value("UINT8_OUT", TensorProto.UINT8, 5),
+        ],
+        initializer=[three, one],
+    )
+    return _model(graph)
+
+
+def fixed_shape() -> onnx.ModelProto:
+    """No batch dimension: FP32 X [2, 3] -> Y = X + 1 [2, 3] (max_batch_size 0 in Triton)."""
+    one = numpy_helper.from_array(np.array(1, np.float32), "ONE")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "ONE"], ["Y"])],
+        "fixed_shape",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
+        initializer=[one],
+    )
+    return _model(graph)
+
+
+def with_optional_input() -> onnx.ModelProto:
+    """FP32 A [batch, 2] and B [batch, 2], where B is also an initializer (zeros): a graph
+    input with a default, which a request may leave out. SUM = A + B."""
+    default_b = numpy_helper.from_array(np.zeros((1, 2), np.float32), "B")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["A", "B"], ["SUM"])],
+        "optional_input",
+        [
+            helper.make_tensor_value_info("A", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("B", TensorProto.FLOAT, ["batch", 2]),
+        ],
+        [helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["batch", 2])],
+        initializer=[default_b],
+    )
+    return _model(graph)
