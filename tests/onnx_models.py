@@ -138,3 +138,17 @@ def with_optional_input() -> onnx.ModelProto:
         initializer=[default_b],
     )
     return _model(graph)
+
+
+def reshape_to_four() -> onnx.ModelProto:
+    """FP32 X [batch, n] -> Y = X reshaped to [batch, 2, 2]: ONNX Runtime fails at run time
+    unless n is 4."""
+    shape = numpy_helper.from_array(np.array([0, 2, 2], np.int64), "SHAPE")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["X", "SHAPE"], ["Y"])],
+        "reshape_to_four",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 2, 2])],
+        initializer=[shape],
+    )
+    return _model(graph)

@@ -84,6 +84,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write(repo, "mixed", onnx_models.mixed_types())
     write(repo, "fixed", onnx_models.fixed_shape())
     write(repo, "optional", onnx_models.with_optional_input(), OPTIONAL_INPUT)
+    write(repo, "reshape_to_four", onnx_models.reshape_to_four())
     # Models that must not load, next to the others.
     write(repo, "wrong_dtype", onnx_models.mlp(), WRONG_DTYPE)
     write(repo, "wrong_dims", onnx_models.mlp(), WRONG_DIMS)
@@ -393,3 +394,15 @@ def test_wrong_shape_and_datatype_per_request(http: Any, grpc: Any) -> None:
     assert caught.value.message() == (
         "[request id: <id_unknown>] inference request batch-size must be <= 4 for 'mlp_auto'"
     )
+
+
+def test_an_onnx_runtime_failure_fails_the_request_only(http: Any) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        http.infer("reshape_to_four", [http_input("X", np.ones((1, 3), np.float32), "FP32")])
+    assert caught.value.status() == "500"
+    # Worded as Triton's backend words ORT's errors: "onnx runtime error <code>: <message>".
+    message = caught.value.message()
+    assert message.startswith("onnx runtime error 1: Non-zero status code returned while running")
+    assert message.endswith("Input shape:{1,3}, requested shape:{1,2,2}")
+    good = http.infer("reshape_to_four", [http_input("X", np.ones((1, 4), np.float32), "FP32")])
+    assert good.as_numpy("Y").shape == (1, 2, 2)

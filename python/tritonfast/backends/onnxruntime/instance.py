@@ -53,7 +53,7 @@ def tensor_plan(
 def ort_error(exc: Exception) -> TritonError:
     """An exception from ``session.run`` worded as Triton's ONNX Runtime backend words it:
     "onnx runtime error <code>: <message>"."""
-    text = str(exc)
+    text = str(exc).strip()
     match = _ORT_ERROR.match(text)
     if match is not None:
         return InternalError(f"onnx runtime error {match.group(1)}: {match.group(2)}")
