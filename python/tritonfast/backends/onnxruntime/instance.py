@@ -61,10 +61,6 @@ def ort_error(exc: Exception) -> TritonError:
 
 
 class OnnxInstance(ModelInstance):
-    # A short session.run may run on the event loop's thread (runtime.looprun decides from
-    # measured run times); it never waits on the server.
-    may_run_on_event_loop = True
-
     def __init__(
         self, session: Any, config: model_config_pb2.ModelConfig, instance_name: str
     ) -> None:

@@ -1,0 +1,212 @@
+"""The onnxruntime backend against the identity model on the same server, and against
+onnxruntime called directly.
+
+A generated FP32 MLP 256 -> 1024 -> 256 (dynamic batch, max_batch_size 64, dynamic batching
+100 µs, one instance with one intra-op thread: on two cores shared with the frontends and the
+load generator, ORT's own thread pool only competes with them) is served next to
+bench/models/identity by one tritonfast server; wrk sends HTTP binary-extension requests
+(one connection per concurrent client). Every body is checked once with tritonclient first
+(the MLP's answer against onnxruntime's own). Rows, identity and MLP alternating, ROUNDS
+times:
+
+* c=16, one row per request: req/s of the MLP / req/s of the identity model;
+* c=16, 16 rows per request: rows/s of the MLP / rows/s of ``session.run`` on batches of 16
+  back to back, measured in this process while the server is idle;
+* c=1, one row: p50 latency of the MLP minus the identity model's.
+
+    python bench/e2e/onnx_mlp.py [DUR_SECONDS] [ROUNDS]      (6 s, 2 rounds)
+
+Needs wrk, onnx and onnxruntime. Prints a table; judges nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import tritonclient.http as httpclient
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.onnx_models import mlp, write_onnx  # noqa: E402
+
+LUA = Path(__file__).with_name("wrk_post.lua")
+MLP_CONFIG = """
+backend: "onnxruntime"
+max_batch_size: 64
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 256 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def body(directory: Path, label: str, input_name: str, output_name: str, array: np.ndarray):
+    """A binary-extension request body for ``array``; returns (path, header length)."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": input_name,
+                    "shape": list(array.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": array.nbytes},
+                }
+            ],
+            "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    path = directory / f"{label}.bin"
+    path.write_bytes(header + array.tobytes())
+    return path, len(header)
+
+
+def wrk(url: str, path: Path, hlen: int, connections: int, seconds: float) -> dict[str, float]:
+    env = {**os.environ, "BODY": str(path), "HLEN": str(hlen)}
+    command = [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "-s",
+        str(LUA),
+        url,
+    ]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    match = re.search(r"RESULT (.*)", out)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
+    fields = {k: float(v) for k, v in (kv.split("=") for kv in match.group(1).split())}
+    if fields["errors"]:
+        raise RuntimeError(f"wrk saw {fields['errors']:.0f} errors")
+    fields["req_s"] = fields["requests"] / (fields["duration_us"] / 1e6)
+    return fields
+
+
+def direct_rows_per_second(model_file: Path, seconds: float) -> float:
+    session = ort.InferenceSession(str(model_file))
+    batch = np.random.default_rng(1).standard_normal((16, 256), np.float32)
+    runs = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        session.run(None, {"INPUT": batch})
+        runs += 1
+    return runs * 16 / seconds
+
+
+def main() -> None:
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 6.0
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    work = Path(tempfile.mkdtemp(prefix="onnx_mlp_"))
+    repo = work / "repo"
+    model_file = write_onnx(repo, "mlp", mlp(256, 1024, 256), MLP_CONFIG)
+    shutil.copytree(ROOT / "bench" / "models" / "identity", repo / "identity")
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = (work / "server.log").open("w")
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "tritonfast", "serve", f"--model-repository={repo}"),
+            *(f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        run_rows(work, model_file, http, seconds, rounds)
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
+
+
+def run_rows(work: Path, model_file: Path, http: int, seconds: float, rounds: int) -> None:
+    rng = np.random.default_rng(0)
+    one = rng.standard_normal((1, 256), np.float32)
+    sixteen = rng.standard_normal((16, 256), np.float32)
+    direct = ort.InferenceSession(str(model_file))
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+    for array in (one, sixteen):  # every body's answer checked once
+        tensor = httpclient.InferInput("INPUT", list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        got = client.infer("mlp", [tensor]).as_numpy("OUTPUT")
+        np.testing.assert_allclose(got, direct.run(None, {"INPUT": array})[0], rtol=1e-4)
+    tensor = httpclient.InferInput("INPUT0", [1, 256], "FP32")
+    tensor.set_data_from_numpy(one)
+    np.testing.assert_array_equal(client.infer("identity", [tensor]).as_numpy("OUTPUT0"), one)
+    client.close()
+    bodies = {
+        "identity-1": body(work, "identity1", "INPUT0", "OUTPUT0", one),
+        "mlp-1": body(work, "mlp1", "INPUT", "OUTPUT", one),
+        "mlp-16": body(work, "mlp16", "INPUT", "OUTPUT", sixteen),
+    }
+    url = f"http://127.0.0.1:{http}/v2/models/%s/infer"
+    results: dict[str, list[dict[str, float]]] = {}
+    direct_rates = []
+    for _ in range(rounds):
+        for label, model, connections in (
+            ("identity c16", "identity", 16),
+            ("mlp c16", "mlp", 16),
+            ("mlp16 c16", "mlp", 16),
+            ("identity c1", "identity", 1),
+            ("mlp c1", "mlp", 1),
+        ):
+            key = "mlp-16" if label.startswith("mlp16") else f"{model}-1"
+            path, hlen = bodies[key]
+            wrk(url % model, path, hlen, connections, 1.0)  # warm-up
+            results.setdefault(label, []).append(wrk(url % model, path, hlen, connections, seconds))
+        direct_rates.append(direct_rows_per_second(model_file, seconds))
+
+    def median(label: str, field: str) -> float:
+        return statistics.median(r[field] for r in results[label])
+
+    print(f"{'row':<16} {'req/s':>9} {'p50 us':>8} {'p99 us':>8}   (medians of {rounds} rounds)")
+    for label in results:
+        print(
+            f"{label:<16} {median(label, 'req_s'):>9.0f} {median(label, 'p50_us'):>8.0f}"
+            f" {median(label, 'p99_us'):>8.0f}"
+        )
+    direct_rate = statistics.median(direct_rates)
+    print(f"direct session.run, batches of 16: {direct_rate:.0f} rows/s")
+    print()
+    print(
+        "c16 one row: mlp / identity req/s ="
+        f" {median('mlp c16', 'req_s') / median('identity c16', 'req_s'):.2f}  (target >= 0.8)"
+    )
+    print(
+        "c16 16 rows: server rows/s / direct rows/s ="
+        f" {16 * median('mlp16 c16', 'req_s') / direct_rate:.2f}  (target >= 0.5)"
+    )
+    print(
+        "c1 p50: mlp - identity ="
+        f" {median('mlp c1', 'p50_us') - median('identity c1', 'p50_us'):.0f} us"
+        "  (target <= 100)"
+    )
+
+
+if __name__ == "__main__":
+    main()
