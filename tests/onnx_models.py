@@ -1,69 +1,23 @@
 """ONNX models the tests build with ``onnx.helper`` (no downloads), written into a temporary
-model repository as Triton expects them (``<repo>/<name>/1/model.onnx``).
-
-Every builder returns the ``onnx.ModelProto``; :func:`write_onnx` saves one. Weights come
-from a seeded generator, so a model is the same on every run.
+model repository as Triton expects them (``<repo>/<name>/1/model.onnx``). The MLP and the
+writer come from :mod:`tritonfast.onnxgen`; the models here only the tests need.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from tritonfast.onnxgen import finish, mlp, write_onnx
 
-# An opset every onnxruntime since 1.16 runs.
-OPSET = 17
-IR_VERSION = 8
-
-
-def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    return model
-
-
-def write_onnx(
-    repository: Path, name: str, model: onnx.ModelProto, config: str | None = None
-) -> Path:
-    """Save ``model`` as ``repository/name/1/model.onnx`` (with ``config`` as its
-    config.pbtxt when given); returns the model file's path."""
-    version_dir = repository / name / "1"
-    version_dir.mkdir(parents=True, exist_ok=True)
-    path = version_dir / "model.onnx"
-    onnx.save(model, str(path))
-    if config is not None:
-        (repository / name / "config.pbtxt").write_text(config)
-    return path
-
-
-def mlp(inputs: int = 16, hidden: int = 32, outputs: int = 8, seed: int = 0) -> onnx.ModelProto:
-    """FP32 INPUT [batch, inputs] -> Relu(INPUT @ W1 + b1) @ W2 + b2 -> OUTPUT [batch, outputs],
-    the batch dimension symbolic ("batch")."""
-    rng = np.random.default_rng(seed)
-    weights = [
-        numpy_helper.from_array(rng.standard_normal((inputs, hidden), np.float32), "W1"),
-        numpy_helper.from_array(rng.standard_normal(hidden, np.float32), "B1"),
-        numpy_helper.from_array(rng.standard_normal((hidden, outputs), np.float32), "W2"),
-        numpy_helper.from_array(rng.standard_normal(outputs, np.float32), "B2"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["INPUT", "W1"], ["h0"]),
-        helper.make_node("Add", ["h0", "B1"], ["h1"]),
-        helper.make_node("Relu", ["h1"], ["h2"]),
-        helper.make_node("MatMul", ["h2", "W2"], ["h3"]),
-        helper.make_node("Add", ["h3", "B2"], ["OUTPUT"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", inputs])],
-        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", outputs])],
-        initializer=weights,
-    )
-    return _model(graph)
+__all__ = [
+    "fixed_shape",
+    "mixed_types",
+    "mlp",
+    "reshape_to_four",
+    "with_optional_input",
+    "write_onnx",
+]
 
 
 def mixed_types() -> onnx.ModelProto:
@@ -107,7 +61,7 @@ def mixed_types() -> onnx.ModelProto:
         ],
         initializer=[three, one],
     )
-    return _model(graph)
+    return finish(graph)
 
 
 def fixed_shape() -> onnx.ModelProto:
@@ -120,7 +74,7 @@ def fixed_shape() -> onnx.ModelProto:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
         initializer=[one],
     )
-    return _model(graph)
+    return finish(graph)
 
 
 def with_optional_input() -> onnx.ModelProto:
@@ -137,7 +91,7 @@ def with_optional_input() -> onnx.ModelProto:
         [helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["batch", 2])],
         initializer=[default_b],
     )
-    return _model(graph)
+    return finish(graph)
 
 
 def reshape_to_four() -> onnx.ModelProto:
@@ -151,4 +105,4 @@ def reshape_to_four() -> onnx.ModelProto:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 2, 2])],
         initializer=[shape],
     )
-    return _model(graph)
+    return finish(graph)

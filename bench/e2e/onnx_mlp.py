@@ -37,10 +37,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import tritonclient.http as httpclient
+from tritonfast.onnxgen import mlp, write_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from tests.onnx_models import mlp, write_onnx  # noqa: E402
 
 LUA = Path(__file__).with_name("wrk_post.lua")
 MLP_CONFIG = """

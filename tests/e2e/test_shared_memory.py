@@ -525,7 +525,7 @@ def test_the_server_keeps_serving_after_errors(protocol: str, client: Any) -> No
 
 
 # -- CUDA shared memory -------------------------------------------------------------------------
-GPU = cudamemory._runtime() is not None
+GPU = cudamemory.cuda_runtime() is not None
 
 
 @pytest.mark.skipif(GPU, reason="this machine has a GPU: the no-GPU answers do not apply")

@@ -87,6 +87,7 @@ class InstancePlacement:
     version: int
     kind: str = "CPU"  # the instance group's kind without the KIND_ prefix
     device_id: int = 0
+    profiles: tuple[str, ...] = ()  # the instance group's optimization profiles (TensorRT)
 
 
 class Backend(abc.ABC):
@@ -101,6 +102,10 @@ class Backend(abc.ABC):
     default_model_filename: ClassVar[str] = ""
     # Instances of a CPU instance group that gives no count (Triton's default per backend).
     default_cpu_instance_count: ClassVar[int] = 1
+    # Whether the instances take inputs in CUDA shared memory as device memory (a
+    # runtime.cudamemory.CudaWindow as an input's data) and write outputs into the request's
+    # ``device_outputs`` themselves; other backends get host arrays.
+    takes_device_memory: ClassVar[bool] = False
 
     def __init__(self, model_dir: Path, settings: Mapping[str, str] | None = None) -> None:
         self.model_dir = model_dir

@@ -27,9 +27,14 @@ BUILTIN: dict[str, str] = {
     "python": "tritonfast.backends.python.kind:PythonBackend",
     "ensemble": "tritonfast.backends.ensemble.kind:EnsembleBackend",
     "onnxruntime": "tritonfast.backends.onnxruntime.kind:OnnxRuntimeBackend",
+    "tensorrt": "tritonfast.backends.tensorrt.kind:TensorRTBackend",
 }
 # Platform name -> the built-in backend that serves it.
-BUILTIN_PLATFORMS: dict[str, str] = {"ensemble": "ensemble", "onnxruntime_onnx": "onnxruntime"}
+BUILTIN_PLATFORMS: dict[str, str] = {
+    "ensemble": "ensemble",
+    "onnxruntime_onnx": "onnxruntime",
+    "tensorrt_plan": "tensorrt",
+}
 
 _by_name: dict[str, type[Backend]] = {}
 _by_platform: dict[str, type[Backend]] = {}

@@ -145,7 +145,9 @@ class DataPlane:
         try:
             windows = None
             if request.uses_shared_memory:
-                windows = self._shared_memory.resolve_inputs(request)
+                windows = self._shared_memory.resolve_inputs(
+                    request, on_device=model.takes_device_memory
+                )
             response = await model.infer(request)
             if request.outputs is not None and wants_classification(request.outputs):
                 model.classify(response, request.outputs)
@@ -209,7 +211,9 @@ class DataPlane:
         try:
             windows = None
             if request.uses_shared_memory:
-                windows = self._shared_memory.resolve_inputs(request)
+                windows = self._shared_memory.resolve_inputs(
+                    request, on_device=model.takes_device_memory
+                )
             responses = model.open_stream(request)
         except BaseException:
             self._end_failed_trace(request, trace)

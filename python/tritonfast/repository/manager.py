@@ -253,6 +253,7 @@ class ModelRepository:
                         version=version,
                         kind=kind.removeprefix("KIND_"),
                         device_id=device_ids[index % len(device_ids)],
+                        profiles=tuple(group.profile),
                     )
                     instances.append(backend.create_instance(config, placement))
             warm_up(config, instances, backend.model_dir)
@@ -273,7 +274,15 @@ class ModelRepository:
         cache = None
         if config.response_cache.enable and not config.model_transaction_policy.decoupled:
             cache = self._response_cache
-        return ModelVersion(config, version, scheduler, served, backend.model_dir, cache)
+        return ModelVersion(
+            config,
+            version,
+            scheduler,
+            served,
+            backend.model_dir,
+            cache,
+            takes_device_memory=backend.takes_device_memory,
+        )
 
     # -- queries ------------------------------------------------------------------------
     def entries(self) -> list[ModelEntry]:

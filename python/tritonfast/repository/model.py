@@ -27,8 +27,14 @@ class ModelVersion:
         served_versions: list[int],
         model_dir: Path | None = None,
         cache: ResponseCache | None = None,
+        *,
+        takes_device_memory: bool = False,
     ) -> None:
         self.config = config
+        # Whether inputs and outputs in CUDA shared memory reach the backend as device memory
+        # (runtime.sharedmemory.resolve_inputs); not with the response cache, whose keys are
+        # digests of host bytes.
+        self.takes_device_memory = takes_device_memory and cache is None
         # The response cache, when the server has one and the model asks for it.
         self._cache = cache
         self._cache_hits = [0, 0]  # (count, ns): answered from the cache, and the lookups' time

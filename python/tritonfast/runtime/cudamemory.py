@@ -30,7 +30,7 @@ from tritonfast.errors import (
 IPC_HANDLE_BYTES = 64
 
 
-def _runtime() -> Any | None:
+def cuda_runtime() -> Any | None:
     """cuda-python's runtime module if at least one GPU can be used, else None."""
     try:
         from cuda.bindings import runtime
@@ -48,7 +48,7 @@ def _runtime() -> Any | None:
     return runtime
 
 
-def _check(runtime: Any, result: Any, what: str) -> Any:
+def cuda_check(runtime: Any, result: Any, what: str) -> Any:
     """The value of a cuda-python call returning ``(error, value...)``; raise on error."""
     error, *values = result if isinstance(result, tuple) else (result,)
     if error != runtime.cudaError_t.cudaSuccess:
@@ -81,11 +81,20 @@ class CudaWindow:
         self._address = region.address + offset
         self.nbytes = byte_size
 
+    @property
+    def address(self) -> int:
+        """The window's device pointer (in this process), for device-to-device copies."""
+        return self._address
+
+    @property
+    def device_id(self) -> int:
+        return self._region.device_id
+
     def _copy(self, destination: int, source: int, count: int) -> None:
         runtime = self._runtime
-        _check(runtime, runtime.cudaSetDevice(self._region.device_id), "cudaSetDevice")
+        cuda_check(runtime, runtime.cudaSetDevice(self._region.device_id), "cudaSetDevice")
         kind = runtime.cudaMemcpyKind.cudaMemcpyDefault
-        _check(runtime, runtime.cudaMemcpy(destination, source, count, kind), "cudaMemcpy")
+        cuda_check(runtime, runtime.cudaMemcpy(destination, source, count, kind), "cudaMemcpy")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         host = np.empty(self.nbytes, np.uint8)
@@ -126,7 +135,7 @@ class CudaMemory:
         with self._lock:
             if name in self._regions:
                 raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
-            runtime = self._runtime or _runtime()
+            runtime = self._runtime or cuda_runtime()
             if runtime is None:
                 raise InvalidArgumentError(
                     f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
@@ -140,9 +149,9 @@ class CudaMemory:
             handle = runtime.cudaIpcMemHandle_t()
             ctypes.memmove(handle.getPtr(), raw_handle, IPC_HANDLE_BYTES)
             try:
-                _check(runtime, runtime.cudaSetDevice(device_id), "cudaSetDevice")
+                cuda_check(runtime, runtime.cudaSetDevice(device_id), "cudaSetDevice")
                 flags = runtime.cudaIpcMemLazyEnablePeerAccess
-                address = _check(
+                address = cuda_check(
                     runtime, runtime.cudaIpcOpenMemHandle(handle, flags), "cudaIpcOpenMemHandle"
                 )
             except InternalError as error:

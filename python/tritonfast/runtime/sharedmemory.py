@@ -13,14 +13,14 @@ memory (no copy); an output is written into its region and travels back as metad
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from tritonfast._core import RegionView, SharedMemoryRegistry
 from tritonfast.errors import AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError
 from tritonfast.runtime import rawtensor
-from tritonfast.runtime.cudamemory import CudaMemory
+from tritonfast.runtime.cudamemory import CudaMemory, CudaWindow
 from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 # The data of a tensor that lives in shared memory (inputs until mapped, outputs once written).
@@ -133,12 +133,19 @@ class SharedMemory:
             return self._cuda.window(where.region, where.offset, where.byte_size)
         return self._system.view(where.region, where.offset, where.byte_size, writable)
 
-    def resolve_inputs(self, request: InferRequest) -> dict[str, tuple[Placement, Any]]:
+    def resolve_inputs(
+        self, request: InferRequest, on_device: bool = False
+    ) -> dict[str, tuple[Placement, Any]]:
         """Give every shared-memory input of ``request`` its data, in place.
 
         Returns the windows of the shared-memory outputs it asks for (checked now, so a bad
         placement fails before the model runs, and held, so an unregister while the request
         runs cannot pull the memory away).
+
+        With ``on_device`` (a backend that takes device memory, e.g. TensorRT), an input in a
+        CUDA region keeps its :class:`~tritonfast.runtime.cudamemory.CudaWindow` as its data,
+        and the request's ``device_outputs`` name the CUDA windows its outputs go to: the
+        backend copies device to device, and the host never sees the bytes.
         """
         model = request.model_name
         for tensor in request.inputs:
@@ -146,6 +153,17 @@ class SharedMemory:
             if where is None:
                 continue
             window = self._window(where, writable=False)
+            if on_device and isinstance(window, CudaWindow) and tensor.datatype != "BYTES":
+                expected = (
+                    rawtensor.element_count(tensor.shape, tensor.name, model, request.id)
+                    * rawtensor.numeric_dtype(tensor.datatype, tensor.name, model).itemsize
+                )
+                if window.nbytes != expected:
+                    raise rawtensor.byte_size_error(
+                        tensor.name, model, request.id, expected, window.nbytes
+                    )
+                tensor.data = cast(Any, window)  # device memory, for device-memory backends only
+                continue
             tensor.data = rawtensor.from_raw(
                 tensor.datatype,
                 tensor.shape,
@@ -158,7 +176,12 @@ class SharedMemory:
         for output in request.outputs or ():
             where = placement(output.parameters, output.name)
             if where is not None:
-                outputs[output.name] = (where, self._window(where, writable=True))
+                window = self._window(where, writable=True)
+                outputs[output.name] = (where, window)
+                if on_device and isinstance(window, CudaWindow):
+                    if request.device_outputs is None:
+                        request.device_outputs = {}
+                    request.device_outputs[output.name] = window
         return outputs
 
     def write_outputs(
@@ -167,7 +190,7 @@ class SharedMemory:
         """Write the response's outputs that have a window into it; they keep only metadata."""
         for index, tensor in enumerate(response.outputs):
             placed = windows.get(tensor.name)
-            if placed is None:
+            if placed is None or tensor.in_shared_memory:  # the backend wrote it in place
                 continue
             where, window = placed
             raw = rawtensor.to_raw(tensor.datatype, tensor.data)

@@ -58,6 +58,10 @@ class InferRequest:
     # Set by codecs when an input or requested output names a shared-memory region (its
     # parameters say where); such inputs arrive with empty data for the data plane to fill.
     uses_shared_memory: bool = False
+    # Outputs to be written straight into CUDA shared memory by a backend that works in
+    # device memory (output name -> runtime.cudamemory.CudaWindow); see
+    # runtime.sharedmemory.resolve_inputs.
+    device_outputs: dict[str, Any] | None = None
     # A tracing.RequestTrace when this request is traced (every layer stamps it), else None.
     trace: Any = None
     # The trace of the request this one is made for (an ensemble's step, a BLS call): its
