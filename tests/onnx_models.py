@@ -15,6 +15,7 @@ __all__ = [
     "mixed_types",
     "mlp",
     "reshape_to_four",
+    "unknown_operator",
     "with_optional_input",
     "write_onnx",
 ]
@@ -106,3 +107,19 @@ def reshape_to_four() -> onnx.ModelProto:
         initializer=[shape],
     )
     return finish(graph)
+
+
+def unknown_operator() -> onnx.ModelProto:
+    """A graph with an operator no ONNX Runtime has (domain "tritonfast.test")."""
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOperator", ["X"], ["Y"], domain="tritonfast.test")],
+        "unknown_operator",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 2])],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("tritonfast.test", 1)],
+    )
+    model.ir_version = 8
+    return model

@@ -89,6 +89,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write(repo, "wrong_dtype", onnx_models.mlp(), WRONG_DTYPE)
     write(repo, "wrong_dims", onnx_models.mlp(), WRONG_DIMS)
     write(repo, "fixed_batching", onnx_models.fixed_shape(), FIXED_BATCHING)
+    write(repo, "unknown_op", onnx_models.unknown_operator())
     (repo / "garbage" / "1").mkdir(parents=True)
     (repo / "garbage" / "1" / "model.onnx").write_bytes(b"this is not an onnx model")
     return repo
@@ -355,7 +356,7 @@ def test_bad_models_are_unavailable_with_the_reason(http: Any) -> None:
         assert index[name]["state"] == "READY", index[name]
     reasons = {
         name: index[name].get("reason", "")
-        for name in ("wrong_dtype", "wrong_dims", "fixed_batching", "garbage")
+        for name in ("wrong_dtype", "wrong_dims", "fixed_batching", "garbage", "unknown_op")
     }
     assert reasons["wrong_dtype"] == (
         "unable to load model 'wrong_dtype', configuration expects datatype TYPE_INT32 for"
@@ -372,6 +373,8 @@ def test_bad_models_are_unavailable_with_the_reason(http: Any) -> None:
         " non-zero max_batch_size is specified"
     )
     assert reasons["garbage"].startswith("model 'garbage': onnxruntime cannot load")
+    assert reasons["unknown_op"].startswith("model 'unknown_op': onnxruntime cannot load")
+    assert "NoSuchOperator" in reasons["unknown_op"]
     for name in reasons:
         assert index[name]["state"] == "UNAVAILABLE"
     assert http.is_model_ready("mlp_auto")  # the others keep serving
@@ -406,3 +409,22 @@ def test_an_onnx_runtime_failure_fails_the_request_only(http: Any) -> None:
     assert message.endswith("Input shape:{1,3}, requested shape:{1,2,2}")
     good = http.infer("reshape_to_four", [http_input("X", np.ones((1, 4), np.float32), "FP32")])
     assert good.as_numpy("Y").shape == (1, 2, 2)
+
+
+def test_strict_model_config_takes_nothing_from_the_model(repository: Path, tmp_path: Path) -> None:
+    server = start_server(
+        [repository],
+        tmp_path / "strict.log",
+        "--strict-model-config=true",
+        "--exit-on-error=false",
+    )
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        client.close()
+        assert index["mlp_batched"]["state"] == "READY"  # its config is complete
+        assert index["mlp_auto"]["state"] == "UNAVAILABLE"  # no config.pbtxt
+        assert "config.pbtxt" in index["mlp_auto"]["reason"]
+        assert index["optional"]["state"] == "READY"
+    finally:
+        assert server.stop() == 0
