@@ -56,3 +56,19 @@ def test_buffer_returns_to_the_pool_when_the_last_view_dies() -> None:
     stats = pool.statistics()
     assert (stats["allocated"], stats["reused"]) == (1, 1)
     assert stats["bytes_gathered"] == 2 * 600
+
+
+def test_gather_inputs_matches_inputs_by_name_whatever_their_order() -> None:
+    from tritonfast.runtime.types import InferRequest, InputTensor
+
+    def request(order: list[str], value: float) -> InferRequest:
+        tensors = {
+            "A": InputTensor("A", "FP32", (1, 2), np.full((1, 2), value, np.float32)),
+            "B": InputTensor("B", "FP32", (1, 2), np.full((1, 2), -value, np.float32)),
+        }
+        return InferRequest("m", inputs=[tensors[name] for name in order])
+
+    inputs, sizes = batchtensor.gather_inputs([request(["A", "B"], 1), request(["B", "A"], 2)])
+    assert sizes == [1, 1]
+    assert inputs["A"].tolist() == [[1, 1], [2, 2]]
+    assert inputs["B"].tolist() == [[-1, -1], [-2, -2]]

@@ -47,8 +47,22 @@ def gather_inputs(requests: list[InferRequest]) -> tuple[dict[str, np.ndarray], 
     names and non-batch dimensions uniform."""
     sizes = [r.inputs[0].shape[0] if r.inputs else 0 for r in requests]
     names = [t.name for t in requests[0].inputs]
-    inputs = {name: gather([r.inputs[i].data for r in requests]) for i, name in enumerate(names)}
+    inputs = {
+        name: gather([_input_data(r, i, name) for r in requests]) for i, name in enumerate(names)
+    }
     return inputs, sizes
+
+
+def _input_data(request: InferRequest, index: int, name: str) -> Any:
+    """Input ``name`` of ``request``, usually at ``index`` (clients may list a batch's inputs
+    in different orders)."""
+    inputs = request.inputs
+    if index < len(inputs) and inputs[index].name == name:
+        return inputs[index].data
+    for tensor in inputs:
+        if tensor.name == name:
+            return tensor.data
+    raise InternalError(f"a request of the batch has no input '{name}'")
 
 
 def scatter_outputs(

@@ -19,7 +19,7 @@ import numpy as np
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
-from tritonfast.runtime.batchtensor import gather, scatter_outputs
+from tritonfast.runtime.batchtensor import gather_inputs, scatter_outputs
 from tritonfast.runtime.datatypes import WIRE_DATATYPES
 from tritonfast.runtime.responses import Result
 from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
@@ -76,13 +76,10 @@ class OnnxInstance(ModelInstance):
         if not self._batching:
             return [self._run_one(request, clock) for request in requests]
         try:
-            sizes = [r.inputs[0].shape[0] if r.inputs else 0 for r in requests]
+            batch, sizes = gather_inputs(requests)
             rows = sum(sizes)
             feeds = {
-                tensor.name: self._feed(
-                    gather([r.inputs[i].data for r in requests]), self._inputs[tensor.name], rows
-                )
-                for i, tensor in enumerate(requests[0].inputs)
+                name: self._feed(array, self._inputs[name], rows) for name, array in batch.items()
             }
             clock.inputs_ready()
             names = self._wanted(requests)
