@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonfast.onnxgen import finish, mlp, write_onnx
 
 __all__ = [
+    "accumulator",
     "fixed_shape",
     "mixed_types",
     "mlp",
@@ -123,3 +124,33 @@ def unknown_operator() -> onnx.ModelProto:
     )
     model.ir_version = 8
     return model
+
+
+def accumulator() -> onnx.ModelProto:
+    """A running sum for the sequence batcher's implicit state: X and SUM_IN [batch, 1] FP32
+    -> SUM = X + SUM_IN and SUM_OUT = SUM; CORRID [batch, 1] UINT64 (its control) comes back
+    as CORR."""
+    nodes = [
+        helper.make_node("Add", ["X", "SUM_IN"], ["SUM"]),
+        helper.make_node("Identity", ["SUM"], ["SUM_OUT"]),
+        helper.make_node("Identity", ["CORRID"], ["CORR"]),
+    ]
+
+    def value(name: str, elem: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, ["batch", 1])
+
+    graph = helper.make_graph(
+        nodes,
+        "accumulator",
+        [
+            value("X", TensorProto.FLOAT),
+            value("SUM_IN", TensorProto.FLOAT),
+            value("CORRID", TensorProto.UINT64),
+        ],
+        [
+            value("SUM", TensorProto.FLOAT),
+            value("SUM_OUT", TensorProto.FLOAT),
+            value("CORR", TensorProto.UINT64),
+        ],
+    )
+    return finish(graph)

@@ -67,6 +67,30 @@ max_batch_size: 8
 input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 15 ] } ]
 output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 8 ] } ]
 """
+ACCUMULATOR = """
+backend: "onnxruntime"
+max_batch_size: 4
+sequence_batching {
+  control_input [
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [
+    {
+      input_name: "SUM_IN"
+      output_name: "SUM_OUT"
+      data_type: TYPE_FP32
+      dims: [ 1 ]
+      initial_state: { data_type: TYPE_FP32 dims: [ 1 ] name: "zero" zero_data: true }
+    }
+  ]
+}
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [
+  { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "CORR" data_type: TYPE_UINT64 dims: [ 1 ] }
+]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
 FIXED_BATCHING = """
 backend: "onnxruntime"
 max_batch_size: 4
@@ -90,6 +114,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write(repo, "wrong_dims", onnx_models.mlp(), WRONG_DIMS)
     write(repo, "fixed_batching", onnx_models.fixed_shape(), FIXED_BATCHING)
     write(repo, "unknown_op", onnx_models.unknown_operator())
+    write(repo, "accumulator", onnx_models.accumulator(), ACCUMULATOR)
     (repo / "garbage" / "1").mkdir(parents=True)
     (repo / "garbage" / "1" / "model.onnx").write_bytes(b"this is not an onnx model")
     return repo
@@ -428,3 +453,23 @@ def test_strict_model_config_takes_nothing_from_the_model(repository: Path, tmp_
         assert index["optional"]["state"] == "READY"
     finally:
         assert server.stop() == 0
+
+
+def test_sequences_with_controls_and_implicit_state(http: Any) -> None:
+    def send(sequence: int, value: float, start: bool = False, end: bool = False) -> Any:
+        x = http_input("X", np.array([[value]], np.float32), "FP32")
+        return http.infer(
+            "accumulator", [x], sequence_id=sequence, sequence_start=start, sequence_end=end
+        )
+
+    sums = {11: [], 12: []}
+    steps = [(11, 1.0, True, False), (12, 10.0, True, False), (11, 2.0, False, False)]
+    steps += [(12, 20.0, False, True), (11, 3.0, False, True)]
+    for sequence, value, start, end in steps:
+        result = send(sequence, value, start, end)
+        sums[sequence].append(result.as_numpy("SUM").item())
+        assert result.as_numpy("CORR").item() == sequence  # the CORRID control
+        # The next state is the server's: it is not in the response.
+        assert [o["name"] for o in result.get_response()["outputs"]] == ["SUM", "CORR"]
+    assert sums == {11: [1.0, 3.0, 6.0], 12: [10.0, 30.0]}
+    assert send(11, 5.0, start=True, end=True).as_numpy("SUM").item() == 5.0  # fresh state

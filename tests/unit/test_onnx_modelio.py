@@ -190,3 +190,22 @@ def test_optional_inputs_are_initializers_and_only_without_batching() -> None:
         "unable to load model 'm', optional input 'B' is not supported for models that"
         " support batching"
     )
+
+
+def test_sequence_controls_and_states_must_be_model_inputs() -> None:
+    model = io(
+        [ModelTensor("X", FLOAT, (-1, 1)), ModelTensor("READY", "tensor(bool)", (-1, 1))],
+        [ModelTensor("Y", FLOAT, (-1, 1))],
+    )
+    text = (
+        "max_batch_size: 2 input [ { name: 'X' data_type: TYPE_FP32 dims: [ 1 ] } ]"
+        " output [ { name: 'Y' data_type: TYPE_FP32 dims: [ 1 ] } ]"
+        " sequence_batching { control_input [ { name: 'READY' control [ {"
+        " kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] } ] }"
+    )
+    check(config(text), model)
+    with pytest.raises(InternalError) as caught:
+        check(config(text.replace("name: 'READY'", "name: 'GO'")), model)
+    assert caught.value.message == (
+        "configuration specified sequence control 'GO', but model does not provide that input"
+    )

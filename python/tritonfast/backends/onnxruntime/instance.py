@@ -69,6 +69,10 @@ class OnnxInstance(ModelInstance):
         self._batching = config.max_batch_size > 0
         self._inputs = {t.name: tensor_plan(t, True) for t in config.input}
         self._outputs = [tensor_plan(t, False) for t in config.output]
+        # Implicit state: the sequence batcher asks for the next state by its output name.
+        for state in config.sequence_batching.state:
+            datatype = WIRE_DATATYPES[state.data_type]
+            self._outputs.append(TensorPlan(state.output_name, datatype, datatype == "BYTES", None))
         self._output_types = {plan.name: plan.datatype for plan in self._outputs}
         self._all_outputs = [plan.name for plan in self._outputs]
 
@@ -79,7 +83,8 @@ class OnnxInstance(ModelInstance):
             batch, sizes = gather_inputs(requests)
             rows = sum(sizes)
             feeds = {
-                name: self._feed(array, self._inputs[name], rows) for name, array in batch.items()
+                name: self._feed(array, self._input_plan(name, array), rows)
+                for name, array in batch.items()
             }
             clock.inputs_ready()
             names = self._wanted(requests)
@@ -95,7 +100,10 @@ class OnnxInstance(ModelInstance):
 
     def _run_one(self, request: InferRequest, clock: PhaseClock) -> Result:
         try:
-            feeds = {t.name: self._feed(t.data, self._inputs[t.name], None) for t in request.inputs}
+            feeds = {
+                t.name: self._feed(t.data, self._input_plan(t.name, t.data), None)
+                for t in request.inputs
+            }
             clock.inputs_ready()
             names = self._wanted([request])
             produced = self._run(names, feeds)
@@ -114,6 +122,14 @@ class OnnxInstance(ModelInstance):
             return list(self._session.run(names, feeds))
         except Exception as exc:  # ORT raises its own exception types, all Exceptions
             raise ort_error(exc) from None
+
+    def _input_plan(self, name: str, data: np.ndarray) -> TensorPlan:
+        """A configured input's plan; the sequence batcher's controls and states go in as
+        they are."""
+        plan = self._inputs.get(name)
+        if plan is None:
+            plan = TensorPlan(name, "", data.dtype.hasobject, None)
+        return plan
 
     def _wanted(self, requests: list[InferRequest]) -> list[str]:
         """The outputs any request of the batch asked for, in config order."""

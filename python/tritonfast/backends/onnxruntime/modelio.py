@@ -133,7 +133,8 @@ def check(config: mc.ModelConfig, io: ModelIO) -> None:
     """Refuse a configuration that does not fit the model (Triton's messages)."""
     model = config.name
     required = [t for t in config.input if not t.optional]
-    expected = len(required) + len(config.batch_input)
+    sequence = _sequence_inputs(config, io)
+    expected = len(required) + len(config.batch_input) + len(sequence)
     if expected != len(io.inputs):
         raise InvalidArgumentError(
             f"unable to load model '{model}', configuration expects {expected} inputs, model"
@@ -154,6 +155,12 @@ def check(config: mc.ModelConfig, io: ModelIO) -> None:
             )
         _check_tensor(config, tensor, found, "input", exact=False)
     allowed_outputs = {t.name: t for t in io.outputs}
+    for state in config.sequence_batching.state:
+        if state.output_name not in allowed_outputs:
+            raise InvalidArgumentError(
+                f"unexpected inference output '{state.output_name}', allowed outputs are:"
+                f" {', '.join(sorted(allowed_outputs))}"
+            )
     for tensor in config.output:
         found = allowed_outputs.get(tensor.name)
         if found is None:
@@ -162,6 +169,28 @@ def check(config: mc.ModelConfig, io: ModelIO) -> None:
                 f" {', '.join(sorted(allowed_outputs))}"
             )
         _check_tensor(config, tensor, found, "output", exact=True)
+
+
+def _sequence_inputs(config: mc.ModelConfig, io: ModelIO) -> list[str]:
+    """The model inputs the sequence batcher fills in: its controls and implicit states
+    (each must be a model input, as in Triton)."""
+    names = {t.name for t in io.inputs}
+    sequence = config.sequence_batching
+    controls = [control.name for control in sequence.control_input]
+    for name in controls:
+        if name not in names:
+            raise InternalError(
+                f"configuration specified sequence control '{name}', but model does not"
+                " provide that input"
+            )
+    states = [state.input_name for state in sequence.state]
+    for name in states:
+        if name not in names:
+            raise InvalidArgumentError(
+                f"unexpected inference input '{name}', allowed inputs are:"
+                f" {', '.join(sorted(names))}"
+            )
+    return controls + states
 
 
 def _check_tensor(
