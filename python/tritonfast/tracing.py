@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tritonfast.errors import InvalidArgumentError, UnsupportedError
+from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +93,16 @@ class RequestTrace:
         if not self.with_tensors:
             return
         for tensor in tensors:
+            data = tensor.data
+            if not isinstance(data, np.ndarray):  # device memory (a CUDA window): its bytes
+                data = np.asarray(data).view(NUMPY_DTYPES[tensor.datatype])
             self.tensors.append(
                 {
                     "id": self.id,
                     "activity": activity,
                     "tensor": {
                         "name": tensor.name,
-                        "data": _tensor_text(tensor.data),
+                        "data": _tensor_text(data),
                         "shape": ",".join(str(int(d)) for d in tensor.shape),
                         "dtype": tensor.datatype,
                     },

@@ -184,3 +184,36 @@ def test_configured_dims_must_lie_in_the_profile() -> None:
         " model expected the shape of dimension 1 to be between 2 and 8 but received 16"
     )
     check(config(text.replace("dims: [ 16 ]", "dims: [ -1 ]")), narrow, "m_0_0")
+
+
+def test_what_the_backend_does_not_run_yet_is_refused_at_load() -> None:
+    with_shape_tensor = EngineIO(
+        (*ENGINE.tensors, EngineTensor("SHAPE", True, "INT32", (2,), (SMALL,), shape_tensor=True)),
+        profile_count=2,
+    )
+    with pytest.raises(InvalidArgumentError) as caught:
+        check(config(FULL), with_shape_tensor, "m_0_0")
+    assert caught.value.message == (
+        "model 'm': shape tensor 'SHAPE' is not supported by tritonfast's TensorRT backend yet"
+    )
+    optional = FULL.replace("dims: [ 16 ] }", "dims: [ 16 ] optional: true }")
+    with pytest.raises(InvalidArgumentError, match="optional input 'INPUT' is not supported"):
+        check(config(optional), ENGINE, "m_0_0")
+
+
+def test_sequence_controls_and_states_are_engine_tensors_the_config_need_not_list() -> None:
+    engine = EngineIO(
+        (
+            *ENGINE.tensors,
+            EngineTensor("START", True, "INT32", (-1, 1), (Profile((1, 1), (4, 1), (8, 1)),) * 2),
+        ),
+        profile_count=2,
+    )
+    control = (
+        " sequence_batching { control_input [ { name: 'START' control [ {"
+        " kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }"
+    )
+    check(config(FULL + control), engine, "m_0_0")
+    with pytest.raises(InvalidArgumentError) as caught:
+        check(config(FULL), engine, "m_0_0")
+    assert caught.value.message == "expected configuration for input 'START' for m_0_0"

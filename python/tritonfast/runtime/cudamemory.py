@@ -68,6 +68,7 @@ class _Region:
     runtime: Any
 
     def __del__(self) -> None:
+        self.runtime.cudaSetDevice(self.device_id)  # the mapping belongs to its device
         self.runtime.cudaIpcCloseMemHandle(self.address)
 
 

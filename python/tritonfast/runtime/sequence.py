@@ -324,7 +324,8 @@ class SequenceInstance(ModelInstance):
 def null_request(like: InferRequest, slot: int) -> InferRequest:
     """A request for ``slot`` with nothing to do (READY false): ``like``'s inputs as zeros."""
     inputs = [
-        InputTensor(t.name, t.datatype, t.shape, _zeros(t.shape, t.data.dtype)) for t in like.inputs
+        InputTensor(t.name, t.datatype, t.shape, _zeros(t.shape, NUMPY_DTYPES[t.datatype]))
+        for t in like.inputs
     ]
     return InferRequest(like.model_name, like.model_version, inputs=inputs, slot=(slot, False))
 

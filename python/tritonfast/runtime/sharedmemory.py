@@ -178,7 +178,8 @@ class SharedMemory:
             if where is not None:
                 window = self._window(where, writable=True)
                 outputs[output.name] = (where, window)
-                if on_device and isinstance(window, CudaWindow):
+                classified = output.parameters.get("classification")  # written as BYTES
+                if on_device and isinstance(window, CudaWindow) and not classified:
                     if request.device_outputs is None:
                         request.device_outputs = {}
                     request.device_outputs[output.name] = window

@@ -49,6 +49,8 @@ class EngineTensor:
     shape: Shape  # -1 for a dimension fixed only at run time
     profiles: tuple[Profile, ...] = ()  # inputs: one per optimization profile
     shape_tensor: bool = False
+    on_host: bool = False  # TensorRT reads or writes it in host memory
+    linear: bool = True  # a plain row-major layout (not a vectorized format)
 
     @property
     def config_type(self) -> int:
@@ -98,6 +100,8 @@ def describe(engine: Any) -> EngineIO:
                 tuple(engine.get_tensor_shape(name)),
                 profiles,
                 bool(engine.is_shape_inference_io(name)),
+                engine.get_tensor_location(name) == trt.TensorLocation.HOST,
+                engine.get_tensor_format(name) == trt.TensorFormat.LINEAR,
             )
         )
     return EngineIO(tuple(tensors), profile_count)

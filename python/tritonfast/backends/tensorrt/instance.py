@@ -69,14 +69,25 @@ class TensorRTInstance(ModelInstance):
         self._batching = config.max_batch_size > 0
         self._inputs = {t.name: binding(t) for t in config.input}
         self._outputs = {t.name: binding(t) for t in config.output}
+        # Implicit state: the sequence batcher asks for the next state by its output name.
+        for state in config.sequence_batching.state:
+            datatype = WIRE_DATATYPES[state.data_type]
+            self._outputs[state.output_name] = Binding(
+                state.output_name, datatype, NUMPY_DTYPES[datatype], tuple(state.dims), None
+            )
         self._all_outputs = list(self._outputs)
+        # Every engine tensor's element type, for sizing its buffer.
+        self._dtypes = {
+            t.name: NUMPY_DTYPES.get(WIRE_DATATYPES.get(t.config_type, ""), np.dtype(np.uint8))
+            for t in io.tensors
+        }
         stream.use_device()
         self._context = engine.create_execution_context()
         if self._context is None:
             raise InternalError(
                 f"unable to create TensorRT context for '{config.name}' ({instance_name})"
             )
-        self._profile = -1
+        self._profile = int(getattr(self._context, "active_optimization_profile", -1))
         self._buffers = {t.name: DeviceBuffer(stream.runtime) for t in io.tensors}
 
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
@@ -96,42 +107,46 @@ class TensorRTInstance(ModelInstance):
         rows = sum(sizes)
         shapes = {t.name: self._engine_shape(t.name, t.shape, rows) for t in requests[0].inputs}
         self._use_profile(shapes)
-        for name, shape in shapes.items():
-            if not context.set_input_shape(name, shape):
-                raise InvalidArgumentError(
-                    f"unable to set the shape {shape_text(shape)} of input '{name}' for"
-                    f" '{self._model}'"
-                )
-            self._copy_in(name, requests, shape)
-        output_shapes = {}
-        for tensor in self._io.outputs:
-            shape = tuple(context.get_tensor_shape(tensor.name))
-            if any(d < 0 for d in shape):
-                raise InternalError(
-                    f"output '{tensor.name}' of '{self._model}' has no shape before the run"
-                    f" ({shape_text(shape)}): data-dependent output shapes are not supported"
-                )
-            output_shapes[tensor.name] = shape
-            itemsize = NUMPY_DTYPES[self._output_datatype(tensor.name)].itemsize
-            address = self._buffers[tensor.name].ensure(math.prod(shape) * itemsize)
-            context.set_tensor_address(tensor.name, address)
-        clock.inputs_ready()
-        if not context.execute_async_v3(stream.address):
-            raise InternalError(f"unable to run TensorRT engine of '{self._model}'")
-        names = self._wanted(requests)
-        fetched = {
-            name: self._copy_out(name, output_shapes[name], requests, sizes) for name in names
-        }
-        stream.synchronize()
+        keep: list[np.ndarray] = []  # host sources of queued copies, alive until the sync
+        failed: dict[int, TritonError] = {}
+        try:
+            for name, shape in shapes.items():
+                if not context.set_input_shape(name, shape):
+                    raise InvalidArgumentError(
+                        f"unable to set the shape {shape_text(shape)} of input '{name}' for"
+                        f" '{self._model}'"
+                    )
+                self._copy_in(name, requests, shape, keep)
+            output_shapes = self._bind_outputs()
+            names = self._wanted(requests)
+            failed = self._unfit_windows(requests, sizes, names, output_shapes)
+            clock.inputs_ready()
+            if not context.execute_async_v3(stream.address):
+                raise InternalError(f"unable to run TensorRT engine of '{self._model}'")
+            fetched = {
+                name: self._copy_out(name, output_shapes[name], requests, sizes, failed)
+                for name in names
+            }
+        finally:
+            # Never return with copies queued that read or write request or client memory.
+            stream.synchronize()
         clock.infer_done()
-        return self._responses(requests, sizes, fetched)
+        responses = self._responses(requests, sizes, fetched, failed)
+        return [failed.get(i, response) for i, response in enumerate(responses)]
 
     def _engine_shape(self, name: str, shape: tuple[int, ...], rows: int) -> tuple[int, ...]:
+        """The shape the engine gets for input ``name`` of a batch of ``rows`` whose first
+        request has ``shape``: its ``reshape`` when configured (-1 worked out from the
+        element count)."""
+        item = tuple(shape[1:] if self._batching else shape)
         plan = self._inputs.get(name)
-        item = shape[1:] if self._batching else shape
         if plan is not None and plan.engine_dims is not None:
-            item = plan.engine_dims
-        return (rows, *item) if self._batching else tuple(item)
+            dims = plan.engine_dims
+            if -1 in dims:
+                known = math.prod(d for d in dims if d != -1) or 1
+                dims = tuple(math.prod(item) // known if d == -1 else d for d in dims)
+            item = dims
+        return (rows, *item) if self._batching else item
 
     def _use_profile(self, shapes: dict[str, tuple[int, ...]]) -> None:
         profile = select_profile(self._io, shapes, self._profiles)
@@ -142,24 +157,89 @@ class TensorRTInstance(ModelInstance):
                 f" the batch's input shapes: {described}"
             )
         if profile != self._profile:
-            self._context.set_optimization_profile_async(profile, self._stream.address)
+            try:
+                self._context.set_optimization_profile_async(profile, self._stream.address)
+            except RuntimeError as exc:
+                raise InternalError(
+                    f"unable to select optimization profile {profile} of '{self._model}' for"
+                    f" {self._name}: {exc}"
+                ) from None
             self._profile = profile
 
-    def _copy_in(self, name: str, requests: list[InferRequest], shape: tuple[int, ...]) -> None:
-        dtype = self._inputs[name].dtype if name in self._inputs else None
-        itemsize = dtype.itemsize if dtype is not None else 1
-        address = self._buffers[name].ensure(math.prod(shape) * itemsize)
-        offset = 0
+    def _copy_in(
+        self,
+        name: str,
+        requests: list[InferRequest],
+        shape: tuple[int, ...],
+        keep: list[np.ndarray],
+    ) -> None:
+        """Queue each request's rows of input ``name`` into its device buffer, in order."""
+        expected = math.prod(shape) * self._dtypes[name].itemsize
+        sources: list[Any] = []
         for request in requests:
-            data: Any = next(t.data for t in request.inputs if t.name == name)
-            if is_on_device(data):
-                self._stream.device_to_device(address + offset, data.address, data.nbytes)
-                offset += data.nbytes
+            data: Any = next((t.data for t in request.inputs if t.name == name), None)
+            if data is None:
+                raise InvalidArgumentError(f"a request of the batch has no input '{name}'")
+            if not is_on_device(data):
+                data = np.ascontiguousarray(data)
+                keep.append(data)
+            sources.append(data)
+        if sum(source.nbytes for source in sources) != expected:
+            raise InvalidArgumentError(
+                f"input '{name}': the batch's requests do not hold {shape_text(shape)} of"
+                f" '{self._model}' between them"
+            )
+        address = self._buffers[name].ensure(expected)
+        offset = 0
+        for source in sources:
+            if is_on_device(source):
+                self._stream.device_to_device(address + offset, source.address, source.nbytes)
             else:
-                array = np.ascontiguousarray(data)
-                self._stream.to_device(address + offset, array)
-                offset += array.nbytes
+                self._stream.to_device(address + offset, source)
+            offset += source.nbytes
         self._context.set_tensor_address(name, address)
+
+    def _bind_outputs(self) -> dict[str, tuple[int, ...]]:
+        """Every engine output's shape for this batch, each given a large enough buffer."""
+        shapes = {}
+        for tensor in self._io.outputs:
+            shape = tuple(self._context.get_tensor_shape(tensor.name))
+            if any(d < 0 for d in shape):
+                raise InternalError(
+                    f"output '{tensor.name}' of '{self._model}' has no shape before the run"
+                    f" ({shape_text(shape)}): data-dependent output shapes are not supported"
+                )
+            shapes[tensor.name] = shape
+            nbytes = math.prod(shape) * self._dtypes[tensor.name].itemsize
+            address = self._buffers[tensor.name].ensure(nbytes)
+            self._context.set_tensor_address(tensor.name, address)
+        return shapes
+
+    def _row_bytes(self, name: str, shape: tuple[int, ...]) -> int:
+        """Bytes of one batch row of output ``name`` (the whole output without batching)."""
+        return self._dtypes[name].itemsize * math.prod(shape[1:] if self._batching else shape)
+
+    def _unfit_windows(
+        self,
+        requests: list[InferRequest],
+        sizes: list[int],
+        names: list[str],
+        shapes: dict[str, tuple[int, ...]],
+    ) -> dict[int, TritonError]:
+        """The requests whose CUDA output windows cannot hold their outputs: they fail alone,
+        checked before anything runs."""
+        failed: dict[int, TritonError] = {}
+        for index, (request, size) in enumerate(zip(requests, sizes, strict=True)):
+            for name in names:
+                window = (request.device_outputs or {}).get(name)
+                count = size * self._row_bytes(name, shapes[name])
+                if window is not None and count > window.nbytes:
+                    failed[index] = InternalError(
+                        f"shared memory size specified with the request for output '{name}'"
+                        f" ({window.nbytes} bytes) should be at least {count} bytes to hold"
+                        " the results"
+                    )
+        return failed
 
     def _copy_out(
         self,
@@ -167,31 +247,26 @@ class TensorRTInstance(ModelInstance):
         shape: tuple[int, ...],
         requests: list[InferRequest],
         sizes: list[int],
+        failed: dict[int, TritonError],
     ) -> np.ndarray | None:
-        """Start the copies of output ``name``: device to device into the requests' CUDA
-        windows, and to one host array when any request wants it on the host."""
-        plan = self._outputs[name]
-        row_bytes = plan.dtype.itemsize * math.prod(shape[1:] if self._batching else shape)
+        """Queue the copies of output ``name``: device to device into the requests' CUDA
+        windows, and to one host array when a request wants it on the host."""
+        row_bytes = self._row_bytes(name, shape)
         address = self._buffers[name].address
         on_host = False
         start = 0
-        for request, size in zip(requests, sizes, strict=True):
+        for index, (request, size) in enumerate(zip(requests, sizes, strict=True)):
+            count = size * row_bytes
             window = (request.device_outputs or {}).get(name)
-            count = size * row_bytes if self._batching else row_bytes
             if window is not None:
-                if count > window.nbytes:
-                    raise InternalError(
-                        f"shared memory size specified with the request for output '{name}'"
-                        f" ({window.nbytes} bytes) should be at least {count} bytes to hold"
-                        " the results"
-                    )
-                self._stream.device_to_device(window.address, address + start, count)
-            else:
+                if index not in failed:
+                    self._stream.device_to_device(window.address, address + start, count)
+            elif request.outputs is None or any(o.name == name for o in request.outputs):
                 on_host = True
             start += count
         if not on_host:
             return None
-        host = np.empty(shape, plan.dtype)
+        host = np.empty(shape, self._dtypes[name])
         self._stream.to_host(host, address)
         return host
 
@@ -200,10 +275,15 @@ class TensorRTInstance(ModelInstance):
         requests: list[InferRequest],
         sizes: list[int],
         fetched: dict[str, np.ndarray | None],
+        failed: dict[int, TritonError],
     ) -> list[Result]:
         responses: list[Result] = []
         start = 0
-        for request, size in zip(requests, sizes, strict=True):
+        for index, (request, size) in enumerate(zip(requests, sizes, strict=True)):
+            if index in failed:
+                responses.append(failed[index])
+                start += size
+                continue
             wanted = None if request.outputs is None else {o.name for o in request.outputs}
             tensors = []
             for name, array in fetched.items():
@@ -242,16 +322,16 @@ class TensorRTInstance(ModelInstance):
             wanted.update(o.name for o in request.outputs)
         return [name for name in self._all_outputs if name in wanted]
 
-    def _output_datatype(self, name: str) -> str:
-        plan = self._outputs.get(name)
-        if plan is not None:
-            return plan.datatype
-        tensor = self._io.tensor(name)
-        assert tensor is not None
-        return WIRE_DATATYPES.get(tensor.config_type, "UINT8")
-
     def finalize(self) -> None:
+        """Wait for the stream, drop the context, then free its buffers and the stream, on
+        the instance's device."""
+        stream = self._stream
+        try:
+            stream.use_device()
+            stream.synchronize()
+        except TritonError:
+            pass  # a broken context: release what can be released
+        self._context = None
         for buffer in self._buffers.values():
             buffer.free()
-        self._stream.close()
-        self._context = None
+        stream.close()

@@ -17,6 +17,7 @@ from tritonfast.backends.tensorrt.device import Stream, runtime_or_unavailable
 from tritonfast.backends.tensorrt.engineio import EngineIO, describe
 from tritonfast.backends.tensorrt.instance import TensorRTInstance
 from tritonfast.errors import InternalError, InvalidArgumentError, UnavailableError
+from tritonfast.runtime.cudamemory import cuda_check
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +94,17 @@ class TensorRTBackend(Backend):
         return TensorRTInstance(engine, io, config, placement.name, stream, profiles)
 
     def _deserialize(self, config: model_config_pb2.ModelConfig, path: Path, device: int) -> Any:
-        """The engine in ``path`` on GPU ``device`` (each instance gets its own engine, as
-        Triton's backend does for engines with run-time dimensions)."""
+        """The engine in ``path`` on GPU ``device``; each instance deserializes its own
+        (Triton shares one between the instances of a device when no dimension is dynamic)."""
         trt = import_tensorrt()
         cuda = runtime_or_unavailable(config.name)
         with self._lock:
-            cuda.cudaSetDevice(device)
+            try:
+                cuda_check(cuda, cuda.cudaSetDevice(device), "cudaSetDevice")
+            except InternalError as error:
+                raise InvalidArgumentError(
+                    f"model '{config.name}': GPU {device} cannot be used: {error.message}"
+                ) from None
             runtime = self._runtimes.get(device)
             if runtime is None:
                 runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))

@@ -154,6 +154,7 @@ def _fill(entry: Any, tensor: EngineTensor, skip_first: bool, *, name: bool) -> 
 def check(config: mc.ModelConfig, io: EngineIO, instance: str) -> None:
     """Refuse a configuration that does not fit the engine (Triton's messages)."""
     model = config.name
+    _refuse_unsupported(config, io)
     if len(config.input) > len(io.inputs):
         raise InvalidArgumentError(
             f"unable to load model '{model}', configuration expects {len(config.input)} inputs,"
@@ -174,11 +175,68 @@ def check(config: mc.ModelConfig, io: EngineIO, instance: str) -> None:
                 )
             _check_entry(config, entry, tensor, kind, instance, profiles)
         configured = {entry.name for entry in listed}
+        if kind == "input":  # the sequence batcher fills these in
+            configured |= _sequence_inputs(config, by_name)
+        else:
+            configured |= _state_outputs(config, by_name)
         for tensor in tensors:
             if tensor.name not in configured:
                 raise InvalidArgumentError(
                     f"expected configuration for {kind} '{tensor.name}' for {instance}"
                 )
+
+
+def _refuse_unsupported(config: mc.ModelConfig, io: EngineIO) -> None:
+    """What this backend does not run yet, refused at load with the reason."""
+    model = config.name
+    for tensor in io.tensors:
+        if tensor.shape_tensor or tensor.on_host:
+            raise InvalidArgumentError(
+                f"model '{model}': shape tensor '{tensor.name}' is not supported by tritonfast's"
+                " TensorRT backend yet"
+            )
+        if not tensor.linear:
+            raise InvalidArgumentError(
+                f"model '{model}': tensor '{tensor.name}' has a vectorized (non-linear) format,"
+                " which tritonfast's TensorRT backend does not support"
+            )
+    for entry in config.input:
+        if entry.optional:
+            raise InvalidArgumentError(
+                f"model '{model}': optional input '{entry.name}' is not supported by the"
+                " TensorRT backend"
+            )
+        if entry.allow_ragged_batch:
+            raise InvalidArgumentError(
+                f"model '{model}': ragged input '{entry.name}' is not supported by tritonfast's"
+                " TensorRT backend yet"
+            )
+
+
+def _sequence_inputs(config: mc.ModelConfig, inputs: dict[str, EngineTensor]) -> set[str]:
+    """The sequence batcher's control and state inputs, each an engine input."""
+    sequence = config.sequence_batching
+    names = [control.name for control in sequence.control_input]
+    names += [state.input_name for state in sequence.state]
+    for name in names:
+        if name not in inputs:
+            raise InternalError(
+                f"configuration specified sequence control '{name}', but model does not"
+                " provide that input"
+            )
+    return set(names)
+
+
+def _state_outputs(config: mc.ModelConfig, outputs: dict[str, EngineTensor]) -> set[str]:
+    """The implicit states' outputs, each an engine output."""
+    names = {state.output_name for state in config.sequence_batching.state}
+    for name in sorted(names):
+        if name not in outputs:
+            raise InvalidArgumentError(
+                f"unexpected inference output '{name}', allowed outputs are:"
+                f" {', '.join(sorted(outputs))}"
+            )
+    return names
 
 
 def _check_entry(

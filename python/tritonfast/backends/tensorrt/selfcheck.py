@@ -61,6 +61,10 @@ def build_engine(onnx_bytes: bytes) -> bytes:
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise RuntimeError(f"the ONNX parser refused the model: {errors}")
     config = builder.create_builder_config()
+    # TF32 (on by default on Ampere and later) rounds FP32 inputs to 10 mantissa bits: far
+    # from onnxruntime's FP32 answers. The check compares exact FP32 arithmetic.
+    if hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)
     profile = builder.create_optimization_profile()
     profile.set_shape("INPUT", (1, FEATURES), (8, FEATURES), (MAX_BATCH, FEATURES))
     config.add_optimization_profile(profile)
@@ -112,7 +116,9 @@ def run() -> int:
     (work / "mlp_plan" / "1" / "model.plan").write_bytes(plan)
     import onnxruntime
 
-    reference = onnxruntime.InferenceSession(model.SerializeToString())
+    reference = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     log = (work / "server.log").open("w")
     server = subprocess.Popen(
@@ -214,7 +220,9 @@ def _cuda_shared_memory(client: Any, batch: np.ndarray, want: np.ndarray) -> str
 
 
 def _compare(got: np.ndarray, want: np.ndarray) -> str:
-    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+    # Relative to the outputs' scale: GPU kernels sum in another order than the CPU's.
+    scale = max(1.0, float(np.max(np.abs(want))))
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * scale)
     return f"max difference {float(np.max(np.abs(got - want))):.2e}"
 
 
