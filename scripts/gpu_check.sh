@@ -4,7 +4,8 @@
 #   1. installs the kit into a folder of its own ($SITE), beside the machine's packages;
 #   2. runs the shared-memory tests, the CUDA ones included (they skip without a GPU);
 #   3. times FP32 identities through CUDA shared memory, system shared memory, HTTP and gRPC
-#      (bench/e2e/transfer.py against tritonfast serving tests/models).
+#      (bench/e2e/transfer.py against tritonfast serving tests/models);
+#   4. runs `python -m tritonfast selfcheck tensorrt` where TensorRT is installed.
 # Logs go to $OUT. Exits non-zero if a test failed.
 #   usage: OUT=<log folder> bash scripts/gpu_check.sh
 #   env:   OUT (required), KIT (.whl), SITE ($KIT/site)
@@ -52,4 +53,12 @@ python3 bench/e2e/transfer.py 127.0.0.1:28000 127.0.0.1:28001 identity_fp32 20 2
     | tee "$OUT/transfer.txt"
 kill "$server"
 wait "$server"
+
+# The TensorRT backend's self-check, where TensorRT is installed (docs/tensorrt.md).
+if python3 -c 'import tensorrt' 2> /dev/null; then
+    python3 -m tritonfast selfcheck tensorrt 2>&1 | tee "$OUT/selfcheck_tensorrt.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || tests=1
+else
+    echo "no tensorrt here: the TensorRT self-check did not run" | tee "$OUT/selfcheck_tensorrt.txt"
+fi
 exit "$tests"
