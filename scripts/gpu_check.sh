@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${OUT:-}" ]; then
     echo "gpu_check.sh: OUT is not set" >&2
-    sed -n '9,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '10,11p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 fi
 KIT=${KIT:-.whl}
