@@ -7,7 +7,7 @@ import gc
 import logging
 import signal
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 from tritonfast import __version__
 from tritonfast.backends.registry import BackendSettings
@@ -59,13 +59,26 @@ def model_table(entries: list[ModelEntry]) -> str:
     return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])
 
 
-async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> int:
+class Lifecycle(Protocol):
+    """How a server run from a program (tritonfast.inprocess) is told to stop and tells when
+    it is ready; a server run from the command line stops on SIGINT/SIGTERM instead."""
+
+    def started(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None: ...
+    def ready(self) -> None: ...
+
+
+async def serve(
+    options: ServeOptions, server_log: ServerLog | None = None, lifecycle: Lifecycle | None = None
+) -> int:
     loop = asyncio.get_running_loop()
     # From the start: a signal that arrives while models load or frontends start still means
     # a clean shutdown (exit 0) once start-up is done, never the default kill.
     stop_event = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop_event.set)
+    if lifecycle is None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop_event.set)
+    else:
+        lifecycle.started(loop, stop_event)
     if options.using_example_repository:
         print(
             f"No --model-repository given: serving the bundled example repository"
@@ -138,6 +151,8 @@ async def serve(options: ServeOptions, server_log: ServerLog | None = None) -> i
     gc.collect()
     gc.freeze()
     print(f"tritonfast {__version__} ready", flush=True)
+    if lifecycle is not None:
+        lifecycle.ready()
     poller = asyncio.ensure_future(control.poll_forever()) if control.mode == POLL else None
 
     await stop_event.wait()
@@ -203,7 +218,7 @@ async def _stop(stoppers: list[Any], repository: ModelRepository, options: Serve
     await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
 
 
-def run(options: ServeOptions) -> int:
+def run(options: ServeOptions, lifecycle: Lifecycle | None = None) -> int:
     try:
         log_ = server_log(options)
     except OSError as exc:
@@ -223,7 +238,7 @@ def run(options: ServeOptions) -> int:
     except ImportError:  # uvloop is optional (e.g. Windows)
         runner = asyncio.run
     try:
-        return int(runner(serve(options, log_)))
+        return int(runner(serve(options, log_, lifecycle)))
     finally:
         log_.close()
 

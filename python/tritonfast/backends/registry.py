@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "ensemble": "tritonfast.backends.ensemble.kind:EnsembleBackend",
     "onnxruntime": "tritonfast.backends.onnxruntime.kind:OnnxRuntimeBackend",
     "tensorrt": "tritonfast.backends.tensorrt.kind:TensorRTBackend",
+    "tritonfast_callable": "tritonfast.callables.backend:CallableBackend",
 }
 # Platform name -> the built-in backend that serves it.
 BUILTIN_PLATFORMS: dict[str, str] = {
