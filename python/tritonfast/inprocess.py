@@ -40,6 +40,7 @@ from tritonfast.callables.backend import BACKEND_NAME, KEY_PARAMETER, Binding
 from tritonfast.callables.spec import ModelConfig, Tensor, model_config
 from tritonfast.cli import ServeOptions
 from tritonfast.errors import InvalidArgumentError, UnavailableError
+from tritonfast.repository.control import ModelControl
 
 START_TIMEOUT_S = 120.0
 
@@ -52,11 +53,13 @@ class _Lifecycle:
         self.stop_event: asyncio.Event | None = None
         self.is_ready = threading.Event()
         self.exit_code: int | None = None
+        self.control: ModelControl | None = None
 
     def started(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
         self.loop, self.stop_event = loop, stop
 
-    def ready(self) -> None:
+    def ready(self, control: ModelControl) -> None:
+        self.control = control
         self.is_ready.set()
 
     def stop(self) -> None:
@@ -101,11 +104,7 @@ class Server:
         strict: bool = False,
     ) -> None:
         """Serve ``infer_func`` as model ``model_name`` (a list of callables: one instance
-        each). Bind before :meth:`run`."""
-        if self._thread is not None:
-            raise InvalidArgumentError(
-                f"cannot bind model '{model_name}': bind models before the server runs"
-            )
+        each); bound while the server runs, the model loads before this returns."""
         if model_name in self._bindings:
             raise InvalidArgumentError(f"model '{model_name}' is already bound")
         functions = [infer_func] if callable(infer_func) else list(infer_func)
@@ -122,24 +121,32 @@ class Server:
         )
         key = uuid.uuid4().hex
         self._bindings[model_name] = (key, binding)
+        control, loop = self._lifecycle.control, self._lifecycle.loop
+        if self._workspace is not None and control is not None and loop is not None:
+            self._write_model(self._workspace, key, binding)
+            asyncio.run_coroutine_threadsafe(control.add(model_name), loop).result()
 
     def _write_workspace(self) -> Path:
         """The generated repository of the bound models (config.pbtxt and a version 1)."""
         workspace = Path(tempfile.mkdtemp(prefix="tritonfast-bound-"))
-        for name, (key, binding) in self._bindings.items():
-            config = model_config(
-                name,
-                binding.inputs,
-                binding.outputs,
-                binding.config,
-                len(binding.functions),
-                BACKEND_NAME,
-            )
-            config.parameters[KEY_PARAMETER].string_value = key
-            (workspace / name / "1").mkdir(parents=True)
-            (workspace / name / "config.pbtxt").write_text(text_format.MessageToString(config))
-            callable_backend.register(key, binding)
+        for key, binding in self._bindings.values():
+            self._write_model(workspace, key, binding)
         return workspace
+
+    @staticmethod
+    def _write_model(workspace: Path, key: str, binding: Binding) -> None:
+        config = model_config(
+            binding.name,
+            binding.inputs,
+            binding.outputs,
+            binding.config,
+            len(binding.functions),
+            BACKEND_NAME,
+        )
+        config.parameters[KEY_PARAMETER].string_value = key
+        (workspace / binding.name / "1").mkdir(parents=True)
+        (workspace / binding.name / "config.pbtxt").write_text(text_format.MessageToString(config))
+        callable_backend.register(key, binding)
 
     # -- running -----------------------------------------------------------------------------
     def run(self) -> None:

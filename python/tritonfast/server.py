@@ -64,7 +64,7 @@ class Lifecycle(Protocol):
     it is ready; a server run from the command line stops on SIGINT/SIGTERM instead."""
 
     def started(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None: ...
-    def ready(self) -> None: ...
+    def ready(self, control: ModelControl) -> None: ...
 
 
 async def serve(
@@ -152,7 +152,7 @@ async def serve(
     gc.freeze()
     print(f"tritonfast {__version__} ready", flush=True)
     if lifecycle is not None:
-        lifecycle.ready()
+        lifecycle.ready(control)
     poller = asyncio.ensure_future(control.poll_forever()) if control.mode == POLL else None
 
     await stop_event.wait()

@@ -27,6 +27,7 @@ import numpy as np
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance, PhaseClock
 from tritonfast.callables import decorators
+from tritonfast.callables.errors import PyTritonUnrecoverableError
 from tritonfast.callables.request import Request
 from tritonfast.callables.spec import ModelConfig, Tensor
 from tritonfast.errors import InternalError, UnavailableError
@@ -40,11 +41,6 @@ BACKEND_NAME = "tritonfast_callable"
 KEY_PARAMETER = "TRITONFAST_CALLABLE"
 
 
-class Unrecoverable(Exception):
-    """Marker base the PyTriton layer's ``PyTritonUnrecoverableError`` derives from: a
-    callable that raises it stops the server."""
-
-
 @dataclass
 class Binding:
     """A bound callable (or one per instance) and what its model promises."""
@@ -55,7 +51,7 @@ class Binding:
     outputs: list[Tensor]
     config: ModelConfig
     strict: bool = False
-    # Called with the error's text when a callable raises Unrecoverable: stops the server.
+    # Called with the error's text when a callable raises PyTritonUnrecoverableError.
     on_unrecoverable: Callable[[str], None] = lambda text: None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -151,7 +147,7 @@ class CallableInstance(ModelInstance):
         try:
             returned = self._call(inputs)
             results: list[Result] = list(self._responses(requests, returned))
-        except Unrecoverable as exc:
+        except PyTritonUnrecoverableError as exc:
             text = _failure(exc)
             self._binding.on_unrecoverable(text)
             results = [InternalError(text)] * len(requests)
@@ -187,7 +183,7 @@ class CallableInstance(ModelInstance):
                     senders, self._responses(requests, round_), strict=True
                 ):
                     sender.send(response, final=False)
-        except Unrecoverable as exc:
+        except PyTritonUnrecoverableError as exc:
             text = _failure(exc)
             self._binding.on_unrecoverable(text)
             for sender in senders:

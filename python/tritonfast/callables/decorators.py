@@ -20,25 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from tritonfast.callables.errors import (
+    PyTritonBadParameterError,
+    PyTritonRuntimeError,
+    PyTritonValidationError,
+)
 from tritonfast.callables.spec import DynamicBatcher, Tensor
 
 CONTEXT_ARGUMENT = "triton_context"
 _current = threading.local()
-
-
-class DecoratorError(Exception):
-    """Base of the errors the decorators raise; the PyTriton layer maps them to its classes
-    (``kind`` names which: "runtime", "validation" or "bad_parameter")."""
-
-    kind = "runtime"
-
-
-class ValidationError(DecoratorError):
-    kind = "validation"
-
-
-class BadParameterError(DecoratorError):
-    kind = "bad_parameter"
 
 
 @dataclasses.dataclass
@@ -86,7 +76,7 @@ def calling(config: TritonModelConfig | None) -> None:
 def get_model_config() -> TritonModelConfig:
     config = getattr(_current, "config", None)
     if config is None:
-        raise DecoratorError("no model is calling: decorators work inside a bound callable")
+        raise PyTritonRuntimeError("no model is calling: decorators work inside a bound callable")
     return config
 
 
@@ -129,7 +119,9 @@ def batch(function: Callable[..., Any]) -> Callable[..., Any]:
         names = requests[0].keys()
         for request in requests[1:]:
             if request.keys() != names:
-                raise ValidationError("Cannot batch requests with different set of inputs keys")
+                raise PyTritonValidationError(
+                    "Cannot batch requests with different set of inputs keys"
+                )
         for name in names:
             kwargs[name] = np.concatenate([request[name] for request in requests])
         sizes = [get_inference_request_batch_size(request) for request in requests]
@@ -238,14 +230,14 @@ class ConstantPadder:
             present = [b[name] for b in batches if name in b]
             kinds = {a.dtype.kind for a in present}
             if len(kinds) > 1:
-                raise DecoratorError(
+                raise PyTritonRuntimeError(
                     "All input arrays for given input name must have the same dtype."
                 )
             dtype = present[0].dtype
             if dtype.kind in "SU":
                 dtype = max((a.dtype for a in present), key=lambda d: d.itemsize)
             elif any(a.dtype != dtype for a in present):
-                raise DecoratorError(
+                raise PyTritonRuntimeError(
                     "All input arrays for given input name must have the same dtype."
                 )
             shape = tuple(np.max([a.shape[1:] for a in present], axis=0))
@@ -288,11 +280,13 @@ def _check_defaults(config: TritonModelConfig, defaults: Mapping[str, Any]) -> N
     inputs = {t.name: t for t in config.inputs}
     unknown = sorted(set(defaults) - set(inputs))
     if unknown:
-        raise BadParameterError(f"Could not found {', '.join(unknown)} inputs")
+        raise PyTritonBadParameterError(f"Could not found {', '.join(unknown)} inputs")
     not_arrays = {k: v for k, v in defaults.items() if not isinstance(v, np.ndarray)}
     if not_arrays:
         listed = ", ".join(f"{k}={v}" for k, v in not_arrays.items())
-        raise BadParameterError(f"Could not use {listed} defaults as they are not NumPy arrays")
+        raise PyTritonBadParameterError(
+            f"Could not use {listed} defaults as they are not NumPy arrays"
+        )
     wrong_dtype = {
         k: (v.dtype, inputs[k].dtype) for k, v in defaults.items() if v.dtype != inputs[k].dtype
     }
@@ -300,7 +294,7 @@ def _check_defaults(config: TritonModelConfig, defaults: Mapping[str, Any]) -> N
         listed = ", ".join(
             f"{k}: dtype={h} expected_dtype={e}" for k, (h, e) in wrong_dtype.items()
         )
-        raise BadParameterError(
+        raise PyTritonBadParameterError(
             f"Could not use {listed} defaults as they have different than input signature dtypes"
         )
 
@@ -318,7 +312,7 @@ def _check_defaults(config: TritonModelConfig, defaults: Mapping[str, Any]) -> N
         listed = ", ".join(
             f"{k}: shape={h} expected_shape={e}" for k, (h, e) in wrong_shape.items()
         )
-        raise BadParameterError(
+        raise PyTritonBadParameterError(
             f"Could not use {listed} defaults as they have different than input signature shapes"
         )
 
@@ -363,7 +357,7 @@ def first_value(
     """Inputs ``keys`` replaced by their first row (a scalar when it holds one value); with
     ``strict``, every row must be equal. Under ``@batch``, or on a list of requests."""
     if CONTEXT_ARGUMENT in keys:
-        raise BadParameterError(
+        raise PyTritonBadParameterError(
             f"The keys {CONTEXT_ARGUMENT} are not allowed as keys for @first_value wrapper. The"
             f" set of not allowed keys are {CONTEXT_ARGUMENT}"
         )
@@ -376,7 +370,7 @@ def first_value(
             if strict:
                 unique = np.unique(values, axis=None if values.dtype == object else 0)
                 if len(unique) > 1:
-                    raise DecoratorError(
+                    raise PyTritonRuntimeError(
                         f"The values on the {name!r} input are not equal. To proceed, either"
                         " disable strict mode in @first_value wrapper or ensure that the values"
                         f" always are consistent. The current values of {name!r} are"
@@ -395,7 +389,7 @@ def first_value(
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not get_model_config().batching:
-                raise DecoratorError(
+                raise PyTritonRuntimeError(
                     "The @first_value decorator can only be used with models that support batching."
                 )
             if args and isinstance(args[0], list):  # on requests

@@ -131,6 +131,11 @@ class ModelControl:
         self._require_explicit()
         await self._run_to_end(self._load(name, parameters))
 
+    async def add(self, name: str) -> None:
+        """Load ``name``, which the program serving in-process has just written into one of
+        the repository paths (a callable bound while serving), whatever the control mode."""
+        await self._run_to_end(self._load(name, None))
+
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving ``name`` once its queued and running requests are done, and the
         loaded ensembles that have a step on it. With ``unload_dependents``, an ensemble's
