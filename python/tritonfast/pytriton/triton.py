@@ -234,7 +234,7 @@ class Triton:
             )
         if model_version != 1:
             log.warning(
-                "model '%s': served as version 1 (model_version=%d)", model_name, model_version
+                "model '%s': served as version 1 (model_version=%s)", model_name, model_version
             )
         self._server.bind(model_name, infer_func, inputs, outputs, config, strict)
 
