@@ -86,6 +86,7 @@ class ServeOptions:
     log_format: str = "default"
     trace_config: list[str] = field(default_factory=list)
     backend_config: list[str] = field(default_factory=list)
+    http_header_forward_pattern: str = ""
     ignored_flags: list[str] = field(default_factory=list)
     log_file: str = ""
     log_info: bool = True
@@ -214,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[BACKEND,]KEY=VALUE",
         help="a backend's setting, e.g. onnxruntime,default-max-batch-size=8 (without"
         " BACKEND: for every backend; repeatable)",
+    )
+    serve.add_argument(
+        "--http-header-forward-pattern",
+        default="",
+        metavar="REGEX",
+        help="HTTP headers whose names match become parameters of the inference request",
     )
     serve.add_argument("--log-file", default="", help="write the log here instead of stderr")
     serve.add_argument("--log-info", default=True, **bool_arg)  # type: ignore[arg-type]

@@ -113,8 +113,8 @@ class Server:
         binding = Binding(
             model_name,
             functions,
-            list(inputs),
-            list(outputs),
+            _named(inputs, "INPUT"),
+            _named(outputs, "OUTPUT"),
             config or ModelConfig(),
             strict,
             on_unrecoverable=self._unrecoverable,
@@ -233,3 +233,11 @@ class Server:
         trace: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _named(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
+    """Tensors without a name named ``<prefix>_<position from 1>``, as PyTriton names them."""
+    return [
+        t if t.name else dataclasses.replace(t, name=f"{prefix}_{index}")
+        for index, t in enumerate(tensors, 1)
+    ]

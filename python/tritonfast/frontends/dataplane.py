@@ -8,7 +8,8 @@ HTTP or gRPC type crosses this boundary, and nothing here imports a frontend.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import re
+from collections.abc import AsyncGenerator, Iterable
 from concurrent.futures import Future
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
@@ -59,8 +60,13 @@ class DataPlane:
         shared_memory: SharedMemory | None = None,
         server_log: ServerLog | None = None,
         tracer: Tracer | None = None,
+        http_header_forward_pattern: str = "",
     ) -> None:
         self._control = control
+        # Triton's --http-header-forward-pattern: matching headers become request parameters.
+        self._forwarded_headers = (
+            re.compile(http_header_forward_pattern) if http_header_forward_pattern else None
+        )
         self._repository = control.repository
         self._server_id = server_id
         self._strict_readiness = strict_readiness
@@ -169,6 +175,18 @@ class DataPlane:
         if request.parent_trace is not None:
             request.trace = None
             self.tracer.finish(trace)
+
+    def forward_http_headers(
+        self, request: InferRequest, headers: Iterable[tuple[str, str]]
+    ) -> None:
+        """Add the headers whose names match the forward pattern to the request's
+        parameters (a header found anywhere in the name, as an unanchored search)."""
+        pattern = self._forwarded_headers
+        if pattern is None:
+            return
+        for name, value in headers:
+            if pattern.search(name):
+                request.parameters[name] = value
 
     def check(self, request: InferRequest) -> None:
         """Raise the error ``request`` would be refused with before running (an unknown or

@@ -33,6 +33,7 @@ _SAME_NAME = (
     "allow_http",
     "http_address",
     "http_port",
+    "http_header_forward_pattern",
     "allow_grpc",
     "grpc_address",
     "grpc_port",
