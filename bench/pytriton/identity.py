@@ -9,7 +9,7 @@ from pytriton.triton import Triton, TritonConfig
 
 
 @batch
-def identity(INPUT0):  # noqa: N803 - the tensor's name
+def identity(INPUT0):
     return {"OUTPUT0": INPUT0}
 
 
