@@ -36,6 +36,7 @@ IGNORED_FLAGS = (
     "--rate-limit-resource",
     "--cache-directory",
     "--host-policy",
+    "--vertex-ai-thread-count",
 )
 
 
@@ -87,6 +88,10 @@ class ServeOptions:
     trace_config: list[str] = field(default_factory=list)
     backend_config: list[str] = field(default_factory=list)
     http_header_forward_pattern: str = ""
+    # Vertex AI (None: from the environment, as Triton decides: AIP_MODE, AIP_HTTP_PORT)
+    allow_vertex_ai: bool | None = None
+    vertex_ai_port: int | None = None
+    vertex_ai_default_model: str = ""
     ignored_flags: list[str] = field(default_factory=list)
     log_file: str = ""
     log_info: bool = True
@@ -222,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REGEX",
         help="HTTP headers whose names match become parameters of the inference request",
     )
+    serve.add_argument(
+        "--allow-vertex-ai",
+        default=None,
+        help="serve the Vertex AI routes (AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE) on their own port;"
+        " default: true when AIP_MODE=PREDICTION",
+        **bool_arg,  # type: ignore[arg-type]
+    )
+    serve.add_argument(
+        "--vertex-ai-port", type=int, default=None, help="default: AIP_HTTP_PORT, else 8080"
+    )
+    serve.add_argument("--vertex-ai-default-model", default="", metavar="MODEL")
     serve.add_argument("--log-file", default="", help="write the log here instead of stderr")
     serve.add_argument("--log-info", default=True, **bool_arg)  # type: ignore[arg-type]
     serve.add_argument("--log-warning", default=True, **bool_arg)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 from typing import Any, Protocol
@@ -142,6 +143,10 @@ async def serve(
     stoppers: list[Any] = []
     try:
         await _start_frontends(options, dataplane, metrics_config, stoppers)
+    except TritonError as exc:
+        log.error("failed to start a frontend: %s", exc.message)
+        await _stop(stoppers, repository, options)
+        return 1
     except OSError as exc:
         log.error("failed to start a frontend: %s", exc)
         await _stop(stoppers, repository, options)
@@ -191,6 +196,22 @@ async def _start_frontends(
         http_server = await start_http_server(dataplane, options.http_address, options.http_port)
         stoppers.append(http_server.close)
         print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)
+    allow_vertex_ai = options.allow_vertex_ai
+    if allow_vertex_ai is None:
+        allow_vertex_ai = os.environ.get("AIP_MODE") == "PREDICTION"
+    if allow_vertex_ai:
+        from tritonfast.frontends.http import vertexai
+
+        port = options.vertex_ai_port or vertexai.default_port()
+        vertex_server, model = await vertexai.start_vertex_server(
+            dataplane, options.http_address, port, options.vertex_ai_default_model
+        )
+        stoppers.append(vertex_server.close)
+        print(
+            f"Started Vertex AI HTTPService at {options.http_address}:{port}"
+            f" (default model '{model}')",
+            flush=True,
+        )
     if options.allow_metrics:
         from tritonfast.metrics import metrics_registry, start_metrics_server
 

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ROOT, free_ports
 
 PROGRAMS = ROOT / "tests" / "pytriton_programs"
-NAMES = ["add_sub", "optional", "identity", "multiple_models", "params"]
+NAMES = ["add_sub", "optional", "identity", "multiple_models", "params", "vertex_ai"]
 PYTRITON_PYTHON = os.environ.get("PYTRITON_PYTHON", "")
 
 
@@ -28,13 +28,15 @@ def rewritten(source: Path, target: Path) -> Path:
 
 
 def run_pair(python: str, server: Path, client: Path, log: Path, clean_exit: bool = True) -> None:
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, vertex = free_ports(4)
     env = {
         **os.environ,
         "PYTRITON_TRITON_CONFIG_HTTP_PORT": str(http),
         "PYTRITON_TRITON_CONFIG_GRPC_PORT": str(grpc),
         "PYTRITON_TRITON_CONFIG_METRICS_PORT": str(metrics),
+        "PYTRITON_TRITON_CONFIG_VERTEX_AI_PORT": str(vertex),
         "URL": f"http://127.0.0.1:{http}",
+        "VERTEX_URL": f"http://127.0.0.1:{vertex}",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     with log.open("w") as output:

@@ -45,6 +45,9 @@ _SAME_NAME = (
     "metrics_config",
     "trace_config",
     "cache_config",
+    "allow_vertex_ai",
+    "vertex_ai_port",
+    "vertex_ai_default_model",
 )
 
 
