@@ -113,8 +113,8 @@ class Server:
         binding = Binding(
             model_name,
             functions,
-            _named(inputs, "INPUT"),
-            _named(outputs, "OUTPUT"),
+            named_tensors(inputs, "INPUT"),
+            named_tensors(outputs, "OUTPUT"),
             config or ModelConfig(),
             strict,
             on_unrecoverable=self._unrecoverable,
@@ -235,7 +235,7 @@ class Server:
         self.stop()
 
 
-def _named(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
+def named_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
     """Tensors without a name named ``<prefix>_<position from 1>``, as PyTriton names them."""
     return [
         t if t.name else dataclasses.replace(t, name=f"{prefix}_{index}")

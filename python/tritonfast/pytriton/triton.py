@@ -191,6 +191,10 @@ def _serve_options(config: TritonConfig) -> dict[str, Any]:
         options["server_id"] = config.id
     if config.log_file is not None:
         options["log_file"] = str(config.log_file)
+    # Models are loaded and unloaded through the repository API (RemoteTriton binds that
+    # way), with every model of the repositories loaded at start-up, as PyTriton's Triton runs.
+    options["model_control_mode"] = "explicit"
+    options["load_model"] = ["*"]
     handled = {*_SAME_NAME, "id", "log_file", "model_repository"}
     for field in dataclasses.fields(config):
         if field.name not in handled and getattr(config, field.name) is not None:
@@ -274,14 +278,13 @@ class Triton:
         self.stop()
 
 
-class RemoteTriton:
-    """PyTriton's remote mode (callables bound from another process to a running server) is
-    not available in tritonfast yet: constructing one says so."""
+from tritonfast.pytriton.remote import RemoteTriton  # noqa: E402 - PyTriton's module has it here
 
-    def __init__(
-        self, url: str, workspace: str | Path | None = None, access_token: str | None = None
-    ) -> None:
-        raise PyTritonInvalidOperationError(
-            "RemoteTriton is not supported by tritonfast yet: bind the callables with Triton in"
-            " the process that serves them"
-        )
+__all__ = [
+    "DefaultTritonLifecyclePolicy",
+    "RemoteTriton",
+    "Triton",
+    "TritonConfig",
+    "TritonLifecyclePolicy",
+    "TritonSecurityConfig",
+]

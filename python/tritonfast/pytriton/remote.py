@@ -1,0 +1,295 @@
+"""PyTriton's remote mode: :class:`RemoteTriton` binds callables of this process to a server
+that another process runs (started by that process's ``Triton``, or ``tritonfast serve
+--model-control-mode explicit``).
+
+Each bound callable is hosted here behind a local socket (``multiprocessing.connection``,
+authenticated with a key of its own). The server loads, through its repository API, a
+generated Python model whose instances connect to that socket and forward each batch: the
+inputs, parameters and requested outputs go over, the callable runs here with the same
+contract and checks as an in-process one, and its outputs (or its error) come back. Stopping
+unloads the models.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from google.protobuf import json_format
+
+from tritonfast.backends.base import PhaseClock
+from tritonfast.callables.backend import Binding, CallableInstance
+from tritonfast.callables.errors import PyTritonInvalidOperationError
+from tritonfast.callables.spec import ModelConfig, Tensor, model_config
+from tritonfast.errors import TritonError
+from tritonfast.inprocess import named_tensors
+from tritonfast.pytriton.client.client import parse_url
+from tritonfast.runtime.types import InferRequest, InputTensor, RequestedOutput
+
+log = logging.getLogger(__name__)
+
+# The Python model the server loads for a remote callable: it forwards each batch.
+PROXY_MODEL = '''"""Forwards each batch to a callable another process hosts (RemoteTriton)."""
+
+import json
+from multiprocessing.connection import Client
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"])["parameters"]
+        host, port = parameters["REMOTE_ADDRESS"]["string_value"].rsplit(":", 1)
+        key = bytes.fromhex(parameters["REMOTE_KEY"]["string_value"])
+        self.connection = Client((host, int(port)), authkey=key)
+
+    def execute(self, requests):
+        batch = [
+            (
+                {tensor.name(): tensor.as_numpy() for tensor in request.inputs()},
+                json.loads(request.parameters() or "{}"),
+                request.requested_output_names(),
+            )
+            for request in requests
+        ]
+        self.connection.send(batch)
+        answers = self.connection.recv()
+        responses = []
+        for answer in answers:
+            if isinstance(answer, str):
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(answer)))
+            else:
+                tensors = [pb_utils.Tensor(name, array) for name, array in answer]
+                responses.append(pb_utils.InferenceResponse(tensors))
+        return responses
+
+    def finalize(self):
+        self.connection.close()
+'''
+
+
+class _Host:
+    """One remote callable: a listening socket, one thread per connected instance."""
+
+    def __init__(self, binding: Binding, config: Any) -> None:
+        self.binding = binding
+        self.config = config
+        self.key = secrets.token_bytes(32)
+        self.listener = Listener(("127.0.0.1", 0), authkey=self.key)
+        host, port = self.listener.address
+        self.address = f"{host}:{port}"
+        self._closing = False
+        self._connections: list[Connection] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="remote-host")
+        self._thread.start()
+
+    def _accept(self) -> None:
+        index = 0
+        while not self._closing:
+            try:
+                connection = self.listener.accept()
+            except (OSError, EOFError):
+                if self._closing:
+                    return
+                continue
+            function = self.binding.functions[index % len(self.binding.functions)]
+            index += 1
+            self._connections.append(connection)
+            threading.Thread(
+                target=self._serve, args=(connection, function), daemon=True, name="remote-call"
+            ).start()
+
+    def _serve(self, connection: Connection, function: Callable[..., Any]) -> None:
+        instance = CallableInstance(function, self.binding, self.config)
+        try:
+            while True:
+                batch = connection.recv()
+                requests = [
+                    InferRequest(
+                        self.binding.name,
+                        inputs=[
+                            InputTensor(name, "", tuple(array.shape), array)
+                            for name, array in inputs.items()
+                        ],
+                        outputs=[RequestedOutput(name) for name in wanted] if wanted else None,
+                        parameters=parameters,
+                    )
+                    for inputs, parameters, wanted in batch
+                ]
+                results = instance.execute(requests, PhaseClock()) or []
+                connection.send(
+                    [
+                        r.message
+                        if isinstance(r, TritonError)
+                        else [(t.name, t.data) for t in r.outputs]
+                        for r in results
+                    ]
+                )
+        except (EOFError, OSError):
+            pass  # the server unloaded the model, or went away
+        finally:
+            instance.finalize()
+            connection.close()
+
+    def close(self) -> None:
+        self._closing = True
+        self.listener.close()
+        for connection in self._connections:
+            connection.close()
+
+
+class RemoteTriton:
+    """Binds this process's callables to a server another process runs (PyTriton's
+    ``RemoteTriton``)."""
+
+    def __init__(
+        self, url: str, workspace: str | Path | None = None, access_token: str | None = None
+    ) -> None:
+        self._scheme, self._address = parse_url(url)
+        self._pending: list[tuple[Binding, Any]] = []
+        self._hosts: dict[str, _Host] = {}
+        self._client: Any = None
+        self._running = False
+        self._stopped = threading.Event()
+
+    def _connect(self) -> Any:
+        if self._client is None:
+            if self._scheme == "grpc":
+                import tritonclient.grpc as grpcclient
+
+                self._client = grpcclient.InferenceServerClient(self._address)
+            else:
+                import tritonclient.http as httpclient
+
+                self._client = httpclient.InferenceServerClient(self._address)
+        return self._client
+
+    def bind(
+        self,
+        model_name: str,
+        infer_func: Callable[..., Any] | Sequence[Callable[..., Any]],
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        model_version: int = 1,
+        config: ModelConfig | None = None,
+        strict: bool = False,
+        trace_config: list[str] | None = None,
+    ) -> None:
+        functions = [infer_func] if callable(infer_func) else list(infer_func)
+        spec = config or ModelConfig()
+        if spec.decoupled:
+            raise PyTritonInvalidOperationError(
+                "decoupled models cannot be bound remotely by tritonfast yet: bind them in the"
+                " serving process"
+            )
+        binding = Binding(
+            model_name,
+            functions,
+            named_tensors(inputs, "INPUT"),
+            named_tensors(outputs, "OUTPUT"),
+            spec,
+            strict,
+            on_unrecoverable=lambda text: self._stopped.set(),
+        )
+        proto = model_config(
+            model_name, binding.inputs, binding.outputs, spec, len(functions), "python"
+        )
+        self._pending.append((binding, proto))
+        if self._running:  # bound while running: loads at once
+            self._load_pending()
+
+    def _wait_for_server(self, timeout_s: float = 120.0) -> None:
+        """Wait until the server answers (it may still be starting), as PyTriton's does."""
+        client = self._connect()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if client.is_server_live():
+                    return
+            except Exception:  # not listening yet
+                pass
+            if time.monotonic() > deadline:
+                raise PyTritonInvalidOperationError(
+                    f"the server at {self._address} did not answer within {timeout_s:.0f} s"
+                )
+            time.sleep(0.1)
+
+    def _load_pending(self) -> None:
+        client = self._connect()
+        while self._pending:
+            binding, proto = self._pending.pop(0)
+            host = _Host(binding, proto)
+            proto.parameters["REMOTE_ADDRESS"].string_value = host.address
+            proto.parameters["REMOTE_KEY"].string_value = host.key.hex()
+            config = json_format.MessageToJson(proto, preserving_proto_field_name=True)
+            try:
+                client.load_model(
+                    binding.name, config=config, files={"file:1/model.py": PROXY_MODEL.encode()}
+                )
+            except Exception as exc:
+                host.close()
+                raise PyTritonInvalidOperationError(
+                    f"the server at {self._address} did not load model '{binding.name}': {exc}"
+                ) from None
+            self._hosts[binding.name] = host
+
+    def run(self) -> None:
+        """Load the bound models into the server; their callables run here from now on."""
+        self._stopped.clear()
+        self._running = True
+        self._wait_for_server()
+        self._load_pending()
+
+    def serve(self, monitoring_period_s: float = 10.0) -> None:
+        """Run until stopped (or interrupted)."""
+        self.run()
+        try:
+            while not self._stopped.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+
+    def stop(self) -> bool:
+        """Unload the models from the server and stop hosting their callables."""
+        self._stopped.set()
+        self._running = False
+        client = self._client
+        for name, host in list(self._hosts.items()):
+            if client is not None:
+                try:
+                    client.unload_model(name)
+                except Exception as exc:  # the server may already be gone
+                    log.warning("could not unload model '%s': %s", name, exc)
+            host.close()
+        self._hosts.clear()
+        if client is not None:
+            client.close()
+            self._client = None
+        return True
+
+    def is_alive(self) -> bool:
+        return bool(self._hosts) and not self._stopped.is_set()
+
+    def is_connected(self) -> bool:
+        return self.is_alive()
+
+    def __enter__(self) -> RemoteTriton:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.stop()
