@@ -262,3 +262,37 @@ def test_answers_to_concurrent_clients_are_sent_by_the_writer_thread(server, raw
     finally:
         for client in clients[1:]:
             client.close()
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_declared_body_lengths_alone_do_not_take_memory(server, raw):
+    """Connections that declare huge bodies and send a little hold only what they sent."""
+    before = _rss_bytes(server.proc.pid)
+    lying = []
+    for _ in range(12):
+        sock = socket.create_connection(("127.0.0.1", server.http_port))
+        sock.sendall(
+            b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 2147483647\r\n\r\n"
+            + b"{"
+            * 300_000  # past the head: the body is received straight into a buffer
+        )
+        lying.append(sock)
+    try:
+        # The server keeps answering others meanwhile, and has read what the liars sent.
+        raw.send(add_sub_request([1, 2, 3, 4]))
+        status, _, body = raw.answer()
+        assert status == "HTTP/1.1 200 OK"
+        assert sums(body) == [2.0, 3.0, 4.0, 5.0]
+        grown = _rss_bytes(server.proc.pid) - before
+        assert grown < 256 * 1024 * 1024, f"RSS grew by {grown / 2**20:.0f} MiB"
+    finally:
+        for sock in lying:
+            sock.close()

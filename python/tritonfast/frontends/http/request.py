@@ -13,19 +13,25 @@ MAX_BODY_BYTES = (1 << 31) - 1
 # Bodies from this size on (with a Content-Length) are received straight into a pool buffer.
 # Below it, the parser's own chunks cost less than setting one up.
 DIRECT_BODY_BYTES = 1 << 18
+# A direct body's first buffer (at most): it doubles as the body arrives.
+FIRST_DIRECT_BYTES = 1 << 21
 
 
 class DirectBody:
     """A request body received straight into one pool buffer: ``done`` resolves once all of
-    its ``length`` bytes are in ``buffer``."""
+    its ``length`` bytes are in ``buffer``.
+
+    The buffer grows as bytes arrive (doubling, from :data:`FIRST_DIRECT_BYTES`), never to the
+    declared length up front: a client that declares a huge body and sends little holds little
+    memory."""
 
     __slots__ = ("buffer", "done", "filled", "length")
 
     def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        self.buffer = pooled_memory(length)
+        self.length = length
+        self.buffer = pooled_memory(min(length, max(FIRST_DIRECT_BYTES, 2 * len(start))))
         self.buffer[: len(start)] = start  # what came with the head, already parsed out
         self.filled = len(start)
-        self.length = length
         self.done: asyncio.Future[None] = loop.create_future()
         self.received(0)
 
@@ -33,7 +39,12 @@ class DirectBody:
         return self.filled >= self.length
 
     def room(self) -> memoryview:
-        return self.buffer[self.filled :]
+        """Where the next bytes go (the buffer grows first when it is full)."""
+        if self.filled >= len(self.buffer) and self.filled < self.length:
+            grown = pooled_memory(min(self.length, 2 * len(self.buffer)))
+            grown[: self.filled] = self.buffer[: self.filled]
+            self.buffer = grown  # the old buffer goes back to the pool with its last view
+        return self.buffer[self.filled : self.length]
 
     def received(self, nbytes: int) -> bool:
         """Counts ``nbytes`` more received; whether the body is now complete."""
