@@ -88,6 +88,8 @@ class ServeOptions:
     trace_config: list[str] = field(default_factory=list)
     backend_config: list[str] = field(default_factory=list)
     http_header_forward_pattern: str = ""
+    http_restricted_api: list[str] = field(default_factory=list)
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
     # Vertex AI (None: from the environment, as Triton decides: AIP_MODE, AIP_HTTP_PORT)
     allow_vertex_ai: bool | None = None
     vertex_ai_port: int | None = None
@@ -226,6 +228,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="REGEX",
         help="HTTP headers whose names match become parameters of the inference request",
+    )
+    serve.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
+        help="answer these API groups only with header KEY: VALUE (repeatable)",
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
+        help="answer these API groups only with metadata triton-grpc-protocol-KEY: VALUE",
     )
     serve.add_argument(
         "--allow-vertex-ai",

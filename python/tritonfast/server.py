@@ -14,6 +14,7 @@ from tritonfast import __version__
 from tritonfast.backends.registry import BackendSettings
 from tritonfast.cli import ServeOptions
 from tritonfast.errors import TritonError
+from tritonfast.frontends import restricted
 from tritonfast.frontends.dataplane import DataPlane
 from tritonfast.logsettings import LogSettings, ServerLog
 from tritonfast.metrics import MetricsConfig, parse_metrics_config
@@ -95,6 +96,10 @@ async def serve(
         if cache_size is None and options.response_cache_byte_size:
             cache_size = options.response_cache_byte_size
         backend_settings = BackendSettings(options.backend_config)
+        http_restrictions = restricted.parse(options.http_restricted_api, "--http-restricted-api")
+        grpc_restrictions = restricted.parse(
+            options.grpc_restricted_protocol, "--grpc-restricted-protocol"
+        )
     except TritonError as exc:
         log.error("%s", exc.message)
         return 1
@@ -142,7 +147,9 @@ async def serve(
 
     stoppers: list[Any] = []
     try:
-        await _start_frontends(options, dataplane, metrics_config, stoppers)
+        await _start_frontends(
+            options, dataplane, metrics_config, stoppers, http_restrictions, grpc_restrictions
+        )
     except TritonError as exc:
         log.error("failed to start a frontend: %s", exc.message)
         await _stop(stoppers, repository, options)
@@ -178,12 +185,18 @@ async def _start_frontends(
     dataplane: DataPlane,
     metrics_config: MetricsConfig,
     stoppers: list[Any],
+    http_restrictions: dict[str, restricted.Restriction],
+    grpc_restrictions: dict[str, restricted.Restriction],
 ) -> None:
     if options.allow_grpc:
         from tritonfast.frontends.grpc.servicer import start_grpc_server
 
         grpc_server = await start_grpc_server(
-            dataplane, options.grpc_address, options.grpc_port, options.grpc_engine
+            dataplane,
+            options.grpc_address,
+            options.grpc_port,
+            options.grpc_engine,
+            grpc_restrictions,
         )
         stoppers.append(lambda: grpc_server.stop(options.exit_timeout_secs))
         print(
@@ -193,7 +206,9 @@ async def _start_frontends(
     if options.allow_http:
         from tritonfast.frontends.http.app import start_http_server
 
-        http_server = await start_http_server(dataplane, options.http_address, options.http_port)
+        http_server = await start_http_server(
+            dataplane, options.http_address, options.http_port, http_restrictions
+        )
         stoppers.append(http_server.close)
         print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)
     allow_vertex_ai = options.allow_vertex_ai

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,6 +21,12 @@ from tritonfast._proto import health_pb2, health_pb2_grpc
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec, engine
 from tritonfast.frontends.grpc.stream import StreamSession
+from tritonfast.frontends.restricted import (
+    GRPC_GROUPS,
+    GRPC_HEADER_PREFIX,
+    Restriction,
+    grpc_refusal,
+)
 
 if TYPE_CHECKING:
     from tritonfast.frontends.dataplane import DataPlane
@@ -306,20 +312,54 @@ class _HandlerCapture:
         self.handlers = dict(handlers)
 
 
-def _method_handlers(dataplane: DataPlane) -> dict[str, grpc.RpcMethodHandler]:
+def _guarded(handler: grpc.RpcMethodHandler, restriction: Restriction) -> grpc.RpcMethodHandler:
+    """``handler`` answering only calls whose metadata carries the restriction's header (as
+    Triton's --grpc-restricted-protocol, UNAVAILABLE otherwise)."""
+    key = GRPC_HEADER_PREFIX + restriction.key
+    message = grpc_refusal(restriction)
+
+    async def refuse_unless_allowed(context: grpc.aio.ServicerContext) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        if metadata.get(key) != restriction.value:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+
+    if handler.stream_stream is not None:
+        streaming = handler.stream_stream
+
+        async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await refuse_unless_allowed(context)
+            async for reply in streaming(requests, context):
+                yield reply
+
+        return handler._replace(stream_stream=stream_stream)
+    unary = handler.unary_unary
+
+    async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await refuse_unless_allowed(context)
+        return await unary(request, context)
+
+    return handler._replace(unary_unary=unary_unary)
+
+
+def _method_handlers(
+    dataplane: DataPlane, restrictions: Mapping[str, Restriction] | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
     """Path -> handler of both services, from the generated code, except that ModelInfer
-    takes and returns raw bytes."""
+    takes and returns raw bytes; a restricted group's methods are guarded."""
     servicer = InferenceServicer(dataplane)
     inference = _HandlerCapture()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, inference)
     inference.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer)
     health = _HandlerCapture()
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), health)
-    return {
-        f"/{capture.service}/{name}": handler
-        for capture in (inference, health)
-        for name, handler in capture.handlers.items()
-    }
+    handlers = {}
+    for capture in (inference, health):
+        for name, handler in capture.handlers.items():
+            restriction = (restrictions or {}).get(GRPC_GROUPS.get(name, ""))
+            if restriction is not None:
+                handler = _guarded(handler, restriction)
+            handlers[f"/{capture.service}/{name}"] = handler
+    return handlers
 
 
 def _address(host: str, port: int) -> str:
@@ -329,7 +369,11 @@ def _address(host: str, port: int) -> str:
 
 
 async def start_grpc_server(
-    dataplane: DataPlane, host: str, port: int, engine_name: str = "core"
+    dataplane: DataPlane,
+    host: str,
+    port: int,
+    engine_name: str = "core",
+    restrictions: Mapping[str, Restriction] | None = None,
 ) -> CoreServer | grpc.aio.Server:
     """Start serving both services on ``host:port``; returns once it is listening.
 
@@ -337,7 +381,7 @@ async def start_grpc_server(
     run it, see :mod:`.engine`) or ``aio`` (grpc.aio). Stop the server with
     ``await server.stop(grace)``.
     """
-    handlers = _method_handlers(dataplane)
+    handlers = _method_handlers(dataplane, restrictions)
     server: CoreServer | grpc.aio.Server
     if engine.choose(engine_name) == "aio":
         server = grpc.aio.server(options=SERVER_OPTIONS)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from tritonfast.frontends.http.answer import JSON, Answer, json_answer
 from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
+from tritonfast.frontends.restricted import Restriction, http_refusal
 from tritonfast.runtime.bufferpool import pooled_memory
 from tritonfast.runtime.responses import Result
 from tritonfast.runtime.types import InferRequest
@@ -456,9 +457,14 @@ _METHOD_NOT_ALLOWED = json_answer(codec.error_body("Method Not Allowed"), 405)
 
 
 def dispatcher(
-    dataplane: DataPlane,
+    dataplane: DataPlane, restrictions: Mapping[str, Restriction] | None = None
 ) -> Callable[[Request], Awaitable[Answer]]:
-    """The one request handler of the server: resolve the path, check the method, call."""
+    """The one request handler of the server: resolve the path, check the method (and the
+    header of a restricted API group), call."""
+    guards = {
+        group: (r, Answer(403, (codec.error_body(http_refusal(r)),), "text/plain"))
+        for group, r in (restrictions or {}).items()
+    }
 
     async def handle(request: Request) -> Answer:
         route = resolve(request.path)
@@ -467,13 +473,22 @@ def dispatcher(
         endpoint = route.endpoint
         if not endpoint.allows(request.method):
             return _METHOD_NOT_ALLOWED
+        if guards:
+            guard = guards.get(endpoint.api_group)
+            if guard is not None and request.headers.get(guard[0].key) != guard[0].value:
+                return guard[1]  # as Triton answers (403, text/plain)
         return await HANDLERS[endpoint](request, dataplane, route.name, route.version)
 
     return handle
 
 
-async def start_http_server(dataplane: DataPlane, host: str, port: int) -> HttpServer:
+async def start_http_server(
+    dataplane: DataPlane,
+    host: str,
+    port: int,
+    restrictions: Mapping[str, Restriction] | None = None,
+) -> HttpServer:
     """Start serving on ``host:port``; listening when this returns. Stop with ``close()``."""
-    server = HttpServer(dispatcher(dataplane))
+    server = HttpServer(dispatcher(dataplane, restrictions))
     await server.start(host, port)
     return server

@@ -38,6 +38,37 @@ class Endpoint(Enum):
     def allows(self, method: str) -> bool:
         return method in self.value[0]
 
+    @property
+    def api_group(self) -> str:
+        """The group ``--http-restricted-api`` restricts it by (Triton's)."""
+        return _API_GROUPS[self]
+
+
+_API_GROUPS = {
+    Endpoint.SERVER_METADATA: "metadata",
+    Endpoint.MODEL_METADATA: "metadata",
+    Endpoint.HEALTH_LIVE: "health",
+    Endpoint.HEALTH_READY: "health",
+    Endpoint.MODEL_READY: "health",
+    Endpoint.MODEL_CONFIG: "model-config",
+    Endpoint.MODEL_STATISTICS: "statistics",
+    Endpoint.INFER: "inference",
+    Endpoint.GENERATE: "inference",
+    Endpoint.GENERATE_STREAM: "inference",
+    Endpoint.LOGGING: "logging",
+    Endpoint.TRACE_SETTING: "trace",
+    Endpoint.MODEL_TRACE_SETTING: "trace",
+    Endpoint.REPOSITORY_INDEX: "model-repository",
+    Endpoint.REPOSITORY_LOAD: "model-repository",
+    Endpoint.REPOSITORY_UNLOAD: "model-repository",
+    Endpoint.SYSTEM_SHM_STATUS: "shared-memory",
+    Endpoint.SYSTEM_SHM_REGISTER: "shared-memory",
+    Endpoint.SYSTEM_SHM_UNREGISTER: "shared-memory",
+    Endpoint.CUDA_SHM_STATUS: "shared-memory",
+    Endpoint.CUDA_SHM_REGISTER: "shared-memory",
+    Endpoint.CUDA_SHM_UNREGISTER: "shared-memory",
+}
+
 
 class Route(NamedTuple):
     endpoint: Endpoint
