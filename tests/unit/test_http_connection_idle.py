@@ -52,5 +52,7 @@ async def _scenario(idle_timeout_s: float) -> tuple[float, bool]:
 
 def test_quiet_keep_alive_connection_is_closed_and_busy_one_kept() -> None:
     quiet_for, busy_still_served = asyncio.run(_scenario(idle_timeout_s=0.4))
-    assert 0.4 <= quiet_for < 2.0
+    # The server counts idleness from its last read of the quiet connection, a little before
+    # the client starts its own clock (after reading the answer): allow for that gap.
+    assert 0.35 <= quiet_for < 2.0
     assert busy_still_served
