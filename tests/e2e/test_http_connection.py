@@ -276,14 +276,15 @@ def test_declared_body_lengths_alone_do_not_take_memory(server, raw):
     """Connections that declare huge bodies and send a little hold only what they sent."""
     before = _rss_bytes(server.proc.pid)
     lying = []
-    for _ in range(12):
-        sock = socket.create_connection(("127.0.0.1", server.http_port))
-        sock.sendall(
-            b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 2147483647\r\n\r\n"
-            + b"{"
-            * 300_000  # past the head: the body is received straight into a buffer
+    # Twelve declare 2 GiB, twenty-four 32 MiB (past the eager-buffer budget); each sends
+    # 300 KB past its head, so its body is received straight into a buffer.
+    for declared in [2**31 - 1] * 12 + [32 * 2**20] * 24:
+        head = (
+            "POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
         )
+        sock = socket.create_connection(("127.0.0.1", server.http_port))
+        sock.sendall(head.encode() + b"{" * 300_000)
         lying.append(sock)
     try:
         # The server keeps answering others meanwhile, and has read what the liars sent.

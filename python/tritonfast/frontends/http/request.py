@@ -13,7 +13,11 @@ MAX_BODY_BYTES = (1 << 31) - 1
 # Bodies from this size on (with a Content-Length) are received straight into a pool buffer.
 # Below it, the parser's own chunks cost less than setting one up.
 DIRECT_BODY_BYTES = 1 << 18
-# A direct body's first buffer (at most): it doubles as the body arrives.
+# Bodies up to this size get their whole buffer at once, while the eager buffers of bodies
+# still arriving stay within the budget; any other starts at FIRST_DIRECT_BYTES (at most) and
+# doubles as it arrives.
+EAGER_BODY_BYTES = 1 << 25
+EAGER_BUDGET_BYTES = 1 << 27
 FIRST_DIRECT_BYTES = 1 << 21
 
 
@@ -21,15 +25,24 @@ class DirectBody:
     """A request body received straight into one pool buffer: ``done`` resolves once all of
     its ``length`` bytes are in ``buffer``.
 
-    The buffer grows as bytes arrive (doubling, from :data:`FIRST_DIRECT_BYTES`), never to the
-    declared length up front: a client that declares a huge body and sends little holds little
-    memory."""
+    A body of up to :data:`EAGER_BODY_BYTES` gets its whole buffer at once while the bodies
+    still arriving hold less than :data:`EAGER_BUDGET_BYTES` between them (the fast path: no
+    copies). Any other grows as its bytes arrive, doubling from :data:`FIRST_DIRECT_BYTES`:
+    a declared length alone never takes memory, so clients that declare huge bodies and send
+    little hold little."""
 
-    __slots__ = ("buffer", "done", "filled", "length")
+    __slots__ = ("buffer", "done", "filled", "length", "reserved")
+    eager_reserved = 0  # bytes of eager buffers whose bodies are still arriving
 
     def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.length = length
-        self.buffer = pooled_memory(min(length, max(FIRST_DIRECT_BYTES, 2 * len(start))))
+        self.reserved = 0
+        if length <= EAGER_BODY_BYTES and DirectBody.eager_reserved + length <= EAGER_BUDGET_BYTES:
+            self.buffer = pooled_memory(length)
+            self.reserved = length
+            DirectBody.eager_reserved += length
+        else:
+            self.buffer = pooled_memory(min(length, max(FIRST_DIRECT_BYTES, 2 * len(start))))
         self.buffer[: len(start)] = start  # what came with the head, already parsed out
         self.filled = len(start)
         self.done: asyncio.Future[None] = loop.create_future()
@@ -39,7 +52,7 @@ class DirectBody:
         return self.filled >= self.length
 
     def room(self) -> memoryview:
-        """Where the next bytes go (the buffer grows first when it is full)."""
+        """Where the next bytes go (a growing buffer grows first when it is full)."""
         if self.filled >= len(self.buffer) and self.filled < self.length:
             grown = pooled_memory(min(self.length, 2 * len(self.buffer)))
             grown[: self.filled] = self.buffer[: self.filled]
@@ -51,9 +64,17 @@ class DirectBody:
         self.filled += nbytes
         if not self.complete():
             return False
+        self._release()
         if not self.done.done():
             self.done.set_result(None)
         return True
+
+    def _release(self) -> None:
+        DirectBody.eager_reserved -= self.reserved
+        self.reserved = 0
+
+    def __del__(self) -> None:  # a body abandoned with its connection
+        self._release()
 
 
 class Request:
