@@ -10,6 +10,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import start_server
+from tests.e2e.models_on_disk import write_model
+
 
 @pytest.fixture
 def http(server):
@@ -148,3 +151,39 @@ def test_served_config_has_tritons_normalised_defaults(http) -> None:
     assert config["optimization"]["input_pinned_memory"] == {"enable": True}
     batching = http.get_model_config("auto_complete")["dynamic_batching"]
     assert batching["preferred_batch_size"] == [4]  # = max_batch_size, as Triton fills it
+
+
+EXTRA_OUTPUT_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+EXTRA_OUTPUT_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", x), pb_utils.Tensor("UNDECLARED", x * 2)]
+            ))
+        return responses
+"""
+
+
+def test_an_output_the_config_does_not_declare_is_dropped(tmp_path) -> None:
+    write_model(tmp_path / "repo", "extra_output", EXTRA_OUTPUT_CONFIG, EXTRA_OUTPUT_MODEL)
+    server = start_server([tmp_path / "repo"], tmp_path / "server.log")
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("X", [2], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+        result = client.infer("extra_output", [tensor])
+        assert [o["name"] for o in result.get_response()["outputs"]] == ["Y"]
+        client.close()
+    finally:
+        assert server.stop() == 0

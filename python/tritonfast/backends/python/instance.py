@@ -63,6 +63,11 @@ class PythonInstance(ModelInstance):
             o.name for o in config.output if o.data_type == model_config_pb2.TYPE_BF16
         }
         self._output_types = {o.name: WIRE_DATATYPES[o.data_type] for o in config.output}
+        # What a response may carry: the declared outputs (and implicit states' next values,
+        # which the sequence batcher takes out); anything else is dropped, as Triton does.
+        self._declared_outputs = {o.name for o in config.output} | {
+            s.output_name for s in config.sequence_batching.state
+        }
         self._convert = self._from_pb  # made once: every request's pb_utils wrapper holds it
         self._model = model_class()
         # A model may take whole-batch arrays instead of a list of requests (tritonfast only).
@@ -248,7 +253,8 @@ class PythonInstance(ModelInstance):
         wanted = None if request.outputs is None else {o.name for o in request.outputs}
         outputs = []
         for tensor in response.output_tensors():
-            if wanted is not None and tensor.name() not in wanted:
+            name = tensor.name()
+            if (wanted is not None and name not in wanted) or name not in self._declared_outputs:
                 continue
             array = tensor.as_numpy()
             datatype = tensor.wire_datatype
