@@ -89,6 +89,11 @@ class ServeOptions:
     backend_config: list[str] = field(default_factory=list)
     http_header_forward_pattern: str = ""
     http_restricted_api: list[str] = field(default_factory=list)
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     # Vertex AI (None: from the environment, as Triton decides: AIP_MODE, AIP_HTTP_PORT)
     allow_vertex_ai: bool | None = None
@@ -229,6 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REGEX",
         help="HTTP headers whose names match become parameters of the inference request",
     )
+    serve.add_argument(
+        "--grpc-use-ssl",
+        default=False,
+        help="serve gRPC over TLS",
+        **bool_arg,  # type: ignore[arg-type]
+    )
+    serve.add_argument(
+        "--grpc-use-ssl-mutual",
+        default=False,
+        help="serve gRPC over TLS and require client certificates signed by --grpc-root-cert",
+        **bool_arg,  # type: ignore[arg-type]
+    )
+    serve.add_argument("--grpc-server-cert", default="", metavar="PEM")
+    serve.add_argument("--grpc-server-key", default="", metavar="PEM")
+    serve.add_argument("--grpc-root-cert", default="", metavar="PEM")
     serve.add_argument(
         "--http-restricted-api",
         action="append",

@@ -191,12 +191,23 @@ async def _start_frontends(
     if options.allow_grpc:
         from tritonfast.frontends.grpc.servicer import start_grpc_server
 
+        credentials = None
+        if options.grpc_use_ssl or options.grpc_use_ssl_mutual:
+            from tritonfast.frontends.grpc.servicer import tls_credentials
+
+            credentials = tls_credentials(
+                options.grpc_server_cert,
+                options.grpc_server_key,
+                options.grpc_root_cert,
+                options.grpc_use_ssl_mutual,
+            )
         grpc_server = await start_grpc_server(
             dataplane,
             options.grpc_address,
             options.grpc_port,
             options.grpc_engine,
             grpc_restrictions,
+            credentials,
         )
         stoppers.append(lambda: grpc_server.stop(options.exit_timeout_secs))
         print(

@@ -35,6 +35,8 @@ _SAME_NAME = (
     "http_port",
     "http_header_forward_pattern",
     "allow_grpc",
+    "grpc_use_ssl",
+    "grpc_use_ssl_mutual",
     "grpc_address",
     "grpc_port",
     "allow_metrics",
@@ -191,11 +193,15 @@ def _serve_options(config: TritonConfig) -> dict[str, Any]:
         options["server_id"] = config.id
     if config.log_file is not None:
         options["log_file"] = str(config.log_file)
+    for name in ("grpc_server_cert", "grpc_server_key", "grpc_root_cert"):
+        if getattr(config, name) is not None:
+            options[name] = str(getattr(config, name))
     # Models are loaded and unloaded through the repository API (RemoteTriton binds that
     # way), with every model of the repositories loaded at start-up, as PyTriton's Triton runs.
     options["model_control_mode"] = "explicit"
     options["load_model"] = ["*"]
     handled = {*_SAME_NAME, "id", "log_file", "model_repository"}
+    handled |= {"grpc_server_cert", "grpc_server_key", "grpc_root_cert"}
     for field in dataclasses.fields(config):
         if field.name not in handled and getattr(config, field.name) is not None:
             log.warning("TritonConfig.%s has no effect in tritonfast", field.name)

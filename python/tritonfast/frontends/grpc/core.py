@@ -385,6 +385,10 @@ class CoreServer:
     def add_insecure_port(self, address: str) -> int:
         return int(self._server.add_http2_port(address.encode()))
 
+    def add_secure_port(self, address: str, credentials: Any) -> int:
+        """Listen on ``address`` with TLS (``credentials``: ``grpc.ssl_server_credentials``)."""
+        return int(self._server.add_http2_port(address.encode(), credentials._credentials))
+
     def start(self) -> None:
         self._server.start()
         for _ in range(_CALLS_AHEAD):

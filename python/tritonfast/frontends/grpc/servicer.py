@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -374,12 +375,13 @@ async def start_grpc_server(
     port: int,
     engine_name: str = "core",
     restrictions: Mapping[str, Restriction] | None = None,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> CoreServer | grpc.aio.Server:
     """Start serving both services on ``host:port``; returns once it is listening.
 
     ``engine``: ``core`` (:mod:`.core`, the default; grpc.aio when the installed grpcio cannot
-    run it, see :mod:`.engine`) or ``aio`` (grpc.aio). Stop the server with
-    ``await server.stop(grace)``.
+    run it, see :mod:`.engine`) or ``aio`` (grpc.aio). With ``credentials``, over TLS. Stop
+    the server with ``await server.stop(grace)``.
     """
     handlers = _method_handlers(dataplane, restrictions)
     server: CoreServer | grpc.aio.Server
@@ -393,7 +395,10 @@ async def start_grpc_server(
         server = CoreServer(asyncio.get_running_loop(), methods, SERVER_OPTIONS)
     address = _address(host, port)
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is not None:
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
     except RuntimeError as error:
         raise OSError(f"gRPC server cannot listen on {address}: {error}") from error
     if bound == 0:
@@ -413,3 +418,16 @@ class _PathHandler(grpc.GenericRpcHandler):
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         return self._handlers.get(details.method)  # type: ignore[attr-defined]
+
+
+def tls_credentials(cert: str, key: str, root: str, mutual: bool) -> grpc.ServerCredentials:
+    """Triton's --grpc-use-ssl(-mutual) credentials from PEM files: the server's certificate
+    and key, and (mutual) the root certificate client certificates must be signed by."""
+    try:
+        chain = [(Path(key).read_bytes(), Path(cert).read_bytes())]
+        roots = Path(root).read_bytes() if root else None
+    except OSError as error:
+        raise InvalidArgumentError(f"cannot read a gRPC TLS file: {error}") from None
+    if mutual and roots is None:
+        raise InvalidArgumentError("--grpc-use-ssl-mutual needs --grpc-root-cert")
+    return grpc.ssl_server_credentials(chain, root_certificates=roots, require_client_auth=mutual)
