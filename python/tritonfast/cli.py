@@ -94,6 +94,8 @@ class ServeOptions:
     grpc_server_cert: str = ""
     grpc_server_key: str = ""
     grpc_root_cert: str = ""
+    http_tls_cert: str = ""
+    http_tls_key: str = ""
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     # Vertex AI (None: from the environment, as Triton decides: AIP_MODE, AIP_HTTP_PORT)
     allow_vertex_ai: bool | None = None
@@ -249,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-server-cert", default="", metavar="PEM")
     serve.add_argument("--grpc-server-key", default="", metavar="PEM")
     serve.add_argument("--grpc-root-cert", default="", metavar="PEM")
+    serve.add_argument(
+        "--http-tls-cert",
+        default="",
+        metavar="PEM",
+        help="tritonfast only: serve HTTP as HTTPS with this certificate (and --http-tls-key)",
+    )
+    serve.add_argument("--http-tls-key", default="", metavar="PEM")
     serve.add_argument(
         "--http-restricted-api",
         action="append",

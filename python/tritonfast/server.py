@@ -7,13 +7,14 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import sys
 from typing import Any, Protocol
 
 from tritonfast import __version__
 from tritonfast.backends.registry import BackendSettings
 from tritonfast.cli import ServeOptions
-from tritonfast.errors import TritonError
+from tritonfast.errors import InvalidArgumentError, TritonError
 from tritonfast.frontends import restricted
 from tritonfast.frontends.dataplane import DataPlane
 from tritonfast.logsettings import LogSettings, ServerLog
@@ -217,8 +218,15 @@ async def _start_frontends(
     if options.allow_http:
         from tritonfast.frontends.http.app import start_http_server
 
+        tls = None
+        if options.http_tls_cert or options.http_tls_key:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                tls.load_cert_chain(options.http_tls_cert, options.http_tls_key or None)
+            except (OSError, ssl.SSLError) as error:
+                raise InvalidArgumentError(f"cannot use the HTTPS certificate: {error}") from None
         http_server = await start_http_server(
-            dataplane, options.http_address, options.http_port, http_restrictions
+            dataplane, options.http_address, options.http_port, http_restrictions, tls
         )
         stoppers.append(http_server.close)
         print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)

@@ -1,5 +1,6 @@
-"""gRPC over TLS and mutual TLS (Triton's --grpc-use-ssl flags), with certificates the test
-makes with openssl and tritonclient's ssl options."""
+"""gRPC over TLS and mutual TLS (Triton's --grpc-use-ssl flags), and HTTPS for the HTTP port
+(tritonfast's --http-tls-cert), with certificates the tests make with openssl and
+tritonclient's ssl options."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import TEST_MODELS, start_server
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -75,3 +77,38 @@ def test_grpc_over_tls(certificates: Path, tmp_path: Path, mutual: bool) -> None
             anonymous.close()
     finally:
         assert server.stop() == 0
+
+
+def test_https_for_the_http_port(certificates: Path, tmp_path: Path) -> None:
+    import tritonclient.http as httpclient
+
+    server = start_server(
+        [TEST_MODELS],
+        tmp_path / "server.log",
+        f"--http-tls-cert={certificates / 'server.pem'}",
+        f"--http-tls-key={certificates / 'server.key'}",
+        wait_ready=False,
+    )
+    try:
+        client = httpclient.InferenceServerClient(
+            server.http_url, ssl=True, ssl_options={"ca_certs": str(certificates / "ca.pem")}
+        )
+        wait_for(lambda: _live(client), "the HTTPS port to answer")
+        tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+        tensor.set_data_from_numpy(np.array([[1, 2, 3]], np.float32))
+        answer = client.infer("identity_fp32", [tensor])
+        assert answer.as_numpy("OUTPUT0").tolist() == [[1.0, 2.0, 3.0]]
+        big = np.arange(1 << 20, dtype=np.float32).reshape(1, -1)  # a direct-body upload
+        tensor = httpclient.InferInput("INPUT0", list(big.shape), "FP32")
+        tensor.set_data_from_numpy(big)
+        assert np.array_equal(client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0"), big)
+        client.close()
+    finally:
+        assert server.stop() == 0
+
+
+def _live(client: object) -> bool:
+    try:
+        return bool(client.is_server_live())  # type: ignore[attr-defined]
+    except Exception:
+        return False

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import ssl
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from time import perf_counter_ns
@@ -487,8 +488,10 @@ async def start_http_server(
     host: str,
     port: int,
     restrictions: Mapping[str, Restriction] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> HttpServer:
-    """Start serving on ``host:port``; listening when this returns. Stop with ``close()``."""
+    """Start serving on ``host:port`` (HTTPS with ``tls``); listening when this returns.
+    Stop with ``close()``."""
     server = HttpServer(dispatcher(dataplane, restrictions))
-    await server.start(host, port)
+    await server.start(host, port, tls)
     return server

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -439,15 +440,18 @@ class HttpServer:
         if self.closing and not self.connections:
             self._all_closed.set()
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        """Listen on ``host:port`` (HTTPS with ``tls``: answers then go through the TLS
+        transport, not the writer thread, which would write past the encryption)."""
         loop = asyncio.get_running_loop()
-        self._outbox = Outbox()
+        self._outbox = Outbox() if tls is None else None
         self._server = await loop.create_server(
             lambda: HttpConnection(self._handle, self),
             host,
             port,
             backlog=1024,
             reuse_address=True,
+            ssl=tls,
         )
         self._sweeper = loop.create_task(self._close_idle_connections())
 
