@@ -88,6 +88,7 @@ class ServeOptions:
     trace_config: list[str] = field(default_factory=list)
     backend_config: list[str] = field(default_factory=list)
     http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
     http_restricted_api: list[str] = field(default_factory=list)
     grpc_use_ssl: bool = False
     grpc_use_ssl_mutual: bool = False
@@ -235,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="REGEX",
         help="HTTP headers whose names match become parameters of the inference request",
+    )
+    serve.add_argument(
+        "--grpc-header-forward-pattern",
+        default="",
+        metavar="REGEX",
+        help="gRPC metadata whose keys match become parameters of the inference request",
     )
     serve.add_argument(
         "--grpc-use-ssl",

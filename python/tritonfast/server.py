@@ -127,6 +127,7 @@ async def serve(
         server_log=server_log,
         tracer=tracer,
         http_header_forward_pattern=options.http_header_forward_pattern,
+        grpc_header_forward_pattern=options.grpc_header_forward_pattern,
     )
     # Models may call the server (BLS) from their first request, even from initialize().
     handle.install(ServerHandle(dataplane, loop))

@@ -403,3 +403,38 @@ def test_an_unrecoverable_error_stops_the_server() -> None:
         client.infer_batch(x=np.zeros((1, 1), F32))
     wait_for(lambda: not triton.is_alive(), "the server to stop")
     triton.stop()
+
+
+def test_headers_matching_the_forward_patterns_become_parameters() -> None:
+    http, grpc, metrics = free_ports(3)
+    with Server(
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        http_address="127.0.0.1",
+        grpc_address="127.0.0.1",
+        metrics_address="127.0.0.1",
+        http_header_forward_pattern="^fac",
+        grpc_header_forward_pattern="^fac",
+    ) as server:
+        server.bind(
+            "Params",
+            with_parameters,
+            [vector("x")],
+            [vector("scaled")],
+            config=ModelConfig(batching=False),
+        )
+        server.run()
+        x = np.array([1.0, 2.0], F32)
+        grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+        tensor = grpcclient.InferInput("x", [2], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = grpc_client.infer("Params", [tensor], headers={"factor": "4", "other": "9"})
+        assert result.as_numpy("scaled").tolist() == [4.0, 8.0]
+        grpc_client.close()
+        http_client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+        tensor = httpclient.InferInput("x", [2], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = http_client.infer("Params", [tensor], headers={"factor": "5"})
+        assert result.as_numpy("scaled").tolist() == [5.0, 10.0]
+        http_client.close()

@@ -61,12 +61,19 @@ class DataPlane:
         server_log: ServerLog | None = None,
         tracer: Tracer | None = None,
         http_header_forward_pattern: str = "",
+        grpc_header_forward_pattern: str = "",
     ) -> None:
         self._control = control
-        # Triton's --http-header-forward-pattern: matching headers become request parameters.
-        self._forwarded_headers = (
-            re.compile(http_header_forward_pattern) if http_header_forward_pattern else None
-        )
+        # Triton's --http/grpc-header-forward-pattern: matching headers (gRPC metadata)
+        # become request parameters.
+        self._forwarded_headers = {
+            protocol: re.compile(pattern)
+            for protocol, pattern in (
+                ("HTTP", http_header_forward_pattern),
+                ("GRPC", grpc_header_forward_pattern),
+            )
+            if pattern
+        }
         self._repository = control.repository
         self._server_id = server_id
         self._strict_readiness = strict_readiness
@@ -176,16 +183,20 @@ class DataPlane:
             request.trace = None
             self.tracer.finish(trace)
 
-    def forward_http_headers(
-        self, request: InferRequest, headers: Iterable[tuple[str, str]]
+    def forwards_headers(self, protocol: str) -> bool:
+        """Whether ``protocol`` ("HTTP" or "GRPC") has a header forward pattern."""
+        return protocol in self._forwarded_headers
+
+    def forward_headers(
+        self, protocol: str, request: InferRequest, headers: Iterable[tuple[str, Any]]
     ) -> None:
-        """Add the headers whose names match the forward pattern to the request's
-        parameters (a header found anywhere in the name, as an unanchored search)."""
-        pattern = self._forwarded_headers
+        """Add the headers whose names match ``protocol``'s forward pattern to the request's
+        parameters (the pattern found anywhere in the name, an unanchored search)."""
+        pattern = self._forwarded_headers.get(protocol)
         if pattern is None:
             return
         for name, value in headers:
-            if pattern.search(name):
+            if isinstance(value, str) and pattern.search(name):
                 request.parameters[name] = value
 
     def check(self, request: InferRequest) -> None:

@@ -35,6 +35,7 @@ _SAME_NAME = (
     "http_port",
     "http_header_forward_pattern",
     "allow_grpc",
+    "grpc_header_forward_pattern",
     "grpc_use_ssl",
     "grpc_use_ssl_mutual",
     "grpc_address",

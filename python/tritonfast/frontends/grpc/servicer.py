@@ -255,6 +255,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             # is reported as such even when the request is malformed too.
             self._dataplane.require_model(request.model_name, request.model_version)
             raise
+        if self._dataplane.forwards_headers("GRPC"):
+            self._dataplane.forward_headers(
+                "GRPC", infer_request, context.invocation_metadata() or ()
+            )
         response = await self._dataplane.infer(
             infer_request, received, endpoint=MODEL_INFER_ENDPOINT
         )

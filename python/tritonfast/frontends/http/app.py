@@ -255,7 +255,7 @@ async def infer(
             infer_request, binary_default = codec.decode_infer_request(
                 body, length, model_name, model_version
             )
-            dataplane.forward_http_headers(infer_request, request.headers.items())
+            dataplane.forward_headers("HTTP", infer_request, request.headers.items())
         except TritonError:
             # Like Triton, name an unknown model before what is wrong with the body. (On the
             # good path the data plane's own look-up reports it.)
