@@ -17,6 +17,7 @@ from the model's arrays (see :class:`~.answer.Answer`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import ssl
@@ -51,6 +52,8 @@ Body = bytearray | memoryview
 HTTP_ENDPOINT = "HTTP end point"
 # From this size on, request bodies are read into pool buffers.
 LARGE_BYTES = 1 << 16
+# JSON request headers from this size on are parsed off the event loop.
+LARGE_JSON_BYTES = 1 << 20
 
 
 def _error(err: TritonError, extra: str = "") -> Answer:
@@ -250,11 +253,19 @@ async def infer(
             body = await _read_body(request)
             received = ("HTTP", received_start, perf_counter_ns()) if tracing else None
             if encoding and encoding != "identity":
-                body = _inflate(body)
+                # zlib lets go of the GIL while it inflates: off the loop, other clients go on.
+                body = await asyncio.to_thread(_inflate, body)
             length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
-            infer_request, binary_default = codec.decode_infer_request(
-                body, length, model_name, model_version
-            )
+            if length >= LARGE_JSON_BYTES:
+                # Parsing (or refusing) megabytes of JSON takes the loop's thread for long: on
+                # a thread the loop still gets its turns and answers other clients.
+                infer_request, binary_default = await asyncio.to_thread(
+                    codec.decode_infer_request, body, length, model_name, model_version
+                )
+            else:
+                infer_request, binary_default = codec.decode_infer_request(
+                    body, length, model_name, model_version
+                )
             dataplane.forward_headers("HTTP", infer_request, request.headers.items())
         except TritonError:
             # Like Triton, name an unknown model before what is wrong with the body. (On the
@@ -400,13 +411,21 @@ async def _read_body(request: Request) -> Body:
 
 
 def _inflate(body: Body) -> bytearray:
+    """A compressed body inflated, up to MAX_BODY_BYTES (a body that inflates past that is
+    refused: a small bomb must not take gigabytes)."""
     if not body:
         raise InvalidArgumentError("nothing to be decompressed")
+    inflater = zlib.decompressobj(_ZLIB_AUTO)
     try:
-        return bytearray(zlib.decompressobj(_ZLIB_AUTO).decompress(body))
+        inflated = inflater.decompress(body, MAX_BODY_BYTES + 1)
     except zlib.error:
         # Triton keeps what inflated before the error, which leaves unparsable JSON.
         return bytearray()
+    if len(inflated) > MAX_BODY_BYTES:
+        raise InvalidArgumentError(
+            f"decompressed request body is larger than {MAX_BODY_BYTES} bytes"
+        )
+    return bytearray(inflated)
 
 
 def _response_encoding(accept: str | None) -> str | None:

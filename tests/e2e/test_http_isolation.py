@@ -1,0 +1,51 @@
+"""A heavy request body does not stall other clients: inflating a small compressed body into
+megabytes, and parsing (or refusing) megabytes of JSON, happen off the event loop."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from tests.conftest import RunningServer
+
+
+def _send_heavy(server: RunningServer, body: bytes, outcome: list[object]) -> None:
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/identity_fp32/infer",
+        data=body,
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            outcome.append(answer.status)
+    except urllib.error.HTTPError as error:
+        outcome.append(error.code)
+
+
+def test_a_compressed_json_bomb_leaves_other_clients_served(server: RunningServer) -> None:
+    # 16 MiB of blanks and then junk: about 16 KB compressed, and a slow refusal to parse.
+    bomb = gzip.compress(b" " * (16 << 20) + b"x")
+    outcome: list[object] = []
+    heavy = threading.Thread(target=_send_heavy, args=(server, bomb, outcome))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    try:
+        heavy.start()
+        slowest = 0.0
+        while heavy.is_alive():
+            started = time.monotonic()
+            client.infer("identity_fp32", [tensor], client_timeout=30)
+            slowest = max(slowest, time.monotonic() - started)
+        heavy.join()
+    finally:
+        client.close()
+    assert outcome and outcome[0] in (400, 500)  # the bomb itself is refused
+    assert slowest < 1.0, f"another client waited {slowest:.2f} s"
