@@ -69,6 +69,9 @@ MAX_UNSENT = 1 << 20
 MAX_WAITING = 16
 # At shutdown, how long the writer thread may take to send the answers it still holds.
 FINISH_S = 5.0
+# How long a stopping server keeps idle keep-alive connections open for a request a client
+# may already have sent (answered, with the connection closed after it).
+DRAIN_GRACE_S = 0.5
 # A keep-alive connection with no request for this long is closed (aiohttp's default).
 IDLE_TIMEOUT_S = 75.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -466,15 +469,21 @@ class HttpServer:
                 connection.close_when_idle(quiet_since)
 
     async def close(self) -> None:
-        """Stop listening, close idle connections, wait for the busy ones to answer, then
-        for the writer thread to send those answers (up to :data:`FINISH_S`). Whatever is
-        still open when this is cancelled (a shutdown timeout) is aborted."""
+        """Stop listening; let open connections finish (each answer from now on closes its
+        connection, and for :data:`DRAIN_GRACE_S` an idle connection may still bring the
+        request its client already sent); then close the idle ones, wait for the busy ones
+        to answer, and for the writer thread to send those answers (up to :data:`FINISH_S`).
+        Whatever is still open when this is cancelled (a shutdown timeout) is aborted."""
         self.closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         if self.connections:
+            # Closing an idle connection at once would reset a request already on its way
+            # (the client cannot know the server was about to close): wait for them first.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._all_closed.wait()), DRAIN_GRACE_S)
             for connection in list(self.connections):
                 connection.close_when_idle()
             try:

@@ -1,0 +1,69 @@
+"""SIGTERM drains without losing a request a client has sent: open connections keep being
+answered (each answer then closes its connection) instead of being reset under a request on
+its way, as Triton finishes its open connections."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+
+from tests.conftest import TEST_MODELS, start_server
+
+BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+).encode()
+REQUEST = (
+    b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY
+)
+
+
+def _client(port: int, started: threading.Event, tally: dict[str, int]) -> None:
+    """Requests back to back on one keep-alive connection until the server closes it."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    reader = sock.makefile("rb")
+    try:
+        while True:
+            sock.sendall(REQUEST)
+            status = reader.readline()
+            if not status:  # the connection closed under a request that was sent: lost
+                tally["lost"] += 1
+                return
+            headers = {}
+            while line := reader.readline().rstrip(b"\r\n"):
+                name, _, value = line.partition(b":")
+                headers[name.strip().lower()] = value.strip().lower()
+            reader.read(int(headers.get(b"content-length", b"0")))
+            assert status.startswith(b"HTTP/1.1 200"), status
+            tally["answered"] += 1
+            started.set()
+            if headers.get(b"connection") == b"close":
+                return
+    except ConnectionResetError:
+        tally["lost"] += 1
+    finally:
+        reader.close()
+        sock.close()
+
+
+def test_sigterm_loses_no_request_sent_on_an_open_connection(tmp_path) -> None:
+    for attempt in range(3):
+        server = start_server([TEST_MODELS], tmp_path / f"server{attempt}.log")
+        tallies = [{"answered": 0, "lost": 0} for _ in range(4)]
+        started = [threading.Event() for _ in tallies]
+        clients = [
+            threading.Thread(target=_client, args=(server.http_port, s, t))
+            for s, t in zip(started, tallies, strict=True)
+        ]
+        for client in clients:
+            client.start()
+        for event in started:
+            assert event.wait(30)
+        server.proc.send_signal(signal.SIGTERM)
+        for client in clients:
+            client.join(60)
+        assert server.wait_exit(60) == 0
+        assert sum(t["lost"] for t in tallies) == 0, tallies
+        assert all(t["answered"] > 0 for t in tallies)
