@@ -234,3 +234,33 @@ def test_malformed_version_strings(
     # stol reads the leading digits and ignores the rest.
     assert grpc_client.get_model_metadata("identity_fp32", model_version="1a").versions == ["1"]
     still_serving(grpc_client)
+
+
+def test_a_stream_message_that_does_not_parse_fails_alone(server) -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    channel = grpc.insecure_channel(server.grpc_url)
+    stream = channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=lambda data: data,
+        response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+    )
+    good = service_pb2.ModelInferRequest(model_name="identity_fp32", id="after")
+    tensor = good.inputs.add()
+    tensor.name, tensor.datatype = "INPUT0", "FP32"
+    tensor.shape.extend([1, 2])
+    good.raw_input_contents.append(np.ones(2, np.float32).tobytes())
+    try:
+        replies = list(
+            stream(iter([b"\xff\xff\xff\x07junk", good.SerializeToString()]), timeout=30)
+        )
+    finally:
+        channel.close()
+    assert len(replies) == 2
+    assert replies[0].error_message == (
+        "failed to parse the request message: Error parsing message with type"
+        " 'inference.ModelInferRequest'"
+    )
+    assert replies[1].error_message == ""
+    assert replies[1].infer_response.id == "after"

@@ -272,7 +272,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(
         self,
-        request_iterator: AsyncIterator[pb.ModelInferRequest],
+        request_iterator: AsyncIterator[bytes],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request's responses as they come (see :mod:`.stream`)."""
@@ -355,6 +355,11 @@ def _method_handlers(
     inference = _HandlerCapture()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, inference)
     inference.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer)
+    # The stream reads raw messages: one that does not parse fails alone (see .stream).
+    inference.handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer,
+        response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+    )
     health = _HandlerCapture()
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), health)
     handlers = {}

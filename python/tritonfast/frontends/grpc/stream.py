@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from google.protobuf.message import DecodeError
+
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.grpc import codec
@@ -43,7 +45,7 @@ _END = object()  # the writer's signal that nothing more will come
 class StreamSession:
     """One ``ModelStreamInfer`` call: reads requests, runs them, yields the replies."""
 
-    def __init__(self, dataplane: DataPlane, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
+    def __init__(self, dataplane: DataPlane, requests: AsyncIterator[bytes]) -> None:
         self._dataplane = dataplane
         self._requests = requests
         self._out: asyncio.Queue[Any] = asyncio.Queue()
@@ -79,7 +81,13 @@ class StreamSession:
     # -- reading ----------------------------------------------------------------------------
     async def _read(self) -> None:
         try:
-            async for message in self._requests:
+            async for data in self._requests:
+                try:
+                    message = pb.ModelInferRequest.FromString(data)
+                except DecodeError as error:
+                    # Only this message fails; the stream goes on with the next one.
+                    self._refuse(f"failed to parse the request message: {error}")
+                    continue
                 await self._window.acquire()
                 self._start(message)
         except asyncio.CancelledError:
@@ -89,6 +97,15 @@ class StreamSession:
         finally:
             self._reading_done = True
             self._maybe_end()
+
+    def _refuse(self, text: str) -> None:
+        """An error reply in the place of a message that could not be read."""
+        refused: asyncio.Future[pb.ModelStreamInferResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        refused.set_result(codec.stream_error(text, ""))
+        self._ordered.append(refused)
+        self._flush_ordered(refused)
 
     def _start(self, message: pb.ModelInferRequest) -> None:
         try:
