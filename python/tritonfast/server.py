@@ -270,6 +270,12 @@ async def _stop(stoppers: list[Any], repository: ModelRepository, options: Serve
     for stop in stoppers:
         try:
             await asyncio.wait_for(stop(), timeout=options.exit_timeout_secs)
+        except TimeoutError:  # a hung model: one clear line, not a traceback
+            log.warning(
+                "requests were still running when the exit timeout (%d s) ran out; their"
+                " connections are closed",
+                options.exit_timeout_secs,
+            )
         except Exception:
             log.exception("error while stopping a frontend")
     await asyncio.to_thread(repository.stop, options.exit_timeout_secs)

@@ -271,3 +271,48 @@ def test_server_raises_its_open_descriptor_limit(tmp_path) -> None:
         assert server_soft in (expected, str(1 << 20)), line
     finally:
         assert server.stop() == 0
+
+
+HUNG_CONFIG = """
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "thread" } }
+"""
+HUNG_MODEL = """
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+RELEASE = threading.Event()
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        with open({marks!r}, "a") as marks:
+            marks.write("started\\n")
+        RELEASE.wait(60)  # hangs past the exit timeout
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "X")])
+                for r in requests]
+"""
+
+
+def test_a_hung_model_at_shutdown_gets_one_clear_log_line(tmp_path: Path) -> None:
+    marks = Marks(tmp_path / "marks")
+    model = HUNG_MODEL.format(marks=str(marks.path))
+    write_model(tmp_path / "repository", "hung", HUNG_CONFIG, model)
+    server = start_server(
+        [tmp_path / "repository"], tmp_path / "server.log", "--exit-timeout-secs=2"
+    )
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    tensor = httpclient.InferInput("X", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    pending = client.async_infer("hung", [tensor])
+    wait_for(lambda: marks.count() == 1, "the model to start its execution")
+    server.proc.send_signal(signal.SIGTERM)
+    server.wait_exit(60)
+    log = server.log()
+    assert "requests were still running when the exit timeout (2 s) ran out" in log
+    assert "Traceback" not in log
+    del pending
+    client.close()
