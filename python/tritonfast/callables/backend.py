@@ -157,11 +157,7 @@ class CallableInstance(ModelInstance):
         return results
 
     def _call(self, inputs: list[Request]) -> Any:
-        returned = self._function(inputs)
-        if inspect.isawaitable(returned):
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            returned = self._loop.run_until_complete(returned)
+        returned = self._awaited(self._function(inputs))
         if inspect.isgenerator(returned):  # a generator for a model that is not decoupled
             rounds = list(returned)
             if len(rounds) != 1:
@@ -177,7 +173,7 @@ class CallableInstance(ModelInstance):
         senders = [r.sender for r in requests]
         try:
             returned = self._function(inputs)
-            rounds = returned if inspect.isgenerator(returned) else [self._call_result(returned)]
+            rounds = returned if inspect.isgenerator(returned) else [self._awaited(returned)]
             for round_ in rounds:
                 for sender, response in zip(
                     senders, self._responses(requests, round_), strict=True
@@ -194,7 +190,8 @@ class CallableInstance(ModelInstance):
         for sender in senders:
             sender.send(None, final=True)
 
-    def _call_result(self, returned: Any) -> Any:
+    def _awaited(self, returned: Any) -> Any:
+        """What an ``async def`` callable gives, run on the instance's own loop."""
         if inspect.isawaitable(returned):
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()

@@ -74,6 +74,7 @@ class OnnxInstance(ModelInstance):
             datatype = WIRE_DATATYPES[state.data_type]
             self._outputs.append(TensorPlan(state.output_name, datatype, datatype == "BYTES", None))
         self._output_types = {plan.name: plan.datatype for plan in self._outputs}
+        self._plans = {plan.name: plan for plan in self._outputs}
         self._all_outputs = [plan.name for plan in self._outputs]
 
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
@@ -91,7 +92,7 @@ class OnnxInstance(ModelInstance):
             produced = self._run(names, feeds)
             clock.infer_done()
             outputs = {
-                name: self._fetched(array, self._plan_of(name), rows)
+                name: self._fetched(array, self._plans[name], rows)
                 for name, array in zip(names, produced, strict=True)
             }
             return list(scatter_outputs(outputs, sizes, requests, self._output_types, self._name))
@@ -110,7 +111,7 @@ class OnnxInstance(ModelInstance):
             clock.infer_done()
             tensors = []
             for name, array in zip(names, produced, strict=True):
-                plan = self._plan_of(name)
+                plan = self._plans[name]
                 data = self._fetched(array, plan, None)
                 tensors.append(OutputTensor(name, plan.datatype, data.shape, data))
         except TritonError as error:
@@ -139,12 +140,6 @@ class OnnxInstance(ModelInstance):
                 return self._all_outputs
             wanted.update(o.name for o in request.outputs)
         return [name for name in self._all_outputs if name in wanted]
-
-    def _plan_of(self, name: str) -> TensorPlan:
-        for plan in self._outputs:
-            if plan.name == name:
-                return plan
-        raise InternalError(f"model instance '{self._name}': no output '{name}'")
 
     @staticmethod
     def _feed(array: np.ndarray, plan: TensorPlan, rows: int | None) -> np.ndarray:

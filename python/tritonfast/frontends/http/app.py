@@ -266,7 +266,8 @@ async def infer(
                 infer_request, binary_default = codec.decode_infer_request(
                     body, length, model_name, model_version
                 )
-            dataplane.forward_headers("HTTP", infer_request, request.headers.items())
+            if dataplane.forwards_headers("HTTP"):
+                dataplane.forward_headers("HTTP", infer_request, request.headers.items())
         except TritonError:
             # Like Triton, name an unknown model before what is wrong with the body. (On the
             # good path the data plane's own look-up reports it.)

@@ -96,6 +96,18 @@ def _check_arguments(inputs: tuple[Any, ...], named: dict[str, Any]) -> None:
         )
 
 
+def _check_call(
+    inputs: tuple[Any, ...],
+    named: dict[str, Any],
+    parameters: dict[str, Any] | None,
+    headers: dict[str, Any] | None,
+) -> None:
+    """PyTriton's checks of an inference call's arguments."""
+    _check_arguments(inputs, named)
+    _check_parameters(parameters)
+    _check_parameters(headers)
+
+
 def _check_parameters(values: dict[str, Any] | None) -> None:
     if values is None:
         return
@@ -209,9 +221,7 @@ class ModelClient:
         **named_inputs: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """One sample (no batch dimension); a batching model gets it as a batch of one."""
-        _check_arguments(inputs, named_inputs)
-        _check_parameters(parameters)
-        _check_parameters(headers)
+        _check_call(inputs, named_inputs, parameters, headers)
         batching = self.is_batching_supported
         if batching:
             inputs = tuple(x[np.newaxis, ...] for x in inputs)
@@ -227,9 +237,7 @@ class ModelClient:
         **named_inputs: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """A batch (first dimension) for a batching model."""
-        _check_arguments(inputs, named_inputs)
-        _check_parameters(parameters)
-        _check_parameters(headers)
+        _check_call(inputs, named_inputs, parameters, headers)
         if not self.is_batching_supported:
             raise PyTritonClientModelDoesntSupportBatchingError(
                 f"Model {self.model_config.model_name} doesn't support batching - use infer_sample"
