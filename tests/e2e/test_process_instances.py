@@ -11,6 +11,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import start_server
+
 MODEL = "proc_identity"
 
 
@@ -93,16 +95,85 @@ def test_model_exception_is_reported_and_the_worker_keeps_serving(server) -> Non
         client.close()
 
 
-def test_a_crashed_worker_fails_its_batch_and_is_restarted(server) -> None:
+@pytest.mark.parametrize(
+    ("word", "code"), [(b"crash", 3), (b"segv", -11), (b"abort", -6)], ids=["exit", "segv", "abort"]
+)
+def test_a_crashed_worker_fails_its_batch_and_is_restarted(server, word, code) -> None:
+    """os._exit, a segfault in native code, abort(): the batch fails with a clear error, the
+    server and its other models go on, and the instance starts again for the next batch."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         with pytest.raises(InferenceServerException) as info:
-            client.infer(MODEL, _inputs(grpcclient, np.zeros((1, 1), np.float32), [b"crash"]))
+            client.infer(MODEL, _inputs(grpcclient, np.zeros((1, 1), np.float32), [word]))
         assert info.value.status() == "StatusCode.INTERNAL"
-        assert "worker process exited (code 3)" in info.value.message()
+        assert f"worker process exited (code {code})" in info.value.message()
+        other = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        other.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("identity_fp32", [other]).as_numpy("OUTPUT0").tolist() == [[1.0] * 4]
         # Every instance (the crashed one restarted) answers again.
         for _ in range(6):
             result = client.infer(MODEL, _inputs(grpcclient, np.ones((1, 1), np.float32), None))
             np.testing.assert_array_equal(result.as_numpy("F32_OUT"), [[2]])
     finally:
         client.close()
+
+
+INIT_CRASHER = """
+import os
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        how = open(os.path.join(os.path.dirname(__file__), "how")).read().strip()
+        if how == "exit":
+            os._exit(4)
+        if how == "abort":
+            os.abort()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return responses
+"""
+
+INIT_CRASHER_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "process" } }
+"""
+
+
+def test_a_model_crashing_in_initialize_fails_its_load_and_a_later_load_brings_it_back(
+    tmp_path,
+) -> None:
+    version = tmp_path / "repo" / "init_crasher" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(INIT_CRASHER)
+    (version.parent / "config.pbtxt").write_text(INIT_CRASHER_CONFIG)
+    how = version / "how"
+    how.write_text("exit")
+    server = start_server(
+        [tmp_path / "repo"], tmp_path / "server.log", "--model-control-mode=explicit"
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        for crash in ("exit", "abort"):
+            how.write_text(crash)
+            with pytest.raises(InferenceServerException) as info:
+                client.load_model("init_crasher")
+            assert "the worker process exited with code" in info.value.message()
+            assert client.is_server_live()
+            assert not client.is_model_ready("init_crasher")
+        how.write_text("fine")
+        client.load_model("init_crasher")
+        tensor = httpclient.InferInput("X", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[7.0]], np.float32))
+        assert client.infer("init_crasher", [tensor]).as_numpy("Y").tolist() == [[7.0]]
+    finally:
+        client.close()
+        server.stop()

@@ -12,7 +12,7 @@ object per model load and calls its hooks in this order: :meth:`Backend.auto_com
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter_ns
@@ -70,10 +70,27 @@ class ModelInstance(abc.ABC):
     # thread of its own.
     may_run_on_event_loop = False
 
+    # Whether the instance runs its batches outside the server process (a worker process):
+    # then the event loop may start a batch with :meth:`execute_later` and finish it when the
+    # worker answers, with no instance thread in between (see runtime.looprun).
+    runs_elsewhere = False
+
     @abc.abstractmethod
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
         """Run one batch of requests (see the class docstring for what to return). Call
         ``clock.inputs_ready()`` and ``clock.infer_done()`` where those phases end."""
+
+    def execute_later(
+        self,
+        requests: list[InferRequest],
+        clock: PhaseClock,
+        finish: Callable[[Sequence[Result]], None],
+        release: Callable[[], None],
+    ) -> None:
+        """For instances that :attr:`runs_elsewhere`, called on the event loop: start one
+        batch and return at once. Later, on the loop, call ``finish`` with one result per
+        request, then ``release`` once the instance can take its next batch."""
+        raise NotImplementedError
 
     def finalize(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release the instance's resources (called once, after its last execute)."""

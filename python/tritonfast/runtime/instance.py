@@ -78,6 +78,11 @@ class InstanceLoop:
         self.waiting_on_server = False
         self._thread = threading.Thread(target=self._run, name=f"instance:{name}", daemon=True)
 
+    @property
+    def runs_elsewhere(self) -> bool:
+        """Whether its instance runs batches outside this process (see :meth:`run_later`)."""
+        return self._instance.runs_elsewhere
+
     def calls_server(self) -> None:
         """Told when the model, in one of its batches, waits on the server (see runtime.handle):
         its batches must never run on the event loop."""
@@ -135,7 +140,46 @@ class InstanceLoop:
             results = self._run_backend(requests, clock)
         finally:
             _running.instance = outer
-        sinks = [item[1] for item in items]
+        end = self._record(batch, requests, clock, results)
+        if observe is not None:
+            failed = results is not None and any(isinstance(r, TritonError) for r in results)
+            collecting = gcpause.total_ns() - gc_start  # not the model's doing
+            run_ns = end - clock.start - collecting
+            cpu_ns = max(0, thread_time_ns() - cpu_start - collecting)
+            observe(run_ns, cpu_ns, on_loop, failed)
+        return batch.seq, [item[1] for item in items], results
+
+    def run_later(
+        self,
+        batch: Batch,
+        settle: Callable[[int, list[Sink], Sequence[Result | None] | None], None],
+        release: Callable[[], None],
+    ) -> None:
+        """On the event loop, for an instance that runs elsewhere: start one batch; when its
+        results come, record and ``settle`` them, and ``release`` the instance for its next."""
+        items: list[QueueItem] = batch.items
+        requests = [item[0] for item in items]
+        clock = PhaseClock()
+
+        def finish(results: Sequence[Result]) -> None:
+            self._record(batch, requests, clock, results)
+            settle(batch.seq, [item[1] for item in items], results)
+
+        try:
+            self._instance.execute_later(requests, clock, finish, release)
+        except Exception as exc:  # a backend bug fails this batch, not the server
+            log.exception("instance %s failed to start a batch", self.name)
+            finish([InternalError(f"instance {self.name}: {exc}")] * len(requests))
+            release()
+
+    def _record(
+        self,
+        batch: Batch,
+        requests: list[InferRequest],
+        clock: PhaseClock,
+        results: Sequence[Result | None] | None,
+    ) -> int:
+        """Report a finished batch to the statistics and its traces; returns its end time."""
         end = perf_counter_ns()
         for request in requests:
             if request.trace is not None:
@@ -145,13 +189,7 @@ class InstanceLoop:
             batch.report([None] * len(requests) if results is None else results, *clock.split(end))
         except Exception:  # statistics must never cost a response
             log.exception("instance %s could not record a batch's statistics", self.name)
-        if observe is not None:
-            failed = results is not None and any(isinstance(r, TritonError) for r in results)
-            collecting = gcpause.total_ns() - gc_start  # not the model's doing
-            run_ns = end - clock.start - collecting
-            cpu_ns = max(0, thread_time_ns() - cpu_start - collecting)
-            observe(run_ns, cpu_ns, on_loop, failed)
-        return batch.seq, sinks, results
+        return end
 
     def _run_backend(
         self, requests: list[InferRequest], clock: PhaseClock

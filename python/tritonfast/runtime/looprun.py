@@ -19,6 +19,10 @@ Each move back doubles the batches the model must run on its threads before it m
 a model that only now and then holds the loop does so rarely. A batch that fails on the loop
 sends the model back for good (a model that needs a thread of its own, e.g. one calling
 ``asyncio.run``, fails quickly there).
+Instances that run elsewhere (worker processes, ``ModelInstance.runs_elsewhere``) use the same
+handoff with no rule at all: it is always on, and the loop only starts each batch in the worker
+and settles it when the worker answers (:meth:`InstanceLoop.run_later`), so no batch of theirs
+ever holds the loop.
 Chosen by the model's ``TRITONFAST_INSTANCE_MODE`` (``"auto"``, the default; ``"thread"``
 keeps every batch on the instance threads).
 
@@ -94,6 +98,10 @@ class LoopExecution:
         """Watch the handoff from the loop (callable from any thread)."""
         self._instances = instances
         self._settle = settle
+        if instances and all(instance.runs_elsewhere for instance in instances):
+            # The loop only passes batches to the workers and takes their answers: always on.
+            self._banned = True  # never switched by run times
+            self.handoff.enabled = True
         self._watching = True
         self._loop.call_soon_threadsafe(self._loop.add_reader, self.handoff, self._run_offered)
 
@@ -171,8 +179,12 @@ class LoopExecution:
         settle = self._settle
         assert settle is not None
         for index, batch, done in self.handoff.take():
+            instance = self._instances[index]
+            if instance.runs_elsewhere:
+                instance.run_later(batch, settle, done.complete)
+                continue
             try:
-                outcome = self._instances[index].run(batch, on_loop=True)
+                outcome = instance.run(batch, on_loop=True)
             except BaseException as exc:  # even SystemExit from a model must not stop the loop
                 log.exception("model %s: a batch failed on the event loop", self.name)
                 self._ban("a batch raised on the event loop")

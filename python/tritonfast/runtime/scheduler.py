@@ -203,7 +203,9 @@ class QueueScheduler(Scheduler):
         if (
             loop_execution
             and not self.per_instance_queues
-            and all(instance.may_run_on_event_loop for instance in instances)
+            and all(
+                instance.may_run_on_event_loop or instance.runs_elsewhere for instance in instances
+            )
         ):
             self._on_loop = LoopExecution(name, first, loop)
         on_loop = self._on_loop
@@ -215,7 +217,7 @@ class QueueScheduler(Scheduler):
                 deliver,
                 self._reject,
                 handoff=None if on_loop is None else (on_loop.handoff, index),
-                observe=None if on_loop is None else on_loop.observe,
+                observe=None if on_loop is None or instance.runs_elsewhere else on_loop.observe,
                 on_server_call=None if on_loop is None else on_loop.calls_server,
             )
             for index, instance in enumerate(instances)

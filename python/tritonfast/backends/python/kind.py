@@ -37,7 +37,11 @@ class PythonBackend(Backend):
         instance_mode(config)  # raises for an unknown mode
 
     def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
-        return instance_mode(config) == "auto" and not config.model_transaction_policy.decoupled
+        # Process instances: the loop passes batches to their workers (none runs on it).
+        return (
+            instance_mode(config) in ("auto", "process")
+            and not config.model_transaction_policy.decoupled
+        )
 
     def create_instance(
         self, config: model_config_pb2.ModelConfig, placement: InstancePlacement

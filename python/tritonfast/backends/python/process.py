@@ -23,6 +23,12 @@ A client that goes away while its request runs is seen by the model through
 ``request.is_cancelled()``: the server raises that request's byte in a small shared
 cancellation segment (one byte per request of the batch), which the worker's requests read.
 
+Non-decoupled models are driven from the event loop: the loop writes a batch for the worker
+and takes the answer when the worker's pipe becomes readable (``execute_later``), with no
+instance thread or GIL hand-over in between. Decoupled models, and models whose code may wait
+on the server (BLS), run from the instance's thread (``execute``). Workers are forked from a
+fork server that imported this module once (``_worker_context``).
+
 Decoupled models work too: their responses, sent from ``execute`` or from the model's own
 threads after it returned, travel over the pipe (see :mod:`.workerstream`). The response
 sender of a non-decoupled model is not available in this mode.
@@ -30,11 +36,13 @@ sender of a non-decoupled model is not available in this mode.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import multiprocessing
 import os
 import queue
 import signal
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
@@ -72,6 +80,9 @@ START_TIMEOUT_S = 120.0
 FINALIZE_TIMEOUT_S = 30.0
 # How often the server passes new cancellations of running requests on to the worker.
 CANCEL_POLL_S = 0.005
+# Outputs from this size on are copied out of the worker's segment into a pooled buffer with
+# the GIL released; smaller ones are copied in place.
+POOLED_COPY_BYTES = 64 * 1024
 
 _instance_serials = itertools.count()
 
@@ -90,6 +101,25 @@ def instance_mode(config: model_config_pb2.ModelConfig) -> str:
             f" {', '.join(MODES)}, not '{mode}'"
         )
     return mode
+
+
+_context: Any = None
+
+
+def _worker_context() -> Any:
+    """Where workers come from: a fork server that imported this module (and numpy, protobuf)
+    once, so a worker starts in milliseconds plus its model's own imports, instead of a fresh
+    interpreter importing everything for each (``spawn``, the fallback where there is no
+    fork server). The fork server is single-threaded, so forking it is safe."""
+    global _context
+    if _context is None:
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload([__name__])
+            _context = context
+        else:
+            _context = multiprocessing.get_context("spawn")
+    return _context
 
 
 # -- laying tensors out in a segment ------------------------------------------------------------
@@ -124,7 +154,10 @@ def _read(buffer: Any, slot: TensorSlot, model: str, *, copy: bool) -> np.ndarra
     name, datatype, shape, offset, nbytes = slot
     view = memoryview(buffer)[offset : offset + nbytes]
     if copy and datatype != "BYTES":
-        view = np.asarray(POOL.gather([np.frombuffer(view, np.uint8)])).data
+        if nbytes < POOLED_COPY_BYTES:
+            view = memoryview(bytearray(view))  # quicker than handing the GIL to and fro
+        else:
+            view = np.asarray(POOL.gather([np.frombuffer(view, np.uint8)])).data
     return rawtensor.from_raw(datatype, shape, view, name, model)
 
 
@@ -164,6 +197,8 @@ class ProcessInstance(ModelInstance):
         self._generations = itertools.count()
         self._metrics_source = f"{self._model_name}:{version}:{instance_name}:{serial}"
         self._outputs = SegmentReader()
+        # Decoupled models' responses come from the relay's thread: those stay off the loop.
+        self.runs_elsewhere = not self._decoupled
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         try:
@@ -174,7 +209,7 @@ class ProcessInstance(ModelInstance):
             raise
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = _worker_context()
         ours, theirs = context.Pipe()
         output_prefix = f"{self._output_prefix}-{next(self._generations)}"
         process = context.Process(
@@ -197,6 +232,10 @@ class ProcessInstance(ModelInstance):
             self._stop_process()
             raise InternalError(reply[1])
         self._take_metrics(reply[1])
+        if reply[2]:
+            # It may wait on the server (BLS) or on a loop of its own: batches from its
+            # instance thread, which the server's calls-in-progress accounting follows.
+            self.runs_elsewhere = False
         if self._decoupled:
             self._relay = ResponseRelay(ours, self._instance_name)
 
@@ -207,32 +246,14 @@ class ProcessInstance(ModelInstance):
             except TritonError as exc:
                 return [exc] * len(requests)
         assert self._conn is not None
-        tensors = [(t.name, t.datatype, t.shape, t.data) for r in requests for t in r.inputs]
-        name, size, slots = _write(self._inputs, tensors)
-        described = []
-        position = 0
-        for request in requests:
-            count = len(request.inputs)
-            described.append(
-                (
-                    request.model_name,
-                    request.model_version,
-                    request.id,
-                    request.parameters,
-                    None if request.outputs is None else [o.name for o in request.outputs],
-                    slots[position : position + count],
-                )
-            )
-            position += count
         flags = self._cancel.buffer
-        flags[: len(requests)] = bytes(len(requests))
         tokens = None
         relay = self._relay
         if relay is not None:
             tokens = [next(self._tokens) for _ in requests]
             for token, request in zip(tokens, requests, strict=True):
                 relay.open(token, request.sender)
-        message = ("execute", name, size, described, self._cancel.name, self._cancel.size, tokens)
+        message = self._message(requests, tokens)
         try:
             if relay is None:
                 conn = self._conn
@@ -256,21 +277,133 @@ class ProcessInstance(ModelInstance):
                         _flag_cancelled(requests, flags)
             clock.infer_done()
         except (EOFError, OSError):
-            code = None
-            if self._process is not None:
-                self._process.join(5)  # the pipe closes a moment before the exit is reported
-                code = self._process.exitcode
-            self._stop_process()
-            error = InternalError(
-                f"Failed to process the request(s) for model instance '{self._instance_name}',"
-                f" message: the instance's worker process exited (code {code}); it restarts"
-                " for the next request"
+            return [self._died()] * len(requests)
+        if relay is not None:
+            self._take_metrics(reply[4])
+            return None  # every response went through the requests' senders
+        return self._results(reply)
+
+    def execute_later(
+        self,
+        requests: list[InferRequest],
+        clock: PhaseClock,
+        finish: Callable[[Sequence[Result]], None],
+        release: Callable[[], None],
+    ) -> None:
+        """The batch goes to the worker from the loop; the worker's answer wakes the loop."""
+        loop = asyncio.get_running_loop()
+        conn = self._conn
+        if conn is None:  # its worker died and did not start again: try once more
+
+            def retry() -> None:
+                self.execute_later(requests, clock, finish, release)
+
+            self._restart_then(loop, None, requests, finish, release, retry)
+            return
+        conn.send(self._message(requests, None))
+        clock.inputs_ready()
+        fd = conn.fileno()
+        flags = self._cancel.buffer
+        poll: asyncio.TimerHandle | None = None
+
+        def flag_cancelled() -> None:
+            nonlocal poll
+            _flag_cancelled(requests, flags)
+            poll = loop.call_later(CANCEL_POLL_S, flag_cancelled)
+
+        def answered() -> None:
+            try:
+                if not conn.poll():
+                    return  # woken without a message
+                reply = conn.recv()
+            except (EOFError, OSError):
+                loop.remove_reader(fd)
+                if poll is not None:
+                    poll.cancel()
+                self._restart_then(loop, self._died, requests, finish, release, None)
+                return
+            if reply[0] in workerbls.REQUESTS:  # the model calls another model: not here
+                loop.run_in_executor(None, workerbls.serve, reply, conn.send)
+                return
+            loop.remove_reader(fd)
+            if poll is not None:
+                poll.cancel()
+            clock.infer_done()
+            finish(self._results(reply))
+            release()
+
+        poll = loop.call_later(CANCEL_POLL_S, flag_cancelled)
+        loop.add_reader(fd, answered)
+
+    def _restart_then(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        failure: Callable[[], TritonError] | None,
+        requests: list[InferRequest],
+        finish: Callable[[Sequence[Result]], None],
+        release: Callable[[], None],
+        retry: Callable[[], None] | None,
+    ) -> None:
+        """Off the loop: see the dead worker out (``failure`` says why its batch failed) and
+        start a new one, then release the instance; or, with no failure (no worker when a batch
+        came), start one and ``retry`` the batch on it."""
+
+        def work() -> None:
+            if failure is not None:
+                error = failure()
+                loop.call_soon_threadsafe(finish, [error] * len(requests))
+            try:
+                self._start()
+            except TritonError as exc:
+                if failure is None:
+                    loop.call_soon_threadsafe(finish, [exc] * len(requests))
+                loop.call_soon_threadsafe(release)
+                return
+            if retry is not None:  # the worker is back: run the batch after all
+                loop.call_soon_threadsafe(retry)
+            else:
+                loop.call_soon_threadsafe(release)
+
+        loop.run_in_executor(None, work)
+
+    def _message(self, requests: list[InferRequest], tokens: list[int] | None) -> tuple[Any, ...]:
+        """The batch's inputs written to the input segment, and the message describing it."""
+        tensors = [(t.name, t.datatype, t.shape, t.data) for r in requests for t in r.inputs]
+        name, size, slots = _write(self._inputs, tensors)
+        described = []
+        position = 0
+        for request in requests:
+            count = len(request.inputs)
+            described.append(
+                (
+                    request.model_name,
+                    request.model_version,
+                    request.id,
+                    request.parameters,
+                    None if request.outputs is None else [o.name for o in request.outputs],
+                    slots[position : position + count],
+                )
             )
-            return [error] * len(requests)
+            position += count
+        self._cancel.buffer[: len(requests)] = bytes(len(requests))
+        return ("execute", name, size, described, self._cancel.name, self._cancel.size, tokens)
+
+    def _died(self) -> TritonError:
+        """The worker went away in a batch: see it out, and the error that batch gets."""
+        code = None
+        if self._process is not None:
+            self._process.join(5)  # the pipe closes a moment before the exit is reported
+            code = self._process.exitcode
+        self._stop_process()
+        return InternalError(
+            f"Failed to process the request(s) for model instance '{self._instance_name}',"
+            f" message: the instance's worker process exited (code {code}); it restarts"
+            " for the next request"
+        )
+
+    def _results(self, reply: tuple[Any, ...]) -> list[Result]:
         _, out_name, out_size, results, metrics = reply
         self._take_metrics(metrics)
-        if relay is not None:
-            return None  # every response went through the requests' senders
         segment = self._outputs.map(out_name, out_size) if out_name else None
         return [self._result(segment, r) for r in results]
 
@@ -353,7 +486,7 @@ def worker_main(
     except TritonError as exc:
         conn.send(("error", exc.message))
         return
-    conn.send(("ready", CUSTOM_METRICS.state_if_changed()))
+    conn.send(("ready", CUSTOM_METRICS.state_if_changed(), not instance.may_run_on_event_loop))
     # Responses of decoupled requests are sent from any thread: every send takes its lock.
     streams = WorkerStreams(conn)
 

@@ -1,7 +1,9 @@
-"""Echoes its inputs and reports the process that ran it; "crash" in STR kills the worker,
-"raise" raises, "sleep" sleeps 0.2 s. SPAN is when execute ran (time.time() at its start and end).
+"""Echoes its inputs and reports the process that ran it; "crash" in STR ends the worker with
+os._exit(3), "segv" crashes it in native code, "abort" calls abort(), "raise" raises, "sleep"
+sleeps 0.2 s. SPAN is when execute ran (time.time() at its start and end).
 """
 
+import ctypes
 import os
 import time
 
@@ -23,6 +25,10 @@ class TritonPythonModel:
             first = words.reshape(-1)[0] if words.size else b""
             if first == b"crash":
                 os._exit(3)
+            if first == b"segv":
+                ctypes.string_at(0)  # reads address 0: SIGSEGV
+            if first == b"abort":
+                os.abort()
             if first == b"raise":
                 raise ValueError("asked to raise")
             if first == b"sleep":
