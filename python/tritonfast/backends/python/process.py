@@ -37,12 +37,14 @@ sender of a non-decoupled model is not available in this mode.
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import multiprocessing
 import os
 import queue
 import signal
 from collections.abc import Callable, Sequence
+from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
@@ -114,12 +116,46 @@ def _worker_context() -> Any:
     global _context
     if _context is None:
         if "forkserver" in multiprocessing.get_all_start_methods():
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload([__name__])
-            _context = context
+            _context = _WorkerContext()
+            _context.set_forkserver_preload([__name__])
         else:
             _context = multiprocessing.get_context("spawn")
     return _context
+
+
+class _WorkerPopen(popen_forkserver.Popen):
+    """Starts a worker from the fork server without the server's ``__main__``: a worker needs
+    nothing from it, and a program that embeds the server (``tritonfast.Server``) must not
+    run again in each worker."""
+
+    def _launch(self, process_obj: Any) -> None:
+        prepared = spawn.get_preparation_data(process_obj._name)
+        prepared.pop("init_main_from_name", None)
+        prepared.pop("init_main_from_path", None)
+        buffer = io.BytesIO()
+        context.set_spawning_popen(self)
+        try:
+            reduction.dump(prepared, buffer)
+            reduction.dump(process_obj, buffer)
+        finally:
+            context.set_spawning_popen(None)
+        self.sentinel, writer = forkserver.connect_to_new_process(self._fds)
+        # The child watches a duplicate of the data pipe's write end to see this process go.
+        watched = os.dup(writer)
+        self.finalizer = util.Finalize(self, util.close_fds, (watched, self.sentinel))
+        with open(writer, "wb", closefd=True) as pipe:
+            pipe.write(buffer.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _WorkerProcess(context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:  # multiprocessing calls it by this name
+        return _WorkerPopen(process_obj)
+
+
+class _WorkerContext(context.ForkServerContext):
+    Process = _WorkerProcess
 
 
 # -- laying tensors out in a segment ------------------------------------------------------------
