@@ -139,10 +139,15 @@ class _WorkerPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, buffer)
         finally:
             context.set_spawning_popen(None)
-        self.sentinel, writer = forkserver.connect_to_new_process(self._fds)
+        fds = self._fds  # type: ignore[attr-defined]  # set by popen_forkserver.Popen
+        self.sentinel, writer = forkserver.connect_to_new_process(fds)
         # The child watches a duplicate of the data pipe's write end to see this process go.
         watched = os.dup(writer)
-        self.finalizer = util.Finalize(self, util.close_fds, (watched, self.sentinel))
+        self.finalizer = util.Finalize(
+            self,
+            util.close_fds,  # type: ignore[attr-defined]  # not in typeshed's stub
+            (watched, self.sentinel),
+        )
         with open(writer, "wb", closefd=True) as pipe:
             pipe.write(buffer.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)
