@@ -462,9 +462,10 @@ def test_square_example_sends_in_responses_then_a_final_flag(
         assert results[-1].as_numpy("OUT") is None
 
 
+@pytest.mark.parametrize("model", ["square_int32", "square_proc"], ids=["in-process", "worker"])
 def test_square_example_failing_execute_answers_with_its_error(
-    grpc_client: grpcclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient, model: str
 ) -> None:
-    replies = stream_replies(grpc_client, [("square_int32", [-1], {})], expected=1)
+    replies = stream_replies(grpc_client, [(model, [-1], {})], expected=1)
     ((_, error),) = replies
     assert error is not None and "IN must be non-negative" in error.message()

@@ -37,6 +37,7 @@ sender of a non-decoupled model is not available in this mode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import itertools
 import multiprocessing
@@ -563,6 +564,11 @@ def worker_main(
             for request in requests:
                 request.detach()  # the cancellation bytes now belong to the next batch
             if tokens is not None:
+                if returned is not None:  # execute failed: what in-process streams end with
+                    for request, result in zip(requests, returned, strict=True):
+                        if result is not None and request.sender is not None:
+                            with contextlib.suppress(TritonError):  # already closed
+                                request.sender.send(result, final=True)
                 streams.send(("results", "", 0, [], CUSTOM_METRICS.state_if_changed()))
                 continue
             # No response sender in a worker: a request without a returned response fails.
