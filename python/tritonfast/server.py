@@ -267,7 +267,8 @@ async def _start_frontends(
 
 
 async def _stop(stoppers: list[Any], repository: ModelRepository, options: ServeOptions) -> None:
-    for stop in stoppers:
+
+    async def stop_one(stop: Any) -> None:
         try:
             await asyncio.wait_for(stop(), timeout=options.exit_timeout_secs)
         except TimeoutError:  # a hung model: one clear line, not a traceback
@@ -278,6 +279,9 @@ async def _stop(stoppers: list[Any], repository: ModelRepository, options: Serve
             )
         except Exception:
             log.exception("error while stopping a frontend")
+
+    # All frontends drain at once: none goes on taking work while another finishes its own.
+    await asyncio.gather(*(stop_one(stop) for stop in stoppers))
     await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
 
 

@@ -1,15 +1,23 @@
-"""SIGTERM drains without losing a request a client has sent: open connections keep being
+"""SIGTERM drains without losing a request a client has sent: open HTTP connections keep being
 answered (each answer then closes its connection) instead of being reset under a request on
-its way, as Triton finishes its open connections."""
+its way, as Triton finishes its open connections; gRPC calls received are answered and later
+ones refused with UNAVAILABLE, none cancelled."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import socket
 import threading
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import TEST_MODELS, start_server
+from tritonfast.frontends.grpc.core import SHUTTING_DOWN
 
 BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
@@ -67,3 +75,47 @@ def test_sigterm_loses_no_request_sent_on_an_open_connection(tmp_path) -> None:
         assert server.wait_exit(60) == 0
         assert sum(t["lost"] for t in tallies) == 0, tallies
         assert all(t["answered"] > 0 for t in tallies)
+
+
+def _grpc_client(url: str, index: int, started: threading.Event, tally: dict[str, Any]) -> None:
+    """Calls one after another on one channel, each with a unique id checked in its answer,
+    until the server refuses one."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        for sent in itertools.count():
+            tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+            tensor.set_data_from_numpy(np.array([[index, sent]], np.float32))
+            try:
+                result = client.infer("identity_fp32", [tensor], request_id=f"{index}-{sent}")
+            except InferenceServerException as error:
+                tally["ended"] = (error.status(), error.message())
+                return
+            assert result.get_response().id == f"{index}-{sent}"
+            assert result.as_numpy("OUTPUT0").tolist() == [[index, sent]]
+            tally["answered"] += 1
+            started.set()
+    finally:
+        client.close()
+
+
+def test_sigterm_answers_every_grpc_call_received_and_refuses_the_rest_cleanly(tmp_path) -> None:
+    """Calls on open channels after SIGTERM are refused with UNAVAILABLE (never run), every
+    call received before is answered, and none is cancelled under its client."""
+    server = start_server([TEST_MODELS], tmp_path / "server.log")
+    tallies: list[dict[str, Any]] = [{"answered": 0, "ended": None} for _ in range(4)]
+    started = [threading.Event() for _ in tallies]
+    clients = [
+        threading.Thread(target=_grpc_client, args=(server.grpc_url, index, s, t))
+        for index, (s, t) in enumerate(zip(started, tallies, strict=True))
+    ]
+    for client in clients:
+        client.start()
+    for event in started:
+        assert event.wait(30)
+    server.proc.send_signal(signal.SIGTERM)
+    for client in clients:
+        client.join(60)
+    assert server.wait_exit(60) == 0
+    for tally in tallies:
+        assert tally["answered"] > 0
+        assert tally["ended"] == ("StatusCode.UNAVAILABLE", SHUTTING_DOWN), tallies

@@ -44,6 +44,11 @@ _QUEUE_TIMEOUT = cygrpc.CompletionType.queue_timeout
 _QUEUE_SHUTDOWN = cygrpc.CompletionType.queue_shutdown
 # Calls asked for ahead of time, so that a burst of new calls never waits for us.
 _CALLS_AHEAD = 64
+# How long a stopping server goes on refusing new calls on open connections before it shuts
+# down (see CoreServer.stop).
+DRAIN_GRACE_S = 0.5
+# What a call that arrives while the server drains is answered with (UNAVAILABLE).
+SHUTTING_DOWN = "Server is shutting down: the request was not run"
 # Messages of one streaming reply that may wait to be sent before its handler waits for room.
 _STREAM_AHEAD = 16
 
@@ -122,6 +127,7 @@ class _Call:
     __slots__ = (
         "call",
         "cancelled",
+        "counted",
         "done_callbacks",
         "metadata",
         "metadata_sent",
@@ -141,6 +147,7 @@ class _Call:
         self.metadata_sent = False
         self.payload: bytes | None = None
         self.done_callbacks: list[Callable[[], None]] | None = None  # made on first use
+        self.counted = False  # among the server's unary calls in progress
 
     # -- on the completion-queue thread ------------------------------------------------------
     def on_close(self, event: Any) -> None:
@@ -166,6 +173,9 @@ class _Call:
 
     def over(self) -> None:
         """The RPC is over: run its done callbacks, once."""
+        if self.counted:
+            self.counted = False
+            self.server.unary_over()
         callbacks, self.done_callbacks = self.done_callbacks, None
         for callback in callbacks or ():
             try:
@@ -380,6 +390,11 @@ class CoreServer:
         self._thread = threading.Thread(target=self._serve, name="grpc-core", daemon=True)
         self._stopping = False
         self._stopped: asyncio.Future[None] = loop.create_future()
+        # Draining (see stop): new calls are refused while the unary calls received finish.
+        self._refusing = False
+        self._unary_lock = threading.Lock()
+        self._unary_live = 0
+        self._unary_idle: asyncio.Future[None] | None = None
         self.running = 0  # handlers started and not yet finished (on the loop)
 
     def add_insecure_port(self, address: str) -> int:
@@ -396,7 +411,24 @@ class CoreServer:
         self._thread.start()
 
     async def stop(self, grace: float | None) -> None:
-        """Refuse new calls, give running ones ``grace`` seconds, then cancel them."""
+        """Drain, then stop: calls that arrive from now on, on connections already open, are
+        refused with ``UNAVAILABLE``, while every unary call already received is answered;
+        then the server shuts down (no new connections), giving streams what is left of
+        ``grace`` seconds before cancelling them."""
+        started = self.loop.time()
+        if not self._refusing:
+            self._refusing = True
+            with self._unary_lock:
+                if self._unary_live:
+                    self._unary_idle = self.loop.create_future()
+            # Calls already on their way are refused cleanly rather than killed by the
+            # shutdown: refusing goes on for DRAIN_GRACE_S at least.
+            grace_over = asyncio.ensure_future(asyncio.sleep(DRAIN_GRACE_S))
+            waits = [grace_over] if self._unary_idle is None else [grace_over, self._unary_idle]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(asyncio.gather(*waits)), grace)
+        if grace is not None:
+            grace = max(0.0, grace - (self.loop.time() - started))
         if not self._stopping:
             self._stopping = True
             self._server.shutdown(self._queue, self._on_shutdown)
@@ -407,6 +439,14 @@ class CoreServer:
             await self._stopped
         await asyncio.to_thread(self._thread.join)
         self._server.destroy()
+
+    def unary_over(self) -> None:
+        """A unary call ended (on the loop): the drain waits for the last one."""
+        with self._unary_lock:
+            self._unary_live -= 1
+            idle = self._unary_idle if self._unary_live == 0 else None
+        if idle is not None and not idle.done():
+            idle.set_result(None)
 
     def call_soon(self, callback: Callable[..., None], *args: Any) -> None:
         """Run ``callback`` on the event loop (from the completion-queue thread)."""
@@ -445,7 +485,20 @@ class CoreServer:
                 _ignore,
             )
             return
+        if self._refusing:
+            call.start_server_batch(
+                (
+                    cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
+                    _status_op(cygrpc.StatusCode.unavailable, SHUTTING_DOWN),
+                ),
+                _ignore,
+            )
+            return
         rpc = _Call(self, call, method, event.invocation_metadata)
+        if not method.request_streaming:
+            rpc.counted = True
+            with self._unary_lock:
+                self._unary_live += 1
         call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),), rpc.on_close)
         if method.request_streaming:
             self.call_soon(rpc.start, None)
