@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+from tritonfast.frontends.grpc.core import SHUTTING_DOWN
 
 from tests.conftest import TEST_MODELS, start_server
-from tritonfast.frontends.grpc.core import SHUTTING_DOWN
 
 BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
