@@ -41,6 +41,7 @@ from tritonfast.callables.spec import ModelConfig, Tensor, model_config
 from tritonfast.cli import ServeOptions
 from tritonfast.errors import InvalidArgumentError, UnavailableError
 from tritonfast.repository.control import ModelControl
+from tritonfast.runtime import leftovers
 
 START_TIMEOUT_S = 120.0
 
@@ -128,7 +129,7 @@ class Server:
 
     def _write_workspace(self) -> Path:
         """The generated repository of the bound models (config.pbtxt and a version 1)."""
-        workspace = Path(tempfile.mkdtemp(prefix="tritonfast-bound-"))
+        workspace = Path(tempfile.mkdtemp(prefix=leftovers.temp_dir_prefix("bound")))
         for key, binding in self._bindings.values():
             self._write_model(workspace, key, binding)
         return workspace

@@ -21,7 +21,7 @@ from tritonfast.logsettings import LogSettings, ServerLog
 from tritonfast.metrics import MetricsConfig, parse_metrics_config
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
-from tritonfast.runtime import handle
+from tritonfast.runtime import handle, leftovers
 from tritonfast.runtime.allocator import keep_large_buffers
 from tritonfast.runtime.cache import ResponseCache, parse_cache_config
 from tritonfast.runtime.handle import ServerHandle
@@ -104,6 +104,8 @@ async def serve(
     except TritonError as exc:
         log.error("%s", exc.message)
         return 1
+    # Segments and temporary directories of servers that were killed before they could.
+    await asyncio.to_thread(leftovers.sweep)
     repository = ModelRepository(
         options.model_repositories,
         loop,
@@ -177,6 +179,7 @@ async def serve(
     dataplane.shutting_down()
     await control.drain()  # a load or unload in progress finishes before models stop
     await _stop(stoppers, repository, options)
+    control.remove_uploads()
     handle.install(None)
     tracer.flush()
     return 0

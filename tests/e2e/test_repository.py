@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -376,3 +377,51 @@ def test_model_names_cannot_leave_the_repository(explicit: tuple[RunningServer, 
                 client.load_model(name, config=config, files={"file:1/model.py": b"x = 1"})
     finally:
         client.close()
+
+
+def _left_by(pid: int) -> list[Path]:
+    """The segments and temporary directories process ``pid`` made."""
+    temp = Path(tempfile.gettempdir())
+    return [
+        *temp.glob(f"tritonfast-model-{pid}-*"),
+        *(path for path in Path("/dev/shm").glob("tritonfast-*") if f"-{pid}-" in path.name),
+    ]
+
+
+def test_what_a_killed_server_left_is_swept_by_the_next_and_a_clean_stop_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    config = {
+        "name": "uploaded",
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "GENERATION", "data_type": "TYPE_INT32", "dims": [1]}],
+        "parameters": {"TRITONFAST_INSTANCE_MODE": {"string_value": "process"}},
+    }
+    code = GENERATION_MODEL.format(generation=7).encode()
+    for kill in (True, False):
+        server = start_server(
+            [EXAMPLES], tmp_path / f"server-{kill}.log", "--model-control-mode=explicit"
+        )
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            client.load_model(
+                "uploaded", config=json.dumps(config), files={"file:1/model.py": code}
+            )
+            assert generation_of(client, httpclient, "uploaded") == 7
+            left = _left_by(server.proc.pid)
+            assert any(path.is_dir() for path in left) and any(path.is_file() for path in left)
+        finally:
+            client.close()
+        if kill:
+            server.proc.kill()
+            server.wait_exit(30)
+            # Its workers remove their own segments when it goes; nobody removes the rest.
+            left = [path for path in left if path.exists()]
+            assert any(path.is_dir() for path in left) and any(path.is_file() for path in left)
+            start_server([EXAMPLES], tmp_path / "sweeper.log").stop()
+            assert not any(path.exists() for path in left)
+        else:
+            assert server.stop() == 0
+            assert _left_by(server.proc.pid) == []

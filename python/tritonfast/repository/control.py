@@ -32,6 +32,7 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
 from tritonfast.repository.dependencies import composing_models
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository, plan_models
+from tritonfast.runtime import leftovers
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +238,12 @@ class ModelControl:
             if temp_dir is not None:
                 shutil.rmtree(temp_dir, ignore_errors=True)
 
+    def remove_uploads(self) -> None:
+        """At shutdown, once the models stopped: the uploaded models' temporary directories."""
+        for temp_dir in self._temp_dirs.values():
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        self._temp_dirs.clear()
+
     def _require_explicit(self) -> None:
         if self.mode != EXPLICIT:  # Triton's words, in "none" mode too
             raise UnavailableError(
@@ -333,7 +340,7 @@ def _config_override(name: str, text: Any) -> model_config_pb2.ModelConfig | Non
 
 def _write_model_files(name: str, files: Mapping[str, Any]) -> Path:
     """A temporary model directory holding ``files`` (relative paths -> bytes)."""
-    root = Path(tempfile.mkdtemp(prefix="tritonfast-model-"))
+    root = Path(tempfile.mkdtemp(prefix=leftovers.temp_dir_prefix("model")))
     model_dir = root / name
     model_dir.mkdir()
     try:
