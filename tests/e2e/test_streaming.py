@@ -115,10 +115,13 @@ def test_grpc_stream_empty_final_responses_on_request(
     assert (last.id, last.model_name, list(last.outputs)) == ("r0", "repeat_int32", [])
 
 
+@pytest.mark.parametrize(
+    "model", ["async_repeat", "async_repeat_proc"], ids=["in-process", "worker"]
+)
 def test_grpc_stream_async_execute_and_error_responses(
-    grpc_client: grpcclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient, model: str
 ) -> None:
-    requests = [("async_repeat", [1, 2, 3], {}), ("async_repeat", [1, -1], {})]
+    requests = [(model, [1, 2, 3], {}), (model, [1, -1], {})]
     replies = stream_replies(grpc_client, requests, expected=4)
     errors = [error for _, error in replies if error is not None]
     assert len(errors) == 1 and "negative input" in errors[0].message()

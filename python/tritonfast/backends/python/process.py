@@ -14,7 +14,8 @@ shared-memory segment it owns, the worker views them there with numpy (no copy) 
 output tensors into a segment the worker owns, from which the server copies them out. Only the
 small description of each batch (names, shapes, offsets, parameters) travels over a pipe.
 Input arrays a model receives are valid until its ``execute`` returns (the segment is reused
-by the next batch); a model that keeps one longer must copy it.
+by the next batch); a model that keeps one longer must copy it. Decoupled models get copies,
+since their requests commonly outlive ``execute`` (a thread or coroutine per request).
 
 A worker that dies (a crash in native code, ``os._exit``) fails the batch it was running with
 an error naming the instance, and is started again, with ``initialize``, for the next batch.
@@ -554,7 +555,7 @@ def worker_main(
             segment = inputs.map(name, size)
             flags = cancel_flags.map(flags_name, flags_size).buffer
             requests = [
-                _request(segment.buffer, config.name, d, flags, index)
+                _request(segment.buffer, config.name, d, flags, index, copy=tokens is not None)
                 for index, d in enumerate(described)
             ]
             if tokens is not None:
@@ -616,15 +617,18 @@ def _flag_cancelled(requests: list[InferRequest], flags: Any) -> None:
 
 
 def _request(
-    buffer: Any, model: str, described: tuple[Any, ...], flags: Any, index: int
+    buffer: Any, model: str, described: tuple[Any, ...], flags: Any, index: int, *, copy: bool
 ) -> _WorkerRequest:
+    """A request of the batch in ``buffer``; ``copy``: its inputs are copied out of the
+    segment (a decoupled model's requests outlive their batch: threads or coroutines of the
+    model may read them after ``execute`` returned, when the segment holds the next batch)."""
     model_name, model_version, request_id, parameters, output_names, slots = described
     request = _WorkerRequest(
         model_name=model_name,
         model_version=model_version,
         id=request_id,
         inputs=[
-            InputTensor(slot[0], slot[1], slot[2], _read(buffer, slot, model, copy=False))
+            InputTensor(slot[0], slot[1], slot[2], _read(buffer, slot, model, copy=copy))
             for slot in slots
         ],
         outputs=None if output_names is None else [RequestedOutput(n) for n in output_names],
