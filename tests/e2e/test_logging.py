@@ -29,11 +29,11 @@ DEFAULT_LINE = re.compile(r'^[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ [\w.]+:\d+\] "
 ISO_LINE = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWE] \d+ [\w.]+:\d+\] ".*"$')
 
 
-def log_through_model(client: Any) -> str:
+def log_through_model(client: Any, model: str = "logger") -> str:
     marker = f"marker-{uuid.uuid4().hex[:8]}"
     text = httpclient.InferInput("TEXT", [1], "BYTES")
     text.set_data_from_numpy(np.array([marker.encode()], dtype=np.object_))
-    client.infer("logger", [text])
+    client.infer(model, [text])
     return marker
 
 
@@ -88,17 +88,18 @@ def test_bad_settings(server: Any, change: dict[str, Any], status: str, message:
         client.close()
 
 
-def test_model_logs_obey_the_switches(server: Any) -> None:
+@pytest.mark.parametrize("model", ["logger", "logger_proc"], ids=["in-process", "worker"])
+def test_model_logs_obey_the_switches(server: Any, model: str) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
     try:
-        marker = log_through_model(client)
+        marker = log_through_model(client, model)
         found = wait_for_lines(server.log, marker, 3)
         assert [line[0] for line in found] == ["I", "W", "E"]
         assert all(DEFAULT_LINE.match(line) for line in found), found
         assert f'"{marker} info"' in found[0]
 
         client.update_log_settings({"log_verbose_level": 1, "log_info": False})
-        marker = log_through_model(client)
+        marker = log_through_model(client, model)
         found = wait_for_lines(server.log, marker, 3)
         assert [line.split('"')[1] for line in found] == [
             f"{marker} warning",

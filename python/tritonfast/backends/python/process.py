@@ -55,7 +55,7 @@ import numpy as np
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
-from tritonfast.backends.python import workerbls
+from tritonfast.backends.python import workerbls, workerlog
 from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
@@ -269,7 +269,11 @@ class ProcessInstance(ModelInstance):
             raise InternalError(f"instance '{self._instance_name}' did not start in time")
         try:
             reply = ours.recv()
+            while reply[0] == "log":  # initialize logged
+                workerlog.emit(reply)
+                reply = ours.recv()
         except (EOFError, OSError):
+            process.join(5)  # the pipe closes a moment before the exit is reported
             reply = ("error", f"the worker process exited with code {process.exitcode}")
         if reply[0] != "ready":
             self._stop_process()
@@ -306,9 +310,12 @@ class ProcessInstance(ModelInstance):
                     while not conn.poll(CANCEL_POLL_S):
                         _flag_cancelled(requests, flags)
                     reply = conn.recv()
-                    if reply[0] not in workerbls.REQUESTS:
+                    if reply[0] == "log":
+                        workerlog.emit(reply)
+                    elif reply[0] in workerbls.REQUESTS:  # the model called another model
+                        workerbls.serve(reply, conn.send)
+                    else:
                         break
-                    workerbls.serve(reply, conn.send)  # the model called another model
             else:
                 relay.send(message)
                 clock.inputs_ready()
@@ -364,6 +371,9 @@ class ProcessInstance(ModelInstance):
                 if poll is not None:
                     poll.cancel()
                 self._restart_then(loop, self._died, requests, finish, release, None)
+                return
+            if reply[0] == "log":
+                workerlog.emit(reply)
                 return
             if reply[0] in workerbls.REQUESTS:  # the model calls another model: not here
                 loop.run_in_executor(None, workerbls.serve, reply, conn.send)
@@ -474,8 +484,11 @@ class ProcessInstance(ModelInstance):
         if self._conn is not None:
             try:
                 self._conn.send(("finalize",))
-                if self._conn.poll(FINALIZE_TIMEOUT_S):
-                    self._conn.recv()
+                while self._conn.poll(FINALIZE_TIMEOUT_S):
+                    reply = self._conn.recv()
+                    if reply[0] != "log":
+                        break
+                    workerlog.emit(reply)
             except (EOFError, OSError):
                 pass
         self._stop_process()
@@ -517,6 +530,10 @@ def worker_main(
     from tritonfast.backends.python.loader import load_model_class
 
     config = model_config_pb2.ModelConfig.FromString(config_bytes)
+    # Responses of decoupled requests and model logs are sent from any thread: every send
+    # takes its lock.
+    streams = WorkerStreams(conn)
+    workerlog.forward_model_logs(streams.send)
     try:
         model_class = load_model_class(Path(model_file), config.name)
         instance = PythonInstance(
@@ -527,11 +544,9 @@ def worker_main(
             version=version,
         )
     except TritonError as exc:
-        conn.send(("error", exc.message))
+        streams.send(("error", exc.message))
         return
-    conn.send(("ready", CUSTOM_METRICS.state_if_changed(), not instance.may_run_on_event_loop))
-    # Responses of decoupled requests are sent from any thread: every send takes its lock.
-    streams = WorkerStreams(conn)
+    streams.send(("ready", CUSTOM_METRICS.state_if_changed(), not instance.may_run_on_event_loop))
 
     def other(message: tuple[Any, ...]) -> None:  # what arrives while a BLS call waits
         if message[0] == "cancel":

@@ -23,7 +23,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tritonfast.backends.python import workerbls
+from tritonfast.backends.python import workerbls, workerlog
 from tritonfast.errors import Code, InternalError, TritonError, error_for
 from tritonfast.runtime.responses import ResponseSender, Result
 from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
@@ -99,7 +99,9 @@ class ResponseRelay:
                     self._pass_cancellations()
                     continue
                 message = conn.recv()
-                if message[0] in workerbls.REQUESTS:  # the model called another model
+                if message[0] == "log":
+                    workerlog.emit(message)
+                elif message[0] in workerbls.REQUESTS:  # the model called another model
                     workerbls.serve(message, self.send)
                 elif message[0] == "response":
                     self._deliver(
