@@ -130,11 +130,14 @@ def test_grpc_stream_async_execute_and_error_responses(
     assert [final_flag(r) for r in results] == [False, False, True]
 
 
+@pytest.mark.parametrize(
+    "model", ["sender_default", "sender_default_proc"], ids=["in-process", "worker"]
+)
 def test_grpc_stream_single_response_models_answer_in_request_order(
-    grpc_client: grpcclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient, model: str
 ) -> None:
     """A default model answering through its response sender, on the same stream."""
-    requests = [("sender_default", [index, index], {}) for index in range(6)]
+    requests = [(model, [index, index], {}) for index in range(6)]
     replies = stream_replies(grpc_client, requests, expected=6)
     assert [r.get_response().id for r, _ in replies] == [f"r{i}" for i in range(6)]
     assert [r.as_numpy("OUT").tolist() for r, _ in replies] == [[i + 1, i + 1] for i in range(6)]

@@ -31,13 +31,15 @@ on the server (BLS), run from the instance's thread (``execute``). Workers are f
 fork server that imported this module once (``_worker_context``).
 
 Decoupled models work too: their responses, sent from ``execute`` or from the model's own
-threads after it returned, travel over the pipe (see :mod:`.workerstream`). The response
-sender of a non-decoupled model is not available in this mode.
+threads after it returned, travel over the pipe (see :mod:`.workerstream`). A
+non-decoupled model's response sender works too: the worker takes the one response sent
+through it (waiting for it if the model sends it after ``execute`` returned).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import io
 import itertools
@@ -587,13 +589,13 @@ def worker_main(
                                 request.sender.send(result, final=True)
                 streams.send(("results", "", 0, [], CUSTOM_METRICS.state_if_changed()))
                 continue
-            # No response sender in a worker: a request without a returned response fails.
-            unanswered = InternalError(
-                f"model instance '{instance_name}' returned no response for a request: the"
-                " response sender is not available in the 'process' instance mode"
+            answers: list[Result | None] = (
+                [None] * len(requests) if returned is None else list(returned)
             )
-            results = [unanswered] * len(requests) if returned is None else list(returned)
-            results = [unanswered if result is None else result for result in results]
+            results = [
+                _answer_of(request, result, instance_name)
+                for request, result in zip(requests, answers, strict=True)
+            ]
             streams.send((*_describe_results(outputs, results), CUSTOM_METRICS.state_if_changed()))
     except EOFError:  # the server went away
         return
@@ -604,11 +606,25 @@ def worker_main(
 
 
 class _WorkerRequest(InferRequest):
-    """A request in the worker: ``cancelled`` reads its byte of the cancellation segment."""
+    """A request in the worker: ``cancelled`` reads its byte of the cancellation segment; its
+    ``sink``, made when first asked for (by the model's response sender), is the future the
+    worker takes the one response of a request answered through its sender from."""
 
-    __slots__ = ("_flags", "_index")
+    __slots__ = ("_flags", "_index", "_sink")
     _flags: Any
     _index: int
+    _sink: concurrent.futures.Future[Any] | None
+
+    @property  # type: ignore[override]
+    def sink(self) -> concurrent.futures.Future[Any]:
+        sink = self._sink
+        if sink is None:
+            sink = self._sink = concurrent.futures.Future()
+        return sink
+
+    @sink.setter
+    def sink(self, value: Any) -> None:
+        self._sink = value
 
     @property  # type: ignore[override]
     def cancelled(self) -> bool:
@@ -622,6 +638,24 @@ class _WorkerRequest(InferRequest):
     def detach(self) -> None:
         """Its batch returned: from now on only the server's cancel messages count."""
         self._flags = None
+
+
+def _answer_of(request: _WorkerRequest, result: Result | None, instance_name: str) -> Result:
+    """A request's response: the one ``execute`` returned, or else the one the model sent
+    through its response sender (waited for: the model may send it from a thread of its own,
+    after ``execute`` returned)."""
+    if result is not None:
+        return result
+    sink = request._sink
+    if sink is None:
+        return InternalError(
+            f"model instance '{instance_name}' returned no response for request"
+            f" '{request.id}' and did not use its response sender"
+        )
+    try:
+        return cast(Result, sink.result())
+    except TritonError as error:
+        return error
 
 
 def _flag_cancelled(requests: list[InferRequest], flags: Any) -> None:
