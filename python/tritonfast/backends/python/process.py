@@ -437,6 +437,7 @@ class ProcessInstance(ModelInstance):
                     request.parameters,
                     None if request.outputs is None else [o.name for o in request.outputs],
                     slots[position : position + count],
+                    workerbls.trace_token(request.trace),
                 )
             )
             position += count
@@ -671,11 +672,12 @@ def _request(
     """A request of the batch in ``buffer``; ``copy``: its inputs are copied out of the
     segment (a decoupled model's requests outlive their batch: threads or coroutines of the
     model may read them after ``execute`` returned, when the segment holds the next batch)."""
-    model_name, model_version, request_id, parameters, output_names, slots = described
+    model_name, model_version, request_id, parameters, output_names, slots, trace = described
     request = _WorkerRequest(
         model_name=model_name,
         model_version=model_version,
         id=request_id,
+        trace=trace,
         inputs=[
             InputTensor(slot[0], slot[1], slot[2], _read(buffer, slot, model, copy=copy))
             for slot in slots

@@ -13,7 +13,9 @@ together, once the callee has sent its final flag.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -25,6 +27,13 @@ from tritonfast.runtime.types import InferRequest, InferResponse
 
 # Which end of the pipe the worker reads other messages with while it waits for an answer.
 Other = Callable[[tuple[Any, ...]], None]
+
+
+def _strip(request: InferRequest) -> None:
+    """What of a worker's BLS request does not travel: all but a parent trace's token."""
+    request.sink = request.sender = request.trace = None
+    if not isinstance(request.parent_trace, TraceToken):
+        request.parent_trace = None
 
 
 class WorkerHandle:
@@ -39,7 +48,7 @@ class WorkerHandle:
         self._lock = threading.Lock()
 
     def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse:
-        request.sink = request.sender = request.trace = request.parent_trace = None  # not sent
+        _strip(request)
         with self._lock:
             self._send(("bls", request, timeout))
             while True:
@@ -70,7 +79,7 @@ class WorkerHandle:
         raise UnsupportedError("model configurations are not available in a worker process")
 
     def stream(self, request: InferRequest) -> Iterator[Streamed]:
-        request.sink = request.sender = request.trace = request.parent_trace = None
+        _strip(request)
         items = []
         with self._lock:
             self._send(("bls_stream", request, None))
@@ -99,14 +108,55 @@ class WorkerHandle:
 # What a worker asks the server for over its pipe.
 REQUESTS = ("bls", "bls_stream")
 
+# Traces of requests sent to workers, by token: a traced request reaches its worker with a
+# TraceToken as its trace, which the model passes on (``trace=request.trace()``) to its BLS
+# calls, and the server puts the real trace back as their parent. The newest
+# _TRACES_KEPT are kept (a model may call the server for a request after its batch).
+_TRACES_KEPT = 4096
+_traces: OrderedDict[int, Any] = OrderedDict()
+_trace_tokens = itertools.count(1)
+_traces_lock = threading.Lock()
+
+
+class TraceToken:
+    """What a worker holds in place of a traced request's trace."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TraceToken, (self.value,))
+
+
+def trace_token(trace: Any) -> TraceToken | None:
+    """On the server: the token a worker's request carries for ``trace`` (None: untraced)."""
+    if trace is None:
+        return None
+    with _traces_lock:
+        token = next(_trace_tokens)
+        _traces[token] = trace
+        if len(_traces) > _TRACES_KEPT:
+            _traces.popitem(last=False)
+    return TraceToken(token)
+
+
+def _restore_parent(request: InferRequest) -> None:
+    parent = request.parent_trace
+    if isinstance(parent, TraceToken):
+        with _traces_lock:
+            request.parent_trace = _traces.get(parent.value)
+
 
 def serve(message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]) -> None:
     """On the server: run a worker's BLS request (one of :data:`REQUESTS`) and send it what
     came of it."""
+    request = message[1]
+    _restore_parent(request)
     if message[0] == "bls":
         send(_answer(message))
         return
-    request = message[1]
     try:
         for item in handle.current().stream(request):
             result = item.result
