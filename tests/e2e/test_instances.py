@@ -58,7 +58,7 @@ def _executions(client: grpcclient.InferenceServerClient, model: str) -> tuple[i
 
 
 def test_short_executions_move_to_the_event_loop_and_keep_batching(server) -> None:
-    """Default instance mode: after its warm-up a fast model's batches run on the event loop
+    """Instance mode "auto": after its warm-up a fast model's batches run on the event loop
     (runtime.looprun), every request is still answered and counted, and batches still form."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:

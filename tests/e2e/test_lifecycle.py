@@ -79,7 +79,7 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
     log = lenient_server.log()
     assert "model.py" in log  # the missing-file reason names the file
     assert (
-        "parameter TRITONFAST_INSTANCE_MODE must be one of auto, thread, process, not 'fork'" in log
+        "parameter TRITONFAST_INSTANCE_MODE must be one of process, auto, thread, not 'fork'" in log
     )
     # initialize() failing inside a worker process reports the model's own error.
     assert "Failed to initialize model instance 'proc_init_fail_0_0'" in log

@@ -177,3 +177,66 @@ def test_a_model_crashing_in_initialize_fails_its_load_and_a_later_load_brings_i
     finally:
         client.close()
         server.stop()
+
+
+PID_MODEL = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        pid = np.array([os.getpid()], dtype=np.int64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]) for _ in requests]
+"""
+
+PID_CONFIG = """
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+"""
+
+
+@pytest.mark.parametrize("setting", [None, "process", "auto", "thread"])
+def test_a_model_naming_no_mode_runs_in_a_worker_unless_the_server_says_otherwise(
+    tmp_path, setting
+) -> None:
+    version = tmp_path / "repo" / "pid" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(PID_MODEL)
+    (version.parent / "config.pbtxt").write_text(PID_CONFIG)
+    flags = [] if setting is None else [f"--backend-config=python,instance-mode={setting}"]
+    server = start_server([tmp_path / "repo"], tmp_path / "server.log", *flags)
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        tensor = httpclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], np.int32))
+        pid = int(client.infer("pid", [tensor]).as_numpy("PID")[0])
+        assert (pid == server.proc.pid) == (setting in ("auto", "thread"))
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_an_unknown_server_wide_mode_keeps_python_models_from_loading(tmp_path) -> None:
+    version = tmp_path / "repo" / "pid" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(PID_MODEL)
+    (version.parent / "config.pbtxt").write_text(PID_CONFIG)
+    server = start_server(
+        [tmp_path / "repo"],
+        tmp_path / "server.log",
+        "--backend-config=python,instance-mode=fork",
+        "--exit-on-error=false",
+    )
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert not client.is_model_ready("pid")
+        client.close()
+    finally:
+        server.stop()
+    assert (
+        "--backend-config=python,instance-mode must be one of process, auto, thread, not 'fork'"
+        in server.log()
+    )

@@ -304,6 +304,8 @@ input [
 ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
+# In-process: only there does a model read shared-memory inputs in place.
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "thread" } }
 """
 WATCH_MODEL = """
 import time

@@ -1,6 +1,7 @@
 """The ``python`` backend's hooks: import ``model.py`` per version, let the model complete its
-configuration, and start each instance in-process or in a worker process (the model's
-``TRITONFAST_INSTANCE_MODE`` parameter, see :mod:`.process`)."""
+configuration, and start each instance in a worker process (the default) or in-process (the
+model's ``TRITONFAST_INSTANCE_MODE`` parameter, or ``--backend-config=python,instance-mode=``
+for every model that names none; see :mod:`.process`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
 from tritonfast.backends.python import loader
 from tritonfast.backends.python.instance import PythonInstance
-from tritonfast.backends.python.process import ProcessInstance, instance_mode
+from tritonfast.backends.python.process import (
+    DEFAULT_MODE,
+    MODE_SETTING,
+    MODES,
+    ProcessInstance,
+    instance_mode,
+)
+from tritonfast.errors import InvalidArgumentError
 
 
 class PythonBackend(Backend):
@@ -22,6 +30,7 @@ class PythonBackend(Backend):
     def __init__(self, model_dir: Path, settings: Mapping[str, str] | None = None) -> None:
         super().__init__(model_dir, settings)
         self._classes: dict[int, type] = {}  # each version's TritonPythonModel, imported once
+        self._default_mode = self.settings.get(MODE_SETTING, DEFAULT_MODE)
 
     def model_class(self, config: model_config_pb2.ModelConfig, version: int) -> type:
         model_class = self._classes.get(version)
@@ -33,13 +42,22 @@ class PythonBackend(Backend):
     def auto_complete(self, config: model_config_pb2.ModelConfig, version: int) -> None:
         loader.auto_complete(self.model_class(config, version), config)
 
+    def mode(self, config: model_config_pb2.ModelConfig) -> str:
+        """The model's instance mode: its own parameter, else the server's default."""
+        return instance_mode(config, self._default_mode)
+
     def validate(self, config: model_config_pb2.ModelConfig) -> None:
-        instance_mode(config)  # raises for an unknown mode
+        if self._default_mode not in MODES:
+            raise InvalidArgumentError(
+                f"--backend-config=python,{MODE_SETTING} must be one of {', '.join(MODES)},"
+                f" not '{self._default_mode}'"
+            )
+        self.mode(config)  # raises for an unknown mode
 
     def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
         # Process instances: the loop passes batches to their workers (none runs on it).
         return (
-            instance_mode(config) in ("auto", "process")
+            self.mode(config) in ("auto", "process")
             and not config.model_transaction_policy.decoupled
         )
 
@@ -51,7 +69,7 @@ class PythonBackend(Backend):
             "repository_path": self.model_dir,
             "version": placement.version,
         }
-        if instance_mode(config) == "process":
+        if self.mode(config) == "process":
             return ProcessInstance(self.model_file(config, placement.version), config, **where)
         model_class = self.model_class(config, placement.version)
         return PythonInstance(model_class, config, device_id=placement.device_id, **where)

@@ -80,7 +80,11 @@ from tritonfast.runtime.types import (
 )
 
 MODE_PARAMETER = "TRITONFAST_INSTANCE_MODE"
-MODES = ("auto", "thread", "process")
+MODES = ("process", "auto", "thread")
+# A model that names no mode: isolated (a crash in it cannot end the server). The server-wide
+# default changes with --backend-config=python,instance-mode=<mode>.
+DEFAULT_MODE = "process"
+MODE_SETTING = "instance-mode"
 # How long a worker may take to start (import the model, run initialize) or to finalize.
 START_TIMEOUT_S = 120.0
 FINALIZE_TIMEOUT_S = 30.0
@@ -96,10 +100,11 @@ _instance_serials = itertools.count()
 TensorSlot = tuple[str, str, tuple[int, ...], int, int]
 
 
-def instance_mode(config: model_config_pb2.ModelConfig) -> str:
-    """``"auto"``, ``"thread"`` or ``"process"``, from the model's parameters."""
+def instance_mode(config: model_config_pb2.ModelConfig, default: str = DEFAULT_MODE) -> str:
+    """``"process"``, ``"auto"`` or ``"thread"``, from the model's parameters (``default``
+    when it names none)."""
     if MODE_PARAMETER not in config.parameters:
-        return "auto"
+        return default
     mode = config.parameters[MODE_PARAMETER].string_value
     if mode not in MODES:
         raise InvalidArgumentError(
