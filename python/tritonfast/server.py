@@ -229,6 +229,9 @@ async def _start_frontends(
                 tls.load_cert_chain(options.http_tls_cert, options.http_tls_key or None)
             except (OSError, ssl.SSLError) as error:
                 raise InvalidArgumentError(f"cannot use the HTTPS certificate: {error}") from None
+        from tritonfast.frontends.http.request import DirectBody
+
+        DirectBody.budget = options.http_body_budget_bytes
         http_server = await start_http_server(
             dataplane, options.http_address, options.http_port, http_restrictions, tls
         )

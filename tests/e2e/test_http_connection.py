@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.conftest import TEST_MODELS, start_server
+from tests.waiting import wait_for
+
 ADD_SUB = "/v2/models/add_sub/infer"
 IDENTITY = "/v2/models/identity_fp32/infer"
 
@@ -297,3 +300,53 @@ def test_declared_body_lengths_alone_do_not_take_memory(server, raw):
     finally:
         for sock in lying:
             sock.close()
+
+
+def test_bodies_past_the_server_wide_budget_get_503_and_the_budget_comes_back(
+    tmp_path: Path,
+) -> None:
+    """With an 8 MiB budget: a connection holding a 6 MiB body (half sent) leaves no room for
+    a 4 MiB one, which gets 503 and its connection closes; once the first goes away, the
+    same request is served."""
+    server = start_server(
+        [TEST_MODELS], tmp_path / "server.log", "--http-body-budget-bytes=8388608"
+    )
+    try:
+        holder = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+        holder.sendall(
+            b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: %d\r\n\r\n" % (6 << 20) + b"{" * (3 << 20)
+        )
+        tensor = httpclient.InferInput("INPUT0", [1, 1 << 20], "FP32")  # 4 MiB
+        tensor.set_data_from_numpy(np.ones((1, 1 << 20), np.float32))
+        body, header_length = httpclient.InferenceServerClient.generate_request_body([tensor])
+        head = (
+            b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+            % (header_length, len(body))
+        )
+
+        def post() -> bytes:
+            """The status line and body of one answer to the 4 MiB request."""
+            with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+                sock.sendall(head + body)
+                reader = sock.makefile("rb")
+                status = reader.readline()
+                length = 0
+                while line := reader.readline().rstrip(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                answer = status + reader.read(length)
+                reader.close()
+                return answer
+
+        wait_for(lambda: post().startswith(b"HTTP/1.1 503"), "the 6 MiB body to be held")
+        refused = post()
+        assert refused.startswith(b"HTTP/1.1 503"), refused[:200]
+        assert b"past its budget of 8388608 bytes (--http-body-budget-bytes)" in refused
+        holder.close()
+        wait_for(lambda: post().startswith(b"HTTP/1.1 200"), "the budget to come back")
+    finally:
+        holder.close()
+        server.stop()

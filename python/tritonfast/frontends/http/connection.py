@@ -210,7 +210,11 @@ class HttpConnection(asyncio.BufferedProtocol):
     # -- reading --------------------------------------------------------------------------------
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self._direct
-        return self._server.read_buffer if direct is None else direct.room()
+        if direct is None:
+            return self._server.read_buffer
+        room = direct.room()
+        # None: over the body budget; its request is answered 503, its bytes are dropped.
+        return self._server.read_buffer if room is None else room
 
     def buffer_updated(self, nbytes: int) -> None:
         direct = self._direct

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tritonfast.errors import UnavailableError
 from tritonfast.runtime.bufferpool import pooled_memory
 
 # Triton reads content lengths as int32; bodies up to that size are accepted.
@@ -19,6 +20,9 @@ DIRECT_BODY_BYTES = 1 << 18
 EAGER_BODY_BYTES = 1 << 25
 EAGER_BUDGET_BYTES = 1 << 27
 FIRST_DIRECT_BYTES = 1 << 21
+# The server-wide budget of large-body buffers (--http-body-budget-bytes): a body whose buffer
+# would take the bytes held by all of them past it is refused with 503.
+BODY_BUDGET_BYTES = 1 << 32
 
 
 class DirectBody:
@@ -31,30 +35,66 @@ class DirectBody:
     a declared length alone never takes memory, so clients that declare huge bodies and send
     little hold little."""
 
-    __slots__ = ("buffer", "done", "filled", "length", "reserved")
+    __slots__ = ("allocated", "buffer", "done", "failure", "filled", "length", "reserved")
     eager_reserved = 0  # bytes of eager buffers whose bodies are still arriving
+    held = 0  # bytes of the buffers of every direct body alive
+    budget = BODY_BUDGET_BYTES
 
     def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.length = length
         self.reserved = 0
-        if length <= EAGER_BODY_BYTES and DirectBody.eager_reserved + length <= EAGER_BUDGET_BYTES:
-            self.buffer = pooled_memory(length)
+        self.allocated = 0
+        self.failure: UnavailableError | None = None
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.done.add_done_callback(_retrieved)
+        eager = length <= EAGER_BODY_BYTES
+        if eager and DirectBody.eager_reserved + length <= EAGER_BUDGET_BYTES:
+            size = length
+        else:
+            eager = False
+            size = min(length, max(FIRST_DIRECT_BYTES, 2 * len(start)))
+        if not self._hold(size):  # its bytes are read and dropped (see room)
+            self.buffer = memoryview(b"")
+            self.filled = len(start)
+            self.received(0)
+            return
+        self.buffer = pooled_memory(size)
+        if eager:
             self.reserved = length
             DirectBody.eager_reserved += length
-        else:
-            self.buffer = pooled_memory(min(length, max(FIRST_DIRECT_BYTES, 2 * len(start))))
         self.buffer[: len(start)] = start  # what came with the head, already parsed out
         self.filled = len(start)
-        self.done: asyncio.Future[None] = loop.create_future()
         self.received(0)
+
+    def _hold(self, size: int) -> bool:
+        """Count a buffer of ``size`` bytes (in place of the one held) against the budget;
+        past it the body fails with 503, and False."""
+        more = size - self.allocated
+        if DirectBody.held + more > DirectBody.budget:
+            self.failure = UnavailableError(
+                f"the server is receiving {DirectBody.held} bytes of request bodies, and this"
+                f" one of {self.length} bytes would take it past its budget of"
+                f" {DirectBody.budget} bytes (--http-body-budget-bytes); try again later"
+            )
+            return False
+        DirectBody.held += more
+        self.allocated = size
+        return True
 
     def complete(self) -> bool:
         return self.filled >= self.length
 
-    def room(self) -> memoryview:
-        """Where the next bytes go (a growing buffer grows first when it is full)."""
+    def room(self) -> memoryview | None:
+        """Where the next bytes go (a growing buffer grows first when it is full); None when
+        the body failed (see :attr:`failure`): its bytes are then read and dropped, so that
+        the client, still sending, gets its answer instead of a reset connection."""
+        if self.failure is not None:
+            return None
         if self.filled >= len(self.buffer) and self.filled < self.length:
-            grown = pooled_memory(min(self.length, 2 * len(self.buffer)))
+            size = min(self.length, 2 * len(self.buffer))
+            if not self._hold(size):
+                return None
+            grown = pooled_memory(size)
             grown[: self.filled] = self.buffer[: self.filled]
             self.buffer = grown  # the old buffer goes back to the pool with its last view
         return self.buffer[self.filled : self.length]
@@ -66,15 +106,29 @@ class DirectBody:
             return False
         self._release()
         if not self.done.done():
-            self.done.set_result(None)
+            # A failed body answers once all of it came (and was dropped): a client still
+            # sending would otherwise see its connection reset instead of the answer.
+            if self.failure is not None:
+                self.done.set_exception(self.failure)
+            else:
+                self.done.set_result(None)
         return True
 
     def _release(self) -> None:
         DirectBody.eager_reserved -= self.reserved
         self.reserved = 0
 
-    def __del__(self) -> None:  # a body abandoned with its connection
+    def __del__(self) -> None:  # the request is done with it, or abandoned with its connection
         self._release()
+        DirectBody.held -= self.allocated
+        self.allocated = 0
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """A failed body's error is answered by its handler, if one reads it; never logged as
+    an exception nobody retrieved."""
+    if not done.cancelled():
+        done.exception()
 
 
 class Request:
