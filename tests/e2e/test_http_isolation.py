@@ -9,8 +9,10 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.conftest import RunningServer
 
@@ -48,4 +50,41 @@ def test_a_compressed_json_bomb_leaves_other_clients_served(server: RunningServe
     finally:
         client.close()
     assert outcome and outcome[0] in (400, 500)  # the bomb itself is refused
+    assert slowest < 1.0, f"another client waited {slowest:.2f} s"
+
+
+def test_a_huge_malformed_grpc_message_leaves_other_clients_served(server: RunningServer) -> None:
+    """64 MiB that do not parse as a ModelInferRequest: refused with INVALID_ARGUMENT while an
+    HTTP client's requests go on being answered."""
+    junk = b"\x0a\xff\xff\xff\xff\x0f" + b"\xee" * (64 << 20)  # a field longer than the message
+    outcome: list[object] = []
+
+    def send() -> None:
+        channel = grpc.insecure_channel(
+            server.grpc_url, options=[("grpc.max_send_message_length", -1)]
+        )
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        try:
+            infer(junk, timeout=120)
+            outcome.append("answered")
+        except grpc.RpcError as error:
+            outcome.append(error.code())
+        finally:
+            channel.close()
+
+    heavy = threading.Thread(target=send)
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    try:
+        heavy.start()
+        slowest = 0.0
+        while heavy.is_alive():
+            started = time.monotonic()
+            client.infer("identity_fp32", [tensor])
+            slowest = max(slowest, time.monotonic() - started)
+        heavy.join()
+    finally:
+        client.close()
+    assert outcome == [grpc.StatusCode.INVALID_ARGUMENT]
     assert slowest < 1.0, f"another client waited {slowest:.2f} s"
