@@ -10,9 +10,11 @@
 //! `Arc`. [`RegionRegistry::unregister`] only drops the registry's reference, so a request that
 //! looked the region up earlier keeps the memory mapped until it lets go of its `Arc`.
 //!
-//! What stays the client's responsibility (as in Triton): the object must not be shrunk while
-//! registered (touching a mapped page past the end of the object raises `SIGBUS`), and the
-//! client must not rewrite a region while a request reads or writes it.
+//! What stays the client's responsibility: the object must not be shrunk while registered
+//! (touching a mapped page past the end of the object raises `SIGBUS`, which ends Triton).
+//! Each access checks the object's size first and refuses a range it no longer backs; a
+//! shrink between that check and the access, or while a model reads an input in place, still
+//! raises `SIGBUS`. The client must not rewrite a region while a request reads or writes it.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -75,6 +77,9 @@ struct Mapping {
     mapped: usize,
     /// Where the registered window starts within the mapping.
     skip: usize,
+    /// The client's object, kept open to see whether it still backs the window (`None`: an
+    /// object this process owns, which nobody else resizes).
+    object: Option<Fd>,
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value; no thread-affine state is
@@ -85,6 +90,7 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 /// Closes a file descriptor when dropped.
+#[derive(Debug)]
 struct Fd(libc::c_int);
 
 impl Drop for Fd {
@@ -106,7 +112,15 @@ impl Mapping {
                 format!("Unable to open shared memory region: '{key}'"),
             ));
         }
-        Self::of(&Fd(fd), region, key, offset, byte_size)
+        let fd = Fd(fd);
+        let mut mapping = Self::of(&fd, region, key, offset, byte_size)?;
+        mapping.object = Some(fd);
+        Ok(mapping)
+    }
+
+    /// The size of the client's object now, if it could have shrunk since it was mapped.
+    fn object_size_now(&self) -> Option<u64> {
+        self.object.as_ref().and_then(object_size)
     }
 
     /// Maps `byte_size` bytes at `offset` of the open object `fd` (`key`, registered as
@@ -139,6 +153,7 @@ impl Mapping {
                 base: None,
                 mapped: 0,
                 skip: 0,
+                object: None,
             });
         }
         // mmap needs a page-aligned file offset; map from the page holding `offset`.
@@ -169,6 +184,7 @@ impl Mapping {
             base: NonNull::new(address),
             mapped,
             skip,
+            object: None,
         })
     }
 
@@ -358,6 +374,19 @@ impl Region {
                 "Invalid offset + byte size for shared memory region: '{name}'"
             )));
         }
+        // A client that shrank its object after registering would make this access raise
+        // SIGBUS and end the server: refused instead. (It can still shrink it between this
+        // check and the access, or while a model reads an input in place.)
+        if let Some(now) = self.mapping.object_size_now() {
+            let needed = self.info.offset.saturating_add(end);
+            if now < needed {
+                return Err(CoreError::invalid_arg(format!(
+                    "shared memory region '{name}' was truncated by its owner to {now} bytes \
+                     since it was registered: the {len} bytes at offset {offset} are no \
+                     longer there (register it again)"
+                )));
+            }
+        }
         // offset < byte_size, which was mapped, so it fits in usize.
         let offset = usize::try_from(offset).unwrap_or(usize::MAX);
         // SAFETY: offset + len <= len of the mapped window, checked above.
@@ -544,6 +573,28 @@ mod tests {
         assert_eq!(registry.get("r").unwrap_err().code, Code::NotFound);
         // The request that looked it up still has it mapped.
         assert_eq!(region.read(98, 2).unwrap(), [1, 2]);
+    }
+
+    #[test]
+    fn a_region_its_owner_truncated_is_refused_instead_of_raising_sigbus() {
+        let object = Object::new("shrunk", 3 * 4096, 5);
+        let registry = RegionRegistry::new();
+        registry.register("r", &object.key, 4096, 8192).unwrap();
+        let region = registry.get("r").unwrap();
+        assert_eq!(region.read(8000, 2).unwrap(), [5, 5]);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/dev/shm{}", object.key))
+            .unwrap()
+            .set_len(4096 + 100)
+            .unwrap();
+        // Still backed: the first 100 bytes of the window.
+        assert_eq!(region.read(98, 2).unwrap(), [5, 5]);
+        // Past the new end: an error, where touching the page would raise SIGBUS.
+        let error = region.read(8000, 2).unwrap_err();
+        assert_eq!(error.code, Code::InvalidArg);
+        assert!(error.message.contains("was truncated by its owner to 4196 bytes"), "{error:?}");
+        assert!(region.write(4000, &[1]).is_err());
     }
 
     #[test]

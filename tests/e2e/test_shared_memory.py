@@ -7,6 +7,7 @@ regions: the server maps them by key and reads inputs / writes outputs in place.
 from __future__ import annotations
 
 import base64
+import os
 import threading
 import time
 import uuid
@@ -265,6 +266,25 @@ def test_many_regions(protocol: str, client: Any, regions: Regions) -> None:
             "identity_fp32", [shm_input(protocol, "INPUT0", [1, 4], "FP32", name, 16)]
         )
         assert result.as_numpy("OUTPUT0")[0, 0] == names.index(name)
+
+
+def test_a_region_truncated_by_its_owner_is_refused_not_a_crash(
+    protocol: str, client: Any, regions: Regions
+) -> None:
+    """Triton dies of SIGBUS when a request touches a region whose object its client shrank;
+    here the request gets an error and the server goes on."""
+    name = regions.create(8192)
+    regions.set(name, [np.ones((1, 4), dtype=np.float32)], offset=8000)
+    os.truncate(f"/dev/shm/{name}", 4096)
+    with pytest.raises(InferenceServerException) as error:
+        client.infer(
+            "identity_fp32",
+            [shm_input(protocol, "INPUT0", [1, 4], "FP32", name, 16, offset=8000)],
+        )
+    assert f"shared memory region '{name}' was truncated by its owner to 4096 bytes" in str(
+        error.value
+    )
+    assert client.is_server_live()
 
 
 def test_one_region_shared_by_concurrent_requests(
