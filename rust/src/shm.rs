@@ -593,7 +593,12 @@ mod tests {
         // Past the new end: an error, where touching the page would raise SIGBUS.
         let error = region.read(8000, 2).unwrap_err();
         assert_eq!(error.code, Code::InvalidArg);
-        assert!(error.message.contains("was truncated by its owner to 4196 bytes"), "{error:?}");
+        assert!(
+            error
+                .message
+                .contains("was truncated by its owner to 4196 bytes"),
+            "{error:?}"
+        );
         assert!(region.write(4000, &[1]).is_err());
     }
 
