@@ -333,7 +333,7 @@ class Tracer:
         with self._lock:
             self._done.append(trace)
             if settings.log_frequency and len(self._done) >= settings.log_frequency:
-                self._write(f"{settings.file}.{next(self._files)}")
+                self._write(self._numbered(settings.file))
 
     def flush(self) -> None:
         """Write (or send) what is left (at shutdown)."""
@@ -345,7 +345,12 @@ class Tracer:
                 return
             settings = self._global
             path = settings.file if not settings.log_frequency else None
-            self._write(path or f"{settings.file}.{next(self._files)}")
+            self._write(path or self._numbered(settings.file))
+
+    def _numbered(self, file: str) -> str:
+        """The next of the numbered files ``file.N`` (none when no file is set: the traces
+        are dropped, never written as ``.N`` in the working directory)."""
+        return f"{file}.{next(self._files)}" if file else ""
 
     def _write(self, path: str) -> None:
         events = [event for trace in self._done for event in trace.events()]
