@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from tritonfast.tracing import Tracer, parse_trace_config
 
 
