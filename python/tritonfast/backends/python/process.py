@@ -249,6 +249,7 @@ class ProcessInstance(ModelInstance):
         self._outputs = SegmentReader()
         # Decoupled models' responses come from the relay's thread: those stay off the loop.
         self.runs_elsewhere = not self._decoupled
+        self._finalized = False  # set by finalize: a worker that dies is not started again
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         try:
@@ -412,6 +413,13 @@ class ProcessInstance(ModelInstance):
             if failure is not None:
                 error = failure()
                 loop.call_soon_threadsafe(finish, [error] * len(requests))
+            if self._finalized:  # the instance is going away: no new worker
+                if failure is None:
+                    loop.call_soon_threadsafe(
+                        finish, [InternalError("the model is unloading")] * len(requests)
+                    )
+                loop.call_soon_threadsafe(release)
+                return
             try:
                 self._start()
             except TritonError as exc:
@@ -489,6 +497,7 @@ class ProcessInstance(ModelInstance):
         return InferResponse(model_name, model_version, response_id, outputs, parameters)
 
     def finalize(self) -> None:
+        self._finalized = True
         if self._conn is not None:
             try:
                 self._conn.send(("finalize",))
