@@ -122,6 +122,9 @@ INIT_CRASHER = """
 import os
 import triton_python_backend_utils as pb_utils
 
+if open(os.path.join(os.path.dirname(__file__), "how")).read().strip() == "import":
+    os._exit(5)
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -148,7 +151,7 @@ parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "process" } 
 """
 
 
-def test_a_model_crashing_in_initialize_fails_its_load_and_a_later_load_brings_it_back(
+def test_a_model_crashing_on_import_or_in_initialize_fails_its_load_and_a_later_load_brings_it_back(
     tmp_path,
 ) -> None:
     version = tmp_path / "repo" / "init_crasher" / "1"
@@ -162,7 +165,7 @@ def test_a_model_crashing_in_initialize_fails_its_load_and_a_later_load_brings_i
     )
     client = httpclient.InferenceServerClient(server.http_url)
     try:
-        for crash in ("exit", "abort"):
+        for crash in ("import", "exit", "abort"):
             how.write_text(crash)
             with pytest.raises(InferenceServerException) as info:
                 client.load_model("init_crasher")

@@ -18,6 +18,7 @@ from tritonfast.backends.python.process import (
     MODE_SETTING,
     MODES,
     ProcessInstance,
+    auto_complete_in_worker,
     instance_mode,
 )
 from tritonfast.errors import InvalidArgumentError
@@ -40,6 +41,9 @@ class PythonBackend(Backend):
         return model_class
 
     def auto_complete(self, config: model_config_pb2.ModelConfig, version: int) -> None:
+        if self.mode(config) == "process":  # the model's code never runs in the server
+            auto_complete_in_worker(self.model_file(config, version), config)
+            return
         loader.auto_complete(self.model_class(config, version), config)
 
     def mode(self, config: model_config_pb2.ModelConfig) -> str:

@@ -530,6 +530,66 @@ class ProcessInstance(ModelInstance):
         remove_segments(self._output_prefix)
 
 
+# -- auto-complete in a worker ------------------------------------------------------------------
+def auto_complete_in_worker(model_file: Path, config: model_config_pb2.ModelConfig) -> None:
+    """Import the model and run its ``auto_complete_config`` in a short-lived worker, and take
+    the completed configuration back (in place): a model whose import or hook crashes its
+    process fails its load, not the server."""
+    context = _worker_context()
+    ours, theirs = context.Pipe()
+    process = context.Process(
+        target=_auto_complete_main,
+        args=(theirs, str(model_file), config.SerializeToString()),
+        name=f"tritonfast-auto-complete:{config.name}",
+        daemon=True,
+    )
+    process.start()
+    theirs.close()
+    try:
+        reply = None
+        while reply is None:
+            if not ours.poll(START_TIMEOUT_S):
+                raise InternalError(
+                    f"model '{config.name}': importing model.py and completing its"
+                    f" configuration took over {START_TIMEOUT_S:.0f} s"
+                )
+            message = ours.recv()
+            if message[0] == "log":
+                workerlog.emit(message)
+            else:
+                reply = message
+    except (EOFError, OSError):
+        process.join(5)  # the pipe closes a moment before the exit is reported
+        raise InternalError(
+            f"model '{config.name}': the worker process exited with code {process.exitcode}"
+            " while it imported model.py and completed the model's configuration"
+        ) from None
+    finally:
+        ours.close()
+        process.join(FINALIZE_TIMEOUT_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    kind, payload = reply
+    if kind == "error":
+        raise error_for(Code(payload[0]), payload[1])
+    config.CopyFrom(model_config_pb2.ModelConfig.FromString(payload))
+
+
+def _auto_complete_main(conn: Connection, model_file: str, config_bytes: bytes) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from tritonfast.backends.python.loader import auto_complete, load_model_class
+
+    workerlog.forward_model_logs(conn.send)
+    config = model_config_pb2.ModelConfig.FromString(config_bytes)
+    try:
+        auto_complete(load_model_class(Path(model_file), config.name), config)
+    except TritonError as exc:
+        conn.send(("error", (exc.code.value, exc.message)))
+        return
+    conn.send(("ok", config.SerializeToString()))
+
+
 # -- the worker process -------------------------------------------------------------------------
 def worker_main(
     conn: Connection,
