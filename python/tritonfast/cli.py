@@ -97,7 +97,7 @@ class ServeOptions:
     grpc_root_cert: str = ""
     http_tls_cert: str = ""
     http_tls_key: str = ""
-    http_body_budget_bytes: int = 1 << 32
+    request_body_budget_bytes: int = 1 << 32
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     # Vertex AI (None: from the environment, as Triton decides: AIP_MODE, AIP_HTTP_PORT)
     allow_vertex_ai: bool | None = None
@@ -267,13 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--http-tls-key", default="", metavar="PEM")
     serve.add_argument(
-        "--http-body-budget-bytes",
+        "--request-body-budget-bytes",
         type=int,
         default=1 << 32,
         metavar="BYTES",
-        help="tritonfast only: the buffers of large request bodies (256 KiB and up) being"
-        " received or in use may hold this much between them; a body past it gets 503"
-        " (default 4 GiB)",
+        help="tritonfast only: large request bodies (256 KiB and up, HTTP and gRPC) being"
+        " received or in use may hold this much memory between them; a body past it gets"
+        " HTTP 503 or gRPC UNAVAILABLE (default 4 GiB)",
     )
     serve.add_argument(
         "--http-restricted-api",

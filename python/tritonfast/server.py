@@ -16,6 +16,7 @@ from tritonfast.backends.registry import BackendSettings
 from tritonfast.cli import ServeOptions
 from tritonfast.errors import InvalidArgumentError, TritonError
 from tritonfast.frontends import restricted
+from tritonfast.frontends.bodybudget import BUDGET
 from tritonfast.frontends.dataplane import DataPlane
 from tritonfast.logsettings import LogSettings, ServerLog
 from tritonfast.metrics import MetricsConfig, parse_metrics_config
@@ -193,6 +194,7 @@ async def _start_frontends(
     http_restrictions: dict[str, restricted.Restriction],
     grpc_restrictions: dict[str, restricted.Restriction],
 ) -> None:
+    BUDGET.limit = options.request_body_budget_bytes
     if options.allow_grpc:
         from tritonfast.frontends.grpc.servicer import start_grpc_server
 
@@ -229,9 +231,6 @@ async def _start_frontends(
                 tls.load_cert_chain(options.http_tls_cert, options.http_tls_key or None)
             except (OSError, ssl.SSLError) as error:
                 raise InvalidArgumentError(f"cannot use the HTTPS certificate: {error}") from None
-        from tritonfast.frontends.http.request import DirectBody
-
-        DirectBody.budget = options.http_body_budget_bytes
         http_server = await start_http_server(
             dataplane, options.http_address, options.http_port, http_restrictions, tls
         )

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import TEST_MODELS, start_server
 from tests.waiting import wait_for
@@ -302,14 +304,14 @@ def test_declared_body_lengths_alone_do_not_take_memory(server, raw):
             sock.close()
 
 
-def test_bodies_past_the_server_wide_budget_get_503_and_the_budget_comes_back(
+def test_bodies_past_the_server_wide_budget_are_refused_and_the_budget_comes_back(
     tmp_path: Path,
 ) -> None:
     """With an 8 MiB budget: a connection holding a 6 MiB body (half sent) leaves no room for
-    a 4 MiB one, which gets 503 and its connection closes; once the first goes away, the
-    same request is served."""
+    a 4 MiB one, which gets 503 over HTTP (its bytes read and dropped) and UNAVAILABLE over
+    gRPC; once the first goes away, the same requests are served."""
     server = start_server(
-        [TEST_MODELS], tmp_path / "server.log", "--http-body-budget-bytes=8388608"
+        [TEST_MODELS], tmp_path / "server.log", "--request-body-budget-bytes=8388608"
     )
     try:
         holder = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
@@ -344,9 +346,19 @@ def test_bodies_past_the_server_wide_budget_get_503_and_the_budget_comes_back(
         wait_for(lambda: post().startswith(b"HTTP/1.1 503"), "the 6 MiB body to be held")
         refused = post()
         assert refused.startswith(b"HTTP/1.1 503"), refused[:200]
-        assert b"past its budget of 8388608 bytes (--http-body-budget-bytes)" in refused
+        assert b"past its budget of 8388608 bytes (--request-body-budget-bytes)" in refused
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc_tensor = grpcclient.InferInput("INPUT0", [1, 1 << 20], "FP32")
+        grpc_tensor.set_data_from_numpy(np.ones((1, 1 << 20), np.float32))
+        with pytest.raises(InferenceServerException) as error:
+            grpc_client.infer("identity_fp32", [grpc_tensor])
+        assert error.value.status() == "StatusCode.UNAVAILABLE"
+        assert "past its budget of 8388608 bytes" in error.value.message()
         holder.close()
         wait_for(lambda: post().startswith(b"HTTP/1.1 200"), "the budget to come back")
+        result = grpc_client.infer("identity_fp32", [grpc_tensor]).as_numpy("OUTPUT0")
+        assert result.shape == (1, 1 << 20)
+        grpc_client.close()
     finally:
         holder.close()
         server.stop()

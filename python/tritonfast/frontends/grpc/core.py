@@ -36,6 +36,8 @@ from typing import Any
 import grpc
 from grpc._cython import cygrpc
 
+from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
+
 log = logging.getLogger("tritonfast.grpc")
 
 _NO_FLAGS = 0
@@ -125,6 +127,7 @@ class _Call:
     """One RPC: lives from its arrival until its handler is done or it is cancelled."""
 
     __slots__ = (
+        "budgeted",
         "call",
         "cancelled",
         "counted",
@@ -148,6 +151,7 @@ class _Call:
         self.payload: bytes | None = None
         self.done_callbacks: list[Callable[[], None]] | None = None  # made on first use
         self.counted = False  # among the server's unary calls in progress
+        self.budgeted = 0  # bytes of its request counted against the body budget
 
     # -- on the completion-queue thread ------------------------------------------------------
     def on_close(self, event: Any) -> None:
@@ -156,6 +160,20 @@ class _Call:
 
     def on_first_message(self, event: Any) -> None:
         data = event.batch_operations[0].message()
+        if data is not None and len(data) >= COUNTED_BYTES:
+            if not BUDGET.take(len(data)):
+                self.call.start_server_batch(
+                    (
+                        cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
+                        _status_op(
+                            cygrpc.StatusCode.unavailable, BUDGET.refusal(len(data)).message
+                        ),
+                    ),
+                    _ignore,
+                )
+                self.server.call_soon(self.over)
+                return
+            self.budgeted = len(data)
         if data is not None:
             self.server.call_soon(self.start, data)
         # None: the call was cancelled before its request arrived (on_close saw it).
@@ -173,6 +191,9 @@ class _Call:
 
     def over(self) -> None:
         """The RPC is over: run its done callbacks, once."""
+        if self.budgeted:
+            BUDGET.give(self.budgeted)
+            self.budgeted = 0
         if self.counted:
             self.counted = False
             self.server.unary_over()

@@ -7,22 +7,21 @@ import asyncio
 from typing import Any
 
 from tritonfast.errors import UnavailableError
+from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
 from tritonfast.runtime.bufferpool import pooled_memory
 
 # Triton reads content lengths as int32; bodies up to that size are accepted.
 MAX_BODY_BYTES = (1 << 31) - 1
-# Bodies from this size on (with a Content-Length) are received straight into a pool buffer.
-# Below it, the parser's own chunks cost less than setting one up.
-DIRECT_BODY_BYTES = 1 << 18
+# Bodies from this size on (with a Content-Length) are received straight into a pool buffer
+# (and counted against the server's body budget, frontends.bodybudget). Below it, the parser's
+# own chunks cost less than setting one up.
+DIRECT_BODY_BYTES = COUNTED_BYTES
 # Bodies up to this size get their whole buffer at once, while the eager buffers of bodies
 # still arriving stay within the budget; any other starts at FIRST_DIRECT_BYTES (at most) and
 # doubles as it arrives.
 EAGER_BODY_BYTES = 1 << 25
 EAGER_BUDGET_BYTES = 1 << 27
 FIRST_DIRECT_BYTES = 1 << 21
-# The server-wide budget of large-body buffers (--http-body-budget-bytes): a body whose buffer
-# would take the bytes held by all of them past it is refused with 503.
-BODY_BUDGET_BYTES = 1 << 32
 
 
 class DirectBody:
@@ -37,8 +36,6 @@ class DirectBody:
 
     __slots__ = ("allocated", "buffer", "done", "failure", "filled", "length", "reserved")
     eager_reserved = 0  # bytes of eager buffers whose bodies are still arriving
-    held = 0  # bytes of the buffers of every direct body alive
-    budget = BODY_BUDGET_BYTES
 
     def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.length = length
@@ -69,15 +66,9 @@ class DirectBody:
     def _hold(self, size: int) -> bool:
         """Count a buffer of ``size`` bytes (in place of the one held) against the budget;
         past it the body fails with 503, and False."""
-        more = size - self.allocated
-        if DirectBody.held + more > DirectBody.budget:
-            self.failure = UnavailableError(
-                f"the server is receiving {DirectBody.held} bytes of request bodies, and this"
-                f" one of {self.length} bytes would take it past its budget of"
-                f" {DirectBody.budget} bytes (--http-body-budget-bytes); try again later"
-            )
+        if not BUDGET.take(size - self.allocated):
+            self.failure = BUDGET.refusal(self.length)
             return False
-        DirectBody.held += more
         self.allocated = size
         return True
 
@@ -120,7 +111,7 @@ class DirectBody:
 
     def __del__(self) -> None:  # the request is done with it, or abandoned with its connection
         self._release()
-        DirectBody.held -= self.allocated
+        BUDGET.give(self.allocated)
         self.allocated = 0
 
 

@@ -1,0 +1,50 @@
+"""The server-wide budget of request-body bytes held in memory (``--request-body-budget-bytes``).
+
+Both frontends count what large request bodies hold: HTTP the buffers of bodies received
+straight into pool memory (256 KiB and up, as they grow), gRPC the messages of unary calls of
+that size, from their arrival until their call ends. A body that would take the total past the
+budget is refused (HTTP 503, gRPC UNAVAILABLE) with :func:`refusal`'s words, and nothing of it
+is kept.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from tritonfast.errors import UnavailableError
+
+DEFAULT_BYTES = 1 << 32
+# Bodies from this size on are counted (smaller ones are bounded by the connection's buffers).
+COUNTED_BYTES = 1 << 18
+FLAG = "--request-body-budget-bytes"
+
+
+class BodyBudget:
+    """Bytes held by counted bodies, against a limit; safe from any thread."""
+
+    def __init__(self, limit: int = DEFAULT_BYTES) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        """Count ``nbytes`` more, unless that passes the limit (then False, nothing counted)."""
+        with self._lock:
+            if self.held + nbytes > self.limit:
+                return False
+            self.held += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+    def refusal(self, size: int) -> UnavailableError:
+        return UnavailableError(
+            f"the server holds {self.held} bytes of request bodies, and this one of {size}"
+            f" bytes would take it past its budget of {self.limit} bytes ({FLAG}); try again"
+            " later"
+        )
+
+
+BUDGET = BodyBudget()
