@@ -95,6 +95,17 @@ def test_model_exception_is_reported_and_the_worker_keeps_serving(server) -> Non
         client.close()
 
 
+def test_a_model_that_returns_no_response_gets_an_error_not_a_hang(server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(MODEL, _inputs(httpclient, np.zeros((1, 1), np.float32), [b"silent"]))
+        assert "returned no response for request" in info.value.message()
+        assert "did not use its response sender" in info.value.message()
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize(
     ("word", "code"), [(b"crash", 3), (b"segv", -11), (b"abort", -6)], ids=["exit", "segv", "abort"]
 )

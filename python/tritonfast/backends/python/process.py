@@ -722,7 +722,7 @@ def _answer_of(request: _WorkerRequest, result: Result | None, instance_name: st
     if result is not None:
         return result
     sink = request._sink
-    if sink is None:
+    if request.sender is None or sink is None:  # (a sink alone: is_cancelled() asked for one)
         return InternalError(
             f"model instance '{instance_name}' returned no response for request"
             f" '{request.id}' and did not use its response sender"

@@ -1,6 +1,7 @@
 """Echoes its inputs and reports the process that ran it; "crash" in STR ends the worker with
 os._exit(3), "segv" crashes it in native code, "abort" calls abort(), "raise" raises, "sleep"
-sleeps 0.2 s. SPAN is when execute ran (time.time() at its start and end).
+sleeps 0.2 s, "silent" asks whether it was cancelled and returns no responses at all. SPAN is
+when execute ran (time.time() at its start and end).
 """
 
 import ctypes
@@ -29,6 +30,9 @@ class TritonPythonModel:
                 ctypes.string_at(0)  # reads address 0: SIGSEGV
             if first == b"abort":
                 os.abort()
+            if first == b"silent":
+                request.is_cancelled()
+                return None
             if first == b"raise":
                 raise ValueError("asked to raise")
             if first == b"sleep":
