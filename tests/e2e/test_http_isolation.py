@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import grpc
 import numpy as np
@@ -31,24 +32,31 @@ def _send_heavy(server: RunningServer, body: bytes, outcome: list[object]) -> No
         outcome.append(error.code)
 
 
-def test_a_compressed_json_bomb_leaves_other_clients_served(server: RunningServer) -> None:
-    # 16 MiB of blanks and then junk: about 16 KB compressed, and a slow refusal to parse.
-    bomb = gzip.compress(b" " * (16 << 20) + b"x")
-    outcome: list[object] = []
-    heavy = threading.Thread(target=_send_heavy, args=(server, bomb, outcome))
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+def _slowest_while(heavy: threading.Thread, client_module: Any, url: str) -> float:
+    """Start ``heavy``; until it ends, send identity requests from another client (of
+    ``client_module``, tritonclient's http or grpc); the longest one took this many seconds."""
+    client = client_module.InferenceServerClient(url)
+    tensor = client_module.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
     try:
         heavy.start()
         slowest = 0.0
         while heavy.is_alive():
             started = time.monotonic()
-            client.infer("identity_fp32", [tensor], client_timeout=30)
+            client.infer("identity_fp32", [tensor])
             slowest = max(slowest, time.monotonic() - started)
         heavy.join()
     finally:
         client.close()
+    return slowest
+
+
+def test_a_compressed_json_bomb_leaves_other_clients_served(server: RunningServer) -> None:
+    # 16 MiB of blanks and then junk: about 16 KB compressed, and a slow refusal to parse.
+    bomb = gzip.compress(b" " * (16 << 20) + b"x")
+    outcome: list[object] = []
+    heavy = threading.Thread(target=_send_heavy, args=(server, bomb, outcome))
+    slowest = _slowest_while(heavy, grpcclient, server.grpc_url)
     assert outcome and outcome[0] in (400, 500)  # the bomb itself is refused
     assert slowest < 1.0, f"another client waited {slowest:.2f} s"
 
@@ -72,19 +80,6 @@ def test_a_huge_malformed_grpc_message_leaves_other_clients_served(server: Runni
         finally:
             channel.close()
 
-    heavy = threading.Thread(target=send)
-    client = httpclient.InferenceServerClient(server.http_url)
-    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
-    try:
-        heavy.start()
-        slowest = 0.0
-        while heavy.is_alive():
-            started = time.monotonic()
-            client.infer("identity_fp32", [tensor])
-            slowest = max(slowest, time.monotonic() - started)
-        heavy.join()
-    finally:
-        client.close()
+    slowest = _slowest_while(threading.Thread(target=send), httpclient, server.http_url)
     assert outcome == [grpc.StatusCode.INVALID_ARGUMENT]
     assert slowest < 1.0, f"another client waited {slowest:.2f} s"

@@ -227,17 +227,21 @@ def test_reload_imports_helper_packages_afresh(explicit: tuple[RunningServer, Pa
         client.close()
 
 
+# The configuration of a model loaded from uploaded files (GENERATION_MODEL's code).
+UPLOADED_CONFIG = {
+    "name": "uploaded",
+    "backend": "python",
+    "max_batch_size": 4,
+    "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
+    "output": [{"name": "GENERATION", "data_type": "TYPE_INT32", "dims": [1]}],
+}
+
+
 def test_config_override_and_files(explicit: tuple[RunningServer, Path]) -> None:
     server, _ = explicit
     client = httpclient.InferenceServerClient(server.http_url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    config = {
-        "name": "uploaded",
-        "backend": "python",
-        "max_batch_size": 4,
-        "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
-        "output": [{"name": "GENERATION", "data_type": "TYPE_INT32", "dims": [1]}],
-    }
+    config = dict(UPLOADED_CONFIG)
     code = GENERATION_MODEL.format(generation=42).encode()
     try:
         # A model that is not on disk: configuration and code in the request.
@@ -392,11 +396,7 @@ def test_what_a_killed_server_left_is_swept_by_the_next_and_a_clean_stop_leaves_
     tmp_path: Path,
 ) -> None:
     config = {
-        "name": "uploaded",
-        "backend": "python",
-        "max_batch_size": 4,
-        "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
-        "output": [{"name": "GENERATION", "data_type": "TYPE_INT32", "dims": [1]}],
+        **UPLOADED_CONFIG,
         "parameters": {"TRITONFAST_INSTANCE_MODE": {"string_value": "process"}},
     }
     code = GENERATION_MODEL.format(generation=7).encode()
