@@ -149,6 +149,34 @@ def test_grpc_stream_single_response_models_answer_in_request_order(
     }
 
 
+def test_worker_responses_held_back_in_a_burst_arrive_without_the_next_send(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """A worker's small responses sent in a burst travel in groups; the last group is sent
+    when due even though the model sends nothing more for a while, and order is kept."""
+    count, pause_s = 150, 3.0
+    arrivals: queue.Queue[tuple[Any, Any, float]] = queue.Queue()
+    grpc_client.start_stream(
+        callback=lambda result, error: arrivals.put((result, error, time.monotonic()))
+    )
+    try:
+        inputs = []
+        for name, value in (("COUNT", count), ("PAUSE_MS", int(pause_s * 1000))):
+            tensor = grpcclient.InferInput(name, [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], dtype=np.int32))
+            inputs.append(tensor)
+        sent = time.monotonic()
+        grpc_client.async_stream_infer("burst_proc", inputs)
+        replies = [arrivals.get(timeout=WAIT_S) for _ in range(count + 1)]
+    finally:
+        grpc_client.stop_stream()
+    assert all(error is None for _, error, _ in replies)
+    assert [int(result.as_numpy("IDX")[0]) for result, _, _ in replies] == list(range(count + 1))
+    # The whole burst arrived during the model's pause, the response after it only then.
+    assert replies[count - 1][2] - sent < pause_s * 0.5
+    assert replies[count][2] - sent >= pause_s
+
+
 def test_grpc_unary_infer_refuses_a_decoupled_model(
     grpc_client: grpcclient.InferenceServerClient,
 ) -> None:

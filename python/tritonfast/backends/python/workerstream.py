@@ -2,14 +2,23 @@
 the request's sender in the server.
 
 The worker gives each request of a decoupled model a :class:`~tritonfast.runtime.responses.
-ResponseSender` (with Triton's rules) whose responses go over the instance's pipe as
-``("response", token, result, final)`` messages: the output tensors travel in the message
-itself (pickled), not through the instance's output segment, because a stream's responses
-outlive the batch that segment belongs to. The server's :class:`ResponseRelay` owns the
-pipe's reading end: it passes each response to the server-side sender of the request with
+ResponseSender` (with Triton's rules) whose responses go over the instance's pipe in
+``("responses", [(token, result, final), ...])`` messages: the output tensors travel in the
+message itself (pickled), not through the instance's output segment, because a stream's
+responses outlive the batch that segment belongs to. The server's :class:`ResponseRelay` owns
+the pipe's reading end: it passes each response to the server-side sender of the request with
 that token, hands the batch's own reply to the instance thread waiting for it, and tells the
 worker which streams' consumers went away (``("cancel", token)``), which the worker's senders
 then report through ``is_cancelled()``.
+
+Coalescing: every message costs both processes a wake-up, which on a busy machine costs more
+than a small response itself. So a response sent within :data:`LINGER_S` of the previous
+message waits, with those sent after it, until that much time has passed since then (a thread
+of the worker's flushes them if the model sends nothing more), :data:`COALESCE_COUNT`
+responses or :data:`COALESCE_BYTES` of tensors wait, or a final flag comes. A response sent
+after a pause (the first of a request, or a model that sends a token now and then) goes at
+once; a model sending many small responses in a burst has them delivered in groups, each at
+most :data:`LINGER_S` late.
 
 A worker that dies ends every stream still open with an error naming the instance.
 """
@@ -20,6 +29,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -30,8 +40,13 @@ from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 log = logging.getLogger(__name__)
 
-# How often the relay looks for streams whose consumer went away.
+# How often the relay looks for streams whose consumer went away, while any is open.
 CANCEL_POLL_S = 0.005
+
+# Coalescing of a worker's responses (see the module docstring).
+LINGER_S = 0.001
+COALESCE_COUNT = 64
+COALESCE_BYTES = 256 * 1024
 
 # A response as it travels: ("ok", model, version, id, parameters, [(name, datatype, shape,
 # data)]) or ("error", code, message).
@@ -95,18 +110,19 @@ class ResponseRelay:
         conn = self._conn
         try:
             while True:
-                if not conn.poll(CANCEL_POLL_S):
+                # With no stream open the relay sleeps until the worker writes: a stream opens
+                # for a batch, whose own reply (or first response) comes over this pipe.
+                if self._open and not conn.poll(CANCEL_POLL_S):
                     self._pass_cancellations()
                     continue
                 message = conn.recv()
-                if message[0] == "log":
+                if message[0] == "responses":
+                    for token, described, final in message[1]:
+                        self._deliver(token, rebuild(described) if described else None, final)
+                elif message[0] == "log":
                     workerlog.emit(message)
                 elif message[0] in workerbls.REQUESTS:  # the model called another model
                     workerbls.serve(message, self.send)
-                elif message[0] == "response":
-                    self._deliver(
-                        message[1], rebuild(message[2]) if message[2] else None, message[3]
-                    )
                 else:
                     self._replies.put(message)
         except (EOFError, OSError):
@@ -152,19 +168,77 @@ class ResponseRelay:
 
 # -- the worker side ----------------------------------------------------------------------------
 class WorkerStreams:
-    """The worker's end: senders whose responses go over the pipe."""
+    """The worker's end: senders whose responses go over the pipe, coalesced (see the module
+    docstring). Every message the worker sends goes through here, responses first."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
+        self._pending: list[tuple[int, Described | None, bool]] = []
+        self._pending_bytes = 0
+        self._last_sent = 0.0  # time.monotonic() of the last message
+        # The flusher thread (started when first needed) and when it must flush next.
+        self._flush_due: float | None = None
+        self._flusher_wake = threading.Condition(self._lock)
+        self._flusher: threading.Thread | None = None
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock:
+            self._flush()
             self._conn.send(message)
+            self._last_sent = time.monotonic()
 
     def cancel(self, token: int) -> None:
         self._cancelled.add(token)
+
+    def respond(self, token: int, described: Described | None, final: bool, size: int) -> None:
+        """Send (or hold back, see the module docstring) one response of ``token``'s stream;
+        ``size``: its tensors' bytes."""
+        with self._lock:
+            pending = self._pending
+            pending.append((token, described, final))
+            self._pending_bytes += size
+            now = time.monotonic()
+            if (
+                final
+                or now - self._last_sent >= LINGER_S
+                or len(pending) >= COALESCE_COUNT
+                or self._pending_bytes >= COALESCE_BYTES
+            ):
+                self._flush()
+                self._last_sent = now
+            elif self._flush_due is None:
+                self._flush_due = self._last_sent + LINGER_S
+                if self._flusher is None:
+                    self._flusher = threading.Thread(
+                        target=self._run_flusher, name="response-flusher", daemon=True
+                    )
+                    self._flusher.start()
+                else:
+                    self._flusher_wake.notify()
+
+    def _flush(self) -> None:
+        """Send the responses held back (the lock held)."""
+        self._flush_due = None
+        if self._pending:
+            pending, self._pending, self._pending_bytes = self._pending, [], 0
+            self._conn.send(("responses", pending))
+
+    def _run_flusher(self) -> None:
+        """Sends held-back responses once they are due, when the model sends nothing more."""
+        with contextlib.suppress(OSError, ValueError), self._lock:  # the server went away
+            while True:
+                due = self._flush_due
+                if due is None:
+                    self._flusher_wake.wait()
+                    continue
+                now = time.monotonic()
+                if now < due:
+                    self._flusher_wake.wait(due - now)
+                    continue
+                self._flush()
+                self._last_sent = now
 
     def sender(self, token: int, request: InferRequest) -> ResponseSender:
         """A decoupled sender for ``request``, whose ``cancelled`` tells whether its caller
@@ -172,8 +246,13 @@ class WorkerStreams:
 
         def deliver(result: Result | None, final: bool) -> None:
             described = None if result is None else describe(result)
+            size = (
+                sum(t.data.nbytes for t in result.outputs)
+                if isinstance(result, InferResponse)
+                else 0
+            )
             with contextlib.suppress(OSError, ValueError):  # the server went away
-                self.send(("response", token, described, final))
+                self.respond(token, described, final, size)
             if final:
                 self._cancelled.discard(token)
 
