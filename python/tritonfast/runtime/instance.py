@@ -10,10 +10,16 @@ a batch whose responses go through the requests' senders delivers none.
 With a :class:`~tritonfast._core.Handoff` (see :mod:`.looprun`) the thread still forms its
 batches in the core, but while the handoff is on it offers each one to the event loop, which
 runs it with :meth:`InstanceLoop.run`, and waits (GIL released) until the loop is done.
+An instance that runs elsewhere (a worker process) from a source no handoff serves (the
+sequence batcher's) is driven the same way through the loop itself: the thread forms each
+batch and passes it to the loop, which starts it in the worker and settles it when the worker
+answers (:meth:`InstanceLoop.run_later`); the thread waits until then, so the worker's answer
+wakes the loop alone, never this thread as well.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -42,6 +48,8 @@ Reject = Callable[[list[Sink]], None]
 # Told how long each batch took to run (wall clock and this thread's CPU time, nanoseconds),
 # whether it ran on the event loop, and whether some request of it failed.
 Observe = Callable[[int, int, bool, bool], None]
+# Settles one batch on the event loop: (batch seq, sinks, results), as Deliver.
+Settle = Deliver
 
 
 _running = threading.local()
@@ -64,6 +72,7 @@ class InstanceLoop:
         handoff: tuple[Handoff, int] | None = None,
         observe: Observe | None = None,
         on_server_call: Callable[[], None] | None = None,
+        through_loop: tuple[asyncio.AbstractEventLoop, Settle] | None = None,
     ) -> None:
         self.name = name
         self._queue = source
@@ -74,6 +83,9 @@ class InstanceLoop:
         self._handoff = handoff
         self._observe = observe
         self._on_server_call = on_server_call
+        # (the event loop, how it settles a batch): while the instance runs elsewhere, each
+        # batch is started and settled on the loop (see the module docstring).
+        self._through_loop = through_loop
         # Set while a batch of this instance waits on a blocking call to the server (BLS).
         self.waiting_on_server = False
         self._thread = threading.Thread(target=self._run, name=f"instance:{name}", daemon=True)
@@ -113,11 +125,22 @@ class InstanceLoop:
             def pop(timeout_us: int) -> Batch | None:
                 return queue.pop_or_hand_off(timeout_us, handoff, index)
 
+        through_loop = self._through_loop
         while True:
             batch = pop(_POLL_US)
             if batch is None:  # closed and drained
                 return
-            if batch.items:
+            if batch.items and through_loop is not None and self._instance.runs_elsewhere:
+                loop, settle = through_loop
+                released = threading.Event()
+                try:
+                    loop.call_soon_threadsafe(self.run_later, batch, settle, released.set)
+                except RuntimeError:  # the loop is closed: the server is going away
+                    return
+                while not released.wait(_POLL_US / 1e6):
+                    if loop.is_closed():  # it can no longer run the batch
+                        return
+            elif batch.items:
                 self._deliver(*self.run(batch, on_loop=False))
             else:  # a batch never comes with rejections; both are empty on a timeout
                 rejected = batch.rejected

@@ -209,6 +209,7 @@ class QueueScheduler(Scheduler):
         ):
             self._on_loop = LoopExecution(name, first, loop)
         on_loop = self._on_loop
+        settle = self._settle_in_order if preserve_ordering else self._settle_batch
         self._instances = [
             InstanceLoop(
                 f"{name}_{index}",
@@ -219,11 +220,12 @@ class QueueScheduler(Scheduler):
                 handoff=None if on_loop is None else (on_loop.handoff, index),
                 observe=None if on_loop is None or instance.runs_elsewhere else on_loop.observe,
                 on_server_call=None if on_loop is None else on_loop.calls_server,
+                through_loop=None if on_loop is not None else (loop, settle),
             )
             for index, instance in enumerate(instances)
         ]
         if on_loop is not None:
-            on_loop.start(self._instances, self._settle_in_order if preserve_ordering else _settle)
+            on_loop.start(self._instances, settle)
         for instance_loop in self._instances:
             instance_loop.start()
 
@@ -352,6 +354,12 @@ class QueueScheduler(Scheduler):
     ) -> None:
         self._loop.call_soon_threadsafe(self._settle_in_order, seq, sinks, results)
 
+    def _settle_batch(
+        self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
+    ) -> None:
+        """Runs on the event loop: answer one batch's requests."""
+        _settle(seq, sinks, results)
+
     def _settle_in_order(
         self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
     ) -> None:
@@ -360,7 +368,7 @@ class QueueScheduler(Scheduler):
         held[seq] = (sinks, results)
         while (ready := held.pop(self._next_seq, None)) is not None:
             self._next_seq += 1
-            _settle(self._next_seq - 1, *ready)
+            self._settle_batch(self._next_seq - 1, *ready)
 
     def _reject(self, sinks: list[Sink]) -> None:
         self._loop.call_soon_threadsafe(_fail_timed_out, sinks)
@@ -489,12 +497,24 @@ class SequenceScheduler(QueueScheduler):
     def _deliver(
         self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
     ) -> None:
-        # Null requests (no sink) are answered nowhere.
-        if results is not None and None in sinks:
-            kept = [(sink, result) for sink, result in zip(sinks, results, strict=True) if sink]
-            sinks = [sink for sink, _ in kept]
-            results = [result for _, result in kept]
+        sinks, results = _without_null_requests(sinks, results)
         super()._deliver(seq, sinks, results)
+
+    def _settle_batch(
+        self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
+    ) -> None:
+        _settle(seq, *_without_null_requests(sinks, results))
+
+
+def _without_null_requests(
+    sinks: list[Sink], results: Sequence[Result | None] | None
+) -> tuple[list[Sink], Sequence[Result | None] | None]:
+    """A sequence batch's sinks and results without its null requests' (they have no sink:
+    their answers go nowhere)."""
+    if results is None or None not in sinks:
+        return sinks, results
+    kept = [(sink, result) for sink, result in zip(sinks, results, strict=True) if sink]
+    return [sink for sink, _ in kept], [result for _, result in kept]
 
 
 def create_scheduler(

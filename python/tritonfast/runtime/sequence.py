@@ -25,7 +25,7 @@ what the server hands the model with each request, as Triton does:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -290,7 +290,34 @@ class SequenceInstance(ModelInstance):
         self._loop = loop
         self._decoupled = decoupled
 
+    @property
+    def runs_elsewhere(self) -> bool:  # type: ignore[override]
+        return self._inner.runs_elsewhere
+
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
+        self._prepare(requests)
+        results = self._inner.execute(requests, clock)
+        if results is not None:
+            self._keep_states(requests, results)
+        return results
+
+    def execute_later(
+        self,
+        requests: list[InferRequest],
+        clock: PhaseClock,
+        finish: Callable[[Sequence[Result]], None],
+        release: Callable[[], None],
+    ) -> None:
+        self._prepare(requests)
+
+        def finished(results: Sequence[Result]) -> None:
+            self._keep_states(requests, results)
+            finish(results)
+
+        self._inner.execute_later(requests, clock, finished, release)
+
+    def _prepare(self, requests: list[InferRequest]) -> None:
+        """Add each request's control and state inputs (and ask for its state outputs)."""
         controls, states = self._controls, self._states
         for request in requests:
             slot, ready = request.slot
@@ -309,13 +336,15 @@ class SequenceInstance(ModelInstance):
                 discard = ResponseStream(self._loop)
                 discard.cancelled = True
                 request.sender = ResponseSender(discard, "", decoupled=True)
-        results = self._inner.execute(requests, clock)
-        if states and results is not None:
-            for request, result in zip(requests, results, strict=False):
-                slot, ready = request.slot
-                if ready and isinstance(result, InferResponse):
-                    states.keep(slot, result, bool(request.parameters.get("sequence_end")))
-        return results
+
+    def _keep_states(self, requests: list[InferRequest], results: Sequence[Result]) -> None:
+        states = self._states
+        if not states:
+            return
+        for request, result in zip(requests, results, strict=False):
+            slot, ready = request.slot
+            if ready and isinstance(result, InferResponse):
+                states.keep(slot, result, bool(request.parameters.get("sequence_end")))
 
     def finalize(self) -> None:
         self._inner.finalize()
