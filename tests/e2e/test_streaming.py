@@ -81,7 +81,9 @@ def final_flag(result: Any) -> bool:
 
 
 # -- gRPC ModelStreamInfer ------------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["repeat_int32", "repeat_py", "repeat_proc"])
+@pytest.mark.parametrize(
+    "model", ["repeat_int32", "repeat_py", "repeat_proc", "repeat_warmed_proc"]
+)
 def test_grpc_stream_carries_every_response_of_each_request(
     grpc_client: grpcclient.InferenceServerClient, model: str
 ) -> None:
@@ -175,6 +177,41 @@ def test_worker_responses_held_back_in_a_burst_arrive_without_the_next_send(
     # The whole burst arrived during the model's pause, the response after it only then.
     assert replies[count - 1][2] - sent < pause_s * 0.5
     assert replies[count][2] - sent >= pause_s
+
+
+@pytest.mark.parametrize("model", ["send_timing", "send_timing_proc"], ids=["in-process", "worker"])
+def test_a_slow_grpc_reader_holds_back_its_models_sends(
+    grpc_client: grpcclient.InferenceServerClient, model: str
+) -> None:
+    """The server buffers a bounded number of a stream's responses: while the client does not
+    read, the model's sends wait. (Far fewer than ``count`` responses of 64 KiB fit in every
+    buffer on the way, the client's gRPC receive window included.)"""
+    count, pad_bytes, hold_s = 1000, 64 * 1024, 2.0
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    first = True
+
+    def arrived(result: Any, error: Any) -> None:
+        nonlocal first
+        if first:  # the client stops reading for a while
+            first = False
+            time.sleep(hold_s)
+        replies.put((result, error))
+
+    grpc_client.start_stream(callback=arrived)
+    try:
+        inputs = []
+        for name, value in (("COUNT", count), ("PAD_BYTES", pad_bytes)):
+            tensor = grpcclient.InferInput(name, [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], dtype=np.int32))
+            inputs.append(tensor)
+        grpc_client.async_stream_infer(model, inputs)
+        got = [replies.get(timeout=WAIT_S) for _ in range(count + 1)]
+    finally:
+        grpc_client.stop_stream()
+    assert all(error is None for _, error in got)
+    assert [int(r.as_numpy("IDX")[0]) for r, _ in got[:count]] == list(range(count))
+    sent_ms = int(got[count][0].as_numpy("SENT_MS")[0])
+    assert sent_ms >= hold_s * 1000, f"the model sent all {count} responses in {sent_ms} ms"
 
 
 def test_grpc_unary_infer_refuses_a_decoupled_model(

@@ -84,12 +84,13 @@ class ModelInstance(abc.ABC):
         self,
         requests: list[InferRequest],
         clock: PhaseClock,
-        finish: Callable[[Sequence[Result]], None],
+        finish: Callable[[Sequence[Result] | None], None],
         release: Callable[[], None],
     ) -> None:
         """For instances that :attr:`runs_elsewhere`, called on the event loop: start one
         batch and return at once. Later, on the loop, call ``finish`` with one result per
-        request, then ``release`` once the instance can take its next batch."""
+        request (None: every response went through the requests' senders), then ``release``
+        once the instance can take its next batch."""
         raise NotImplementedError
 
     def finalize(self) -> None:  # noqa: B027 - optional hook, empty by default

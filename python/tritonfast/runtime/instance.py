@@ -10,11 +10,12 @@ a batch whose responses go through the requests' senders delivers none.
 With a :class:`~tritonfast._core.Handoff` (see :mod:`.looprun`) the thread still forms its
 batches in the core, but while the handoff is on it offers each one to the event loop, which
 runs it with :meth:`InstanceLoop.run`, and waits (GIL released) until the loop is done.
-An instance that runs elsewhere (a worker process) from a source no handoff serves (the
-sequence batcher's) is driven the same way through the loop itself: the thread forms each
-batch and passes it to the loop, which starts it in the worker and settles it when the worker
-answers (:meth:`InstanceLoop.run_later`); the thread waits until then, so the worker's answer
-wakes the loop alone, never this thread as well.
+An instance that runs elsewhere (a worker process) gets every batch the thread takes itself
+(from a source no handoff serves, such as the sequence batcher, or once the handoff closed
+for shutdown) through the loop all the same: the thread passes it to the loop, which starts it
+in the worker and settles it when the worker answers (:meth:`InstanceLoop.run_later`), and
+waits until then. So the worker's answer wakes the loop alone, and only the loop ever talks
+to the worker.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ class InstanceLoop:
         requests = [item[0] for item in items]
         clock = PhaseClock()
 
-        def finish(results: Sequence[Result]) -> None:
+        def finish(results: Sequence[Result] | None) -> None:
             self._record(batch, requests, clock, results)
             settle(batch.seq, [item[1] for item in items], results)
 

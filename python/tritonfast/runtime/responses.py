@@ -150,6 +150,11 @@ class ResponseStream:
             self._on_taken()
         return item
 
+    @property
+    def waiting(self) -> int:
+        """Items put and not yet taken by the consumer."""
+        return len(self._items)
+
     def cancel(self) -> None:
         """The consumer is gone: drop what is still to come and tell the producer."""
         if self.finished or self.cancelled:
@@ -298,6 +303,21 @@ class ResponseSender:
             elif result is None and not final:
                 return
         self._deliver(result, final)
+
+    def forward(self, result: Result | None, final: bool) -> None:
+        """On the sink's event loop: pass on a response that a sender elsewhere (a worker's)
+        already checked against the rules, without waiting for credit (the caller applies
+        backpressure of its own). Dropped once the final flag went."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = final
+        settle(self._sink, result, final)
+
+    @property
+    def sink(self) -> Sink:
+        """Where the responses go."""
+        return self._sink
 
     @property
     def closed(self) -> bool:

@@ -220,7 +220,7 @@ class QueueScheduler(Scheduler):
                 handoff=None if on_loop is None else (on_loop.handoff, index),
                 observe=None if on_loop is None or instance.runs_elsewhere else on_loop.observe,
                 on_server_call=None if on_loop is None else on_loop.calls_server,
-                through_loop=None if on_loop is not None else (loop, settle),
+                through_loop=(loop, settle),
             )
             for index, instance in enumerate(instances)
         ]

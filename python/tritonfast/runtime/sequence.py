@@ -305,13 +305,14 @@ class SequenceInstance(ModelInstance):
         self,
         requests: list[InferRequest],
         clock: PhaseClock,
-        finish: Callable[[Sequence[Result]], None],
+        finish: Callable[[Sequence[Result] | None], None],
         release: Callable[[], None],
     ) -> None:
         self._prepare(requests)
 
-        def finished(results: Sequence[Result]) -> None:
-            self._keep_states(requests, results)
+        def finished(results: Sequence[Result] | None) -> None:
+            if results is not None:
+                self._keep_states(requests, results)
             finish(results)
 
         self._inner.execute_later(requests, clock, finished, release)

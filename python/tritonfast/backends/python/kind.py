@@ -59,10 +59,11 @@ class PythonBackend(Backend):
         self.mode(config)  # raises for an unknown mode
 
     def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
-        # Process instances: the loop passes batches to their workers (none runs on it).
-        return (
-            self.mode(config) in ("auto", "process")
-            and not config.model_transaction_policy.decoupled
+        # Process instances: the loop passes batches to their workers (none runs on it),
+        # decoupled ones included; in-process decoupled models wait on their streams.
+        mode = self.mode(config)
+        return mode == "process" or (
+            mode == "auto" and not config.model_transaction_policy.decoupled
         )
 
     def create_instance(

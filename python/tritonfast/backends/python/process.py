@@ -1,13 +1,14 @@
 """Python model instances in worker processes: one process per instance, as Triton runs them.
 
-Chosen per model in ``config.pbtxt``::
+The default for Python models; chosen per model in ``config.pbtxt`` with::
 
     parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "process" } }
 
-(``"auto"``, the default, runs instances in the server process, and short executions on the
-event loop, see ``runtime.looprun``; ``"thread"`` runs them in the server process, always on
-the instances' own threads.) Each instance then has its
-own interpreter and GIL, so N instances execute Python code truly in parallel.
+(``"auto"`` runs instances in the server process, and short executions on the event loop, see
+``runtime.looprun``; ``"thread"`` runs them in the server process, always on the instances'
+own threads; ``--backend-config=python,instance-mode=...`` changes the default.) Each instance
+has its own interpreter and GIL, so N instances execute Python code truly in parallel, and a
+crash in one ends its worker, not the server.
 
 Tensors never go through pickle: the server writes a batch's input tensors into a
 shared-memory segment it owns, the worker views them there with numpy (no copy) and writes its
@@ -24,16 +25,17 @@ A client that goes away while its request runs is seen by the model through
 ``request.is_cancelled()``: the server raises that request's byte in a small shared
 cancellation segment (one byte per request of the batch), which the worker's requests read.
 
-Non-decoupled models are driven from the event loop: the loop writes a batch for the worker
-and takes the answer when the worker's pipe becomes readable (``execute_later``), with no
-instance thread or GIL hand-over in between. Decoupled models, and models whose code may wait
-on the server (BLS), run from the instance's thread (``execute``). Workers are forked from a
-fork server that imported this module once (``_worker_context``).
+Batches are driven from the event loop: the loop writes each batch for the worker and reads
+everything the worker sends (:mod:`.looppipe`, through ``execute_later``), with no instance
+thread or GIL hand-over in between. Models whose code may wait on the server (BLS) run from the
+instance's thread instead (``execute``; a decoupled one's responses are read by a
+:class:`~.workerstream.ResponseRelay` thread). Workers are forked from a fork server that
+imported this module once (``_worker_context``).
 
-Decoupled models work too: their responses, sent from ``execute`` or from the model's own
-threads after it returned, travel over the pipe (see :mod:`.workerstream`). A
-non-decoupled model's response sender works too: the worker takes the one response sent
-through it (waiting for it if the model sends it after ``execute`` returned).
+Decoupled models' responses, sent from ``execute`` or from the model's own threads after it
+returned, travel over the pipe (see :mod:`.workerstream`). A non-decoupled model's response
+sender works too: the worker takes the one response sent through it (waiting for it if the
+model sends it after ``execute`` returned).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import time
 from collections.abc import Callable, Sequence
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.connection import Connection
@@ -58,7 +61,8 @@ import numpy as np
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.backends.python import workerbls, workerlog
-from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams
+from tritonfast.backends.python.looppipe import LoopPipe
+from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams, rebuild
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import handle, rawtensor
@@ -247,11 +251,14 @@ class ProcessInstance(ModelInstance):
         self._generations = itertools.count()
         self._metrics_source = f"{self._model_name}:{version}:{instance_name}:{serial}"
         self._outputs = SegmentReader()
-        # Decoupled models' responses come from the relay's thread: those stay off the loop.
-        self.runs_elsewhere = not self._decoupled
+        # Batches go from the event loop to the worker and back (execute_later), unless the
+        # model may wait on the server (then from the instance thread: execute).
+        self.runs_elsewhere = True
         self._finalized = False  # set by finalize: a worker that dies is not started again
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
+        # The loop's end of the worker's pipe (made by the first execute_later).
+        self._pipe: LoopPipe | None = None
         try:
             self._start()
         except BaseException:
@@ -271,7 +278,7 @@ class ProcessInstance(ModelInstance):
         )
         process.start()
         theirs.close()
-        self._process, self._conn = process, ours
+        self._process, self._conn, self._pipe = process, ours, None
         if not ours.poll(START_TIMEOUT_S):
             self._stop_process()
             raise InternalError(f"instance '{self._instance_name}' did not start in time")
@@ -291,10 +298,12 @@ class ProcessInstance(ModelInstance):
             # It may wait on the server (BLS) or on a loop of its own: batches from its
             # instance thread, which the server's calls-in-progress accounting follows.
             self.runs_elsewhere = False
-        if self._decoupled:
+        if self._decoupled and not self.runs_elsewhere:
             self._relay = ResponseRelay(ours, self._instance_name)
 
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
+        """From the instance thread (models that may wait on the server), or before the loop
+        drives the worker (warm-up)."""
         if self._conn is None:
             try:
                 self._start()
@@ -304,26 +313,15 @@ class ProcessInstance(ModelInstance):
         flags = self._cancel.buffer
         tokens = None
         relay = self._relay
-        if relay is not None:
+        if self._decoupled:
             tokens = [next(self._tokens) for _ in requests]
-            for token, request in zip(tokens, requests, strict=True):
-                relay.open(token, request.sender)
+            if relay is not None:
+                for token, request in zip(tokens, requests, strict=True):
+                    relay.open(token, request.sender)
         message = self._message(requests, tokens)
         try:
             if relay is None:
-                conn = self._conn
-                conn.send(message)
-                clock.inputs_ready()
-                while True:
-                    while not conn.poll(CANCEL_POLL_S):
-                        _flag_cancelled(requests, flags)
-                    reply = conn.recv()
-                    if reply[0] == "log":
-                        workerlog.emit(reply)
-                    elif reply[0] in workerbls.REQUESTS:  # the model called another model
-                        workerbls.serve(reply, conn.send)
-                    else:
-                        break
+                reply = self._exchange(message, requests, tokens, clock)
             else:
                 relay.send(message)
                 clock.inputs_ready()
@@ -336,72 +334,103 @@ class ProcessInstance(ModelInstance):
             clock.infer_done()
         except (EOFError, OSError):
             return [self._died()] * len(requests)
-        if relay is not None:
+        assert reply is not None
+        if self._decoupled:
             self._take_metrics(reply[4])
             return None  # every response went through the requests' senders
         return self._results(reply)
+
+    def _exchange(
+        self,
+        message: tuple[Any, ...],
+        requests: list[InferRequest],
+        tokens: list[int] | None,
+        clock: PhaseClock,
+    ) -> tuple[Any, ...]:
+        """Send a batch and read the worker's pipe on this thread until its reply, and for a
+        decoupled batch until every request's final flag (taken from the pipe by no one else
+        here: no relay, and the loop not yet driving the worker)."""
+        conn = self._conn
+        assert conn is not None
+        flags = self._cancel.buffer
+        senders = {}
+        if tokens is not None:
+            senders = {t: r.sender for t, r in zip(tokens, requests, strict=True) if r.sender}
+        conn.send(message)
+        clock.inputs_ready()
+        reply = None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while reply is None or (senders and time.monotonic() < deadline):
+            while not conn.poll(CANCEL_POLL_S):
+                _flag_cancelled(requests, flags)
+            received = conn.recv()
+            kind = received[0]
+            if kind == "log":
+                workerlog.emit(received)
+            elif kind in workerbls.REQUESTS:  # the model called another model
+                workerbls.serve(received, conn.send)
+            elif kind == "responses":
+                for token, described, final in received[1]:
+                    sender = senders.pop(token, None) if final else senders.get(token)
+                    if sender is not None:
+                        sender.send(rebuild(described) if described else None, final)
+            else:
+                reply = received
+        assert reply is not None
+        return reply
 
     def execute_later(
         self,
         requests: list[InferRequest],
         clock: PhaseClock,
-        finish: Callable[[Sequence[Result]], None],
+        finish: Callable[[Sequence[Result] | None], None],
         release: Callable[[], None],
     ) -> None:
-        """The batch goes to the worker from the loop; the worker's answer wakes the loop."""
+        """The batch goes to the worker from the loop; the worker's answer (and a decoupled
+        batch's responses) come back to the loop through the instance's :class:`LoopPipe`."""
         loop = asyncio.get_running_loop()
-        conn = self._conn
-        if conn is None:  # its worker died and did not start again: try once more
-
+        pipe = self._pipe
+        if self._conn is None or (pipe is not None and pipe.closed):
+            # Its worker died (in an earlier batch, or while a stream was open) and has not
+            # started again: start it, then run the batch.
             def retry() -> None:
                 self.execute_later(requests, clock, finish, release)
 
             self._restart_then(loop, None, requests, finish, release, retry)
             return
-        conn.send(self._message(requests, None))
-        clock.inputs_ready()
-        fd = conn.fileno()
-        flags = self._cancel.buffer
-        poll: asyncio.TimerHandle | None = None
+        if pipe is None:
+            pipe = self._pipe = LoopPipe(self._conn, loop, self._instance_name, self._cancel.buffer)
+        senders = None
+        tokens = None
+        if self._decoupled:
+            tokens = [next(self._tokens) for _ in requests]
+            senders = {
+                token: request.sender
+                for token, request in zip(tokens, requests, strict=True)
+                if request.sender is not None
+            }
 
-        def flag_cancelled() -> None:
-            nonlocal poll
-            _flag_cancelled(requests, flags)
-            poll = loop.call_later(CANCEL_POLL_S, flag_cancelled)
-
-        def answered() -> None:
-            try:
-                if not conn.poll():
-                    return  # woken without a message
-                reply = conn.recv()
-            except (EOFError, OSError):
-                loop.remove_reader(fd)
-                if poll is not None:
-                    poll.cancel()
+        def replied(reply: tuple[Any, ...] | None) -> None:
+            if reply is None:  # the worker died
                 self._restart_then(loop, self._died, requests, finish, release, None)
                 return
-            if reply[0] == "log":
-                workerlog.emit(reply)
-                return
-            if reply[0] in workerbls.REQUESTS:  # the model calls another model: not here
-                loop.run_in_executor(None, workerbls.serve, reply, conn.send)
-                return
-            loop.remove_reader(fd)
-            if poll is not None:
-                poll.cancel()
             clock.infer_done()
-            finish(self._results(reply))
+            if self._decoupled:  # every response went through the requests' streams
+                self._take_metrics(reply[4])
+                finish(None)
+            else:
+                finish(self._results(reply))
             release()
 
-        poll = loop.call_later(CANCEL_POLL_S, flag_cancelled)
-        loop.add_reader(fd, answered)
+        pipe.run(self._message(requests, tokens), requests, replied, senders)
+        clock.inputs_ready()
 
     def _restart_then(
         self,
         loop: asyncio.AbstractEventLoop,
         failure: Callable[[], TritonError] | None,
         requests: list[InferRequest],
-        finish: Callable[[Sequence[Result]], None],
+        finish: Callable[[Sequence[Result] | None], None],
         release: Callable[[], None],
         retry: Callable[[], None] | None,
     ) -> None:
@@ -413,6 +442,8 @@ class ProcessInstance(ModelInstance):
             if failure is not None:
                 error = failure()
                 loop.call_soon_threadsafe(finish, [error] * len(requests))
+            elif self._conn is not None:  # died between batches: see it out first
+                self._died()
             if self._finalized:  # the instance is going away: no new worker
                 if failure is None:
                     loop.call_soon_threadsafe(
@@ -498,7 +529,10 @@ class ProcessInstance(ModelInstance):
 
     def finalize(self) -> None:
         self._finalized = True
-        if self._conn is not None:
+        pipe = self._pipe
+        if pipe is not None and not pipe.closed and pipe.finalize(FINALIZE_TIMEOUT_S):
+            pass  # the loop, which reads the worker's pipe, saw it finalize
+        elif self._conn is not None:
             try:
                 self._conn.send(("finalize",))
                 while self._conn.poll(FINALIZE_TIMEOUT_S):

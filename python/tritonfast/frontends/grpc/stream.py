@@ -11,6 +11,9 @@ of responses, written as Triton writes them.
 - A failed request is answered with a reply whose ``error_message`` is set (the stream stays
   open); a malformed message ends the stream with INVALID_ARGUMENT.
 - The client going away (cancel, disconnect) cancels every request still in flight.
+- Backpressure: a decoupled request's responses wait for the writer once :data:`OUT_AHEAD`
+  replies are queued for it, so a client that reads slowly holds its model's sends (see
+  ``runtime.responses``), never unbounded memory.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ if TYPE_CHECKING:
 
 # How many requests of one stream may be in flight before reading pauses.
 STREAM_WINDOW = 256
+# How many replies may wait for the writer before decoupled requests' responses wait too.
+OUT_AHEAD = 16
 # The request parameter that asks for flag-only final replies, and the reply parameter that
 # marks a request's last reply.
 EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
@@ -49,6 +54,8 @@ class StreamSession:
         self._dataplane = dataplane
         self._requests = requests
         self._out: asyncio.Queue[Any] = asyncio.Queue()
+        self._out_room = asyncio.Event()  # set while fewer than OUT_AHEAD replies wait
+        self._out_room.set()
         self._window = asyncio.Semaphore(STREAM_WINDOW)
         self._running: set[asyncio.Task[Any]] = set()
         # Single-response requests' replies, in request order, until their turn.
@@ -60,7 +67,10 @@ class StreamSession:
     async def replies(self) -> AsyncIterator[pb.ModelStreamInferResponse]:
         self._reader = asyncio.ensure_future(self._read())
         try:
-            while (reply := await self._out.get()) is not _END:
+            out, room = self._out, self._out_room
+            while (reply := await out.get()) is not _END:
+                if not room.is_set() and out.qsize() <= OUT_AHEAD // 2:
+                    room.set()
                 yield reply
             if self._read_error is not None:
                 raise self._read_error  # a malformed message ends the call with its status
@@ -164,8 +174,12 @@ class StreamSession:
         return replies[0]
 
     async def _run_decoupled(self, message: pb.ModelInferRequest) -> None:
+        out, room = self._out, self._out_room
         async for reply in self._replies(message):
-            self._out.put_nowait(reply)
+            out.put_nowait(reply)
+            if out.qsize() >= OUT_AHEAD:
+                room.clear()
+                await room.wait()
 
     async def _replies(
         self, message: pb.ModelInferRequest

@@ -1,0 +1,236 @@
+"""The event loop's end of a worker's pipe: the batches of an instance that runs elsewhere are
+started and answered on the loop, with no thread of the server in between.
+
+One :class:`LoopPipe` per worker process. The loop writes each batch's message itself and
+watches the pipe for the worker's whole life (one reader, registered once), handling what the
+worker sends, in order:
+
+- the batch's reply: the instance's ``execute_later`` settles the batch and releases the
+  instance;
+- responses of decoupled requests (``"responses"``, see :mod:`.workerstream`): put straight
+  into their requests' streams;
+- model log records, and BLS calls (served on an executor thread, answered over the pipe);
+- the end of the pipe: the worker died; the running batch fails, open streams end with an
+  error.
+
+Backpressure: once a stream holds :data:`~tritonfast.runtime.responses.STREAM_BUFFER`
+responses its client has not taken, the loop stops reading the pipe; the worker's writes then
+block when the pipe is full, and so do the model's sends. Reading resumes when that client
+takes one or goes away. (A stream may hold one message's worth more than the bound: the
+responses of a message are delivered together.)
+
+Cancellation: while a batch runs or streams are open, the loop looks every
+:data:`CANCEL_POLL_S` for requests whose clients went away: those of the running batch get
+their byte in the cancellation segment raised, open streams are named to the worker
+(``("cancel", token)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tritonfast.backends.python import workerbls, workerlog
+from tritonfast.backends.python.workerstream import rebuild
+from tritonfast.errors import InternalError
+from tritonfast.runtime.responses import STREAM_BUFFER, ResponseSender, ResponseStream
+from tritonfast.runtime.responses import is_cancelled as request_cancelled
+from tritonfast.runtime.types import InferRequest
+
+# How often the loop passes new cancellations on to the worker, while there are any to see.
+CANCEL_POLL_S = 0.005
+
+# Called with the worker's reply to a batch, or None when the worker died first.
+OnReply = Callable[[tuple[Any, ...] | None], None]
+
+
+class LoopPipe:
+    """Drives one worker from the event loop (see the module docstring). Create it on the
+    loop; every method but :meth:`send` and :meth:`finalize` runs there."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        loop: asyncio.AbstractEventLoop,
+        instance_name: str,
+        cancel_flags: Any,
+    ) -> None:
+        self._conn = conn
+        self._loop = loop
+        self._fd = conn.fileno()
+        self._instance_name = instance_name
+        self._flags = cancel_flags  # the cancellation segment's bytes
+        self._send_lock = threading.Lock()  # BLS answers are written from executor threads
+        self._batch: tuple[list[InferRequest], OnReply] | None = None
+        self._streams: dict[int, ResponseSender] = {}
+        self._cancel_sent: set[int] = set()
+        self._blocked_by: ResponseStream | None = None  # reading paused until it is read
+        self._poll: asyncio.TimerHandle | None = None
+        self._on_finalized: Callable[[], None] | None = None
+        self.closed = False  # the worker finalized or died: this pipe is done
+        loop.add_reader(self._fd, self._readable)
+
+    # -- starting batches ---------------------------------------------------------------------
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Write one message to the worker (from any thread)."""
+        with self._send_lock:
+            self._conn.send(message)
+
+    def run(
+        self,
+        message: tuple[Any, ...],
+        requests: list[InferRequest],
+        on_reply: OnReply,
+        senders: dict[int, ResponseSender] | None = None,
+    ) -> None:
+        """Start one batch (``message`` describes it); ``senders``: a decoupled batch's
+        requests' senders by token. Raises OSError if the worker is gone."""
+        if senders:
+            for token, sender in senders.items():
+                self._streams[token] = sender
+                sink = sender.sink
+                if isinstance(sink, ResponseStream):
+                    sink.on_taken(self._taken)
+        self._batch = (requests, on_reply)
+        self.send(message)
+        self._arm_poll()
+
+    # -- what the worker sends ------------------------------------------------------------------
+    def _readable(self) -> None:
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            self._died()
+            return
+        kind = message[0]
+        if kind == "responses":
+            self._forward(message[1])
+        elif kind == "log":
+            workerlog.emit(message)
+        elif kind in workerbls.REQUESTS:  # the model calls another model: not on the loop
+            self._loop.run_in_executor(None, workerbls.serve, message, self.send)
+        elif kind == "finalized":
+            self._close()
+            self._finalized()
+        else:
+            batch, self._batch = self._batch, None
+            if batch is not None:
+                batch[1](message)
+
+    def _forward(self, responses: list[tuple[int, Any, bool]]) -> None:
+        """Put a message's responses into their streams; pause reading behind a full one."""
+        streams = self._streams
+        full: ResponseStream | None = None
+        for token, described, final in responses:
+            sender = streams.get(token)
+            if sender is None:  # its stream ended (cancelled, or the server stopped it)
+                continue
+            if final:
+                del streams[token]
+                self._cancel_sent.discard(token)
+            sender.forward(rebuild(described) if described else None, final)
+            sink = sender.sink
+            if not final and isinstance(sink, ResponseStream) and sink.waiting >= STREAM_BUFFER:
+                full = sink
+        if full is not None and self._blocked_by is None and not self.closed:
+            self._blocked_by = full
+            self._loop.remove_reader(self._fd)
+            self._arm_poll()  # a client that goes away instead of reading resumes it too
+
+    def _taken(self) -> None:
+        """A client took a response: read on if it was the one reading was paused for."""
+        blocked = self._blocked_by
+        if blocked is not None and blocked.waiting < STREAM_BUFFER:
+            self._resume()
+
+    def _resume(self) -> None:
+        self._blocked_by = None
+        if not self.closed:
+            self._loop.add_reader(self._fd, self._readable)
+
+    # -- cancellation -------------------------------------------------------------------------
+    def _arm_poll(self) -> None:
+        if self._poll is None and not self.closed and (self._batch or self._streams):
+            self._poll = self._loop.call_later(CANCEL_POLL_S, self._check)
+
+    def _check(self) -> None:
+        self._poll = None
+        batch = self._batch
+        if batch is not None:
+            flags = self._flags
+            for index, request in enumerate(batch[0]):
+                if request_cancelled(request):
+                    flags[index] = 1
+        gone = [
+            token
+            for token, sender in self._streams.items()
+            if token not in self._cancel_sent and sender.is_cancelled()
+        ]
+        for token in gone:
+            self._cancel_sent.add(token)
+            with contextlib.suppress(OSError):  # a dead worker is noticed by the reader
+                self.send(("cancel", token))
+        blocked = self._blocked_by
+        if blocked is not None and (blocked.cancelled or blocked.finished):
+            self._resume()
+        self._arm_poll()
+
+    # -- the end ------------------------------------------------------------------------------
+    def finalize(self, timeout: float) -> bool:
+        """Off the loop: have the worker finalize its model and wait until it has (or died, or
+        ``timeout`` passed). False when the loop cannot do it (not running): the caller then
+        talks to the worker itself."""
+        done = threading.Event()
+
+        def start() -> None:
+            self._on_finalized = done.set
+            if self.closed:
+                done.set()
+                return
+            try:
+                self.send(("finalize",))
+            except OSError:
+                self._died()
+
+        try:
+            if not self._loop.is_running():
+                return False
+            self._loop.call_soon_threadsafe(start)
+        except RuntimeError:  # the loop closed
+            return False
+        done.wait(timeout)
+        return True
+
+    def _died(self) -> None:
+        self._close()
+        streams, self._streams = self._streams, {}
+        error = InternalError(
+            f"the worker process of model instance '{self._instance_name}' exited before it"
+            " sent the final response"
+        )
+        for sender in streams.values():
+            sender.abandon(error)
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            batch[1](None)
+        self._finalized()
+
+    def _finalized(self) -> None:
+        hook, self._on_finalized = self._on_finalized, None
+        if hook is not None:
+            hook()
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._blocked_by is None:
+            self._loop.remove_reader(self._fd)
+        self._blocked_by = None
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None

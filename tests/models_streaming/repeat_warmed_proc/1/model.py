@@ -1,0 +1,1 @@
+../../repeat_py/1/model.py

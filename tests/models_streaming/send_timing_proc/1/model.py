@@ -1,0 +1,1 @@
+../../send_timing/1/model.py
