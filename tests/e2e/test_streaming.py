@@ -26,6 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ROOT, TEST_MODELS, RunningServer, start_server
+from tests.waiting import wait_for
 
 STREAMING_MODELS = ROOT / "tests" / "models_streaming"
 PLUGINS = ROOT / "tests" / "plugins"
@@ -411,6 +412,54 @@ def test_a_client_leaving_cancels_its_stream(
     assert first.get(timeout=WAIT_S) is not None
     grpc_client.stop_stream(cancel_requests=True)
     wait_for_cancelled(grpc_client, after_http + 1)
+
+
+def mode_input(mode: int) -> Any:
+    tensor = grpcclient.InferInput("MODE", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([mode], dtype=np.int32))
+    return tensor
+
+
+def test_a_worker_models_stream_sees_its_client_leave(
+    stream_server: RunningServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    first: queue.Queue[Any] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: first.put(result))
+    grpc_client.async_stream_infer("stream_fate_proc", [mode_input(0)], request_id="leaver")
+    assert first.get(timeout=WAIT_S) is not None
+    grpc_client.stop_stream(cancel_requests=True)
+    wait_for(
+        lambda: "stream leaver saw its cancellation" in stream_server.log(),
+        "the worker's model to see its stream cancelled",
+    )
+
+
+def test_a_worker_dying_mid_stream_ends_it_with_an_error_and_restarts(
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    replies = stream_replies_of(grpc_client, "stream_fate_proc", [mode_input(1)], expected=3)
+    assert [int(result.as_numpy("IDX")[0]) for result, _ in replies[:2]] == [0, 1]
+    error = replies[2][1]
+    assert error is not None and error.message() == (
+        "the worker process of model instance 'stream_fate_proc_0_0' exited before it sent"
+        " the final response"
+    )
+    # The worker is started again: the next request is served.
+    again = stream_replies_of(grpc_client, "stream_fate_proc", [mode_input(1)], expected=2)
+    assert [int(result.as_numpy("IDX")[0]) for result, _ in again] == [0, 1]
+
+
+def stream_replies_of(
+    client: grpcclient.InferenceServerClient, model: str, inputs: list[Any], expected: int
+) -> list[tuple[Any, Any]]:
+    """Send one request with ``inputs`` on a new stream; its first ``expected`` callbacks."""
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        client.async_stream_infer(model, inputs)
+        return [replies.get(timeout=WAIT_S) for _ in range(expected)]
+    finally:
+        client.stop_stream(cancel_requests=True)
 
 
 # -- BLS through the server handle ----------------------------------------------------------------

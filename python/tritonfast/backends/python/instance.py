@@ -77,11 +77,11 @@ class PythonInstance(ModelInstance):
         execute = self._batched or self._model.execute
         self._coroutine = inspect.iscoroutinefunction(execute)
         self._model_loop = ModelLoop(instance_name) if self._coroutine else None
-        # Never on the server's event loop: a model that may wait there (for the server, or
-        # for its own loop) could never finish (see runtime.looprun).
-        self.may_run_on_event_loop = not (
-            self._coroutine or self._decoupled or calls_server(model_class)
-        )
+        # Whether it may wait on the server (BLS) or on a loop of its own; then, and for a
+        # decoupled model (which waits on its streams), never on the server's event loop,
+        # where such a wait could never end (see runtime.looprun).
+        self.may_wait = self._coroutine or calls_server(model_class)
+        self.may_run_on_event_loop = not (self.may_wait or self._decoupled)
         initialize = getattr(self._model, "initialize", None)
         if initialize is not None:
             args = {

@@ -19,6 +19,10 @@ block when the pipe is full, and so do the model's sends. Reading resumes when t
 takes one or goes away. (A stream may hold one message's worth more than the bound: the
 responses of a message are delivered together.)
 
+The loop reads whatever the pipe holds in one system call and takes every whole message from
+it (multiprocessing's framing: a 4-byte big-endian length, or -1 and an 8-byte one, then the
+pickle), so a burst of messages costs one wake-up and one read.
+
 Cancellation: while a batch runs or streams are open, the loop looks every
 :data:`CANCEL_POLL_S` for requests whose clients went away: those of the running batch get
 their byte in the cancellation segment raised, open streams are named to the worker
@@ -29,6 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import pickle
+import struct
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -43,6 +50,8 @@ from tritonfast.runtime.types import InferRequest
 
 # How often the loop passes new cancellations on to the worker, while there are any to see.
 CANCEL_POLL_S = 0.005
+# The most one read of the pipe takes.
+READ_BYTES = 1 << 20
 
 # Called with the worker's reply to a batch, or None when the worker died first.
 OnReply = Callable[[tuple[Any, ...] | None], None]
@@ -71,8 +80,16 @@ class LoopPipe:
         self._blocked_by: ResponseStream | None = None  # reading paused until it is read
         self._poll: asyncio.TimerHandle | None = None
         self._on_finalized: Callable[[], None] | None = None
+        self._received = bytearray()  # read from the pipe, not yet taken as messages
         self.closed = False  # the worker finalized or died: this pipe is done
-        loop.add_reader(self._fd, self._readable)
+        self._watch()
+
+    def _watch(self) -> None:
+        self._loop.add_reader(self._fd, self._readable)
+        # uvloop makes the descriptor non-blocking; writes (and the connection's own reads,
+        # once this pipe is done) expect whole messages, so it goes back to blocking. Reads
+        # here only follow readiness, and take what is there.
+        os.set_blocking(self._fd, True)
 
     # -- starting batches ---------------------------------------------------------------------
     def send(self, message: tuple[Any, ...]) -> None:
@@ -102,10 +119,41 @@ class LoopPipe:
     # -- what the worker sends ------------------------------------------------------------------
     def _readable(self) -> None:
         try:
-            message = self._conn.recv()
-        except (EOFError, OSError):
+            chunk = os.read(self._fd, READ_BYTES)
+        except OSError:
+            chunk = b""
+        if not chunk:  # the worker's end closed: it died
             self._died()
             return
+        self._received += chunk
+        self._take_messages()
+
+    def _take_messages(self) -> None:
+        """Handle every whole message received, until reading pauses or the pipe is done."""
+        received = self._received
+        start = 0
+        while self._blocked_by is None and not self.closed:
+            left = len(received) - start
+            if left < 4:
+                break
+            (size,) = struct.unpack_from("!i", received, start)
+            header = 4
+            if size == -1:
+                if left < 12:
+                    break
+                (size,) = struct.unpack_from("!Q", received, start + 4)
+                header = 12
+            if left < header + size:
+                break
+            body = start + header
+            with memoryview(received) as view:  # released before the buffer is trimmed
+                message = pickle.loads(view[body : body + size])
+            start = body + size
+            self._dispatch(message)
+        if start:
+            del received[:start]
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "responses":
             self._forward(message[1])
@@ -150,7 +198,9 @@ class LoopPipe:
     def _resume(self) -> None:
         self._blocked_by = None
         if not self.closed:
-            self._loop.add_reader(self._fd, self._readable)
+            self._take_messages()  # those read before the pause first
+            if self._blocked_by is None and not self.closed:
+                self._watch()
 
     # -- cancellation -------------------------------------------------------------------------
     def _arm_poll(self) -> None:
@@ -230,6 +280,8 @@ class LoopPipe:
         self.closed = True
         if self._blocked_by is None:
             self._loop.remove_reader(self._fd)
+            with contextlib.suppress(OSError):  # (already closed)
+                os.set_blocking(self._fd, True)
         self._blocked_by = None
         if self._poll is not None:
             self._poll.cancel()

@@ -657,7 +657,7 @@ def worker_main(
     except TritonError as exc:
         streams.send(("error", exc.message))
         return
-    streams.send(("ready", CUSTOM_METRICS.state_if_changed(), not instance.may_run_on_event_loop))
+    streams.send(("ready", CUSTOM_METRICS.state_if_changed(), instance.may_wait))
 
     def other(message: tuple[Any, ...]) -> None:  # what arrives while a BLS call waits
         if message[0] == "cancel":
