@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import queue
 import threading
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +14,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import start_server
+from tests.conftest import ROOT, start_server
+from tests.waiting import wait_for
+
+WAIT_S = 30.0
 
 MODEL = "proc_identity"
 
@@ -254,3 +260,54 @@ def test_an_unknown_server_wide_mode_keeps_python_models_from_loading(tmp_path) 
         "--backend-config=python,instance-mode must be one of process, auto, thread, not 'fork'"
         in server.log()
     )
+
+
+def test_unloading_a_worker_model_is_not_held_up_by_a_client_that_stopped_reading(
+    tmp_path,
+) -> None:
+    """The server stops reading a worker's pipe while a client's stream is full; an unload
+    reads on regardless (as Triton buffers), so it ends at once and the stream completes."""
+    streaming = ROOT / "tests" / "models_streaming"
+    server = start_server(
+        [streaming],
+        tmp_path / "server.log",
+        "--model-control-mode=explicit",
+        "--load-model=send_timing_proc",
+    )
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    first, reading = threading.Event(), threading.Event()
+
+    def arrived(result: Any, error: Any) -> None:
+        if error is None:
+            first.set()
+            reading.wait(WAIT_S)  # the client stops reading after the first response
+        replies.put((result, error))
+
+    try:
+        wait_for(lambda: client.is_model_ready("send_timing_proc"), "the model to load")
+        client.start_stream(callback=arrived)
+        inputs = []
+        for name, value in (("COUNT", 1000), ("PAD_BYTES", 64 * 1024)):
+            tensor = grpcclient.InferInput(name, [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], dtype=np.int32))
+            inputs.append(tensor)
+        client.async_stream_infer("send_timing_proc", inputs)
+        assert first.wait(WAIT_S)
+        started = time.monotonic()
+        unloader = threading.Thread(target=client.unload_model, args=("send_timing_proc",))
+        unloader.start()
+        unloader.join(WAIT_S)
+        reading.set()
+        assert not unloader.is_alive()
+        assert time.monotonic() - started < 10
+        # Its requests finished: the client, reading again, gets every response.
+        got = [replies.get(timeout=WAIT_S) for _ in range(1001)]
+        assert all(error is None for _, error in got)
+        assert [int(r.as_numpy("IDX")[0]) for r, _ in got[:1000]] == list(range(1000))
+        assert client.is_server_live()
+    finally:
+        reading.set()
+        client.stop_stream(cancel_requests=True)
+        client.close()
+        server.stop()

@@ -93,6 +93,10 @@ class ModelInstance(abc.ABC):
         once the instance can take its next batch."""
         raise NotImplementedError
 
+    def unloading(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """The model is being unloaded (called off the loop, before its running batches are
+        waited for): responses held back for slow clients must stop holding up its requests."""
+
     def finalize(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release the instance's resources (called once, after its last execute)."""
 

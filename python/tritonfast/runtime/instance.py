@@ -110,6 +110,9 @@ class InstanceLoop:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def unloading(self) -> None:
+        self._instance.unloading()
+
     def finalize(self) -> None:
         try:
             self._instance.finalize()

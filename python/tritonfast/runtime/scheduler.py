@@ -329,6 +329,8 @@ class QueueScheduler(Scheduler):
         for queue in self._queues:
             queue.close()
         for instance_loop in self._instances:
+            instance_loop.unloading()
+        for instance_loop in self._instances:
             instance_loop.join(timeout)
         if self._on_loop is not None:
             self._on_loop.unwatch()

@@ -347,6 +347,9 @@ class SequenceInstance(ModelInstance):
             if ready and isinstance(result, InferResponse):
                 states.keep(slot, result, bool(request.parameters.get("sequence_end")))
 
+    def unloading(self) -> None:
+        self._inner.unloading()
+
     def finalize(self) -> None:
         self._inner.finalize()
 

@@ -17,7 +17,8 @@ Backpressure: once a stream holds :data:`~tritonfast.runtime.responses.STREAM_BU
 responses its client has not taken, the loop stops reading the pipe; the worker's writes then
 block when the pipe is full, and so do the model's sends. Reading resumes when that client
 takes one or goes away. (A stream may hold one message's worth more than the bound: the
-responses of a message are delivered together.)
+responses of a message are delivered together.) Once the model is unloading, the loop reads
+on regardless, as Triton buffers: its requests must be able to finish.
 
 The loop reads whatever the pipe holds in one system call and takes every whole message from
 it (multiprocessing's framing: a 4-byte big-endian length, or -1 and an 8-byte one, then the
@@ -81,6 +82,7 @@ class LoopPipe:
         self._poll: asyncio.TimerHandle | None = None
         self._on_finalized: Callable[[], None] | None = None
         self._received = bytearray()  # read from the pipe, not yet taken as messages
+        self._unbounded = False  # unloading: no more pauses, the requests must finish
         self.closed = False  # the worker finalized or died: this pipe is done
         self._watch()
 
@@ -184,7 +186,7 @@ class LoopPipe:
             sink = sender.sink
             if not final and isinstance(sink, ResponseStream) and sink.waiting >= STREAM_BUFFER:
                 full = sink
-        if full is not None and self._blocked_by is None and not self.closed:
+        if full is not None and self._blocked_by is None and not (self.closed or self._unbounded):
             self._blocked_by = full
             self._loop.remove_reader(self._fd)
             self._arm_poll()  # a client that goes away instead of reading resumes it too
@@ -241,6 +243,7 @@ class LoopPipe:
             if self.closed:
                 done.set()
                 return
+            self._read_regardless()
             try:
                 self.send(("finalize",))
             except OSError:
@@ -254,6 +257,16 @@ class LoopPipe:
             return False
         done.wait(timeout)
         return True
+
+    def stop_holding_back(self) -> None:
+        """From any thread: read on whatever the clients do (the model is unloading)."""
+        with contextlib.suppress(RuntimeError):  # the loop closed
+            self._loop.call_soon_threadsafe(self._read_regardless)
+
+    def _read_regardless(self) -> None:
+        self._unbounded = True
+        if self._blocked_by is not None:
+            self._resume()
 
     def _died(self) -> None:
         self._close()

@@ -527,6 +527,11 @@ class ProcessInstance(ModelInstance):
         ]
         return InferResponse(model_name, model_version, response_id, outputs, parameters)
 
+    def unloading(self) -> None:
+        pipe = self._pipe
+        if pipe is not None:
+            pipe.stop_holding_back()
+
     def finalize(self) -> None:
         self._finalized = True
         pipe = self._pipe
