@@ -18,7 +18,9 @@ responses its client has not taken, the loop stops reading the pipe; the worker'
 block when the pipe is full, and so do the model's sends. Reading resumes when that client
 takes one or goes away. (A stream may hold one message's worth more than the bound: the
 responses of a message are delivered together.) Once the model is unloading, the loop reads
-on regardless, as Triton buffers: its requests must be able to finish.
+on regardless, as Triton buffers: its requests must be able to finish. While reading is
+paused, a worker that dies is noticed only once reading resumes (its client reads or goes
+away).
 
 The loop reads whatever the pipe holds in one system call and takes every whole message from
 it (multiprocessing's framing: a 4-byte big-endian length, or -1 and an 8-byte one, then the
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import pickle
 import struct
@@ -54,13 +57,16 @@ CANCEL_POLL_S = 0.005
 # The most one read of the pipe takes.
 READ_BYTES = 1 << 20
 
+log = logging.getLogger(__name__)
+
 # Called with the worker's reply to a batch, or None when the worker died first.
 OnReply = Callable[[tuple[Any, ...] | None], None]
 
 
 class LoopPipe:
     """Drives one worker from the event loop (see the module docstring). Create it on the
-    loop; every method but :meth:`send` and :meth:`finalize` runs there."""
+    loop; every method but :meth:`send`, :meth:`stop_holding_back` and :meth:`finalize` runs
+    there. ``unbounded``: the model is unloading already (see :meth:`stop_holding_back`)."""
 
     def __init__(
         self,
@@ -68,6 +74,8 @@ class LoopPipe:
         loop: asyncio.AbstractEventLoop,
         instance_name: str,
         cancel_flags: Any,
+        *,
+        unbounded: bool = False,
     ) -> None:
         self._conn = conn
         self._loop = loop
@@ -82,16 +90,17 @@ class LoopPipe:
         self._poll: asyncio.TimerHandle | None = None
         self._on_finalized: Callable[[], None] | None = None
         self._received = bytearray()  # read from the pipe, not yet taken as messages
-        self._unbounded = False  # unloading: no more pauses, the requests must finish
+        self._unbounded = unbounded  # unloading: no more pauses, the requests must finish
         self.closed = False  # the worker finalized or died: this pipe is done
         self._watch()
 
     def _watch(self) -> None:
-        self._loop.add_reader(self._fd, self._readable)
         # uvloop makes the descriptor non-blocking; writes (and the connection's own reads,
-        # once this pipe is done) expect whole messages, so it goes back to blocking. Reads
-        # here only follow readiness, and take what is there.
-        os.set_blocking(self._fd, True)
+        # once this pipe is done) expect whole messages, so it goes back to blocking, before
+        # any thread writes again. Reads here only follow readiness, and take what is there.
+        with self._send_lock:
+            self._loop.add_reader(self._fd, self._readable)
+            os.set_blocking(self._fd, True)
 
     # -- starting batches ---------------------------------------------------------------------
     def send(self, message: tuple[Any, ...]) -> None:
@@ -107,7 +116,9 @@ class LoopPipe:
         senders: dict[int, ResponseSender] | None = None,
     ) -> None:
         """Start one batch (``message`` describes it); ``senders``: a decoupled batch's
-        requests' senders by token. Raises OSError if the worker is gone."""
+        requests' senders by token. Raises OSError if the worker is gone (nothing of the batch
+        is kept then)."""
+        self.send(message)
         if senders:
             for token, sender in senders.items():
                 self._streams[token] = sender
@@ -115,7 +126,6 @@ class LoopPipe:
                 if isinstance(sink, ResponseStream):
                     sink.on_taken(self._taken)
         self._batch = (requests, on_reply)
-        self.send(message)
         self._arm_poll()
 
     # -- what the worker sends ------------------------------------------------------------------
@@ -125,7 +135,7 @@ class LoopPipe:
         except OSError:
             chunk = b""
         if not chunk:  # the worker's end closed: it died
-            self._died()
+            self.died()
             return
         self._received += chunk
         self._take_messages()
@@ -134,26 +144,40 @@ class LoopPipe:
         """Handle every whole message received, until reading pauses or the pipe is done."""
         received = self._received
         start = 0
-        while self._blocked_by is None and not self.closed:
-            left = len(received) - start
-            if left < 4:
-                break
-            (size,) = struct.unpack_from("!i", received, start)
-            header = 4
-            if size == -1:
-                if left < 12:
+        try:
+            while self._blocked_by is None and not self.closed:
+                left = len(received) - start
+                if left < 4:
                     break
-                (size,) = struct.unpack_from("!Q", received, start + 4)
-                header = 12
-            if left < header + size:
-                break
-            body = start + header
-            with memoryview(received) as view:  # released before the buffer is trimmed
-                message = pickle.loads(view[body : body + size])
-            start = body + size
-            self._dispatch(message)
-        if start:
-            del received[:start]
+                (size,) = struct.unpack_from("!i", received, start)
+                header = 4
+                if size == -1:
+                    if left < 12:
+                        break
+                    (size,) = struct.unpack_from("!Q", received, start + 4)
+                    header = 12
+                if left < header + size:
+                    break
+                body = start + header
+                start = body + size
+                try:
+                    with memoryview(received) as view:  # released before the buffer is trimmed
+                        message = pickle.loads(view[body:start])
+                except Exception:  # the stream of messages is broken: as good as dead
+                    log.exception(
+                        "instance %s: unreadable message from its worker", self._instance_name
+                    )
+                    self.died()
+                    return
+                try:
+                    self._dispatch(message)
+                except Exception:  # handled once, badly, never twice
+                    log.exception(
+                        "instance %s: a message from its worker failed", self._instance_name
+                    )
+        finally:
+            if start and not self.closed:
+                del received[:start]
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -247,7 +271,7 @@ class LoopPipe:
             try:
                 self.send(("finalize",))
             except OSError:
-                self._died()
+                self.died()
 
         try:
             if not self._loop.is_running():
@@ -255,7 +279,18 @@ class LoopPipe:
             self._loop.call_soon_threadsafe(start)
         except RuntimeError:  # the loop closed
             return False
-        done.wait(timeout)
+        if not done.wait(timeout):
+            # No answer: the caller ends the worker and closes the pipe, which must not stay
+            # watched by the loop (its descriptor number will be reused).
+            closed = threading.Event()
+
+            def close() -> None:
+                self._close()
+                closed.set()
+
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(close)
+                closed.wait(timeout)
         return True
 
     def stop_holding_back(self) -> None:
@@ -268,7 +303,8 @@ class LoopPipe:
         if self._blocked_by is not None:
             self._resume()
 
-    def _died(self) -> None:
+    def died(self) -> None:
+        """The worker is gone: end its open streams and batch with an error, stop watching."""
         self._close()
         streams, self._streams = self._streams, {}
         error = InternalError(

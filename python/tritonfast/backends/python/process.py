@@ -94,6 +94,9 @@ START_TIMEOUT_S = 120.0
 FINALIZE_TIMEOUT_S = 30.0
 # How often the server passes new cancellations of running requests on to the worker.
 CANCEL_POLL_S = 0.005
+# How long a decoupled batch run from a thread before the loop drives the worker (warm-up)
+# waits after its reply for the final flags still to come.
+FINALS_WAIT_S = 60.0
 # Outputs from this size on are copied out of the worker's segment into a pooled buffer with
 # the GIL released; smaller ones are copied in place.
 POOLED_COPY_BYTES = 64 * 1024
@@ -231,7 +234,8 @@ class ProcessInstance(ModelInstance):
         self._instance_name = instance_name
         self._model_name = config.name
         self._decoupled = config.model_transaction_policy.decoupled
-        # Decoupled models: the pipe's reader, and the tokens naming each request's stream.
+        # Decoupled models driven from the instance thread: the pipe's reader; and the tokens
+        # naming each decoupled request's stream.
         self._relay: ResponseRelay | None = None
         self._tokens = itertools.count(1)
         self._start_args = (
@@ -259,6 +263,7 @@ class ProcessInstance(ModelInstance):
         self._conn: Connection | None = None
         # The loop's end of the worker's pipe (made by the first execute_later).
         self._pipe: LoopPipe | None = None
+        self._unloading = False  # its pipes no longer hold back for slow clients
         try:
             self._start()
         except BaseException:
@@ -348,8 +353,9 @@ class ProcessInstance(ModelInstance):
         clock: PhaseClock,
     ) -> tuple[Any, ...]:
         """Send a batch and read the worker's pipe on this thread until its reply, and for a
-        decoupled batch until every request's final flag (taken from the pipe by no one else
-        here: no relay, and the loop not yet driving the worker)."""
+        decoupled batch until every request's final flag or :data:`FINALS_WAIT_S` after the
+        reply, whichever comes first (the pipe is read by no one else here: no relay, and the
+        loop not yet driving the worker)."""
         conn = self._conn
         assert conn is not None
         flags = self._cancel.buffer
@@ -359,10 +365,13 @@ class ProcessInstance(ModelInstance):
         conn.send(message)
         clock.inputs_ready()
         reply = None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while reply is None or (senders and time.monotonic() < deadline):
-            while not conn.poll(CANCEL_POLL_S):
+        deadline = 0.0  # once the reply came: how long the finals may still take
+        while reply is None or senders:
+            if not conn.poll(CANCEL_POLL_S):
                 _flag_cancelled(requests, flags)
+                if reply is not None and time.monotonic() > deadline:
+                    break
+                continue
             received = conn.recv()
             kind = received[0]
             if kind == "log":
@@ -376,6 +385,7 @@ class ProcessInstance(ModelInstance):
                         sender.send(rebuild(described) if described else None, final)
             else:
                 reply = received
+                deadline = time.monotonic() + FINALS_WAIT_S
         assert reply is not None
         return reply
 
@@ -399,7 +409,13 @@ class ProcessInstance(ModelInstance):
             self._restart_then(loop, None, requests, finish, release, retry)
             return
         if pipe is None:
-            pipe = self._pipe = LoopPipe(self._conn, loop, self._instance_name, self._cancel.buffer)
+            pipe = self._pipe = LoopPipe(
+                self._conn,
+                loop,
+                self._instance_name,
+                self._cancel.buffer,
+                unbounded=self._unloading,
+            )
         senders = None
         tokens = None
         if self._decoupled:
@@ -422,7 +438,12 @@ class ProcessInstance(ModelInstance):
                 finish(self._results(reply))
             release()
 
-        pipe.run(self._message(requests, tokens), requests, replied, senders)
+        try:
+            pipe.run(self._message(requests, tokens), requests, replied, senders)
+        except OSError:  # the worker died since its last batch: this one fails with it
+            pipe.died()
+            self._restart_then(loop, self._died, requests, finish, release, None)
+            return
         clock.inputs_ready()
 
     def _restart_then(
@@ -528,6 +549,7 @@ class ProcessInstance(ModelInstance):
         return InferResponse(model_name, model_version, response_id, outputs, parameters)
 
     def unloading(self) -> None:
+        self._unloading = True
         pipe = self._pipe
         if pipe is not None:
             pipe.stop_holding_back()
@@ -536,7 +558,7 @@ class ProcessInstance(ModelInstance):
         self._finalized = True
         pipe = self._pipe
         if pipe is not None and not pipe.closed and pipe.finalize(FINALIZE_TIMEOUT_S):
-            pass  # the loop, which reads the worker's pipe, saw it finalize
+            pass  # done through the loop, which reads the worker's pipe (or given up on)
         elif self._conn is not None:
             try:
                 self._conn.send(("finalize",))

@@ -5,11 +5,12 @@ The worker gives each request of a decoupled model a :class:`~tritonfast.runtime
 ResponseSender` (with Triton's rules) whose responses go over the instance's pipe in
 ``("responses", [(token, result, final), ...])`` messages: the output tensors travel in the
 message itself (pickled), not through the instance's output segment, because a stream's
-responses outlive the batch that segment belongs to. The server's :class:`ResponseRelay` owns
-the pipe's reading end: it passes each response to the server-side sender of the request with
-that token, hands the batch's own reply to the instance thread waiting for it, and tells the
-worker which streams' consumers went away (``("cancel", token)``), which the worker's senders
-then report through ``is_cancelled()``.
+responses outlive the batch that segment belongs to. On the server, the event loop reads the
+pipe (:mod:`.looppipe`), or, for a model driven from its instance thread (one that may call
+the server), a :class:`ResponseRelay` thread does: either passes each response to the stream
+of the request with that token, takes the batch's own reply, and tells the worker which
+streams' consumers went away (``("cancel", token)``), which the worker's senders then report
+through ``is_cancelled()``.
 
 Coalescing: every message costs both processes a wake-up, which on a busy machine costs more
 than a small response itself. So a response sent within :data:`LINGER_S` of the previous
