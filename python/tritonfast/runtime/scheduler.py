@@ -66,7 +66,7 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance
 from tritonfast.errors import CancelledError, UnavailableError
 from tritonfast.runtime.histogram import Histogram, first_response_buckets
-from tritonfast.runtime.instance import InstanceLoop
+from tritonfast.runtime.instance import InstanceLoop, Settle
 from tritonfast.runtime.looprun import LoopExecution
 from tritonfast.runtime.rawtensor import request_prefix
 from tritonfast.runtime.responses import (
@@ -78,6 +78,7 @@ from tritonfast.runtime.responses import (
 )
 from tritonfast.runtime.sequence import (
     Controls,
+    LoopDriver,
     SequenceInstance,
     SlotSource,
     SlotStates,
@@ -226,6 +227,10 @@ class QueueScheduler(Scheduler):
         ]
         if on_loop is not None:
             on_loop.start(self._instances, settle)
+        self._start_instances(settle)
+
+    def _start_instances(self, settle: Settle) -> None:
+        """Start taking batches: each instance on its own thread."""
         for instance_loop in self._instances:
             instance_loop.start()
 
@@ -465,7 +470,42 @@ class SequenceScheduler(QueueScheduler):
             SequenceInstance(instance, controls, SlotStates(specs, slots), loop, decoupled)
             for instance in instances
         ]
+        # Batches formed at once, for instances in worker processes: the loop takes them
+        # itself (see LoopDriver), no instance thread.
+        self._driver: LoopDriver | None = None
+        self._loop_driven = bool(instances) and all(i.runs_elsewhere for i in wrapped)
+        batching = config.sequence_batching
+        if (
+            batching.direct.max_queue_delay_microseconds
+            or batching.oldest.max_queue_delay_microseconds
+        ):
+            self._loop_driven = False
         super().__init__(name, config, wrapped, loop, **options)
+
+    def _start_instances(self, settle: Settle) -> None:
+        if not self._loop_driven:
+            super()._start_instances(settle)
+            return
+        self._driver = LoopDriver(
+            self._loop, self._sources, self._instances, settle, self._fail_cancelled_now
+        )
+
+    def _fail_cancelled_now(self, sinks: list[Sink]) -> None:
+        _fail_cancelled(sinks)
+
+    def stop(self, timeout: float) -> None:
+        driver = self._driver
+        if driver is None:
+            super().stop(timeout)
+            return
+        self._batcher.close()
+        for instance_loop in self._instances:
+            instance_loop.unloading()
+        driver.finish(timeout)
+        for instance_loop in self._instances:
+            instance_loop.finalize()
+        for sender in list(self._senders):
+            sender.abandon(UnavailableError(STOPPED_MESSAGE))
 
     def _new_queue(self, config: model_config_pb2.ModelConfig, **options: Any) -> Any:
         if "share_statistics_with" not in options:  # the first instance's: make the batcher
@@ -481,13 +521,16 @@ class SequenceScheduler(QueueScheduler):
 
     def _push(self, queue: Any, request: InferRequest, sink: Sink, batch_size: int) -> Any:
         params = request.parameters
-        return self._batcher.push(
+        ticket = self._batcher.push(
             (request, sink),
             correlation_id(params),
             bool(params.get("sequence_start")),
             bool(params.get("sequence_end")),
             batch_size,
         )
+        if self._driver is not None:
+            self._driver.poke()
+        return ticket
 
     def pending(self) -> int:
         return len(self._batcher)

@@ -25,10 +25,12 @@ what the server hands the model with each request, as Triton does:
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +41,9 @@ from tritonfast.config.sequence import initial_state_path
 from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
 from tritonfast.runtime.responses import ResponseSender, ResponseStream, Result
 from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+
+if TYPE_CHECKING:
+    from tritonfast.runtime.instance import InstanceLoop, Settle
 
 Control = ModelSequenceBatching.Control
 _U64 = (1 << 64) - 1
@@ -407,3 +412,80 @@ class SlotSource:
     @property
     def closed(self) -> bool:
         return self._batcher.closed
+
+
+class LoopDriver:
+    """Takes a sequence model's batches from the event loop, with no instance threads: for
+    instances in worker processes whose batches are formed at once (no queue delay). The loop
+    asks the batcher for a free instance's next batch whenever work may have come: after a
+    push, when one of its batches ends, and every :data:`TICK_S` (idle sequences released,
+    backlog sequences moved into freed slots), and starts it in the worker
+    (:meth:`InstanceLoop.run_later`). Each request is spared the hops to an instance thread
+    and back."""
+
+    TICK_S = 0.05
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sources: list[SlotSource],
+        instances: list[InstanceLoop],
+        settle: Settle,
+        reject: Callable[[list[Any]], None],
+    ) -> None:
+        self._loop = loop
+        self._sources = sources
+        self._instances = instances
+        self._settle = settle
+        self._reject = reject
+        self._busy = [False] * len(sources)
+        self._done = [False] * len(sources)  # closed, and nothing left for it
+        self._all_done = threading.Event()
+        loop.call_soon_threadsafe(self._tick)
+
+    def poke(self) -> None:
+        """Work may have come (from any thread)."""
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._take()
+        else:
+            self._loop.call_soon_threadsafe(self._take)
+
+    def finish(self, timeout: float) -> None:
+        """Off the loop, once the batcher is closed: wait until every instance has run what
+        was left for it."""
+        try:
+            self._loop.call_soon_threadsafe(self._take)
+        except RuntimeError:  # the loop closed: nothing more can run
+            return
+        self._all_done.wait(timeout)
+
+    def _take(self) -> None:
+        for index, source in enumerate(self._sources):
+            while not (self._busy[index] or self._done[index]):
+                batch = source.pop(0)
+                if batch is None:
+                    self._done[index] = True
+                    if all(self._done):
+                        self._all_done.set()
+                elif batch.items:
+                    self._busy[index] = True
+                    self._instances[index].run_later(
+                        batch, self._settle, functools.partial(self._released, index)
+                    )
+                elif batch.rejected:  # requests of cancelled sequences
+                    self._reject([item[1] for item in batch.rejected])
+                else:
+                    break
+
+    def _released(self, index: int) -> None:
+        self._busy[index] = False
+        self._take()
+
+    def _tick(self) -> None:
+        self._take()
+        if not self._all_done.is_set():
+            self._loop.call_later(self.TICK_S, self._tick)
