@@ -25,7 +25,9 @@ what the server hands the model with each request, as Triton does:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +46,8 @@ from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor, R
 
 if TYPE_CHECKING:
     from tritonfast.runtime.instance import InstanceLoop, Settle
+
+log = logging.getLogger(__name__)
 
 Control = ModelSequenceBatching.Control
 _U64 = (1 << 64) - 1
@@ -443,49 +447,67 @@ class LoopDriver:
         self._all_done = threading.Event()
         loop.call_soon_threadsafe(self._tick)
 
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
     def poke(self) -> None:
         """Work may have come (from any thread)."""
-        try:
-            on_loop = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
+        if self._on_loop():
             self._take()
         else:
-            self._loop.call_soon_threadsafe(self._take)
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone
+                self._loop.call_soon_threadsafe(self._take)
 
     def finish(self, timeout: float) -> None:
-        """Off the loop, once the batcher is closed: wait until every instance has run what
+        """Once the batcher is closed: wait (off the loop) until every instance has run what
         was left for it."""
-        try:
-            self._loop.call_soon_threadsafe(self._take)
-        except RuntimeError:  # the loop closed: nothing more can run
-            return
+        if self._on_loop() or not self._loop.is_running():
+            self._take()  # nothing else takes batches meanwhile; waiting here cannot help
+            if self._on_loop() or self._loop.is_closed():
+                return
+        else:
+            try:
+                self._loop.call_soon_threadsafe(self._take)
+            except RuntimeError:  # the loop closed: nothing more can run
+                return
         self._all_done.wait(timeout)
 
     def _take(self) -> None:
         for index, source in enumerate(self._sources):
-            while not (self._busy[index] or self._done[index]):
-                batch = source.pop(0)
-                if batch is None:
-                    self._done[index] = True
-                    if all(self._done):
-                        self._all_done.set()
-                elif batch.items:
-                    self._busy[index] = True
-                    self._instances[index].run_later(
-                        batch, self._settle, functools.partial(self._released, index)
-                    )
-                elif batch.rejected:  # requests of cancelled sequences
-                    self._reject([item[1] for item in batch.rejected])
-                else:
-                    break
+            try:
+                self._take_for(index, source)
+            except Exception:  # a bug here must not stop the other instances or the tick
+                log.exception("instance %s: taking its next batch failed", index)
+
+    def _take_for(self, index: int, source: SlotSource) -> None:
+        while not (self._busy[index] or self._done[index]):
+            batch = source.pop(0)
+            if batch is None:
+                self._done[index] = True
+                if all(self._done):
+                    self._all_done.set()
+            elif batch.items:
+                self._busy[index] = True
+                self._instances[index].run_later(
+                    batch, self._settle, functools.partial(self._released, index)
+                )
+            elif batch.rejected:  # requests of cancelled sequences
+                self._reject([item[1] for item in batch.rejected])
+            else:
+                break
 
     def _released(self, index: int) -> None:
+        # Not taken in this call: a batch that fails as it starts releases at once, and a
+        # run of those must not nest.
         self._busy[index] = False
-        self._take()
+        self._loop.call_soon(self._take)
 
     def _tick(self) -> None:
-        self._take()
-        if not self._all_done.is_set():
-            self._loop.call_later(self.TICK_S, self._tick)
+        try:
+            self._take()
+        finally:
+            if not self._all_done.is_set():
+                self._loop.call_later(self.TICK_S, self._tick)
