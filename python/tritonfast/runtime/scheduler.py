@@ -487,11 +487,8 @@ class SequenceScheduler(QueueScheduler):
             super()._start_instances(settle)
             return
         self._driver = LoopDriver(
-            self._loop, self._sources, self._instances, settle, self._fail_cancelled_now
+            self._loop, self._sources, self._instances, settle, _fail_cancelled
         )
-
-    def _fail_cancelled_now(self, sinks: list[Sink]) -> None:
-        _fail_cancelled(sinks)
 
     def stop(self, timeout: float) -> None:
         driver = self._driver

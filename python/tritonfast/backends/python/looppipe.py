@@ -63,6 +63,13 @@ log = logging.getLogger(__name__)
 OnReply = Callable[[tuple[Any, ...] | None], None]
 
 
+def flag_cancelled(requests: list[InferRequest], flags: Any) -> None:
+    """Raise the cancellation byte of each request of a batch whose caller went away."""
+    for index, request in enumerate(requests):
+        if request_cancelled(request):
+            flags[index] = 1
+
+
 class LoopPipe:
     """Drives one worker from the event loop (see the module docstring). Create it on the
     loop; every method but :meth:`send`, :meth:`stop_holding_back` and :meth:`finalize` runs
@@ -237,10 +244,7 @@ class LoopPipe:
         self._poll = None
         batch = self._batch
         if batch is not None:
-            flags = self._flags
-            for index, request in enumerate(batch[0]):
-                if request_cancelled(request):
-                    flags[index] = 1
+            flag_cancelled(batch[0], self._flags)
         gone = [
             token
             for token, sender in self._streams.items()

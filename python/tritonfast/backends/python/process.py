@@ -61,13 +61,13 @@ import numpy as np
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.backends.python import workerbls, workerlog
-from tritonfast.backends.python.looppipe import LoopPipe
+from tritonfast.backends.python.looppipe import LoopPipe, flag_cancelled
 from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams, rebuild
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import handle, rawtensor
 from tritonfast.runtime.bufferpool import POOL
-from tritonfast.runtime.responses import Result, is_cancelled
+from tritonfast.runtime.responses import Result
 from tritonfast.runtime.shmsegment import (
     Segment,
     SegmentReader,
@@ -335,7 +335,7 @@ class ProcessInstance(ModelInstance):
                     try:
                         reply = relay.reply(CANCEL_POLL_S)
                     except queue.Empty:
-                        _flag_cancelled(requests, flags)
+                        flag_cancelled(requests, flags)
             clock.infer_done()
         except (EOFError, OSError):
             return [self._died()] * len(requests)
@@ -368,7 +368,7 @@ class ProcessInstance(ModelInstance):
         deadline = 0.0  # once the reply came: how long the finals may still take
         while reply is None or senders:
             if not conn.poll(CANCEL_POLL_S):
-                _flag_cancelled(requests, flags)
+                flag_cancelled(requests, flags)
                 if reply is not None and time.monotonic() > deadline:
                     break
                 continue
@@ -792,13 +792,6 @@ def _answer_of(request: _WorkerRequest, result: Result | None, instance_name: st
         return cast(Result, sink.result())
     except TritonError as error:
         return error
-
-
-def _flag_cancelled(requests: list[InferRequest], flags: Any) -> None:
-    """Raise the cancellation byte of each request whose caller went away."""
-    for index, request in enumerate(requests):
-        if is_cancelled(request):
-            flags[index] = 1
 
 
 def _request(
