@@ -12,18 +12,20 @@
 #   PYTHON         the Python whose environment holds tritonfast (.venv/bin/python)
 #   MODEL          the model the matrix measures (identity)
 #   OUT            where tables and server logs go (a new temporary directory)
+#   TRITONFAST_ARGS more arguments for tritonfast serve (split on blanks)
 #   Other variables (ROWS, DUR, ...) reach PEER_BENCH unchanged.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 
 usage() {
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 [ -n "${PEER_BENCH:-}" ] || { echo "peer_ab.sh: PEER_BENCH is not set" >&2; usage; }
 [ -n "${TRITON_LAUNCH:-}" ] || { echo "peer_ab.sh: TRITON_LAUNCH is not set" >&2; usage; }
 [ -x "$PEER_BENCH" ] || { echo "peer_ab.sh: PEER_BENCH=$PEER_BENCH is not executable" >&2; exit 2; }
 read -r -a LAUNCH <<< "$TRITON_LAUNCH"
+read -r -a EXTRA <<< "${TRITONFAST_ARGS:-}"
 
 ROUNDS=${1:-2}
 REPO=${2:-$ROOT/bench/models}
@@ -60,5 +62,6 @@ run_one() {  # label http grpc metrics command...
 for round in $(seq 1 "$ROUNDS"); do
   run_one "triton-r$round" 18000 18001 18002 "${LAUNCH[@]}" "$REPO" 18000 18001 18002
   run_one "tritonfast-r$round" 28000 28001 28002 "$PYTHON" -m tritonfast serve \
-    --model-repository "$REPO" --http-port 28000 --grpc-port 28001 --metrics-port 28002
+    --model-repository "$REPO" --http-port 28000 --grpc-port 28001 --metrics-port 28002 \
+    "${EXTRA[@]}"
 done

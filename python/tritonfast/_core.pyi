@@ -23,6 +23,7 @@ __all__ = [
     "TensorPool",
     "Ticket",
     "__version__",
+    "json_error",
     "length_delimited_prefix",
     "split_message_field",
 ]
@@ -265,6 +266,11 @@ class SharedMemoryRegistry:
     def view(
         self, name: str, offset: int, byte_size: int, writable: bool = False
     ) -> RegionView: ...
+
+def json_error(document: Any) -> tuple[int, str | None]:
+    """``(offset, message)`` of the first error RapidJSON (Triton's parser) would report in
+    ``document`` (a C-contiguous numpy array of its bytes, read in place), in its words;
+    ``(end, None)`` where a valid document ends. Runs without the GIL."""
 
 def split_message_field(message: bytes, field: int) -> tuple[bytes, list[tuple[int, int]]]:
     """``message`` (protobuf) without its length-delimited occurrences of ``field``, and the

@@ -22,7 +22,7 @@ from tritonfast.logsettings import LogSettings, ServerLog
 from tritonfast.metrics import MetricsConfig, parse_metrics_config
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
-from tritonfast.runtime import handle, leftovers
+from tritonfast.runtime import handle, leftovers, memtrim
 from tritonfast.runtime.allocator import keep_large_buffers
 from tritonfast.runtime.cache import ResponseCache, parse_cache_config
 from tritonfast.runtime.handle import ServerHandle
@@ -195,6 +195,7 @@ async def _start_frontends(
     grpc_restrictions: dict[str, restricted.Restriction],
 ) -> None:
     BUDGET.limit = options.request_body_budget_bytes
+    memtrim.start()
     if options.allow_grpc:
         from tritonfast.frontends.grpc.servicer import start_grpc_server
 

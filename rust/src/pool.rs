@@ -3,8 +3,9 @@
 //! Assembling a batch (or an output) allocates a buffer of a size that repeats from batch to
 //! batch; taking it from a pool instead of the allocator avoids page faults on fresh memory,
 //! which for large tensors cost more than the copy itself. A [`PoolBuffer`] returns to its
-//! class when dropped; each class keeps at most [`TensorPool::max_free_per_class`] buffers, so an
-//! idle pool holds a bounded amount of memory.
+//! class when dropped; each class keeps at most [`TensorPool::max_free_per_class`] buffers, and
+//! heap buffers of a mebibyte and more at most [`IDLE_MAPPED_BYTES`] between them, so an idle
+//! pool holds a bounded amount of memory (a burst of large request bodies leaves little behind).
 //!
 //! A pool hands out heap memory, or, made with [`TensorPool::in_segment`], ranges of one
 //! POSIX shared-memory segment it owns: such a buffer also has an [`offset`](PoolBuffer::offset)
@@ -12,7 +13,7 @@
 //! bytes (tensors passed between processes by offset, not copied through a pipe).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -44,37 +45,90 @@ struct Counters {
     bytes_gathered: AtomicU64,
 }
 
+/// Heap blocks from this size on are mapped from the kernel directly: their pages are taken
+/// only when first written (a body buffer that receives a few bytes holds a few pages), and
+/// given back as soon as the block is freed, whatever the allocator's thresholds are.
+const MAPPED_BYTES: usize = 1 << 20;
+
+/// The most bytes of idle mapped blocks the free lists of a heap pool keep, all classes
+/// together; a large block freed past it goes back to the kernel.
+pub const IDLE_MAPPED_BYTES: usize = 64 << 20;
+
 /// 64-byte aligned bytes; the unit the free lists hold: heap memory, or a range of the
 /// pool's shared segment.
 struct Block {
-    // Heap blocks: a `Vec` of cache-line-sized chunks gives the alignment without a custom
-    // allocator (never resized, so `start` stays valid). Empty for segment blocks.
-    _heap: Vec<Chunk>,
     start: *mut u8,
     capacity: usize,
     /// Where the block starts in the pool's segment (segment blocks only).
     offset: Option<usize>,
 }
 
-// SAFETY: a block is plain memory owned by its pool (heap) or by the pool's segment, which
+// SAFETY: a block is plain memory owned by the block (heap) or by the pool's segment, which
 // outlives it (buffers hold the pool); whoever holds the block has sole use of its bytes.
 unsafe impl Send for Block {}
 // SAFETY: `&Block` gives only the address and sizes; reading or writing the bytes goes through
 // `PoolBuffer`, whose borrow rules (or the unsafe contracts of raw-pointer users) keep it sound.
 unsafe impl Sync for Block {}
 
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Chunk([u8; ALIGN]);
-
 impl Block {
-    fn on_heap(bytes: usize) -> Self {
-        let mut chunks = vec![Chunk([0; ALIGN]); bytes.div_ceil(ALIGN)];
-        Self {
-            start: chunks.as_mut_ptr().cast(),
-            capacity: chunks.len() * ALIGN,
-            _heap: chunks,
+    /// Zeroed heap memory of at least `bytes` (and at least one chunk, so a layout exists).
+    fn on_heap(bytes: usize) -> Result<Self, CoreError> {
+        let capacity = bytes.max(1).next_multiple_of(ALIGN);
+        let start = if capacity >= MAPPED_BYTES {
+            // SAFETY: a fresh private anonymous mapping; no address hint, no descriptor.
+            let mapped = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    capacity,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if mapped == libc::MAP_FAILED {
+                return Err(CoreError::unavailable(format!(
+                    "no memory for a buffer of {capacity} bytes"
+                )));
+            }
+            mapped.cast()
+        } else {
+            let layout = Self::layout(capacity);
+            // SAFETY: the layout has a non-zero size.
+            let start = unsafe { std::alloc::alloc_zeroed(layout) };
+            if start.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            start
+        };
+        Ok(Self {
+            start,
+            capacity,
             offset: None,
+        })
+    }
+
+    /// Heap memory mapped from the kernel (see [`MAPPED_BYTES`]).
+    fn mapped(&self) -> bool {
+        self.offset.is_none() && self.capacity >= MAPPED_BYTES
+    }
+
+    fn layout(capacity: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(capacity, ALIGN).expect("a buffer size fits a layout")
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if self.offset.is_some() {
+            return; // a range of the pool's segment, which goes with the segment
+        }
+        if self.mapped() {
+            // SAFETY: mapped in `on_heap` with this length, and unmapped only here.
+            unsafe { libc::munmap(self.start.cast(), self.capacity) };
+        } else {
+            // SAFETY: allocated in `on_heap` with this layout, and freed only here.
+            unsafe { std::alloc::dealloc(self.start, Self::layout(self.capacity)) };
         }
     }
 }
@@ -103,7 +157,6 @@ impl SegmentArena {
             })?;
         *next = end;
         Ok(Block {
-            _heap: Vec::new(),
             // SAFETY: offset < end <= the segment's mapped length.
             start: unsafe { self.segment.start().add(offset) },
             capacity: end - offset,
@@ -115,6 +168,8 @@ impl SegmentArena {
 struct Shared {
     free: Vec<Mutex<Vec<Block>>>,
     max_free_per_class: usize,
+    /// Bytes of mapped blocks on the free lists (see [`IDLE_MAPPED_BYTES`]).
+    idle_mapped: AtomicUsize,
     counters: Counters,
     arena: Option<SegmentArena>,
 }
@@ -167,6 +222,7 @@ impl TensorPool {
             shared: Arc::new(Shared {
                 free: (0..CLASSES).map(|_| Mutex::new(Vec::new())).collect(),
                 max_free_per_class,
+                idle_mapped: AtomicUsize::new(0),
                 counters: Counters::default(),
                 arena,
             }),
@@ -192,6 +248,11 @@ impl TensorPool {
         let recycled = class.and_then(|class| self.shared.free[class].lock().pop());
         let block = if let Some(block) = recycled {
             counters.reused.fetch_add(1, Ordering::Relaxed);
+            if block.mapped() {
+                self.shared
+                    .idle_mapped
+                    .fetch_sub(block.capacity, Ordering::Relaxed);
+            }
             block
         } else {
             let block = match (&self.shared.arena, class) {
@@ -202,7 +263,7 @@ impl TensorPool {
                         "{len} bytes is too large for a shared tensor pool buffer"
                     )));
                 }
-                (None, class) => Block::on_heap(class.map_or(len, class_bytes)),
+                (None, class) => Block::on_heap(class.map_or(len, class_bytes))?,
             };
             counters.allocated.fetch_add(1, Ordering::Relaxed);
             block
@@ -333,9 +394,20 @@ impl Drop for PoolBuffer {
             return;
         };
         let mut free = self.pool.free[class].lock();
-        // Heap blocks beyond the bound go back to the allocator; a segment's blocks must stay
+        // Heap blocks beyond the bounds go back to the allocator; a segment's blocks must stay
         // on the list (their range of the segment would be lost otherwise).
-        if free.len() < self.pool.max_free_per_class || block.offset.is_some() {
+        if block.offset.is_some() {
+            free.push(block);
+        } else if free.len() < self.pool.max_free_per_class {
+            if block.mapped() {
+                let idle = &self.pool.idle_mapped;
+                let kept = idle.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                    Some(held + block.capacity).filter(|&total| total <= IDLE_MAPPED_BYTES)
+                });
+                if kept.is_err() {
+                    return; // dropped: unmapped
+                }
+            }
             free.push(block);
         }
     }
@@ -427,6 +499,27 @@ mod tests {
         drop((reused, small));
         drop((pool, second, again));
         assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+    }
+
+    #[test]
+    fn idle_large_buffers_are_kept_up_to_a_total() {
+        let pool = TensorPool::new(8);
+        let block = 16 << 20;
+        let held: Vec<_> = (0..8).map(|_| pool.acquire(block).unwrap()).collect();
+        drop(held);
+        assert_eq!(
+            pool.shared.idle_mapped.load(Ordering::Relaxed),
+            IDLE_MAPPED_BYTES
+        );
+        // What was kept is reused, and taking it lowers the idle total.
+        let again: Vec<_> = (0..5).map(|_| pool.acquire(block).unwrap()).collect();
+        assert_eq!(pool.stats().reused, 4);
+        assert_eq!(pool.shared.idle_mapped.load(Ordering::Relaxed), 0);
+        drop(again);
+        assert_eq!(
+            pool.shared.idle_mapped.load(Ordering::Relaxed),
+            IDLE_MAPPED_BYTES
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@ Both frontends count what large request bodies hold: HTTP the buffers of bodies 
 straight into pool memory (256 KiB and up, as they grow), gRPC the messages of unary calls of
 that size, from their arrival until their call ends. A body that would take the total past the
 budget is refused (HTTP 503, gRPC UNAVAILABLE) with :func:`refusal`'s words, and nothing of it
-is kept.
+is kept. Letting go of a large body trims the heap (:mod:`tritonfast.runtime.memtrim`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ from __future__ import annotations
 import threading
 
 from tritonfast.errors import UnavailableError
+from tritonfast.runtime import memtrim
 
 DEFAULT_BYTES = 1 << 32
 # Bodies from this size on are counted (smaller ones are bounded by the connection's buffers).
 COUNTED_BYTES = 1 << 18
 FLAG = "--request-body-budget-bytes"
+# A body this large, once let go, has the freed memory given back to the kernel (memtrim).
+TRIM_AFTER_BYTES = 1 << 23
 
 
 class BodyBudget:
@@ -38,6 +41,8 @@ class BodyBudget:
     def give(self, nbytes: int) -> None:
         with self._lock:
             self.held -= nbytes
+        if nbytes >= TRIM_AFTER_BYTES:
+            memtrim.soon()
 
     def refusal(self, size: int) -> UnavailableError:
         return UnavailableError(

@@ -6,6 +6,7 @@
 mod error;
 mod gil;
 mod handoff;
+mod jsonscan;
 mod outbox;
 mod pool;
 mod queue;
@@ -35,6 +36,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyPooledBuffer>()?;
     m.add_class::<shm::PySharedMemoryRegistry>()?;
     m.add_class::<shm::RegionView>()?;
+    m.add_function(wrap_pyfunction!(jsonscan::json_error, m)?)?;
     m.add_function(wrap_pyfunction!(wire::split_message_field, m)?)?;
     m.add_function(wrap_pyfunction!(wire::length_delimited_prefix, m)?)?;
     Ok(())

@@ -26,14 +26,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
+from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
 from tritonfast.frontends.http import codec, generate
 from tritonfast.frontends.http.answer import JSON, Answer, json_answer
 from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.frontends.restricted import Restriction, http_refusal
-from tritonfast.runtime.bufferpool import pooled_memory
+from tritonfast.runtime.bufferpool import POOL, pooled_memory
 from tritonfast.runtime.responses import Result
 from tritonfast.runtime.types import InferRequest
 
@@ -52,6 +55,8 @@ Body = bytearray | memoryview
 HTTP_ENDPOINT = "HTTP end point"
 # From this size on, request bodies are read into pool buffers.
 LARGE_BYTES = 1 << 16
+# A compressed body inflates this much at a time (counted against the body budget as it grows).
+INFLATE_STEP_BYTES = 1 << 24
 # JSON request headers from this size on are parsed off the event loop.
 LARGE_JSON_BYTES = 1 << 20
 
@@ -248,13 +253,14 @@ async def infer(
         return _error(
             UnsupportedError("Unsupported compression type"), "Accept-Encoding: gzip, deflate\r\n"
         )
+    inflated = 0  # bytes of an inflated body counted against the body budget
     try:
         try:
             body = await _read_body(request)
             received = ("HTTP", received_start, perf_counter_ns()) if tracing else None
             if encoding and encoding != "identity":
                 # zlib lets go of the GIL while it inflates: off the loop, other clients go on.
-                body = await asyncio.to_thread(_inflate, body)
+                body, inflated = await asyncio.to_thread(_inflate, body)
             length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
             if length >= LARGE_JSON_BYTES:
                 # Parsing (or refusing) megabytes of JSON takes the loop's thread for long: on
@@ -280,6 +286,9 @@ async def infer(
     except Exception as exc:  # a bug, not a client error: answer like Triton, keep the trace
         log.exception("inference request for model '%s' failed", model_name)
         return json_answer(codec.error_body(str(exc)), 500)
+    finally:
+        if inflated:
+            BUDGET.give(inflated)
     return _traced(dataplane, infer_request, _respond(request, header, buffers))
 
 
@@ -411,22 +420,44 @@ async def _read_body(request: Request) -> Body:
     return buf
 
 
-def _inflate(body: Body) -> bytearray:
+def _inflate(body: Body) -> tuple[Body, int]:
     """A compressed body inflated, up to MAX_BODY_BYTES (a body that inflates past that is
-    refused: a small bomb must not take gigabytes)."""
+    refused: a small bomb must not take gigabytes), and the bytes counted for it against the
+    server's body budget (given back by the caller once the request is done; a body that
+    inflates past the budget is refused with 503)."""
     if not body:
         raise InvalidArgumentError("nothing to be decompressed")
     inflater = zlib.decompressobj(_ZLIB_AUTO)
+    pieces: list[bytes] = []
+    counted = size = 0
+    pending: Body | bytes = body
     try:
-        inflated = inflater.decompress(body, MAX_BODY_BYTES + 1)
+        while pending:
+            piece = inflater.decompress(pending, INFLATE_STEP_BYTES)
+            pending = inflater.unconsumed_tail
+            size += len(piece)
+            if size > MAX_BODY_BYTES:
+                raise InvalidArgumentError(
+                    f"decompressed request body is larger than {MAX_BODY_BYTES} bytes"
+                )
+            if size >= COUNTED_BYTES:
+                if not BUDGET.take(size - counted):
+                    raise BUDGET.refusal(size)
+                counted = size
+            pieces.append(piece)
+            if inflater.eof:
+                break
+        # One buffer for the JSON parser, filled without the GIL (a copy of many MiB on the
+        # loop's lock would stall every client).
+        joined = POOL.gather([np.frombuffer(piece, np.uint8) for piece in pieces])
+        return np.asarray(joined).data, counted
     except zlib.error:
         # Triton keeps what inflated before the error, which leaves unparsable JSON.
-        return bytearray()
-    if len(inflated) > MAX_BODY_BYTES:
-        raise InvalidArgumentError(
-            f"decompressed request body is larger than {MAX_BODY_BYTES} bytes"
-        )
-    return bytearray(inflated)
+        BUDGET.give(counted)
+        return bytearray(), 0
+    except TritonError:
+        BUDGET.give(counted)
+        raise
 
 
 def _response_encoding(accept: str | None) -> str | None:

@@ -45,6 +45,7 @@ from typing import Any
 from aiohttp.http import HttpProcessingError, HttpRequestParser
 
 from tritonfast._core import Outbox, OutStream
+from tritonfast.errors import TritonError
 from tritonfast.frontends.http.answer import Answer, chunk, head, json_answer
 from tritonfast.frontends.http.request import (
     DIRECT_BODY_BYTES,
@@ -261,7 +262,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         try:
             body = DirectBody(length, request.content.read_nowait(), self._loop)
-        except (MemoryError, ValueError):  # no buffer that large: the stream reads it
+        except (MemoryError, ValueError, TritonError):  # no buffer that large: the stream reads it
             return
         request.body = body
         self._parser = self._new_parser()

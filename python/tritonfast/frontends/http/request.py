@@ -16,86 +16,68 @@ MAX_BODY_BYTES = (1 << 31) - 1
 # (and counted against the server's body budget, frontends.bodybudget). Below it, the parser's
 # own chunks cost less than setting one up.
 DIRECT_BODY_BYTES = COUNTED_BYTES
-# Bodies up to this size get their whole buffer at once, while the eager buffers of bodies
-# still arriving stay within the budget; any other starts at FIRST_DIRECT_BYTES (at most) and
-# doubles as it arrives.
-EAGER_BODY_BYTES = 1 << 25
-EAGER_BUDGET_BYTES = 1 << 27
-FIRST_DIRECT_BYTES = 1 << 21
+# The body budget is taken as bytes arrive: at first this much (at most the body), then twice
+# what has arrived each time the bytes reach what was taken.
+FIRST_COUNTED_BYTES = 1 << 21
 
 
 class DirectBody:
     """A request body received straight into one pool buffer: ``done`` resolves once all of
     its ``length`` bytes are in ``buffer``.
 
-    A body of up to :data:`EAGER_BODY_BYTES` gets its whole buffer at once while the bodies
-    still arriving hold less than :data:`EAGER_BUDGET_BYTES` between them (the fast path: no
-    copies). Any other grows as its bytes arrive, doubling from :data:`FIRST_DIRECT_BYTES`:
-    a declared length alone never takes memory, so clients that declare huge bodies and send
-    little hold little."""
+    The buffer has the whole declared length from the start, so nothing is ever copied as the
+    body arrives; its memory is taken from the kernel page by page only as bytes are written
+    (large pool buffers are fresh mappings, or reused ones within the pool's small idle
+    bound). What counts against the server's body budget follows the bytes that arrived:
+    :data:`FIRST_COUNTED_BYTES` at first, doubling as they come. So a declared length alone
+    holds neither memory nor budget, and clients that declare huge bodies and send little
+    hold little."""
 
-    __slots__ = ("allocated", "buffer", "done", "failure", "filled", "length", "reserved")
-    eager_reserved = 0  # bytes of eager buffers whose bodies are still arriving
+    __slots__ = ("buffer", "counted", "done", "failure", "filled", "length")
 
     def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.length = length
-        self.reserved = 0
-        self.allocated = 0
+        self.counted = 0
         self.failure: UnavailableError | None = None
         self.done: asyncio.Future[None] = loop.create_future()
         self.done.add_done_callback(_retrieved)
-        eager = length <= EAGER_BODY_BYTES
-        if eager and DirectBody.eager_reserved + length <= EAGER_BUDGET_BYTES:
-            size = length
-        else:
-            eager = False
-            size = min(length, max(FIRST_DIRECT_BYTES, 2 * len(start)))
-        if not self._hold(size):  # its bytes are read and dropped (see room)
-            self.buffer = memoryview(b"")
-            self.filled = len(start)
-            self.received(0)
-            return
-        self.buffer = pooled_memory(size)
-        if eager:
-            self.reserved = length
-            DirectBody.eager_reserved += length
-        self.buffer[: len(start)] = start  # what came with the head, already parsed out
         self.filled = len(start)
+        if not self._count(max(FIRST_COUNTED_BYTES, 2 * len(start))):
+            self.buffer = memoryview(b"")  # its bytes are read and dropped (see room)
+        else:
+            self.buffer = pooled_memory(length)
+            self.buffer[: len(start)] = start  # what came with the head, already parsed out
         self.received(0)
 
-    def _hold(self, size: int) -> bool:
-        """Count a buffer of ``size`` bytes (in place of the one held) against the budget;
-        past it the body fails with 503, and False."""
-        if not BUDGET.take(size - self.allocated):
+    def _count(self, nbytes: int) -> bool:
+        """Count up to ``nbytes`` of the body (at most its length) against the budget; past it
+        the body fails with 503, and False."""
+        nbytes = min(nbytes, self.length)
+        if not BUDGET.take(nbytes - self.counted):
             self.failure = BUDGET.refusal(self.length)
             return False
-        self.allocated = size
+        self.counted = nbytes
         return True
 
     def complete(self) -> bool:
         return self.filled >= self.length
 
     def room(self) -> memoryview | None:
-        """Where the next bytes go (a growing buffer grows first when it is full); None when
-        the body failed (see :attr:`failure`): its bytes are then read and dropped, so that
-        the client, still sending, gets its answer instead of a reset connection."""
+        """Where the next bytes go (up to what the budget counts, which grows first when the
+        bytes reached it); None when the body failed (see :attr:`failure`): its bytes are then
+        read and dropped, so that the client, still sending, gets its answer instead of a
+        reset connection."""
         if self.failure is not None:
             return None
-        if self.filled >= len(self.buffer) and self.filled < self.length:
-            size = min(self.length, 2 * len(self.buffer))
-            if not self._hold(size):
-                return None
-            grown = pooled_memory(size)
-            grown[: self.filled] = self.buffer[: self.filled]
-            self.buffer = grown  # the old buffer goes back to the pool with its last view
-        return self.buffer[self.filled : self.length]
+        if self.filled >= self.counted and not self._count(2 * self.counted):
+            return None
+        return self.buffer[self.filled : self.counted]
 
     def received(self, nbytes: int) -> bool:
         """Counts ``nbytes`` more received; whether the body is now complete."""
         self.filled += nbytes
         if not self.complete():
             return False
-        self._release()
         if not self.done.done():
             # A failed body answers once all of it came (and was dropped): a client still
             # sending would otherwise see its connection reset instead of the answer.
@@ -105,14 +87,9 @@ class DirectBody:
                 self.done.set_result(None)
         return True
 
-    def _release(self) -> None:
-        DirectBody.eager_reserved -= self.reserved
-        self.reserved = 0
-
     def __del__(self) -> None:  # the request is done with it, or abandoned with its connection
-        self._release()
-        BUDGET.give(self.allocated)
-        self.allocated = 0
+        BUDGET.give(self.counted)
+        self.counted = 0
 
 
 def _retrieved(done: asyncio.Future[None]) -> None:

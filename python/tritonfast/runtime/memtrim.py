@@ -1,0 +1,62 @@
+"""Give freed heap memory back to the kernel after large request bodies.
+
+glibc's allocator keeps what is freed in its arenas for reuse (and the server asks it to keep
+up to 256 MiB at the top of its heap, :mod:`tritonfast.runtime.allocator`, so that tensors of
+a few MiB reuse warm pages). A burst of very large requests (gRPC messages arrive in many
+pieces, allocated on gRPC's own threads; inflated bodies in pieces) would then leave hundreds
+of megabytes of free pages counted in the server's resident memory for good. After a body of
+:data:`~tritonfast.frontends.bodybudget.TRIM_AFTER_BYTES` or more is let go, :func:`soon`
+asks a background thread to run ``malloc_trim(0)``, which returns every arena's wholly free
+pages. It runs at most once per :data:`PAUSE_S`, off the event loop and without the GIL;
+without glibc it does nothing."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+
+# Trims are this far apart at least; a request is trimmed after once its memory is freed.
+PAUSE_S = 0.25
+
+
+def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+class _Trimmer:
+    def __init__(self) -> None:
+        self._trim = _malloc_trim()
+        self._wanted = threading.Event()
+        self._started = False
+
+    def start(self) -> None:
+        """Start the trimming thread (the server does, once; a finalizer that asks for a trim
+        must never be the one to start a thread)."""
+        if self._trim is None or self._started:
+            return
+        self._started = True
+        threading.Thread(target=self._run, name="tritonfast-memtrim", daemon=True).start()
+
+    def soon(self) -> None:
+        """Ask for a trim (from any thread, finalizers included); nothing before :meth:`start`."""
+        self._wanted.set()
+
+    def _run(self) -> None:
+        trim = self._trim
+        assert trim is not None
+        pause = threading.Event()
+        while self._wanted.wait():
+            # Let the request that asked finish freeing its memory (and others coalesce).
+            self._wanted.clear()
+            pause.wait(PAUSE_S)
+            trim(0)
+
+
+_TRIMMER = _Trimmer()
+start = _TRIMMER.start
+soon = _TRIMMER.soon
