@@ -381,6 +381,32 @@ def test_bodies_past_the_server_wide_budget_are_refused_and_the_budget_comes_bac
         assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
         assert b"past its budget of 8388608 bytes" in answer
         wait_for(lambda: post().startswith(b"HTTP/1.1 200"), "the budget to come back again")
+        # Connections that declared large bodies hold budget for what they sent (2 MiB each at
+        # first), and give it back as soon as they close, not when the collector gets to them.
+        liars = []
+        for _ in range(3):
+            liar = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+            liar.sendall(
+                b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: %d\r\n\r\n{" % (32 << 20)
+            )
+            liars.append(liar)
+        wait_for(lambda: post().startswith(b"HTTP/1.1 503"), "the liars to hold 6 MiB")
+        for liar in liars:
+            liar.close()
+        wait_for(lambda: post().startswith(b"HTTP/1.1 200"), "their budget back", timeout=5)
+        # A body answered with an error gives its budget back at once too: 6 MiB of broken
+        # JSON, four times over, is refused for what it is each time.
+        broken = b'{"inputs":[' + b"1," * (3 << 20) + b"]}"
+        for _ in range(4):
+            with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+                sock.sendall(
+                    b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(broken) + broken
+                )
+                answer = _status_and_body(sock)
+            assert answer.startswith(b"HTTP/1.1 500"), answer[:200]
+            assert b"failed to parse the request JSON buffer: Invalid value." in answer
     finally:
         holder.close()
         server.stop()

@@ -146,12 +146,18 @@ class HttpConnection(asyncio.BufferedProtocol):
         if self._out is not None:
             self._out.close()  # the socket closes once the writer has sent what it holds
         self._server.forget(self)
+        # Bodies of requests that will never be answered give their budget back now, not when
+        # the collector gets to this connection.
+        for item in self._waiting:
+            if isinstance(item, Request) and item.body is not None:
+                item.body.release()
         self._waiting.clear()
         self._parser = None
         if self._task is not None:
             self._task.cancel()  # drops the request from the queue if it has not run
         if self._direct is not None:
             self._direct.done.cancel()
+            self._direct.release()
             self._direct = None
 
     def _new_parser(self) -> HttpRequestParser:
@@ -306,6 +312,8 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         finally:
             server.serving -= 1
+            if item.body is not None:
+                item.body.release()
         if not keep_alive:
             transport.close()
             return

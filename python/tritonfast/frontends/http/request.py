@@ -33,11 +33,12 @@ class DirectBody:
     holds neither memory nor budget, and clients that declare huge bodies and send little
     hold little."""
 
-    __slots__ = ("buffer", "counted", "done", "failure", "filled", "length")
+    __slots__ = ("buffer", "counted", "done", "failure", "filled", "length", "released")
 
     def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.length = length
         self.counted = 0
+        self.released = False
         self.failure: UnavailableError | None = None
         self.done: asyncio.Future[None] = loop.create_future()
         self.done.add_done_callback(_retrieved)
@@ -64,10 +65,10 @@ class DirectBody:
 
     def room(self) -> memoryview | None:
         """Where the next bytes go (up to what the budget counts, which grows first when the
-        bytes reached it); None when the body failed (see :attr:`failure`): its bytes are then
-        read and dropped, so that the client, still sending, gets its answer instead of a
-        reset connection."""
-        if self.failure is not None:
+        bytes reached it); None when the body failed (see :attr:`failure`) or was released
+        before it all came: its bytes are then read and dropped, so that the client, still
+        sending, gets its answer instead of a reset connection."""
+        if self.failure is not None or self.released:
             return None
         if self.filled >= self.counted and not self._count(2 * self.counted):
             return None
@@ -87,9 +88,17 @@ class DirectBody:
                 self.done.set_result(None)
         return True
 
-    def __del__(self) -> None:  # the request is done with it, or abandoned with its connection
-        BUDGET.give(self.counted)
-        self.counted = 0
+    def release(self) -> None:
+        """The request was answered: give its bytes back to the budget (once; bytes still
+        arriving are dropped). Not left to the collector: an error's traceback can keep a
+        body alive until the next cycle collection, and the budget with it."""
+        if not self.released:
+            self.released = True
+            BUDGET.give(self.counted)
+            self.counted = 0
+
+    def __del__(self) -> None:  # abandoned with its connection before an answer
+        self.release()
 
 
 def _retrieved(done: asyncio.Future[None]) -> None:
