@@ -60,6 +60,38 @@ pub fn scan(b: &[u8]) -> Result<usize, ScanError> {
     Scanner { b }.document()
 }
 
+/// A stack of bits, one per open container: a body of nothing but opening brackets needs an
+/// eighth of its size here, not its size again.
+#[derive(Default)]
+struct Nesting {
+    words: Vec<u64>,
+    depth: usize,
+}
+
+impl Nesting {
+    fn push(&mut self, object: bool) {
+        let (word, bit) = (self.depth / 64, self.depth % 64);
+        if word == self.words.len() {
+            self.words.push(0);
+        }
+        if object {
+            self.words[word] |= 1 << bit;
+        } else {
+            self.words[word] &= !(1 << bit);
+        }
+        self.depth += 1;
+    }
+
+    fn pop(&mut self) {
+        self.depth -= 1;
+    }
+
+    fn last(&self) -> Option<bool> {
+        let top = self.depth.checked_sub(1)?;
+        Some(self.words[top / 64] >> (top % 64) & 1 == 1)
+    }
+}
+
 struct Scanner<'a> {
     b: &'a [u8],
 }
@@ -95,7 +127,7 @@ impl Scanner<'_> {
             return Err((JsonError::Empty, i));
         }
         // The open containers, innermost last: true for an object, false for an array.
-        let mut open: Vec<bool> = Vec::new();
+        let mut open = Nesting::default();
         loop {
             // One value starting at i.
             match self.peek(i) {
@@ -127,7 +159,7 @@ impl Scanner<'_> {
             // The value is complete: close finished containers, or go on to the next element.
             loop {
                 i = self.ws(i);
-                let Some(&in_object) = open.last() else {
+                let Some(in_object) = open.last() else {
                     if self.peek(i) != 0 {
                         return Err((JsonError::NotSingular, i));
                     }
@@ -297,6 +329,22 @@ mod tests {
         assert_eq!(error("1."), (JsonError::MissFraction, 2));
         assert_eq!(error("1e+"), (JsonError::MissExponent, 3));
         assert_eq!(error("01"), (JsonError::NotSingular, 1));
+    }
+
+    #[test]
+    fn keeps_track_of_deep_mixed_nesting() {
+        let mut body = Vec::new();
+        for level in 0..200 {
+            body.extend_from_slice(if level % 3 == 0 { b"{\"k\":" } else { b"[" });
+        }
+        body.push(b'1');
+        for level in (0..200).rev() {
+            body.push(if level % 3 == 0 { b'}' } else { b']' });
+        }
+        assert_eq!(scan(&body), Ok(body.len()));
+        let last = body.len() - 1; // the outermost object closed with a bracket
+        body[last] = b']';
+        assert_eq!(scan(&body), Err((JsonError::MissCommaOrCurly, last)));
     }
 
     #[test]

@@ -81,7 +81,7 @@ impl Block {
                     std::ptr::null_mut(),
                     capacity,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                     -1,
                     0,
                 )

@@ -28,7 +28,9 @@ class BodyBudget:
     def __init__(self, limit: int = DEFAULT_BYTES) -> None:
         self.limit = limit
         self.held = 0
-        self._lock = threading.Lock()
+        # Reentrant: a body's finalizer gives its bytes back, and the collector may run it on a
+        # thread that is inside take or give already.
+        self._lock = threading.RLock()
 
     def take(self, nbytes: int) -> bool:
         """Count ``nbytes`` more, unless that passes the limit (then False, nothing counted)."""

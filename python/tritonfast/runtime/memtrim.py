@@ -12,9 +12,12 @@ without glibc it does nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import queue
 import threading
+import time
 
 # Trims are this far apart at least; a request is trimmed after once its memory is freed.
 PAUSE_S = 0.25
@@ -31,7 +34,9 @@ def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
 class _Trimmer:
     def __init__(self) -> None:
         self._trim = _malloc_trim()
-        self._wanted = threading.Event()
+        # Asks for a trim. SimpleQueue.put is reentrant: safe from a finalizer that runs in
+        # the middle of any code, this class's own thread included.
+        self._asks: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._started = False
 
     def start(self) -> None:
@@ -44,16 +49,19 @@ class _Trimmer:
 
     def soon(self) -> None:
         """Ask for a trim (from any thread, finalizers included); nothing before :meth:`start`."""
-        self._wanted.set()
+        if self._started:
+            self._asks.put(None)
 
     def _run(self) -> None:
         trim = self._trim
         assert trim is not None
-        pause = threading.Event()
-        while self._wanted.wait():
+        while True:
+            self._asks.get()
             # Let the request that asked finish freeing its memory (and others coalesce).
-            self._wanted.clear()
-            pause.wait(PAUSE_S)
+            time.sleep(PAUSE_S)
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._asks.get_nowait()
             trim(0)
 
 

@@ -55,8 +55,10 @@ Body = bytearray | memoryview
 HTTP_ENDPOINT = "HTTP end point"
 # From this size on, request bodies are read into pool buffers.
 LARGE_BYTES = 1 << 16
-# A compressed body inflates this much at a time (counted against the body budget as it grows).
+# A compressed body inflates this much at a time (counted against the body budget as it grows),
+# from slices of at most INFLATE_INPUT_BYTES of it.
 INFLATE_STEP_BYTES = 1 << 24
+INFLATE_INPUT_BYTES = 1 << 20
 # JSON request headers from this size on are parsed off the event loop.
 LARGE_JSON_BYTES = 1 << 20
 
@@ -259,8 +261,7 @@ async def infer(
             body = await _read_body(request)
             received = ("HTTP", received_start, perf_counter_ns()) if tracing else None
             if encoding and encoding != "identity":
-                # zlib lets go of the GIL while it inflates: off the loop, other clients go on.
-                body, inflated = await asyncio.to_thread(_inflate, body)
+                body, inflated = await _inflated(body)
             length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
             if length >= LARGE_JSON_BYTES:
                 # Parsing (or refusing) megabytes of JSON takes the loop's thread for long: on
@@ -424,17 +425,27 @@ def _inflate(body: Body) -> tuple[Body, int]:
     """A compressed body inflated, up to MAX_BODY_BYTES (a body that inflates past that is
     refused: a small bomb must not take gigabytes), and the bytes counted for it against the
     server's body budget (given back by the caller once the request is done; a body that
-    inflates past the budget is refused with 503)."""
+    inflates past the budget is refused with 503). Runs on a worker thread (see
+    :func:`_inflated`)."""
     if not body:
         raise InvalidArgumentError("nothing to be decompressed")
     inflater = zlib.decompressobj(_ZLIB_AUTO)
     pieces: list[bytes] = []
     counted = size = 0
-    pending: Body | bytes = body
+    source = memoryview(body)
+    taken = 0  # bytes of the body given to the inflater
+    data: memoryview | bytes = b""
     try:
-        while pending:
-            piece = inflater.decompress(pending, INFLATE_STEP_BYTES)
-            pending = inflater.unconsumed_tail
+        while not inflater.eof:
+            if not data and taken < len(source):
+                # Input in slices: what the inflater keeps of it (its unconsumed tail, copied
+                # while it holds the GIL) stays small.
+                data = source[taken : taken + INFLATE_INPUT_BYTES]
+                taken += len(data)
+            piece = inflater.decompress(data, INFLATE_STEP_BYTES)
+            data = inflater.unconsumed_tail
+            if not piece and not data and taken >= len(source):
+                break  # the stream ends early: what inflated is kept, as Triton does
             size += len(piece)
             if size > MAX_BODY_BYTES:
                 raise InvalidArgumentError(
@@ -445,8 +456,6 @@ def _inflate(body: Body) -> tuple[Body, int]:
                     raise BUDGET.refusal(size)
                 counted = size
             pieces.append(piece)
-            if inflater.eof:
-                break
         # One buffer for the JSON parser, filled without the GIL (a copy of many MiB on the
         # loop's lock would stall every client).
         joined = POOL.gather([np.frombuffer(piece, np.uint8) for piece in pieces])
@@ -455,9 +464,26 @@ def _inflate(body: Body) -> tuple[Body, int]:
         # Triton keeps what inflated before the error, which leaves unparsable JSON.
         BUDGET.give(counted)
         return bytearray(), 0
-    except TritonError:
+    except BaseException:
         BUDGET.give(counted)
         raise
+
+
+async def _inflated(body: Body) -> tuple[Body, int]:
+    """:func:`_inflate` on a worker thread (zlib lets go of the GIL while it inflates: other
+    clients go on). If the request is cancelled meanwhile (its client left), the thread still
+    finishes, and what it counted against the budget is given back then."""
+    inflating = asyncio.ensure_future(asyncio.to_thread(_inflate, body))
+    try:
+        return await asyncio.shield(inflating)
+    except asyncio.CancelledError:
+        inflating.add_done_callback(_give_back_inflated)
+        raise
+
+
+def _give_back_inflated(inflating: asyncio.Future[tuple[Body, int]]) -> None:
+    if not inflating.cancelled() and inflating.exception() is None:
+        BUDGET.give(inflating.result()[1])
 
 
 def _response_encoding(accept: str | None) -> str | None:
