@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import TEST_MODELS, start_server
+from tests.conftest import TEST_MODELS, RunningServer, start_server
 from tests.waiting import wait_for
 
 ADD_SUB = "/v2/models/add_sub/infer"
@@ -324,6 +324,18 @@ def _status_and_body(sock: socket.socket) -> bytes:
     return answer
 
 
+def _post_identity(server: RunningServer, body: bytes, header: bytes = b"") -> bytes:
+    """POST ``body`` (with one more ``header`` line) to identity_fp32 on a connection of its
+    own; the status line and body of the answer."""
+    extra = header + b"\r\n" if header else b""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n%s"
+            b"Content-Length: %d\r\n\r\n" % (extra, len(body)) + body
+        )
+        return _status_and_body(sock)
+
+
 def test_bodies_past_the_server_wide_budget_are_refused_and_the_budget_comes_back(
     tmp_path: Path,
 ) -> None:
@@ -371,13 +383,7 @@ def test_bodies_past_the_server_wide_budget_are_refused_and_the_budget_comes_bac
         assert result.shape == (1, 1 << 20)
         grpc_client.close()
         # A compressed body counts as what it inflates to: 16 MiB of blanks is past the budget.
-        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
-            bomb = gzip.compress(b" " * (16 << 20))
-            sock.sendall(
-                b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
-                b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(bomb) + bomb
-            )
-            answer = _status_and_body(sock)
+        answer = _post_identity(server, gzip.compress(b" " * (16 << 20)), b"Content-Encoding: gzip")
         assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
         assert b"past its budget of 8388608 bytes" in answer
         wait_for(lambda: post().startswith(b"HTTP/1.1 200"), "the budget to come back again")
@@ -399,12 +405,7 @@ def test_bodies_past_the_server_wide_budget_are_refused_and_the_budget_comes_bac
         # JSON, four times over, is refused for what it is each time.
         broken = b'{"inputs":[' + b"1," * (3 << 20) + b"]}"
         for _ in range(4):
-            with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
-                sock.sendall(
-                    b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
-                    b"Content-Length: %d\r\n\r\n" % len(broken) + broken
-                )
-                answer = _status_and_body(sock)
+            answer = _post_identity(server, broken)
             assert answer.startswith(b"HTTP/1.1 500"), answer[:200]
             assert b"failed to parse the request JSON buffer: Invalid value." in answer
     finally:
