@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
+from tritonfast.frontends import bulkwork
 from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
 from tritonfast.frontends.http import codec, generate
 from tritonfast.frontends.http.answer import JSON, Answer, json_answer
@@ -264,9 +265,9 @@ async def infer(
                 body, inflated = await _inflated(body)
             length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
             if length >= LARGE_JSON_BYTES:
-                # Parsing (or refusing) megabytes of JSON takes the loop's thread for long: on
-                # a thread the loop still gets its turns and answers other clients.
-                infer_request, binary_default = await asyncio.to_thread(
+                # Parsing (or refusing) megabytes of JSON takes long: on a low-priority thread
+                # (frontends.bulkwork) the loop keeps answering other clients.
+                infer_request, binary_default = await bulkwork.run(
                     codec.decode_infer_request, body, length, model_name, model_version
                 )
             else:
@@ -470,10 +471,11 @@ def _inflate(body: Body) -> tuple[Body, int]:
 
 
 async def _inflated(body: Body) -> tuple[Body, int]:
-    """:func:`_inflate` on a worker thread (zlib lets go of the GIL while it inflates: other
-    clients go on). If the request is cancelled meanwhile (its client left), the thread still
-    finishes, and what it counted against the budget is given back then."""
-    inflating = asyncio.ensure_future(asyncio.to_thread(_inflate, body))
+    """:func:`_inflate` on a low-priority thread (:mod:`tritonfast.frontends.bulkwork`; zlib
+    lets go of the GIL while it inflates: other clients go on). If the request is cancelled
+    meanwhile (its client left), the thread still finishes, and what it counted against the
+    budget is given back then."""
+    inflating = asyncio.ensure_future(bulkwork.run(_inflate, body))
     try:
         return await asyncio.shield(inflating)
     except asyncio.CancelledError:
