@@ -167,11 +167,11 @@ def json_body(mib: int) -> bytes:
 
 
 def gzip_bomb(mib: int) -> bytes:
-    inflater = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing
-    parts = [inflater.compress(b'{"inputs":')]
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing
+    parts = [compressor.compress(b'{"inputs":')]
     blanks = b" " * (1 << 20)
-    parts += [inflater.compress(blanks) for _ in range(mib)]
-    parts.append(inflater.compress(b"x") + inflater.flush())
+    parts += [compressor.compress(blanks) for _ in range(mib)]
+    parts.append(compressor.compress(b"x") + compressor.flush())
     return b"".join(parts)
 
 

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 
-# Trims are this far apart at least; a request is trimmed after once its memory is freed.
+# Trims are this far apart at least, and this long after the body that asked for one let go.
 PAUSE_S = 0.25
 
 

@@ -28,18 +28,11 @@ CHECK_FIRST_BYTES = 1 << 20
 
 def loads(buf: bytes | bytearray | memoryview) -> Any:
     """Parse ``buf`` as one JSON document; raise InternalError as Triton words it."""
-    if len(buf) >= CHECK_FIRST_BYTES:
-        end = _checked_end(buf)
-        if end == len(buf):
-            try:
-                return orjson.loads(buf)
-            except orjson.JSONDecodeError:
-                pass
-        return _laxer_loads(bytes(buf[:end]))
-    try:
-        return orjson.loads(buf)
-    except orjson.JSONDecodeError:
-        pass
+    if len(buf) < CHECK_FIRST_BYTES or _checked_end(buf) == len(buf):
+        try:
+            return orjson.loads(buf)
+        except orjson.JSONDecodeError:
+            pass
     return _laxer_loads(bytes(buf[: _checked_end(buf)]))
 
 
