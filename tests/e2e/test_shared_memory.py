@@ -23,6 +23,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 from tritonfast.runtime import cudamemory
+from tritonfast.runtime.sharedmemory import PLACED_BYTES
 
 from tests.conftest import RunningServer, start_server
 from tests.e2e.models_on_disk import Marks, write_model
@@ -37,6 +38,7 @@ class Regions:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.handles: dict[str, Any] = {}
+        self.unlinked: set[str] = set()
 
     def create(self, byte_size: int, *, register: bool = True, offset: int = 0) -> str:
         name = "r" + uuid.uuid4().hex[:10]
@@ -51,9 +53,16 @@ class Regions:
     def get(self, name: str, dtype: Any, shape: list[int], offset: int = 0) -> np.ndarray:
         return shm.get_contents_as_numpy(self.handles[name], dtype, shape, offset)
 
+    def unlink(self, name: str) -> None:
+        """Remove the object's name, as a client may once the server has mapped it."""
+        os.unlink(f"/dev/shm/{name}")
+        self.unlinked.add(name)
+
     def close(self) -> None:
         for name, handle in self.handles.items():
             self.client.unregister_system_shared_memory(name)
+            if name in self.unlinked:  # tritonclient unlinks it too: give it a name to remove
+                open(f"/dev/shm/{name}", "wb").close()
             shm.destroy_shared_memory_region(handle)
 
 
@@ -315,7 +324,9 @@ def test_one_region_shared_by_concurrent_requests(
 # Watches its input while it runs: waits up to WAIT_MS for INPUT0[0] to change, then answers
 # with INPUT0 as it is then (a change made by the client shows only if the model reads the
 # client's shared memory in place). It marks in a file when it has read INPUT0[0] and starts
-# to wait, so the test knows that a write of its own is a change.
+# to wait, so the test knows that a write of its own is a change. Served in-process ("watch")
+# and in worker processes ("watch_proc"), where inputs of PLACED_BYTES and more are read in
+# place too (smaller ones are copied to the worker).
 WATCH_CONFIG = """
 backend: "python"
 input [
@@ -324,9 +335,10 @@ input [
 ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
-# In-process: only there does a model read shared-memory inputs in place.
-parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "thread" } }
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "%s" } }
 """
+# (model, INPUT0's element count) for each instance mode.
+WATCHED = [("watch", 4), ("watch_proc", PLACED_BYTES // 4)]
 WATCH_MODEL = """
 import time
 
@@ -371,19 +383,22 @@ def watch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watch]:
     root = tmp_path_factory.mktemp("watch")
     marks = Marks(root / "marks")
     model = WATCH_MODEL.format(started=str(marks.path))
-    write_model(root / "repository", "watch", WATCH_CONFIG, model)
+    write_model(root / "repository", "watch", WATCH_CONFIG % "thread", model)
+    write_model(root / "repository", "watch_proc", WATCH_CONFIG % "process", model)
     server = start_server([root / "repository"], root / "server.log")
     yield Watch(server, marks)
     assert server.stop() == 0, server.log()
 
 
+@pytest.mark.parametrize(("model", "count"), WATCHED)
 def test_inputs_are_read_in_place(
-    protocol: str, watch: Watch, client: Any, regions: Regions
+    protocol: str, watch: Watch, client: Any, regions: Regions, model: str, count: int
 ) -> None:
     # The model waits for INPUT0[0] to change once it has read it; only a zero-copy input sees
     # the client's write, made after that.
-    region = regions.create(16)
-    regions.set(region, [np.ones(4, dtype=np.float32)])
+    size = count * 4
+    region = regions.create(size)
+    regions.set(region, [np.ones(count, dtype=np.float32)])
     wait = np_input(protocol, "WAIT_MS", np.array([10_000], dtype=np.int32), "INT32")
     answer: dict[str, Any] = {}
 
@@ -391,7 +406,7 @@ def test_inputs_are_read_in_place(
         local = make_client(protocol, watch.server)  # tritonclient.http clients stay on one thread
         try:
             answer["result"] = local.infer(
-                "watch", [shm_input(protocol, "INPUT0", [4], "FP32", region, 16), wait]
+                model, [shm_input(protocol, "INPUT0", [count], "FP32", region, size), wait]
             )
         finally:
             local.close()
@@ -401,18 +416,20 @@ def test_inputs_are_read_in_place(
     thread.start()
     watch.wait_for_runs(runs + 1)
     written = time.monotonic()
-    regions.set(region, [np.full(4, 7, dtype=np.float32)])
+    regions.set(region, [np.full(count, 7, dtype=np.float32)])
     thread.join(30)
     assert time.monotonic() - written < 8, "the model never saw the client's write"
-    np.testing.assert_array_equal(answer["result"].as_numpy("OUTPUT0"), np.full(4, 7))
+    np.testing.assert_array_equal(answer["result"].as_numpy("OUTPUT0"), np.full(count, 7))
 
 
+@pytest.mark.parametrize(("model", "count"), WATCHED)
 def test_unregister_while_a_request_runs(
-    protocol: str, watch: Watch, client: Any, regions: Regions
+    protocol: str, watch: Watch, client: Any, regions: Regions, model: str, count: int
 ) -> None:
-    inputs_region = regions.create(16)
-    outputs_region = regions.create(16)
-    regions.set(inputs_region, [np.full(4, 3, dtype=np.float32)])
+    size = count * 4
+    inputs_region = regions.create(size)
+    outputs_region = regions.create(size)
+    regions.set(inputs_region, [np.full(count, 3, dtype=np.float32)])
     wait = np_input(protocol, "WAIT_MS", np.array([10_000], dtype=np.int32), "INT32")
     answer: dict[str, Any] = {}
 
@@ -420,9 +437,9 @@ def test_unregister_while_a_request_runs(
         local = make_client(protocol, watch.server)
         try:
             answer["result"] = local.infer(
-                "watch",
-                [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait],
-                outputs=[shm_output(protocol, "OUTPUT0", outputs_region, 16)],
+                model,
+                [shm_input(protocol, "INPUT0", [count], "FP32", inputs_region, size), wait],
+                outputs=[shm_output(protocol, "OUTPUT0", outputs_region, size)],
             )
         finally:
             local.close()
@@ -434,13 +451,16 @@ def test_unregister_while_a_request_runs(
     client.unregister_system_shared_memory()  # every region, while the request runs
     assert not status_names(client, protocol)
     # The running request still reads the input in place, and ends on this change.
-    regions.set(inputs_region, [np.full(4, 5, dtype=np.float32)])
+    regions.set(inputs_region, [np.full(count, 5, dtype=np.float32)])
     thread.join(30)
     assert "result" in answer
-    np.testing.assert_array_equal(regions.get(outputs_region, np.float32, [4]), np.full(4, 5))
+    got = regions.get(outputs_region, np.float32, [count])
+    np.testing.assert_array_equal(got, np.full(count, 5))
     # Unregistered means unknown to new requests.
     with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
-        client.infer("watch", [shm_input(protocol, "INPUT0", [4], "FP32", inputs_region, 16), wait])
+        client.infer(
+            model, [shm_input(protocol, "INPUT0", [count], "FP32", inputs_region, size), wait]
+        )
 
 
 # -- registration errors ------------------------------------------------------------------------
@@ -539,6 +559,44 @@ def test_output_region_too_small(protocol: str, client: Any, regions: Regions) -
         )
     assert info.value.status() == ("500" if protocol == "http" else "StatusCode.INTERNAL")
     assert not regions.get(region, np.uint8, [64]).any()  # nothing written
+
+
+def test_large_output_too_big_for_its_region_in_a_worker(
+    protocol: str, client: Any, regions: Regions
+) -> None:
+    # Large enough to be written by the worker itself (identity_fp32 runs in one): the same
+    # error as in-process, and nothing written.
+    data = np.ones((1, PLACED_BYTES // 4 + 8), np.float32)
+    region = regions.create(PLACED_BYTES)
+    with pytest.raises(InferenceServerException, match=f"at least {data.nbytes} bytes") as info:
+        client.infer(
+            "identity_fp32",
+            [np_input(protocol, "INPUT0", data, "FP32")],
+            outputs=[shm_output(protocol, "OUTPUT0", region, PLACED_BYTES)],
+        )
+    assert info.value.status() == ("500" if protocol == "http" else "StatusCode.INTERNAL")
+    assert not regions.get(region, np.uint8, [PLACED_BYTES]).any()
+
+
+def test_an_unlinked_object_still_serves_through_a_worker(
+    protocol: str, client: Any, regions: Regions
+) -> None:
+    # A client may unlink its object once registered (the server mapped it): a worker can no
+    # longer open it by name, so it gets copies from the server's mapping instead.
+    data = np.arange(PLACED_BYTES // 2, dtype=np.float32).reshape(1, -1)
+    inputs = regions.create(data.nbytes)
+    outputs = regions.create(data.nbytes)
+    regions.set(inputs, [data])
+    for name in (inputs, outputs):
+        regions.unlink(name)
+    for _ in range(2):
+        client.infer(
+            "identity_fp32",
+            [shm_input(protocol, "INPUT0", list(data.shape), "FP32", inputs, data.nbytes)],
+            outputs=[shm_output(protocol, "OUTPUT0", outputs, data.nbytes)],
+        )
+        np.testing.assert_array_equal(regions.get(outputs, np.float32, list(data.shape)), data)
+        regions.set(outputs, [np.zeros_like(data)])
 
 
 def test_the_server_keeps_serving_after_errors(protocol: str, client: Any) -> None:

@@ -8,10 +8,14 @@ A tensor names its place in a region with three parameters, the same in HTTP and
 ``shared_memory_region``, ``shared_memory_offset`` (default 0) and ``shared_memory_byte_size``.
 An input in a system region reaches the model as a read-only numpy view of the client's
 memory (no copy); an output is written into its region and travels back as metadata only.
+For a model in another process (a worker), a request also names where in the client's POSIX
+object its large tensors lie (:class:`ObjectPlace`), so that the worker maps the object itself
+and reads and writes them there: no copies between the processes either.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,6 +33,10 @@ REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
 BYTE_SIZE = "shared_memory_byte_size"
 PARAMETERS = (REGION, OFFSET, BYTE_SIZE)
+# Tensors from this size on get an ObjectPlace: below it a copy costs less than the system
+# calls that check the object.
+PLACED_BYTES = 64 * 1024
+SHM_DIR = "/dev/shm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +46,28 @@ class Placement:
     region: str
     offset: int
     byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectPlace:
+    """Where a tensor lies in a client's POSIX shared-memory object, for another process to
+    map: the object's path, its identity when it was registered (device and inode: a path may
+    be reused for a new object), and ``byte_size`` bytes at ``offset`` of the object."""
+
+    path: str
+    device: int
+    inode: int
+    offset: int
+    byte_size: int
+
+    def still_registered(self) -> bool:
+        """Whether the object at the path is still the one registered (not unlinked, not
+        replaced): only then can another process open it there."""
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) == (self.device, self.inode)
 
 
 def placement(parameters: dict[str, Any], tensor: str) -> Placement | None:
@@ -81,6 +111,9 @@ class SharedMemory:
     def __init__(self, cuda: CudaMemory | None = None) -> None:
         self._system = SharedMemoryRegistry()
         self._cuda = cuda or CudaMemory()
+        # System regions' objects by region name: (path, device, inode, offset of the region
+        # in the object), for ObjectPlaces.
+        self._objects: dict[str, tuple[str, int, int, int]] = {}
 
     # -- the system shared-memory extension ---------------------------------------------------
     def system_status(self, name: str = "") -> list[dict[str, Any]]:
@@ -95,13 +128,29 @@ class SharedMemory:
         if self._cuda.has(name):
             raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
         self._system.register(name, key, offset, byte_size)
+        path = f"{SHM_DIR}/{key.removeprefix('/')}"  # the key is a checked POSIX name now
+        try:
+            identity = os.stat(path)
+        except OSError:  # unlinked already: its tensors are copied to other processes
+            return
+        self._objects[name] = (path, identity.st_dev, identity.st_ino, offset)
 
     def unregister_system(self, name: str = "") -> None:
         """Forget ``name`` (every system region if empty); unknown names are not an error."""
         if name:
             self._system.unregister(name)
+            self._objects.pop(name, None)
         else:
             self._system.unregister_all()
+            self._objects.clear()
+
+    def _object_place(self, where: Placement, nbytes: int) -> ObjectPlace | None:
+        """Where ``nbytes`` at ``where`` lie in the system region's object, if worth telling."""
+        found = self._objects.get(where.region) if nbytes >= PLACED_BYTES else None
+        if found is None:
+            return None
+        path, device, inode, offset = found
+        return ObjectPlace(path, device, inode, offset + where.offset, nbytes)
 
     # -- the CUDA shared-memory extension -----------------------------------------------------
     def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
@@ -172,6 +221,12 @@ class SharedMemory:
                 model,
                 request.id,
             )
+            if tensor.datatype != "BYTES" and not isinstance(window, CudaWindow):
+                place = self._object_place(where, window.nbytes)
+                if place is not None:
+                    if request.input_places is None:
+                        request.input_places = {}
+                    request.input_places[tensor.name] = place
         outputs: dict[str, tuple[Placement, Any]] = {}
         for output in request.outputs or ():
             where = placement(output.parameters, output.name)
@@ -183,6 +238,12 @@ class SharedMemory:
                     if request.device_outputs is None:
                         request.device_outputs = {}
                     request.device_outputs[output.name] = window
+                if not (classified or isinstance(window, CudaWindow) or request.trace):
+                    place = self._object_place(where, window.nbytes)
+                    if place is not None:
+                        if request.output_places is None:
+                            request.output_places = {}
+                        request.output_places[output.name] = place
         return outputs
 
     def write_outputs(

@@ -62,6 +62,11 @@ class InferRequest:
     # device memory (output name -> runtime.cudamemory.CudaWindow); see
     # runtime.sharedmemory.resolve_inputs.
     device_outputs: dict[str, Any] | None = None
+    # Inputs whose data lies in a client's system shared memory, and outputs bound for it
+    # (tensor name -> runtime.sharedmemory.ObjectPlace), for a backend in another process to
+    # map there itself instead of receiving copies; see runtime.sharedmemory.resolve_inputs.
+    input_places: dict[str, Any] | None = None
+    output_places: dict[str, Any] | None = None
     # A tracing.RequestTrace when this request is traced (every layer stamps it), else None.
     trace: Any = None
     # The trace of the request this one is made for (an ensemble's step, a BLS call): its

@@ -18,6 +18,10 @@ Input arrays a model receives are valid until its ``execute`` returns (the segme
 by the next batch); a model that keeps one longer must copy it. Decoupled models get copies,
 since their requests commonly outlive ``execute`` (a thread or coroutine per request).
 
+Large tensors in a client's system shared memory do not go through the segments: the server
+names where they lie in the client's object, and the worker maps it and reads the input, or
+writes the output, there (:mod:`.sharedobjects`), as the server does in-process.
+
 A worker that dies (a crash in native code, ``os._exit``) fails the batch it was running with
 an error naming the instance, and is started again, with ``initialize``, for the next batch.
 
@@ -62,12 +66,14 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.backends.python import workerbls, workerlog
 from tritonfast.backends.python.looppipe import LoopPipe, flag_cancelled
+from tritonfast.backends.python.sharedobjects import Place, SharedObjects, as_tuple
 from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams, rebuild
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import handle, rawtensor
 from tritonfast.runtime.bufferpool import POOL
 from tritonfast.runtime.responses import Result
+from tritonfast.runtime.sharedmemory import NO_DATA
 from tritonfast.runtime.shmsegment import (
     Segment,
     SegmentReader,
@@ -103,8 +109,9 @@ POOLED_COPY_BYTES = 64 * 1024
 
 _instance_serials = itertools.count()
 
-# A tensor's place in a segment: (name, datatype, shape, offset, nbytes).
-TensorSlot = tuple[str, str, tuple[int, ...], int, int]
+# A tensor's place: (name, datatype, shape, offset, nbytes, object place): at ``offset`` of the
+# message's segment, or, with an object place, in a client's shared-memory object there.
+TensorSlot = tuple[str, str, tuple[int, ...], int, int, Place | None]
 
 
 def instance_mode(config: model_config_pb2.ModelConfig, default: str = DEFAULT_MODE) -> str:
@@ -186,30 +193,45 @@ def _raw(datatype: str, data: np.ndarray) -> np.ndarray:
     return np.frombuffer(raw, np.uint8) if isinstance(raw, bytes) else raw
 
 
-def _write(
-    writer: SegmentWriter, tensors: list[tuple[str, str, tuple[int, ...], np.ndarray]]
-) -> tuple[str, int, list[TensorSlot]]:
-    """Copy (name, datatype, shape, data) tensors into the writer's segment, back to back."""
-    raws = [_raw(datatype, data) for _, datatype, _, data in tensors]
+# A tensor to lay out: (name, datatype, shape, data, object place or None). Those with an
+# object place are already there (inputs) or written there by the caller (outputs).
+Laid = tuple[str, str, tuple[int, ...], np.ndarray, Place | None]
+
+
+def _write(writer: SegmentWriter, tensors: list[Laid]) -> tuple[str, int, list[TensorSlot]]:
+    """Copy the tensors without an object place into the writer's segment, back to back."""
+    raws = [None if place else _raw(datatype, data) for _, datatype, _, data, place in tensors]
     offsets = []
     end = 0
     for raw in raws:
         offsets.append(end)
-        end = aligned(end + raw.nbytes)
+        if raw is not None:
+            end = aligned(end + raw.nbytes)
     segment = writer.reserve(end)
     memory = np.frombuffer(segment.buffer, np.uint8)
     slots: list[TensorSlot] = []
-    for (name, datatype, shape, _), raw, offset in zip(tensors, raws, offsets, strict=True):
+    for (name, datatype, shape, data, place), raw, offset in zip(
+        tensors, raws, offsets, strict=True
+    ):
+        if raw is None:
+            slots.append((name, datatype, tuple(shape), 0, data.nbytes, place))
+            continue
         memory[offset : offset + raw.nbytes] = raw
-        slots.append((name, datatype, tuple(shape), offset, raw.nbytes))
+        slots.append((name, datatype, tuple(shape), offset, raw.nbytes, None))
     return segment.name, segment.size, slots
 
 
-def _read(buffer: Any, slot: TensorSlot, model: str, *, copy: bool) -> np.ndarray:
-    """A tensor in a segment: a view, or (``copy``) a copy in a recycled pool buffer, made
-    with the GIL released, that outlives the segment's next reuse."""
-    name, datatype, shape, offset, nbytes = slot
-    view = memoryview(buffer)[offset : offset + nbytes]
+def _read(
+    buffer: Any, slot: TensorSlot, model: str, objects: SharedObjects | None, *, copy: bool
+) -> np.ndarray:
+    """A tensor in a segment (or, in a worker, a client's object): a view, or (``copy``) a
+    copy in a recycled pool buffer, made with the GIL released, that outlives the segment's
+    next reuse."""
+    name, datatype, shape, offset, nbytes, place = slot
+    if place is not None and objects is not None:
+        view = objects.window(place)[:nbytes].toreadonly()  # as the server's own views
+    else:
+        view = memoryview(buffer)[offset : offset + nbytes]
     if copy and datatype != "BYTES":
         if nbytes < POOLED_COPY_BYTES:
             view = memoryview(bytearray(view))  # quicker than handing the GIL to and fro
@@ -488,7 +510,11 @@ class ProcessInstance(ModelInstance):
 
     def _message(self, requests: list[InferRequest], tokens: list[int] | None) -> tuple[Any, ...]:
         """The batch's inputs written to the input segment, and the message describing it."""
-        tensors = [(t.name, t.datatype, t.shape, t.data) for r in requests for t in r.inputs]
+        tensors = [
+            (t.name, t.datatype, t.shape, t.data, self._input_place(r, t.name))
+            for r in requests
+            for t in r.inputs
+        ]
         name, size, slots = _write(self._inputs, tensors)
         described = []
         position = 0
@@ -503,11 +529,26 @@ class ProcessInstance(ModelInstance):
                     None if request.outputs is None else [o.name for o in request.outputs],
                     slots[position : position + count],
                     workerbls.trace_token(request.trace),
+                    self._output_places(request),
                 )
             )
             position += count
         self._cancel.buffer[: len(requests)] = bytes(len(requests))
         return ("execute", name, size, described, self._cancel.name, self._cancel.size, tokens)
+
+    def _input_place(self, request: InferRequest, name: str) -> Place | None:
+        """Where the worker finds an input in a client's shared memory, if it can; None: it
+        gets a copy. (A decoupled model's requests outlive their batch: copies.)"""
+        places = request.input_places
+        place = places.get(name) if places is not None and not self._decoupled else None
+        return as_tuple(place) if place is not None and place.still_registered() else None
+
+    def _output_places(self, request: InferRequest) -> dict[str, Place] | None:
+        """Where the worker writes outputs bound for a client's shared memory itself."""
+        places = request.output_places
+        if places is None or self._decoupled:
+            return None
+        return {n: as_tuple(p) for n, p in places.items() if p.still_registered()} or None
 
     def _died(self) -> TritonError:
         """The worker went away in a batch: see it out, and the error that batch gets."""
@@ -538,11 +579,13 @@ class ProcessInstance(ModelInstance):
             return error_for(Code(result[1]), result[2])
         _, model_name, model_version, response_id, parameters, slots = result
         outputs = [
-            OutputTensor(
+            OutputTensor(slot[0], slot[1], slot[2], NO_DATA, in_shared_memory=True)
+            if slot[5] is not None  # the worker wrote it into the client's shared memory
+            else OutputTensor(
                 slot[0],
                 slot[1],
                 slot[2],
-                _read(segment.buffer, slot, self._model_name, copy=True),
+                _read(segment.buffer, slot, self._model_name, None, copy=True),
             )
             for slot in slots
         ]
@@ -694,6 +737,7 @@ def worker_main(
     inputs = SegmentReader()
     cancel_flags = SegmentReader()
     outputs = SegmentWriter(output_prefix)
+    objects = SharedObjects()
     try:
         while True:
             message = conn.recv()
@@ -707,14 +751,31 @@ def worker_main(
             _, name, size, described, flags_name, flags_size, tokens = message
             segment = inputs.map(name, size)
             flags = cancel_flags.map(flags_name, flags_size).buffer
-            requests = [
-                _request(segment.buffer, config.name, d, flags, index, copy=tokens is not None)
-                for index, d in enumerate(described)
-            ]
+            requests: list[_WorkerRequest] = []
+            failed: dict[int, TritonError] = {}  # a client's object it could not map
+            for index, d in enumerate(described):
+                try:
+                    requests.append(
+                        _request(
+                            segment.buffer,
+                            config.name,
+                            d,
+                            flags,
+                            index,
+                            objects,
+                            copy=tokens is not None,
+                        )
+                    )
+                except TritonError as error:
+                    failed[index] = error
             if tokens is not None:
                 for token, request in zip(tokens, requests, strict=True):
                     request.sender = streams.sender(token, request)
-            returned = instance.execute(cast(list[InferRequest], requests), PhaseClock())
+            returned = (
+                instance.execute(cast(list[InferRequest], requests), PhaseClock())
+                if requests
+                else []
+            )
             for request in requests:
                 request.detach()  # the cancellation bytes now belong to the next batch
             if tokens is not None:
@@ -732,10 +793,15 @@ def worker_main(
                 _answer_of(request, result, instance_name)
                 for request, result in zip(requests, answers, strict=True)
             ]
-            streams.send((*_describe_results(outputs, results), CUSTOM_METRICS.state_if_changed()))
+            for index in sorted(failed):
+                results.insert(index, failed[index])
+            places = [d[7] for d in described]
+            reply = _describe_results(outputs, results, places, objects)
+            streams.send((*reply, CUSTOM_METRICS.state_if_changed()))
     except EOFError:  # the server went away
         return
     finally:
+        objects.close()
         outputs.close()
         inputs.close()
         cancel_flags.close()
@@ -795,19 +861,26 @@ def _answer_of(request: _WorkerRequest, result: Result | None, instance_name: st
 
 
 def _request(
-    buffer: Any, model: str, described: tuple[Any, ...], flags: Any, index: int, *, copy: bool
+    buffer: Any,
+    model: str,
+    described: tuple[Any, ...],
+    flags: Any,
+    index: int,
+    objects: SharedObjects,
+    *,
+    copy: bool,
 ) -> _WorkerRequest:
     """A request of the batch in ``buffer``; ``copy``: its inputs are copied out of the
     segment (a decoupled model's requests outlive their batch: threads or coroutines of the
     model may read them after ``execute`` returned, when the segment holds the next batch)."""
-    model_name, model_version, request_id, parameters, output_names, slots, trace = described
+    model_name, model_version, request_id, parameters, output_names, slots, trace, _ = described
     request = _WorkerRequest(
         model_name=model_name,
         model_version=model_version,
         id=request_id,
         trace=trace,
         inputs=[
-            InputTensor(slot[0], slot[1], slot[2], _read(buffer, slot, model, copy=copy))
+            InputTensor(slot[0], slot[1], slot[2], _read(buffer, slot, model, objects, copy=copy))
             for slot in slots
         ],
         outputs=None if output_names is None else [RequestedOutput(n) for n in output_names],
@@ -819,14 +892,24 @@ def _request(
 
 
 def _describe_results(
-    writer: SegmentWriter, results: list[Result]
+    writer: SegmentWriter,
+    results: list[Result],
+    places: list[dict[str, Place] | None],
+    objects: SharedObjects,
 ) -> tuple[str, str, int, list[tuple[Any, ...]]]:
-    tensors = [
-        (t.name, t.datatype, t.shape, t.data)
-        for r in results
-        if isinstance(r, InferResponse)
-        for t in r.outputs
-    ]
+    """The reply to a batch: outputs with a place in a client's object written there, the
+    others into the writer's segment."""
+    laid: list[list[Laid]] = []
+    for index, (result, placed) in enumerate(zip(results, places, strict=True)):
+        if isinstance(result, TritonError):
+            laid.append([])
+            continue
+        try:
+            laid.append([_laid_output(t, placed, objects) for t in result.outputs])
+        except TritonError as error:
+            results[index] = error
+            laid.append([])
+    tensors = [tensor for outputs in laid for tensor in outputs]
     name, size, slots = _write(writer, tensors) if tensors else ("", 0, [])
     described: list[tuple[Any, ...]] = []
     position = 0
@@ -847,3 +930,15 @@ def _describe_results(
         )
         position += count
     return "results", name, size, described
+
+
+def _laid_output(
+    tensor: OutputTensor, places: dict[str, Place] | None, objects: SharedObjects
+) -> Laid:
+    """An output to describe; one bound for a client's object is written there first."""
+    place = places.get(tensor.name) if places is not None else None
+    if place is None:
+        return (tensor.name, tensor.datatype, tensor.shape, tensor.data, None)
+    raw = _raw(tensor.datatype, tensor.data)
+    objects.write(place, raw, tensor.name)
+    return (tensor.name, tensor.datatype, tensor.shape, raw, place)
