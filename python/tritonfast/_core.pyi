@@ -23,6 +23,7 @@ __all__ = [
     "TensorPool",
     "Ticket",
     "__version__",
+    "copy_into",
     "json_error",
     "length_delimited_prefix",
     "split_message_field",
@@ -266,6 +267,11 @@ class SharedMemoryRegistry:
     def view(
         self, name: str, offset: int, byte_size: int, writable: bool = False
     ) -> RegionView: ...
+
+def copy_into(destination: Any, source: Any) -> None:
+    """Copy the bytes of ``source`` to the start of ``destination`` (C-contiguous numpy
+    arrays, the destination writable and at least as large), with the GIL released: large
+    copies on the core's copy threads. Overlapping arrays are moved as by ``memmove``."""
 
 def json_error(document: Any) -> tuple[int, str | None]:
     """``(offset, message)`` of the first error RapidJSON (Triton's parser) would report in

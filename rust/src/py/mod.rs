@@ -3,6 +3,7 @@
 //! It converts types, maps [`CoreError`](crate::CoreError) to the package's exceptions
 //! ([`error`]), and releases the GIL around every wait ([`gil::without_gil`]).
 
+mod copy;
 mod error;
 mod gil;
 mod handoff;
@@ -37,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<shm::PySharedMemoryRegistry>()?;
     m.add_class::<shm::RegionView>()?;
     m.add_function(wrap_pyfunction!(jsonscan::json_error, m)?)?;
+    m.add_function(wrap_pyfunction!(copy::copy_into, m)?)?;
     m.add_function(wrap_pyfunction!(wire::split_message_field, m)?)?;
     m.add_function(wrap_pyfunction!(wire::length_delimited_prefix, m)?)?;
     Ok(())

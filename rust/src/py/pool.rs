@@ -17,8 +17,14 @@ pub(crate) struct PyTensorPool {
     pool: TensorPool,
 }
 
-/// Where a C-contiguous numpy array's bytes are: (address, byte length).
+/// The (address, byte length) of a C-contiguous numpy array, from its array interface.
 pub(crate) fn contiguous_bytes(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+    let (address, nbytes, _) = array_memory(array)?;
+    Ok((address, nbytes))
+}
+
+/// The (address, byte length, read-only) of a C-contiguous numpy array.
+pub(crate) fn array_memory(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize, bool)> {
     let interface = array.getattr("__array_interface__")?;
     if !interface.get_item("strides")?.is_none() {
         return Err(CoreError::bad_value(
@@ -26,9 +32,9 @@ pub(crate) fn contiguous_bytes(array: &Bound<'_, PyAny>) -> PyResult<(usize, usi
         )
         .into());
     }
-    let (address, _read_only): (usize, bool) = interface.get_item("data")?.extract()?;
+    let (address, read_only): (usize, bool) = interface.get_item("data")?.extract()?;
     let nbytes: usize = array.getattr("nbytes")?.extract()?;
-    Ok((address, nbytes))
+    Ok((address, nbytes, read_only))
 }
 
 #[pymethods]

@@ -117,32 +117,12 @@ impl RegionView {
             ))
             .into());
         }
-        let destination = self.address;
-        if len == 0 || address == destination {
-            // Nothing to move: an output computed in place (the model returned a view of an
-            // input placed at this very window) is already where it belongs.
-            return Ok(());
-        }
-        let overlapping = address < destination + len && destination < address + len;
-        without_gil(py, || {
-            // SAFETY: numpy's interface of a C-contiguous array gives `len` readable bytes at
-            // `address`, kept alive by `array` (borrowed for this call); the window holds at
-            // least `len` bytes at `destination` (checked above when it was made, and
-            // `_region` keeps the mapping alive). Overlapping ranges (an array that views
-            // this very window) take `copy`, which allows them.
-            unsafe {
-                if overlapping {
-                    std::ptr::copy(address as *const u8, destination as *mut u8, len);
-                } else {
-                    crate::copy::copy_nonoverlapping(
-                        address as *const u8,
-                        destination as *mut u8,
-                        len,
-                    );
-                }
-            }
-            Ok(())
-        })
+        // SAFETY: numpy's interface of a C-contiguous array gives `len` readable bytes at
+        // `address`, kept alive by `array` (borrowed for this call); the window holds at least
+        // `len` bytes at `self.address` (checked above when it was made, and `_region` keeps
+        // the mapping alive). An output computed in place (the model returned a view of an
+        // input placed at this very window) is already where it belongs: nothing moves.
+        unsafe { super::copy::move_bytes(py, address, self.address, len) }
     }
 
     fn __len__(&self) -> usize {

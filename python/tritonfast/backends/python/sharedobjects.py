@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonfast._core import copy_into
 from tritonfast.errors import InternalError, InvalidArgumentError
 
 # Where a tensor lies: (path, device, inode, offset, byte_size), an ObjectPlace as a tuple.
@@ -60,8 +61,7 @@ class SharedObjects:
                 f" ({target.nbytes} bytes) should be at least {raw.nbytes} bytes to hold the"
                 " results"
             )
-        if raw.nbytes and raw.ctypes.data != target.ctypes.data:
-            target[: raw.nbytes] = raw
+        copy_into(target, np.ascontiguousarray(raw))  # nothing moves if already there
 
     def _map(self, place: Place) -> tuple[int, int, int, mmap.mmap]:
         path, device, inode = place[:3]

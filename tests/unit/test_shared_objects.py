@@ -1,0 +1,144 @@
+"""What a worker does with clients' shared-memory objects (backends/python/sharedobjects.py), and
+the core's copy between two arrays that it writes outputs with."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tritonfast._core import copy_into
+from tritonfast.backends.python.sharedobjects import Place, SharedObjects
+from tritonfast.errors import InternalError, InvalidArgumentError
+
+SIZE = 3 * 4096 + 100
+
+
+@pytest.fixture
+def shm_object() -> Iterator[Path]:
+    path = Path(f"/dev/shm/tritonfast-unit-{uuid.uuid4().hex[:8]}")
+    path.write_bytes(bytes(range(256)) * (SIZE // 256) + bytes(SIZE % 256))
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def place_of(path: Path, offset: int, byte_size: int) -> Place:
+    identity = os.stat(path)
+    return (str(path), identity.st_dev, identity.st_ino, offset, byte_size)
+
+
+def test_windows_read_and_writes_land_in_the_object(shm_object: Path) -> None:
+    objects = SharedObjects()
+    try:
+        window = objects.window(place_of(shm_object, 256, 16))
+        assert bytes(window) == bytes(range(16))
+        objects.write(
+            place_of(shm_object, 4096, 64), np.full(16, 7, np.float32).view(np.uint8), "O"
+        )
+        written = np.frombuffer(shm_object.read_bytes()[4096 : 4096 + 64], np.float32)
+        assert (written == 7).all()
+    finally:
+        objects.close()
+
+
+def test_an_output_already_in_its_place_is_left_as_it_is(shm_object: Path) -> None:
+    objects = SharedObjects()
+    try:
+        place = place_of(shm_object, 512, 256)
+        view = np.frombuffer(objects.window(place), np.uint8)  # what a model got as its input
+        objects.write(place, view, "O")
+        assert shm_object.read_bytes()[512:768] == bytes(range(256))
+    finally:
+        objects.close()
+
+
+def test_an_output_too_large_for_its_place_is_refused_and_nothing_written(
+    shm_object: Path,
+) -> None:
+    objects = SharedObjects()
+    try:
+        with pytest.raises(InternalError, match="output 'O' \\(16 bytes\\) should be at least 20"):
+            objects.write(place_of(shm_object, 0, 16), np.ones(20, np.uint8), "O")
+        assert shm_object.read_bytes()[:16] == bytes(range(16))
+    finally:
+        objects.close()
+
+
+def test_a_truncated_object_is_refused_instead_of_raising_sigbus(shm_object: Path) -> None:
+    objects = SharedObjects()
+    try:
+        place = place_of(shm_object, 2 * 4096, 4096)
+        objects.window(place)  # mapped while it was whole
+        os.truncate(shm_object, 4096)
+        with pytest.raises(InvalidArgumentError, match="was truncated by its owner to 4096 bytes"):
+            objects.window(place)
+    finally:
+        objects.close()
+
+
+def test_an_object_replaced_under_its_name_is_told_from_the_registered_one(
+    shm_object: Path,
+) -> None:
+    objects = SharedObjects()
+    try:
+        registered = place_of(shm_object, 0, 16)
+        objects.window(registered)
+        shm_object.unlink()
+        shm_object.write_bytes(bytes(SIZE))
+        # The registered object stays mapped (as the server keeps it); the new one is mapped
+        # for a place that names it.
+        assert bytes(objects.window(registered)) == bytes(range(16))
+        assert bytes(objects.window(place_of(shm_object, 0, 16))) == bytes(16)
+    finally:
+        objects.close()
+    fresh = SharedObjects()
+    try:
+        with pytest.raises(InvalidArgumentError, match="no longer the one registered"):
+            fresh.window(registered)  # not mapped before: the name leads to another object
+    finally:
+        fresh.close()
+
+
+def test_an_object_that_is_gone_is_a_clear_error() -> None:
+    objects = SharedObjects()
+    with pytest.raises(InvalidArgumentError, match="Unable to open shared memory region"):
+        objects.window(("/dev/shm/tritonfast-unit-none", 0, 0, 0, 16))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    length=st.integers(0, 300),
+    source=st.integers(0, 300),
+    destination=st.integers(0, 300),
+)
+def test_copy_into_moves_as_memmove(length: int, source: int, destination: int) -> None:
+    # Within one buffer, so that the ranges overlap in every way.
+    buffer = np.arange(700, dtype=np.int64).astype(np.uint8)
+    length = min(length, buffer.size - source, buffer.size - destination)
+    expected = buffer.copy()
+    expected[destination : destination + length] = buffer[source : source + length]
+    copy_into(buffer[destination:], buffer[source : source + length])
+    assert (buffer == expected).all()
+
+
+def test_copy_into_a_large_array_on_the_copy_threads() -> None:
+    source = np.random.default_rng(3).integers(0, 256, (9 << 20) + 13, dtype=np.uint8)
+    destination = np.zeros(source.nbytes + 3, np.uint8)
+    copy_into(destination[3:], source)  # unaligned
+    assert (destination[3:] == source).all() and not destination[:3].any()
+
+
+def test_copy_into_refuses_what_it_cannot_do() -> None:
+    with pytest.raises(ValueError, match="do not fit"):
+        copy_into(np.zeros(3, np.uint8), np.zeros(4, np.uint8))
+    read_only = np.zeros(8, np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        copy_into(read_only, np.zeros(4, np.uint8))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        copy_into(np.zeros(8, np.uint8), np.zeros(8, np.uint8)[::2])
