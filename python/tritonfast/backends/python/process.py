@@ -62,6 +62,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from tritonfast._core import copy_into
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.backends.python import workerbls, workerlog
@@ -103,8 +104,8 @@ CANCEL_POLL_S = 0.005
 # How long a decoupled batch run from a thread before the loop drives the worker (warm-up)
 # waits after its reply for the final flags still to come.
 FINALS_WAIT_S = 60.0
-# Outputs from this size on are copied out of the worker's segment into a pooled buffer with
-# the GIL released; smaller ones are copied in place.
+# Tensors from this size on are copied into and out of the segments with the GIL released;
+# smaller ones (quicker than handing the GIL to and fro) with it held.
 POOLED_COPY_BYTES = 64 * 1024
 
 _instance_serials = itertools.count()
@@ -216,7 +217,10 @@ def _write(writer: SegmentWriter, tensors: list[Laid]) -> tuple[str, int, list[T
         if raw is None:
             slots.append((name, datatype, tuple(shape), 0, data.nbytes, place))
             continue
-        memory[offset : offset + raw.nbytes] = raw
+        if raw.nbytes < POOLED_COPY_BYTES:
+            memory[offset : offset + raw.nbytes] = raw
+        else:  # with the GIL released (large ones on the core's copy threads)
+            copy_into(memory[offset : offset + raw.nbytes], np.ascontiguousarray(raw))
         slots.append((name, datatype, tuple(shape), offset, raw.nbytes, None))
     return segment.name, segment.size, slots
 
