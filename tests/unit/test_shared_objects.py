@@ -27,75 +27,66 @@ def shm_object() -> Iterator[Path]:
     path.unlink(missing_ok=True)
 
 
+@pytest.fixture
+def objects() -> Iterator[SharedObjects]:
+    mapped = SharedObjects()
+    yield mapped
+    mapped.close()
+
+
 def place_of(path: Path, offset: int, byte_size: int) -> Place:
     identity = os.stat(path)
     return (str(path), identity.st_dev, identity.st_ino, offset, byte_size)
 
 
-def test_windows_read_and_writes_land_in_the_object(shm_object: Path) -> None:
-    objects = SharedObjects()
-    try:
-        window = objects.window(place_of(shm_object, 256, 16))
-        assert bytes(window) == bytes(range(16))
-        objects.write(
-            place_of(shm_object, 4096, 64), np.full(16, 7, np.float32).view(np.uint8), "O"
-        )
-        written = np.frombuffer(shm_object.read_bytes()[4096 : 4096 + 64], np.float32)
-        assert (written == 7).all()
-    finally:
-        objects.close()
+def test_windows_read_and_writes_land_in_the_object(
+    shm_object: Path, objects: SharedObjects
+) -> None:
+    window = objects.window(place_of(shm_object, 256, 16))
+    assert bytes(window) == bytes(range(16))
+    objects.write(place_of(shm_object, 4096, 64), np.full(16, 7, np.float32).view(np.uint8), "O")
+    written = np.frombuffer(shm_object.read_bytes()[4096 : 4096 + 64], np.float32)
+    assert (written == 7).all()
 
 
-def test_an_output_already_in_its_place_is_left_as_it_is(shm_object: Path) -> None:
-    objects = SharedObjects()
-    try:
-        place = place_of(shm_object, 512, 256)
-        view = np.frombuffer(objects.window(place), np.uint8)  # what a model got as its input
-        objects.write(place, view, "O")
-        assert shm_object.read_bytes()[512:768] == bytes(range(256))
-    finally:
-        objects.close()
+def test_an_output_already_in_its_place_is_left_as_it_is(
+    shm_object: Path, objects: SharedObjects
+) -> None:
+    place = place_of(shm_object, 512, 256)
+    view = np.frombuffer(objects.window(place), np.uint8)  # what a model got as its input
+    objects.write(place, view, "O")
+    assert shm_object.read_bytes()[512:768] == bytes(range(256))
 
 
 def test_an_output_too_large_for_its_place_is_refused_and_nothing_written(
-    shm_object: Path,
+    shm_object: Path, objects: SharedObjects
 ) -> None:
-    objects = SharedObjects()
-    try:
-        with pytest.raises(InternalError, match="output 'O' \\(16 bytes\\) should be at least 20"):
-            objects.write(place_of(shm_object, 0, 16), np.ones(20, np.uint8), "O")
-        assert shm_object.read_bytes()[:16] == bytes(range(16))
-    finally:
-        objects.close()
+    with pytest.raises(InternalError, match="output 'O' \\(16 bytes\\) should be at least 20"):
+        objects.write(place_of(shm_object, 0, 16), np.ones(20, np.uint8), "O")
+    assert shm_object.read_bytes()[:16] == bytes(range(16))
 
 
-def test_a_truncated_object_is_refused_instead_of_raising_sigbus(shm_object: Path) -> None:
-    objects = SharedObjects()
-    try:
-        place = place_of(shm_object, 2 * 4096, 4096)
-        objects.window(place)  # mapped while it was whole
-        os.truncate(shm_object, 4096)
-        with pytest.raises(InvalidArgumentError, match="was truncated by its owner to 4096 bytes"):
-            objects.window(place)
-    finally:
-        objects.close()
+def test_a_truncated_object_is_refused_instead_of_raising_sigbus(
+    shm_object: Path, objects: SharedObjects
+) -> None:
+    place = place_of(shm_object, 2 * 4096, 4096)
+    objects.window(place)  # mapped while it was whole
+    os.truncate(shm_object, 4096)
+    with pytest.raises(InvalidArgumentError, match="was truncated by its owner to 4096 bytes"):
+        objects.window(place)
 
 
 def test_an_object_replaced_under_its_name_is_told_from_the_registered_one(
-    shm_object: Path,
+    shm_object: Path, objects: SharedObjects
 ) -> None:
-    objects = SharedObjects()
-    try:
-        registered = place_of(shm_object, 0, 16)
-        objects.window(registered)
-        shm_object.unlink()
-        shm_object.write_bytes(bytes(SIZE))
-        # The registered object stays mapped (as the server keeps it); the new one is mapped
-        # for a place that names it.
-        assert bytes(objects.window(registered)) == bytes(range(16))
-        assert bytes(objects.window(place_of(shm_object, 0, 16))) == bytes(16)
-    finally:
-        objects.close()
+    registered = place_of(shm_object, 0, 16)
+    objects.window(registered)
+    shm_object.unlink()
+    shm_object.write_bytes(bytes(SIZE))
+    # The registered object stays mapped (as the server keeps it); the new one is mapped
+    # for a place that names it.
+    assert bytes(objects.window(registered)) == bytes(range(16))
+    assert bytes(objects.window(place_of(shm_object, 0, 16))) == bytes(16)
     fresh = SharedObjects()
     try:
         with pytest.raises(InvalidArgumentError, match="no longer the one registered"):
@@ -104,8 +95,7 @@ def test_an_object_replaced_under_its_name_is_told_from_the_registered_one(
         fresh.close()
 
 
-def test_an_object_that_is_gone_is_a_clear_error() -> None:
-    objects = SharedObjects()
+def test_an_object_that_is_gone_is_a_clear_error(objects: SharedObjects) -> None:
     with pytest.raises(InvalidArgumentError, match="Unable to open shared memory region"):
         objects.window(("/dev/shm/tritonfast-unit-none", 0, 0, 0, 16))
 
