@@ -267,6 +267,9 @@ class SharedMemoryRegistry:
     def view(
         self, name: str, offset: int, byte_size: int, writable: bool = False
     ) -> RegionView: ...
+    def object_of(self, name: str) -> tuple[str, int, int, int] | None:
+        """``(key, offset, device, inode)``: the object region ``name`` maps, identified as
+        the server opened it, and where the region starts in it."""
 
 def copy_into(destination: Any, source: Any) -> None:
     """Copy the bytes of ``source`` to the start of ``destination`` (C-contiguous numpy

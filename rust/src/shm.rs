@@ -27,6 +27,9 @@ use crate::error::{Code, CoreError};
 
 /// Keys Triton's Python backend uses for its own regions; clients may not register them.
 pub const RESERVED_KEY_PREFIX: &str = "triton_python_backend_shm_region_";
+/// Keys of the server's own segments (batches handed to workers and back, cancellation
+/// flags): registering one would let a client read other requests' tensors.
+pub const OWN_KEY_PREFIX: &str = "tritonfast-";
 /// Longest name a POSIX shared-memory object may have on Linux (`NAME_MAX`).
 const MAX_KEY_BYTES: usize = 255;
 
@@ -123,6 +126,12 @@ impl Mapping {
         self.object.as_ref().and_then(object_size)
     }
 
+    /// The client's object's (device, inode), from the descriptor that was mapped.
+    fn object_identity(&self) -> Option<(u64, u64)> {
+        let stat = object_stat(self.object.as_ref()?)?;
+        Some((stat.st_dev, stat.st_ino))
+    }
+
     /// Maps `byte_size` bytes at `offset` of the open object `fd` (`key`, registered as
     /// `region`: names for error messages).
     fn of(
@@ -209,15 +218,18 @@ impl Drop for Mapping {
     }
 }
 
-fn object_size(fd: &Fd) -> Option<u64> {
+fn object_stat(fd: &Fd) -> Option<libc::stat> {
     let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `stat` is writable storage of the right type; fstat fills it on success.
     if unsafe { libc::fstat(fd.0, stat.as_mut_ptr()) } != 0 {
         return None;
     }
     // SAFETY: fstat returned 0, so it initialised `stat`.
-    let stat = unsafe { stat.assume_init() };
-    u64::try_from(stat.st_size).ok()
+    Some(unsafe { stat.assume_init() })
+}
+
+fn object_size(fd: &Fd) -> Option<u64> {
+    u64::try_from(object_stat(fd)?.st_size).ok()
 }
 
 fn page_size() -> u64 {
@@ -322,11 +334,14 @@ impl Region {
     /// `INVALID_ARG` for a key that is not a POSIX object name, a reserved key, or a window
     /// beyond the object's end; `INTERNAL` when the object cannot be opened.
     pub fn open(name: &str, key: &str, offset: u64, byte_size: u64) -> Result<Self, CoreError> {
-        if key.trim_start_matches('/').starts_with(RESERVED_KEY_PREFIX) {
-            return Err(CoreError::invalid_arg(format!(
-                "cannot register shared memory region '{name}' with key '{key}' as the key \
-                 contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
-            )));
+        let bare = key.trim_start_matches('/');
+        for reserved in [RESERVED_KEY_PREFIX, OWN_KEY_PREFIX] {
+            if bare.starts_with(reserved) {
+                return Err(CoreError::invalid_arg(format!(
+                    "cannot register shared memory region '{name}' with key '{key}' as the key \
+                     contains the reserved prefix '{reserved}'"
+                )));
+            }
         }
         let mapping = Mapping::open(name, key, offset, byte_size)?;
         Ok(Self {
@@ -342,6 +357,12 @@ impl Region {
 
     pub fn info(&self) -> &RegionInfo {
         &self.info
+    }
+
+    /// The (device, inode) of the object that was mapped: another process that opens the key
+    /// must find this very object there.
+    pub fn object_identity(&self) -> Option<(u64, u64)> {
+        self.mapping.object_identity()
     }
 
     pub fn byte_size(&self) -> u64 {
@@ -523,7 +544,7 @@ mod tests {
 
     impl Object {
         fn new(tag: &str, size: usize, fill: u8) -> Self {
-            let key = format!("/tritonfast-test-{}-{tag}", std::process::id());
+            let key = format!("/tfcore-test-{}-{tag}", std::process::id());
             let path = format!("/dev/shm{key}");
             std::fs::write(&path, vec![fill; size]).expect("create shm object");
             Self { key }
@@ -634,7 +655,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(overflow.code, Code::InvalidArg);
         let missing = registry
-            .register("b", "/tritonfast-test-no-such-object", 0, 8)
+            .register("b", "/tfcore-test-no-such-object", 0, 8)
             .unwrap_err();
         assert_eq!(missing.code, Code::Internal);
         let path = registry
@@ -645,6 +666,14 @@ mod tests {
             .register("b", "/triton_python_backend_shm_region_1", 0, 8)
             .unwrap_err();
         assert_eq!(reserved.code, Code::InvalidArg);
+        // The server's own segments (another request's batch, say) exist but are refused.
+        let own = Object::new("own", 64, 0);
+        let own_key = own.key.replacen("/tfcore-test-", "/tritonfast-in-", 1);
+        std::fs::rename(format!("/dev/shm{}", own.key), format!("/dev/shm{own_key}")).unwrap();
+        let refused = registry.register("b", &own_key, 0, 8).unwrap_err();
+        std::fs::rename(format!("/dev/shm{own_key}"), format!("/dev/shm{}", own.key)).unwrap();
+        assert_eq!(refused.code, Code::InvalidArg);
+        assert!(refused.message.contains("reserved prefix 'tritonfast-'"));
         assert_eq!(registry.status(None).unwrap().len(), 1);
         assert_eq!(registry.status(Some("b")).unwrap_err().code, Code::NotFound);
     }
@@ -680,7 +709,7 @@ mod tests {
 
     #[test]
     fn owned_segments_are_visible_by_name_and_removed_on_drop() {
-        let name = format!("/tritonfast-test-{}-owned", std::process::id());
+        let name = format!("/tfcore-test-{}-owned", std::process::id());
         let segment = OwnedSegment::create(&name, 8192).unwrap();
         assert_eq!(segment.name(), name);
         assert!(

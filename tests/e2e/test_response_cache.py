@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -114,3 +115,49 @@ def test_a_sequence_model_may_not_use_the_cache(cache_server: RunningServer) -> 
         )
     finally:
         client.close()
+
+
+def test_outputs_bound_for_shared_memory_are_cached_with_their_bytes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # A worker writes large shared-memory outputs itself, leaving the server nothing to
+    # cache: for a cached model the server writes them, so hits carry the bytes.
+    import tritonclient.utils.shared_memory as shm
+
+    repository = tmp_path_factory.mktemp("cache_shm_repository")
+    shutil.copytree(ROOT / "tests" / "models" / "identity_fp32", repository / "cached")
+    with (repository / "cached" / "config.pbtxt").open("a") as config:
+        config.write("response_cache { enable: true }\n")
+    server = start_server(
+        [repository],
+        tmp_path_factory.mktemp("cache_shm") / "server.log",
+        "--cache-config=local,size=16777216",
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    values = np.arange(1 << 17, dtype=np.float32).reshape(1, -1)  # 512 KiB
+    name = f"cacheshm{uuid.uuid4().hex[:8]}"
+    handle = shm.create_shared_memory_region(name, f"/{name}", values.nbytes)
+    try:
+        client.register_system_shared_memory(name, f"/{name}", values.nbytes)
+        for _ in range(2):  # a miss, then a hit
+            shm.set_shared_memory_region(handle, [np.zeros_like(values)])
+            tensor = httpclient.InferInput("INPUT0", list(values.shape), "FP32")
+            tensor.set_data_from_numpy(values)
+            output = httpclient.InferRequestedOutput("OUTPUT0")
+            output.set_shared_memory(name, values.nbytes)
+            client.infer("cached", [tensor], outputs=[output])
+            got = shm.get_contents_as_numpy(handle, np.float32, list(values.shape))
+            np.testing.assert_array_equal(got, values)
+        # A hit without shared memory: the same outputs asked for, so the same entry.
+        tensor = httpclient.InferInput("INPUT0", list(values.shape), "FP32")
+        tensor.set_data_from_numpy(values)
+        result = client.infer(
+            "cached", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT0")]
+        )
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values)
+        assert int(stats(client, "cached")["inference_stats"]["cache_hit"]["count"]) == 2
+    finally:
+        client.unregister_system_shared_memory(name)
+        shm.destroy_shared_memory_region(handle)
+        client.close()
+        assert server.stop() == 0, server.log()

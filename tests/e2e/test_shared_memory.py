@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -475,7 +476,7 @@ def test_duplicate_name_is_rejected(protocol: str, client: Any, regions: Regions
     ("key", "offset", "byte_size", "message", "http_status", "grpc_status"),
     [
         (
-            "/tritonfast-no-such-object",
+            "/tf-no-such-object",
             0,
             8,
             "Unable to open shared memory region",
@@ -512,6 +513,15 @@ def test_bad_registrations(
     expected = http_status if protocol == "http" else f"StatusCode.{grpc_status}"
     assert info.value.status() == expected
     assert "bad" + name not in status_names(client, protocol)
+
+
+def test_the_servers_own_segments_cannot_be_registered(protocol: str, client: Any) -> None:
+    # They hold other requests' tensors on their way to and from workers.
+    own = sorted(Path("/dev/shm").glob("tritonfast-*"))
+    assert own, "the server's worker models have segments"
+    with pytest.raises(InferenceServerException, match="reserved prefix 'tritonfast-'") as info:
+        client.register_system_shared_memory("own", f"/{own[0].name}", 1)
+    assert info.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
 
 
 def test_status_and_unregister_of_unknown_regions(protocol: str, client: Any) -> None:

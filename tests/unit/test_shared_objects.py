@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonfast._core import copy_into
-from tritonfast.backends.python.sharedobjects import Place, SharedObjects
+from tritonfast.backends.python.sharedobjects import MAPPED_OBJECTS, Place, SharedObjects
 from tritonfast.errors import InternalError, InvalidArgumentError
 
 SIZE = 3 * 4096 + 100
@@ -21,7 +21,7 @@ SIZE = 3 * 4096 + 100
 
 @pytest.fixture
 def shm_object() -> Iterator[Path]:
-    path = Path(f"/dev/shm/tritonfast-unit-{uuid.uuid4().hex[:8]}")
+    path = Path(f"/dev/shm/tfunit-{uuid.uuid4().hex[:8]}")
     path.write_bytes(bytes(range(256)) * (SIZE // 256) + bytes(SIZE % 256))
     yield path
     path.unlink(missing_ok=True)
@@ -44,7 +44,8 @@ def test_windows_read_and_writes_land_in_the_object(
 ) -> None:
     window = objects.window(place_of(shm_object, 256, 16))
     assert bytes(window) == bytes(range(16))
-    objects.write(place_of(shm_object, 4096, 64), np.full(16, 7, np.float32).view(np.uint8), "O")
+    sevens = np.full(16, 7, np.float32).view(np.uint8)
+    SharedObjects.put(objects.window(place_of(shm_object, 4096, 64)), sevens, "O")
     written = np.frombuffer(shm_object.read_bytes()[4096 : 4096 + 64], np.float32)
     assert (written == 7).all()
 
@@ -54,7 +55,7 @@ def test_an_output_already_in_its_place_is_left_as_it_is(
 ) -> None:
     place = place_of(shm_object, 512, 256)
     view = np.frombuffer(objects.window(place), np.uint8)  # what a model got as its input
-    objects.write(place, view, "O")
+    SharedObjects.put(objects.window(place), view, "O")
     assert shm_object.read_bytes()[512:768] == bytes(range(256))
 
 
@@ -62,7 +63,7 @@ def test_an_output_too_large_for_its_place_is_refused_and_nothing_written(
     shm_object: Path, objects: SharedObjects
 ) -> None:
     with pytest.raises(InternalError, match="output 'O' \\(16 bytes\\) should be at least 20"):
-        objects.write(place_of(shm_object, 0, 16), np.ones(20, np.uint8), "O")
+        SharedObjects.put(objects.window(place_of(shm_object, 0, 16)), np.ones(20, np.uint8), "O")
     assert shm_object.read_bytes()[:16] == bytes(range(16))
 
 
@@ -89,15 +90,60 @@ def test_an_object_replaced_under_its_name_is_told_from_the_registered_one(
     assert bytes(objects.window(place_of(shm_object, 0, 16))) == bytes(16)
     fresh = SharedObjects()
     try:
-        with pytest.raises(InvalidArgumentError, match="no longer the one registered"):
+        with pytest.raises(InternalError, match="no longer the one registered"):
             fresh.window(registered)  # not mapped before: the name leads to another object
     finally:
         fresh.close()
 
 
 def test_an_object_that_is_gone_is_a_clear_error(objects: SharedObjects) -> None:
-    with pytest.raises(InvalidArgumentError, match="Unable to open shared memory region"):
-        objects.window(("/dev/shm/tritonfast-unit-none", 0, 0, 0, 16))
+    with pytest.raises(InternalError, match="Unable to open shared memory region"):
+        objects.window(("/dev/shm/tfunit-none", 0, 0, 0, 16))
+
+
+def test_a_symbolic_link_is_never_followed(
+    shm_object: Path, objects: SharedObjects, tmp_path: Path
+) -> None:
+    # Even one that names the registered object's identity: a client could swap its object
+    # for a link to a file of the server's.
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"SECRET" * 100)
+    link = Path(f"{shm_object}-link")
+    link.symlink_to(secret)
+    try:
+        identity = os.stat(secret)
+        with pytest.raises(InternalError, match="Unable to open shared memory region"):
+            objects.window((str(link), identity.st_dev, identity.st_ino, 0, 6))
+    finally:
+        link.unlink()
+
+
+def test_objects_their_clients_removed_are_not_kept_mapped(
+    shm_object: Path, objects: SharedObjects
+) -> None:
+    objects.window(place_of(shm_object, 0, 16))
+    other = Path(f"{shm_object}-other")
+    other.write_bytes(bytes(4096))
+    try:
+        shm_object.unlink()
+        objects.window(place_of(other, 0, 16))  # mapping another one sweeps the removed one
+        assert list(objects._mapped) == [str(other)]
+    finally:
+        other.unlink()
+
+
+def test_at_most_so_many_objects_stay_mapped(objects: SharedObjects, tmp_path: Path) -> None:
+    paths = [
+        Path(f"/dev/shm/tfunit-many-{uuid.uuid4().hex[:8]}") for _ in range(MAPPED_OBJECTS + 3)
+    ]
+    try:
+        for path in paths:
+            path.write_bytes(bytes(64))
+            objects.window(place_of(path, 0, 8))
+        assert list(objects._mapped) == [str(p) for p in paths[-MAPPED_OBJECTS:]]
+    finally:
+        for path in paths:
+            path.unlink()
 
 
 @settings(max_examples=200, deadline=None)

@@ -21,7 +21,7 @@ OBJECT_SIZE = 3 * 4096 + 123
 @pytest.fixture(scope="module")
 def shm_object() -> Iterator[tuple[str, bytes]]:
     """A POSIX shared-memory object with known contents: (key, contents)."""
-    key = f"/tritonfast-unit-{uuid.uuid4().hex[:8]}"
+    key = f"/tfunit-{uuid.uuid4().hex[:8]}"
     contents = np.random.default_rng(1).integers(0, 256, OBJECT_SIZE, dtype=np.uint8).tobytes()
     path = Path("/dev/shm" + key)
     path.write_bytes(contents)

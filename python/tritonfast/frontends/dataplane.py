@@ -159,7 +159,9 @@ class DataPlane:
             windows = None
             if request.uses_shared_memory:
                 windows = self._shared_memory.resolve_inputs(
-                    request, on_device=model.takes_device_memory
+                    request,
+                    on_device=model.takes_device_memory,
+                    place_outputs=not model.caches_responses,
                 )
             response = await model.infer(request)
             if request.outputs is not None and wants_classification(request.outputs):
@@ -241,7 +243,9 @@ class DataPlane:
             windows = None
             if request.uses_shared_memory:
                 windows = self._shared_memory.resolve_inputs(
-                    request, on_device=model.takes_device_memory
+                    request,
+                    on_device=model.takes_device_memory,
+                    place_outputs=not model.caches_responses,
                 )
             responses = model.open_stream(request)
         except BaseException:

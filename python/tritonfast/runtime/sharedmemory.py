@@ -33,9 +33,9 @@ REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
 BYTE_SIZE = "shared_memory_byte_size"
 PARAMETERS = (REGION, OFFSET, BYTE_SIZE)
-# Tensors from this size on get an ObjectPlace: below it a copy costs less than the system
-# calls that check the object.
-PLACED_BYTES = 64 * 1024
+# Tensors from this size on get an ObjectPlace: below it a copy costs about what the system
+# calls that check the object do.
+PLACED_BYTES = 256 * 1024
 SHM_DIR = "/dev/shm"
 
 
@@ -62,9 +62,9 @@ class ObjectPlace:
 
     def still_registered(self) -> bool:
         """Whether the object at the path is still the one registered (not unlinked, not
-        replaced): only then can another process open it there."""
+        replaced, not a symbolic link now): only then can another process open it there."""
         try:
-            now = os.stat(self.path)
+            now = os.stat(self.path, follow_symlinks=False)
         except OSError:
             return False
         return (now.st_dev, now.st_ino) == (self.device, self.inode)
@@ -128,12 +128,11 @@ class SharedMemory:
         if self._cuda.has(name):
             raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
         self._system.register(name, key, offset, byte_size)
-        path = f"{SHM_DIR}/{key.removeprefix('/')}"  # the key is a checked POSIX name now
-        try:
-            identity = os.stat(path)
-        except OSError:  # unlinked already: its tensors are copied to other processes
-            return
-        self._objects[name] = (path, identity.st_dev, identity.st_ino, offset)
+        found = self._system.object_of(name)  # the object as the core opened it
+        if found is not None:
+            key, offset, device, inode = found
+            path = f"{SHM_DIR}/{key.removeprefix('/')}"  # the key is a checked POSIX name
+            self._objects[name] = (path, device, inode, offset)
 
     def unregister_system(self, name: str = "") -> None:
         """Forget ``name`` (every system region if empty); unknown names are not an error."""
@@ -183,7 +182,7 @@ class SharedMemory:
         return self._system.view(where.region, where.offset, where.byte_size, writable)
 
     def resolve_inputs(
-        self, request: InferRequest, on_device: bool = False
+        self, request: InferRequest, on_device: bool = False, place_outputs: bool = True
     ) -> dict[str, tuple[Placement, Any]]:
         """Give every shared-memory input of ``request`` its data, in place.
 
@@ -195,6 +194,9 @@ class SharedMemory:
         CUDA region keeps its :class:`~tritonfast.runtime.cudamemory.CudaWindow` as its data,
         and the request's ``device_outputs`` name the CUDA windows its outputs go to: the
         backend copies device to device, and the host never sees the bytes.
+
+        ``place_outputs``: outputs may be written into their regions by a backend in another
+        process (not for a model whose responses are cached: the cache needs their bytes).
         """
         model = request.model_name
         for tensor in request.inputs:
@@ -238,7 +240,8 @@ class SharedMemory:
                     if request.device_outputs is None:
                         request.device_outputs = {}
                     request.device_outputs[output.name] = window
-                if not (classified or isinstance(window, CudaWindow) or request.trace):
+                placeable = place_outputs and not (classified or request.trace)
+                if placeable and not isinstance(window, CudaWindow):
                     place = self._object_place(where, window.nbytes)
                     if place is not None:
                         if request.output_places is None:

@@ -9,6 +9,7 @@ use crate::error::CoreError;
 /// Copies the bytes of `source` to the start of `destination` (C-contiguous numpy arrays,
 /// `destination` writable and at least as large) with the GIL released: large copies on the
 /// core's copy threads, with streaming stores. Overlapping arrays are moved as by `memmove`.
+/// Trusted callers only: any object with an array interface is taken at its word.
 #[pyfunction]
 pub(crate) fn copy_into(
     py: Python<'_>,
@@ -37,7 +38,9 @@ pub(crate) fn copy_into(
 /// copy threads ([`crate::copy::copy_nonoverlapping`]).
 ///
 /// # Safety
-/// `from` must be valid for reads and `to` for writes of `len` bytes for the whole call.
+/// `from` must be valid for reads and `to` for writes of `len` bytes for the whole call, and
+/// nothing else may write either range meanwhile. Overlap is judged by address: the two must
+/// not be distinct mappings of the same memory.
 pub(crate) unsafe fn move_bytes(
     py: Python<'_>,
     from: usize,
@@ -47,7 +50,7 @@ pub(crate) unsafe fn move_bytes(
     if len == 0 || from == to {
         return Ok(());
     }
-    let overlapping = from < to + len && to < from + len;
+    let overlapping = from < to.saturating_add(len) && to < from.saturating_add(len);
     without_gil(py, || {
         // SAFETY: the caller's contract; overlapping ranges take `copy`, which allows them.
         unsafe {

@@ -64,6 +64,15 @@ impl PySharedMemoryRegistry {
         Ok(list)
     }
 
+    /// `(key, offset, device, inode)` of region `name`: the object it maps (identified as the
+    /// server opened it) and where the region starts in it; None for an unknown region.
+    fn object_of(&self, name: &str) -> Option<(String, u64, u64, u64)> {
+        let region = self.registry.get(name).ok()?;
+        let (device, inode) = region.object_identity()?;
+        let info = region.info();
+        Some((info.key.clone(), info.offset, device, inode))
+    }
+
     /// `byte_size` bytes at `offset` of region `name`, as an object numpy can view
     /// (read-only unless `writable`).
     #[pyo3(signature = (name, offset, byte_size, writable = false))]

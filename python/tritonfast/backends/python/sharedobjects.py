@@ -1,10 +1,14 @@
 """Clients' POSIX shared-memory objects, mapped in a worker process.
 
 The server tells a worker where a request's large shared-memory tensors lie in the client's
-objects (:class:`~tritonfast.runtime.sharedmemory.ObjectPlace`); the worker maps each object
-once, by its path, and reads the inputs and writes the outputs there, as the server would have
-in-process. A mapping is made again when the object at the path is no longer the registered one
-(identified by device and inode) or has grown past it.
+objects (:class:`~tritonfast.runtime.sharedmemory.ObjectPlace`: a path under ``/dev/shm``
+and the identity, device and inode, of the object the server mapped at registration); the
+worker maps the object by that path and reads the inputs and writes the outputs there, as the
+server would have in-process. It opens only a regular file that is not a symbolic link and is
+that very object. Mappings are kept for the next batches: at most :data:`MAPPED_OBJECTS`, the
+least recently used dropped first, and those whose path no longer leads to their object
+(unlinked or replaced by the client) dropped whenever another object is mapped, so that an
+object the client removed does not stay pinned in memory by the worker.
 
 Before each use the object's size is checked: touching a page past the end of an object its
 owner shrank raises SIGBUS. What is left is the same race as in the server (the owner shrinking
@@ -17,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import stat
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -26,73 +32,98 @@ from tritonfast.errors import InternalError, InvalidArgumentError
 
 # Where a tensor lies: (path, device, inode, offset, byte_size), an ObjectPlace as a tuple.
 Place = tuple[str, int, int, int, int]
+# The most objects one worker keeps mapped.
+MAPPED_OBJECTS = 16
 
 
 class SharedObjects:
-    """The objects one worker has mapped, by path."""
+    """The objects one worker has mapped, by path, least recently used first."""
 
     def __init__(self) -> None:
-        # path -> (device, inode, descriptor, mapping)
-        self._mapped: dict[str, tuple[int, int, int, mmap.mmap]] = {}
+        # path -> (device, inode, mapping of the whole object)
+        self._mapped: OrderedDict[str, tuple[int, int, mmap.mmap]] = OrderedDict()
 
     def window(self, place: Place) -> memoryview:
-        """The ``byte_size`` bytes at ``offset`` of the object, writable."""
+        """The ``byte_size`` bytes at ``offset`` of the object, writable. Raises
+        :class:`InternalError` when the object cannot be mapped as the one registered, and
+        :class:`InvalidArgumentError` when it no longer holds those bytes."""
         path, device, inode, offset, byte_size = place
         end = offset + byte_size
         entry = self._mapped.get(path)
-        if entry is None or (entry[0], entry[1]) != (device, inode) or len(entry[3]) < end:
+        if entry is None or (entry[0], entry[1]) != (device, inode) or len(entry[2]) < end:
             entry = self._map(place)
-        size = os.fstat(entry[2]).st_size
+        else:
+            self._mapped.move_to_end(path)
+        size = entry[2].size()  # the object's size now
         if size < end:
             raise InvalidArgumentError(
                 f"shared memory object '{path}' was truncated by its owner to {size} bytes"
                 f" since it was registered: the {byte_size} bytes at offset {offset} are no"
                 " longer there (register it again)"
             )
-        return memoryview(entry[3])[offset:end]
+        return memoryview(entry[2])[offset:end]
 
-    def write(self, place: Place, raw: np.ndarray, name: str) -> None:
-        """Copy output ``name``'s bytes to its place, unless they are there already (a model
-        that returned a view of an input placed at the very same bytes)."""
-        target = np.frombuffer(self.window(place), np.uint8)
+    @staticmethod
+    def put(window: memoryview, raw: np.ndarray, name: str) -> None:
+        """Copy output ``name``'s bytes to the start of ``window`` (nothing moves when they are
+        there already: a model that returned a view of an input placed at the same bytes)."""
+        target = np.frombuffer(window, np.uint8)
         if raw.nbytes > target.nbytes:
             raise InternalError(
                 f"shared memory size specified with the request for output '{name}'"
                 f" ({target.nbytes} bytes) should be at least {raw.nbytes} bytes to hold the"
                 " results"
             )
-        copy_into(target, np.ascontiguousarray(raw))  # nothing moves if already there
+        copy_into(target, np.ascontiguousarray(raw))
 
-    def _map(self, place: Place) -> tuple[int, int, int, mmap.mmap]:
-        path, device, inode = place[:3]
+    def _map(self, place: Place) -> tuple[int, int, mmap.mmap]:
+        path, device, inode, _, _ = place
         self._forget(path)
+        self._sweep()
         try:
-            descriptor = os.open(path, os.O_RDWR)
+            descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
-            raise InvalidArgumentError(
+            raise InternalError(
                 f"Unable to open shared memory region: '{path}' ({exc.strerror})"
             ) from None
         try:
-            stat = os.fstat(descriptor)
-            if (stat.st_dev, stat.st_ino) != (device, inode):
-                raise InvalidArgumentError(
+            found = os.fstat(descriptor)
+            if not stat.S_ISREG(found.st_mode) or (found.st_dev, found.st_ino) != (device, inode):
+                raise InternalError(
                     f"shared memory object '{path}' is no longer the one registered"
                     " (register it again)"
                 )
-            mapping = mmap.mmap(descriptor, stat.st_size)
-        except BaseException:
-            os.close(descriptor)
-            raise
-        entry = (device, inode, descriptor, mapping)
+            try:
+                mapping = mmap.mmap(descriptor, found.st_size)
+            except (OSError, ValueError) as exc:  # emptied meanwhile, or no room
+                raise InvalidArgumentError(
+                    f"shared memory object '{path}' cannot be mapped ({exc}); was it truncated"
+                    " by its owner since it was registered?"
+                ) from None
+        finally:
+            os.close(descriptor)  # the mapping keeps its own
+        entry = (device, inode, mapping)
         self._mapped[path] = entry
+        while len(self._mapped) > MAPPED_OBJECTS:
+            self._forget(next(iter(self._mapped)))
         return entry
+
+    def _sweep(self) -> None:
+        """Drop the mappings whose path no longer leads to their object."""
+        for path, (device, inode, _) in list(self._mapped.items()):
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except OSError:
+                self._forget(path)
+                continue
+            if (now.st_dev, now.st_ino) != (device, inode):
+                self._forget(path)
 
     def _forget(self, path: str) -> None:
         entry = self._mapped.pop(path, None)
         if entry is not None:
-            os.close(entry[2])
             with contextlib.suppress(BufferError):  # views still alive keep it mapped
-                entry[3].close()
+                entry[2].close()
 
     def close(self) -> None:
         for path in list(self._mapped):
