@@ -70,6 +70,14 @@ class ObjectPlace:
         return (now.st_dev, now.st_ino) == (self.device, self.inode)
 
 
+def output_too_large(name: str, byte_size: int, nbytes: int) -> InternalError:
+    """Triton's error for an output of ``nbytes`` bound for a window of ``byte_size``."""
+    return InternalError(
+        f"shared memory size specified with the request for output '{name}' ({byte_size}"
+        f" bytes) should be at least {nbytes} bytes to hold the results"
+    )
+
+
 def placement(parameters: dict[str, Any], tensor: str) -> Placement | None:
     """The tensor's shared-memory placement from its parameters (None: not in shared memory).
 
@@ -262,11 +270,7 @@ class SharedMemory:
             if isinstance(raw, bytes):
                 raw = np.frombuffer(raw, np.uint8)
             if raw.nbytes > where.byte_size:
-                raise InternalError(
-                    f"shared memory size specified with the request for output '{tensor.name}'"
-                    f" ({where.byte_size} bytes) should be at least {raw.nbytes} bytes to hold"
-                    " the results"
-                )
+                raise output_too_large(tensor.name, where.byte_size, raw.nbytes)
             window.write(raw)
             response.outputs[index] = OutputTensor(
                 tensor.name, tensor.datatype, tensor.shape, NO_DATA, in_shared_memory=True

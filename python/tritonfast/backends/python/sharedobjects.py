@@ -29,6 +29,7 @@ import numpy as np
 
 from tritonfast._core import copy_into
 from tritonfast.errors import InternalError, InvalidArgumentError
+from tritonfast.runtime.sharedmemory import output_too_large
 
 # Where a tensor lies: (path, device, inode, offset, byte_size), an ObjectPlace as a tuple.
 Place = tuple[str, int, int, int, int]
@@ -69,11 +70,7 @@ class SharedObjects:
         there already: a model that returned a view of an input placed at the same bytes)."""
         target = np.frombuffer(window, np.uint8)
         if raw.nbytes > target.nbytes:
-            raise InternalError(
-                f"shared memory size specified with the request for output '{name}'"
-                f" ({target.nbytes} bytes) should be at least {raw.nbytes} bytes to hold the"
-                " results"
-            )
+            raise output_too_large(name, target.nbytes, raw.nbytes)
         copy_into(target, np.ascontiguousarray(raw))
 
     def _map(self, place: Place) -> tuple[int, int, mmap.mmap]:
