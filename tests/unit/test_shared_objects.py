@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonfast._core import copy_into
+from tritonfast.backends.python import sharedobjects
 from tritonfast.backends.python.sharedobjects import MAPPED_OBJECTS, Place, SharedObjects
 from tritonfast.errors import InternalError, InvalidArgumentError
 
@@ -132,18 +133,41 @@ def test_objects_their_clients_removed_are_not_kept_mapped(
         other.unlink()
 
 
-def test_at_most_so_many_objects_stay_mapped(objects: SharedObjects, tmp_path: Path) -> None:
-    paths = [
-        Path(f"/dev/shm/tfunit-many-{uuid.uuid4().hex[:8]}") for _ in range(MAPPED_OBJECTS + 3)
-    ]
+def test_at_most_so_many_objects_stay_mapped_but_a_batch_keeps_all_it_uses(
+    objects: SharedObjects,
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    paths = [Path(f"/dev/shm/tfunit-{tag}-{i}") for i in range(MAPPED_OBJECTS + 3)]
     try:
-        for path in paths:
+        for path in paths:  # one batch each: the least recently used go
             path.write_bytes(bytes(64))
+            objects.start_batch()
             objects.window(place_of(path, 0, 8))
         assert list(objects._mapped) == [str(p) for p in paths[-MAPPED_OBJECTS:]]
+        objects.start_batch()  # one batch using them all: none is dropped while it runs
+        for path in paths:
+            objects.window(place_of(path, 0, 8))
+        assert len(objects._mapped) == len(paths)
+        objects.start_batch()
+        objects.window(place_of(paths[0], 0, 8))
+        objects.window(place_of(paths[1], 0, 8))
+        assert len(objects._mapped) == len(paths)  # nothing new mapped: nothing trimmed yet
     finally:
         for path in paths:
             path.unlink()
+
+
+def test_a_batch_start_now_and_then_drops_objects_their_clients_removed(
+    shm_object: Path, objects: SharedObjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects.start_batch()
+    objects.window(place_of(shm_object, 0, 16))
+    shm_object.unlink()
+    objects.start_batch()  # within SWEEP_S of the last look: kept
+    assert list(objects._mapped) == [str(shm_object)]
+    monkeypatch.setattr(sharedobjects, "SWEEP_S", 0.0)
+    objects.start_batch()
+    assert not objects._mapped
 
 
 @settings(max_examples=200, deadline=None)

@@ -137,6 +137,7 @@ class SharedMemory:
             raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
         self._system.register(name, key, offset, byte_size)
         found = self._system.object_of(name)  # the object as the core opened it
+        self._objects.pop(name, None)
         if found is not None:
             key, offset, device, inode = found
             path = f"{SHM_DIR}/{key.removeprefix('/')}"  # the key is a checked POSIX name

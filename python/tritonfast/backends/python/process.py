@@ -755,6 +755,7 @@ def worker_main(
             _, name, size, described, flags_name, flags_size, tokens = message
             segment = inputs.map(name, size)
             flags = cancel_flags.map(flags_name, flags_size).buffer
+            objects.start_batch()
             requests: list[_WorkerRequest] = []
             failed: dict[int, TritonError] = {}  # a client's object it could not map
             for index, d in enumerate(described):

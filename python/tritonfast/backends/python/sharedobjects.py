@@ -5,10 +5,11 @@ objects (:class:`~tritonfast.runtime.sharedmemory.ObjectPlace`: a path under ``/
 and the identity, device and inode, of the object the server mapped at registration); the
 worker maps the object by that path and reads the inputs and writes the outputs there, as the
 server would have in-process. It opens only a regular file that is not a symbolic link and is
-that very object. Mappings are kept for the next batches: at most :data:`MAPPED_OBJECTS`, the
-least recently used dropped first, and those whose path no longer leads to their object
-(unlinked or replaced by the client) dropped whenever another object is mapped, so that an
-object the client removed does not stay pinned in memory by the worker.
+that very object. Mappings are kept for the next batches: at most :data:`MAPPED_OBJECTS` (or
+as many as one batch uses), the least recently used dropped first; those whose path no
+longer leads to their object (unlinked or replaced by the client) are dropped whenever another
+object is mapped, and at the start of a batch once :data:`SWEEP_S` have passed, so that an
+object the client removed does not stay pinned in memory by the worker for long.
 
 Before each use the object's size is checked: touching a page past the end of an object its
 owner shrank raises SIGBUS. What is left is the same race as in the server (the owner shrinking
@@ -22,6 +23,7 @@ import contextlib
 import mmap
 import os
 import stat
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -33,8 +35,10 @@ from tritonfast.runtime.sharedmemory import output_too_large
 
 # Where a tensor lies: (path, device, inode, offset, byte_size), an ObjectPlace as a tuple.
 Place = tuple[str, int, int, int, int]
-# The most objects one worker keeps mapped.
+# The most objects one worker keeps mapped, beyond those of the batch it runs.
 MAPPED_OBJECTS = 16
+# How often a batch start looks for mappings of objects their clients removed.
+SWEEP_S = 1.0
 
 
 class SharedObjects:
@@ -43,6 +47,15 @@ class SharedObjects:
     def __init__(self) -> None:
         # path -> (device, inode, mapping of the whole object)
         self._mapped: OrderedDict[str, tuple[int, int, mmap.mmap]] = OrderedDict()
+        self._in_batch: set[str] = set()  # the paths the running batch uses: never dropped
+        self._swept = time.monotonic()
+
+    def start_batch(self) -> None:
+        """A new batch: the last one's objects may be dropped again; now and then, those
+        their clients removed are."""
+        self._in_batch.clear()
+        if self._mapped and time.monotonic() - self._swept >= SWEEP_S:
+            self._sweep()
 
     def window(self, place: Place) -> memoryview:
         """The ``byte_size`` bytes at ``offset`` of the object, writable. Raises
@@ -55,6 +68,7 @@ class SharedObjects:
             entry = self._map(place)
         else:
             self._mapped.move_to_end(path)
+        self._in_batch.add(path)
         size = entry[2].size()  # the object's size now
         if size < end:
             raise InvalidArgumentError(
@@ -101,12 +115,16 @@ class SharedObjects:
             os.close(descriptor)  # the mapping keeps its own
         entry = (device, inode, mapping)
         self._mapped[path] = entry
-        while len(self._mapped) > MAPPED_OBJECTS:
-            self._forget(next(iter(self._mapped)))
+        for old in list(self._mapped):  # least recently used first
+            if len(self._mapped) <= MAPPED_OBJECTS:
+                break
+            if old not in self._in_batch and old != path:
+                self._forget(old)
         return entry
 
     def _sweep(self) -> None:
         """Drop the mappings whose path no longer leads to their object."""
+        self._swept = time.monotonic()
         for path, (device, inode, _) in list(self._mapped.items()):
             try:
                 now = os.stat(path, follow_symlinks=False)
