@@ -75,7 +75,8 @@ class _Staging:
         self._lock = threading.Lock()
 
     def array(self, nbytes: int) -> np.ndarray:
-        """A ``uint8`` array of ``nbytes`` in page-locked memory, back here once it dies."""
+        """A ``uint8`` array of ``nbytes`` in page-locked memory, back here once it dies; in
+        ordinary memory when no more can be locked."""
         size = 1 << (nbytes - 1).bit_length()
         with self._lock:
             idle = self._idle.get(size)
@@ -83,9 +84,12 @@ class _Staging:
             if pointer is not None:
                 self._idle_bytes -= size
         if pointer is None:
-            pointer = int(
-                cuda_check(self._runtime, self._runtime.cudaMallocHost(size), "cudaMallocHost")
-            )
+            try:
+                pointer = int(
+                    cuda_check(self._runtime, self._runtime.cudaMallocHost(size), "cudaMallocHost")
+                )
+            except InternalError:  # slower, not wrong
+                return np.empty(nbytes, np.uint8)
         memory = (ctypes.c_uint8 * size).from_address(pointer)
         weakref.finalize(memory, self._give, pointer, size)
         return np.frombuffer(memoryview(memory), np.uint8, nbytes)
@@ -151,10 +155,11 @@ class CudaWindow:
         cuda_check(runtime, runtime.cudaMemcpy(destination, source, count, kind), "cudaMemcpy")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        if self.nbytes >= STAGED_BYTES:
-            host = _staging_for(self._runtime).array(self.nbytes)
-        else:
-            host = np.empty(self.nbytes, np.uint8)
+        host = (
+            _staging_for(self._runtime).array(self.nbytes)
+            if self.nbytes >= STAGED_BYTES
+            else np.empty(self.nbytes, np.uint8)
+        )
         if self.nbytes:
             self._copy(host.ctypes.data, self._address, self.nbytes)
         return host if dtype is None else host.astype(dtype)
