@@ -103,14 +103,13 @@ class _Staging:
         self._runtime.cudaFreeHost(pointer)
 
 
-_staging: dict[int, _Staging] = {}  # by id of the runtime module: one per process
+_staging: list[_Staging] = []  # the process's one, made with its first staged copy
 
 
 def _staging_for(runtime: Any) -> _Staging:
-    staging = _staging.get(id(runtime))
-    if staging is None:
-        staging = _staging.setdefault(id(runtime), _Staging(runtime))
-    return staging
+    if not _staging:
+        _staging.append(_Staging(runtime))
+    return _staging[0]
 
 
 @dataclass

@@ -548,11 +548,12 @@ class ProcessInstance(ModelInstance):
         return as_tuple(place) if place is not None and place.still_registered() else None
 
     def _output_places(self, request: InferRequest) -> dict[str, Place] | None:
-        """Where the worker writes outputs bound for a client's shared memory itself."""
+        """Where the worker writes outputs bound for a client's shared memory itself (one it
+        can no longer map there comes back in its segment, for the server to write)."""
         places = request.output_places
         if places is None or self._decoupled:
             return None
-        return {n: as_tuple(p) for n, p in places.items() if p.still_registered()} or None
+        return {n: as_tuple(p) for n, p in places.items()}
 
     def _died(self) -> TritonError:
         """The worker went away in a batch: see it out, and the error that batch gets."""
