@@ -22,13 +22,20 @@ MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 256 << 20
 
 
+def glibc_function(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """One of glibc's functions by name, None elsewhere (e.g. musl)."""
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def keep_large_buffers() -> bool:
     """Tune glibc's allocator (True if done). The user's ``MALLOC_*`` settings win."""
     if sys.platform != "linux" or any(k.startswith("MALLOC_") for k in os.environ):
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # absent outside glibc (e.g. musl)
-    except (OSError, AttributeError):
+    mallopt = glibc_function("mallopt")
+    if mallopt is None:
         return False
     return bool(
         mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)

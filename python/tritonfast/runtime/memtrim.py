@@ -13,27 +13,19 @@ without glibc it does nothing."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import queue
 import threading
 import time
+
+from tritonfast.runtime.allocator import glibc_function
 
 # Trims are this far apart at least, and this long after the body that asked for one let go.
 PAUSE_S = 0.25
 
 
-def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
 class _Trimmer:
     def __init__(self) -> None:
-        self._trim = _malloc_trim()
+        self._trim = glibc_function("malloc_trim")
         # Asks for a trim. SimpleQueue.put is reentrant: safe from a finalizer that runs in
         # the middle of any code, this class's own thread included.
         self._asks: queue.SimpleQueue[None] = queue.SimpleQueue()

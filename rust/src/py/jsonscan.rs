@@ -2,7 +2,8 @@
 
 use pyo3::prelude::*;
 
-use super::pool::contiguous_bytes;
+use super::gil::without_gil;
+use super::pool::{borrowed_bytes, contiguous_bytes};
 
 /// `(offset, message)` of the first error `RapidJSON` would report in `document` (a
 /// C-contiguous numpy array of its bytes, read in place), or `(end, None)` where a valid
@@ -15,16 +16,11 @@ pub(crate) fn json_error(
     let (address, len) = contiguous_bytes(document)?;
     // `document` (borrowed from the caller) keeps the bytes alive until this returns, and the
     // HTTP handler that owns a request body does not write to it while it is being checked.
-    let outcome = py.detach(move || {
-        let bytes = if len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: numpy's `__array_interface__` of a C-contiguous array gives the start of
-            // `nbytes` readable bytes, alive as long as the array (see above).
-            unsafe { std::slice::from_raw_parts(address as *const u8, len) }
-        };
-        crate::jsonscan::scan(bytes)
-    });
+    let outcome = without_gil(py, move || {
+        // SAFETY: alive and unwritten while it is scanned (see above).
+        let bytes = unsafe { borrowed_bytes(address, len) };
+        Ok(crate::jsonscan::scan(bytes))
+    })?;
     Ok(match outcome {
         Ok(end) => (end, None),
         Err((error, offset)) => (offset, Some(error.message())),

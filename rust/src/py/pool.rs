@@ -23,6 +23,20 @@ pub(crate) fn contiguous_bytes(array: &Bound<'_, PyAny>) -> PyResult<(usize, usi
     Ok((address, nbytes))
 }
 
+/// The `len` bytes at `address` (from [`contiguous_bytes`]) as a slice.
+///
+/// # Safety
+/// The array they came from must stay alive, and nothing may write to those bytes, while the
+/// slice is used.
+pub(crate) unsafe fn borrowed_bytes<'a>(address: usize, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: numpy's `__array_interface__` of a C-contiguous array gives the start of
+    // `nbytes` readable bytes; the caller keeps them alive and unwritten.
+    unsafe { std::slice::from_raw_parts(address as *const u8, len) }
+}
+
 /// The (address, byte length, read-only) of a C-contiguous numpy array.
 pub(crate) fn array_memory(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize, bool)> {
     let interface = array.getattr("__array_interface__")?;
@@ -74,16 +88,9 @@ impl PyTensorPool {
         let buffer = without_gil(py, move || {
             let slices: Vec<&[u8]> = parts
                 .iter()
-                .map(|&(address, len)| {
-                    if len == 0 {
-                        return &[][..];
-                    }
-                    // SAFETY: numpy's `__array_interface__` of a C-contiguous array gives the
-                    // start of `nbytes` readable bytes; the array is alive (see above), and
-                    // nothing writes to it while we copy (the model instance thread that owns
-                    // these inputs is the caller, blocked in this call).
-                    unsafe { std::slice::from_raw_parts(address as *const u8, len) }
-                })
+                // SAFETY: the arrays are alive (see above), and nothing writes to them while
+                // we copy (the thread that owns these inputs is the caller, blocked here).
+                .map(|&(address, len)| unsafe { borrowed_bytes(address, len) })
                 .collect();
             pool.gather(&slices)
         })?;

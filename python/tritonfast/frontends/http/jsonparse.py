@@ -28,12 +28,15 @@ CHECK_FIRST_BYTES = 1 << 20
 
 def loads(buf: bytes | bytearray | memoryview) -> Any:
     """Parse ``buf`` as one JSON document; raise InternalError as Triton words it."""
-    if len(buf) < CHECK_FIRST_BYTES or _checked_end(buf) == len(buf):
+    end = _checked_end(buf) if len(buf) >= CHECK_FIRST_BYTES else None
+    if end is None or end == len(buf):
         try:
             return orjson.loads(buf)
         except orjson.JSONDecodeError:
             pass
-    return _laxer_loads(bytes(buf[: _checked_end(buf)]))
+    if end is None:
+        end = _checked_end(buf)
+    return _laxer_loads(bytes(buf[:end]))
 
 
 def _checked_end(buf: bytes | bytearray | memoryview) -> int:
