@@ -133,8 +133,13 @@ def test_load_and_unload(explicit: tuple[RunningServer, Path], protocol: str) ->
             r["name"]: r
             for r in httpclient.InferenceServerClient(server.http_url).get_model_repository_index()
         }
-        assert rows["string_upper"]["state"] == "UNAVAILABLE"
-        assert rows["string_upper"]["reason"] == "unloaded"
+        # As Triton lists it: the version it served goes on being named.
+        assert rows["string_upper"] == {
+            "name": "string_upper",
+            "version": "1",
+            "state": "UNAVAILABLE",
+            "reason": "unloaded",
+        }
         client.unload_model("string_upper")  # unloading again is not an error
     finally:
         client.close()
@@ -355,6 +360,29 @@ def test_file_paths_must_stay_in_the_model_directory(explicit: tuple[RunningServ
             client.load_model("escape", config=config, files={"file:../../evil.py": b"x"})
     finally:
         client.close()
+
+
+def test_file_paths_that_cannot_be_written_are_the_callers_error(
+    explicit: tuple[RunningServer, Path],
+) -> None:
+    server, _ = explicit
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    config = json.dumps({"name": "paths", "backend": "python"})
+    too_long = {"file:" + "A" * 256: b"a"}  # a name longer than any filesystem takes
+    file_then_dir = {"file:1/model.py": b"x = 1", "file:1/model.py/more": b"y"}
+    try:
+        for files in (too_long, file_then_dir):
+            with pytest.raises(InferenceServerException, match="Invalid file path") as raised:
+                http.load_model("paths", config=config, files=files)
+            assert raised.value.status() == "400"
+            with pytest.raises(InferenceServerException, match="Invalid file path") as raised:
+                grpc.load_model("paths", config=config, files=files)
+            assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert http.is_server_live()
+    finally:
+        http.close()
+        grpc.close()
 
 
 def test_a_failed_model_can_be_unloaded(explicit: tuple[RunningServer, Path]) -> None:

@@ -218,12 +218,15 @@ def test_a_slow_grpc_reader_holds_back_its_models_sends(
 def test_grpc_unary_infer_refuses_a_decoupled_model(
     grpc_client: grpcclient.InferenceServerClient,
 ) -> None:
-    with pytest.raises(InferenceServerException) as caught:
-        grpc_client.infer("repeat_int32", [int32_input([1])])
-    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert caught.value.message() == (
-        "ModelInfer RPC doesn't support models with decoupled transaction policy"
-    )
+    malformed = int32_input([1])
+    malformed.set_shape([2])  # two elements declared, one sent
+    for inputs in ([int32_input([1])], [malformed]):  # refused before its tensors are read
+        with pytest.raises(InferenceServerException) as caught:
+            grpc_client.infer("repeat_int32", inputs)
+        assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert caught.value.message() == (
+            "ModelInfer RPC doesn't support models with decoupled transaction policy"
+        )
 
 
 # -- HTTP Server-Sent Events and the generate extension -------------------------------------------
@@ -355,11 +358,14 @@ def test_generate_maps_inputs_parameters_and_outputs(stream_server: RunningServe
         client.close()
 
 
-def test_http_infer_refuses_a_decoupled_model(stream_server: RunningServer) -> None:
+@pytest.mark.parametrize("shape", [[1], [2]])  # [2]: malformed, refused before it is read
+def test_http_infer_refuses_a_decoupled_model(
+    stream_server: RunningServer, shape: list[int]
+) -> None:
     status, body = post_json(
         stream_server,
         "/v2/models/repeat_int32/infer",
-        {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [1]}]},
+        {"inputs": [{"name": "IN", "datatype": "INT32", "shape": shape, "data": [1]}]},
     )
     assert (status, body) == (
         501,

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tritonfast._proto import model_config_pb2
     from tritonfast.repository.control import ModelControl
     from tritonfast.repository.manager import ModelRepository
+    from tritonfast.repository.model import ModelVersion
 
 # How Triton refuses a single-response endpoint to a decoupled model (after the endpoint's name).
 DECOUPLED_REFUSAL = "doesn't support models with decoupled transaction policy"
@@ -106,10 +107,17 @@ class DataPlane:
     def model_ready(self, name: str, version: str = "") -> bool:
         return self._repository.is_ready(name, version)
 
-    def require_model(self, name: str, version: str = "") -> None:
-        """Raise Triton's unknown-model error unless ``name`` (``version``) serves. Frontends
-        call it first when a request is also malformed: Triton names the unknown model."""
-        self._repository.get(name, version)
+    def require_model(self, name: str, version: str = "", endpoint: str | None = None) -> None:
+        """Raise Triton's unknown-model error unless ``name`` (``version``) serves, and, for a
+        single-response ``endpoint``, its refusal of a decoupled model. Frontends call it when
+        a request is also malformed: Triton names those before what is wrong with the body."""
+        self._model_for(name, version, endpoint)
+
+    def _model_for(self, name: str, version: str, endpoint: str | None) -> ModelVersion:
+        model = self._repository.get(name, version)
+        if endpoint is not None and model.decoupled:
+            raise UnsupportedError(f"{endpoint} {DECOUPLED_REFUSAL}")
+        return model
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may send any number of responses per request."""
@@ -149,9 +157,7 @@ class DataPlane:
         and message for every failure (unknown model, bad input, model error); a decoupled
         model is refused with Triton's words for the ``endpoint`` (e.g. "ModelInfer RPC").
         """
-        model = self._repository.get(request.model_name, request.model_version)
-        if model.decoupled:
-            raise UnsupportedError(f"{endpoint} {DECOUPLED_REFUSAL}")
+        model = self._model_for(request.model_name, request.model_version, endpoint)
         trace = None
         if self.tracer.enabled:
             trace = self._start_trace(model.name, model.version, request, received)

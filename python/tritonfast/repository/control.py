@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import logging
 import shutil
@@ -111,7 +112,9 @@ class ModelControl:
                 continue
             if ready_only and entry.state != READY:
                 continue
-            versions: list[int | None] = [*sorted(entry.versions)] or [None]
+            versions: list[int | None] = [*(sorted(entry.versions) or entry.unloaded_versions)] or [
+                None
+            ]
             for version in versions:
                 row = {"name": name}
                 if version is not None:
@@ -338,6 +341,22 @@ def _config_override(name: str, text: Any) -> model_config_pb2.ModelConfig | Non
     return config
 
 
+# Why writing an uploaded file can fail through the path the client chose (a part too long,
+# a file where the path needs a directory, or the other way round): the client's error.
+_PATH_ERRNOS = frozenset(
+    {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EINVAL}
+)
+
+
+def _file_error(relative: str, err: OSError) -> TritonError:
+    """What a load with an uploaded file that could not be written answers."""
+    if err.errno in _PATH_ERRNOS:
+        return InvalidArgumentError(f"Invalid file path '{FILE_PREFIX}{relative}': {err.strerror}")
+    return InternalError(
+        f"failed to write the model file '{FILE_PREFIX}{relative}': {err.strerror}"
+    )
+
+
 def _write_model_files(name: str, files: Mapping[str, Any]) -> Path:
     """A temporary model directory holding ``files`` (relative paths -> bytes)."""
     root = Path(tempfile.mkdtemp(prefix=leftovers.temp_dir_prefix("model")))
@@ -351,8 +370,11 @@ def _write_model_files(name: str, files: Mapping[str, Any]) -> Path:
                     f"file override path '{relative}' must stay inside the model directory"
                 )
             target = model_dir.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content if isinstance(content, bytes) else str(content).encode())
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content if isinstance(content, bytes) else str(content).encode())
+            except OSError as err:
+                raise _file_error(relative, err) from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

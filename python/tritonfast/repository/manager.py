@@ -53,6 +53,8 @@ class ModelEntry:
     reason: str = ""
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     config: model_config_pb2.ModelConfig | None = None
+    # The versions an unloaded model served: the index goes on naming them, as Triton's does.
+    unloaded_versions: tuple[int, ...] = ()
 
     @property
     def default_version(self) -> ModelVersion | None:
@@ -147,7 +149,13 @@ class ModelRepository:
         if entry.state != READY:  # a failed (or already unloaded) model: nothing runs
             entry.state, entry.reason = UNAVAILABLE, UNLOADED_REASON
             return None
-        unloading = ModelEntry(name, entry.path, UNLOADING, config=entry.config)
+        unloading = ModelEntry(
+            name,
+            entry.path,
+            UNLOADING,
+            config=entry.config,
+            unloaded_versions=tuple(sorted(entry.versions)),
+        )
         self._models[name] = unloading
         return entry
 

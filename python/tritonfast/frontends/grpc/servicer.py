@@ -251,9 +251,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             infer_request = codec.decode_infer_request(request, raw_inputs)
         except InvalidArgumentError:
-            # Triton looks the model up before it examines the tensors: an unknown model
-            # is reported as such even when the request is malformed too.
-            self._dataplane.require_model(request.model_name, request.model_version)
+            # Triton looks the model up before it examines the tensors: an unknown model, or
+            # a decoupled one, is reported as such even when the request is malformed too.
+            self._dataplane.require_model(
+                request.model_name, request.model_version, MODEL_INFER_ENDPOINT
+            )
             raise
         if self._dataplane.forwards_headers("GRPC"):
             self._dataplane.forward_headers(

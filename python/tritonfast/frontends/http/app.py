@@ -277,9 +277,9 @@ async def infer(
             if dataplane.forwards_headers("HTTP"):
                 dataplane.forward_headers("HTTP", infer_request, request.headers.items())
         except TritonError:
-            # Like Triton, name an unknown model before what is wrong with the body. (On the
-            # good path the data plane's own look-up reports it.)
-            dataplane.require_model(model_name, model_version)
+            # Like Triton, name an unknown (or decoupled) model before what is wrong with the
+            # body. (On the good path the data plane's own look-up reports it.)
+            dataplane.require_model(model_name, model_version, HTTP_ENDPOINT)
             raise
         response = await dataplane.infer(infer_request, received, endpoint=HTTP_ENDPOINT)
         header, buffers = codec.encode_infer_response_parts(response, infer_request, binary_default)
