@@ -61,7 +61,10 @@ def test_a_bls_model_answers_with_the_model_it_calls(
     )
 
 
-@pytest.mark.parametrize("model", ["bls_decoupled", "bls_decoupled_proc"])
+@pytest.mark.parametrize(
+    "model",
+    ["bls_decoupled", "bls_decoupled_proc", "bls_decoupled_async", "bls_decoupled_async_proc"],
+)
 @pytest.mark.parametrize("count", [0, 1, 5])
 def test_bls_reads_every_response_of_a_decoupled_model(
     client: httpclient.InferenceServerClient, model: str, count: int

@@ -109,18 +109,12 @@ class ServerHandle:
         )
 
     def stream(self, request: InferRequest) -> Iterator[Streamed]:
-        """Send ``request`` and yield its responses as they come (any model)."""
+        """Send ``request`` (now) and return an iterator of its responses as they come (any
+        model), which any thread may take them from."""
         self._may_wait()
         items: queue.SimpleQueue[Streamed | BaseException] = queue.SimpleQueue()
         future = asyncio.run_coroutine_threadsafe(self._pump(request, items.put), self._loop)
-        try:
-            while True:
-                item = _checked(items.get())
-                yield item
-                if item.final:
-                    return
-        finally:
-            future.cancel()  # the caller stopped early: the request is cancelled
+        return _taken(items, future)
 
     async def stream_async(self, request: InferRequest) -> AsyncIterator[Streamed]:
         """Send ``request`` from a coroutine and yield its responses as they come."""
@@ -174,6 +168,20 @@ def _checked(got: Streamed | BaseException) -> Streamed:
     if isinstance(got, BaseException):
         raise got
     return got
+
+
+def _taken(
+    items: queue.SimpleQueue[Streamed | BaseException], future: concurrent.futures.Future[None]
+) -> Iterator[Streamed]:
+    """The responses of a request :meth:`ServerHandle.stream` sent, as they come."""
+    try:
+        while True:
+            item = _checked(items.get())
+            yield item
+            if item.final:
+                return
+    finally:
+        future.cancel()  # the caller stopped early: the request is cancelled
 
 
 class Handle(Protocol):

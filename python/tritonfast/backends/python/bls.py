@@ -11,6 +11,9 @@ is not ready." (texts checked against Triton 2.51).
 
 from __future__ import annotations
 
+import asyncio
+import queue
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -45,7 +48,7 @@ def execute(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
 async def execute_async(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
     server_request = _server_request(request)
     if decoupled:
-        return _async_responses(handle.current().stream_async(server_request))
+        return _Responses(server_request)
     server = handle.current()
     try:
         server.check(server_request)
@@ -65,13 +68,42 @@ def _responses(items: Iterator[Any]) -> Iterator[pb_utils.InferenceResponse]:
         yield _response(error)
 
 
-async def _async_responses(items: AsyncIterator[Any]) -> AsyncIterator[pb_utils.InferenceResponse]:
-    try:
-        async for item in items:
-            if item.result is not None:
-                yield _response(item.result)
-    except TritonError as error:
-        yield _response(error)
+class _Responses:
+    """What ``await async_exec(decoupled=True)`` gives, as Triton's Python backend gives it:
+    the callee's responses in order, taken with ``for`` (each step waits for the next, as
+    Triton's iterator does) or with ``async for`` (each step waits without holding up the
+    model's event loop). The request is sent at once: a thread of its own takes the responses
+    as they come, so calls made one after another run together."""
+
+    _END = object()
+
+    def __init__(self, request: InferRequest) -> None:
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        try:
+            # On the caller's thread: the server learns which model waits on it.
+            items = handle.current().stream(request)
+        except TritonError as error:  # no server to call any more
+            self._items.put(_response(error))
+            self._items.put(self._END)
+            return
+        threading.Thread(
+            target=self._receive, args=(items,), name="tritonfast-bls-stream", daemon=True
+        ).start()
+
+    def _receive(self, items: Iterator[Any]) -> None:
+        try:
+            for response in _responses(items):
+                self._items.put(response)
+        finally:
+            self._items.put(self._END)
+
+    def __iter__(self) -> Iterator[pb_utils.InferenceResponse]:
+        while (item := self._items.get()) is not self._END:
+            yield item
+
+    async def __aiter__(self) -> AsyncIterator[pb_utils.InferenceResponse]:
+        while (item := await asyncio.to_thread(self._items.get)) is not self._END:
+            yield item
 
 
 def _server_request(request: pb_utils.InferenceRequest) -> InferRequest:

@@ -264,7 +264,7 @@ class InferenceRequest:
 
     def __init__(
         self,
-        model_name: str = "",
+        model_name: str | bytes = "",
         requested_output_names: list[str] | None = None,
         inputs: list[Tensor] | None = None,
         request_id: str = "",
@@ -276,7 +276,8 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         **_ignored: Any,
     ) -> None:
-        self._model_name = model_name
+        # Models often pass a name read from a BYTES tensor as it is: Triton takes bytes too.
+        self._model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self._model_version = model_version
         self._requested_output_names = list(requested_output_names or [])
         self._inputs = list(inputs or [])
