@@ -13,7 +13,8 @@ Semantics follow Triton's Python backend:
 Everything here is thread-safe: model instances run on their own threads. Models in worker
 processes keep their own registry; each worker sends its state (:meth:`CustomMetrics.state`)
 with its replies, and :data:`REMOTE_METRICS` holds the latest one per worker for ``/metrics``,
-where series with the same family and labels add up (gauges: the latest value wins).
+where series with the same family and labels add up (gauges: the latest value wins). A
+worker's ``value()`` asks the server for that merged value (:attr:`CustomMetrics.ask_server`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import bisect
 import itertools
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 COUNTER = "counter"
@@ -98,6 +99,9 @@ class CustomMetrics:
         self._families: dict[str, Family] = {}
         self._lock = threading.Lock()
         self._changes = 0  # bumped by every change, so a worker sends its state only then
+        # In a worker process: asks the server for a metric's value over all its processes
+        # (family name, labels, this registry's state); None in the server itself.
+        self.ask_server: Callable[[str, Labels, State], float] | None = None
         self._sent = -1
 
     def state_if_changed(self) -> State | None:
@@ -174,11 +178,16 @@ class CustomMetrics:
 
     # -- operations (Metric methods) -------------------------------------------------------------
     def value(self, family: Family, series: Series) -> float:
+        """The metric's value; in a worker, its value over the server and every worker (as
+        ``/metrics`` shows it), since a model's instances may run in several processes."""
         with self._lock:
             self._check(family)
             if family.kind == HISTOGRAM:
                 raise MetricError("value() is not available for a histogram metric")
-            return series.value
+            ask = self.ask_server
+            if ask is None:
+                return series.value
+        return ask(family.name, series.labels, self.state())
 
     def increment(self, family: Family, series: Series, amount: float) -> None:
         with self._lock:
@@ -268,6 +277,16 @@ def merge(states: list[State]) -> list[tuple[str, str, str, list[Series]]]:
                         a + b for a, b in zip(total.bucket_counts, one.bucket_counts, strict=True)
                     ]
     return [(name, doc, kind, list(series.values())) for name, doc, kind, series in merged.values()]
+
+
+def merged_value(name: str, labels: Labels) -> float:
+    """On the server: a metric's value over its own registry and its workers' (0 when no
+    process has it yet)."""
+    states = [CUSTOM_METRICS.state(), *REMOTE_METRICS.states()]
+    for family, _, _, series in merge(states):
+        if family == name:
+            return next((one.value for one in series if one.labels == labels), 0.0)
+    return 0.0
 
 
 # The one registry of the process (pb_utils.MetricFamily registers here), and what worker

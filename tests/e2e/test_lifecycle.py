@@ -82,7 +82,7 @@ def test_exit_on_error_false_serves_the_healthy_models(lenient_server) -> None:
         "parameter TRITONFAST_INSTANCE_MODE must be one of process, auto, thread, not 'fork'" in log
     )
     # initialize() failing inside a worker process reports the model's own error.
-    assert "Failed to initialize model instance 'proc_init_fail_0_0'" in log
+    assert "Failed to initialize model instance 'proc_init_fail_0'" in log
     assert log.count("init_fail cannot start") >= 2
     assert "failed to warm up model 'warmup_fail' with sample 'missing'" in log
     assert "nope.raw" in log

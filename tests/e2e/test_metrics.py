@@ -195,20 +195,23 @@ def test_custom_metrics_from_a_model(server: Any, model: str) -> None:
     labels = {"model": model, "version": "1"}
     try:
         _, before = scrape(server)
-        for number in (0.25, 2.0, 20.0):
+        seen = []
+        for number in (0.25, 2.0, 20.0, 1.0):
             tensor = httpclient.InferInput("INPUT0", [1], "FP32")
             tensor.set_data_from_numpy(np.array([number], dtype=np.float32))
-            client.infer(model, [tensor])
+            seen.append(float(client.infer(model, [tensor]).as_numpy("SEEN")[0]))
     finally:
         client.close()
     text, after = scrape(server)
+    previous = before.get(("tf_test_requests", frozenset(labels.items())), 0.0)
+    # The counter's value() as the model read it: the count over both workers, as /metrics.
+    assert seen == [previous + 1, previous + 2, previous + 3, previous + 4]
     assert "# HELP tf_test_requests Requests seen by the model\n" in text
     assert "# TYPE tf_test_requests counter\n" in text
     assert "# TYPE tf_test_values histogram\n" in text
-    previous = before.get(("tf_test_requests", frozenset(labels.items())), 0.0)
-    assert value(after, "tf_test_requests", **labels) - previous == 3
+    assert value(after, "tf_test_requests", **labels) - previous == 4
     if model == "custom_metrics":  # a gauge of two workers shows one of their values
-        assert value(after, "tf_test_last_value", **labels) == 20.0
+        assert value(after, "tf_test_last_value", **labels) == 1.0
     buckets = {
         le: value(after, "tf_test_values_bucket", **labels, le=le)
         for le in ("0.5", "1", "10", "+Inf")
@@ -216,7 +219,7 @@ def test_custom_metrics_from_a_model(server: Any, model: str) -> None:
     assert buckets["+Inf"] == value(after, "tf_test_values_count", **labels)
     assert buckets["0.5"] <= buckets["1"] <= buckets["10"] <= buckets["+Inf"]
     count_before = before.get(("tf_test_values_count", frozenset(labels.items())), 0.0)
-    assert value(after, "tf_test_values_count", **labels) - count_before == 3
+    assert value(after, "tf_test_values_count", **labels) - count_before == 4
     assert f'tf_test_values_bucket{{model="{model}",version="1",le="0.5"}}' in text
 
 

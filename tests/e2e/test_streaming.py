@@ -447,7 +447,7 @@ def test_a_worker_dying_mid_stream_ends_it_with_an_error_and_restarts(
     assert [int(result.as_numpy("IDX")[0]) for result, _ in replies[:2]] == [0, 1]
     error = replies[2][1]
     assert error is not None and error.message() == (
-        "the worker process of model instance 'stream_fate_proc_0_0' exited before it sent"
+        "the worker process of model instance 'stream_fate_proc_0' exited before it sent"
         " the final response"
     )
     # The worker is started again: the next request is served.

@@ -146,3 +146,12 @@ def test_response_sender_refuses_bad_flags_and_a_missing_response() -> None:
     )
     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     assert sent == [(None, True)]
+
+
+def test_a_missing_name_is_reported_under_the_module_name_models_use() -> None:
+    with pytest.raises(AttributeError, match="module 'triton_python_backend_utils' has no"):
+        pb_utils.COUNTER  # noqa: B018  (python_backend's custom_metrics example once used it)
+
+
+def test_a_bls_model_name_may_be_bytes() -> None:
+    assert pb_utils.InferenceRequest(model_name=b"add_sub").model_name() == "add_sub"

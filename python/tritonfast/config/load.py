@@ -132,7 +132,8 @@ def complete(
     if config.HasField("ensemble_scheduling"):
         return  # an ensemble has no instances, model file or batcher of its own
     if not config.instance_group:
-        config.instance_group.add()
+        # Named after the model, so its one instance is "<model>_0" (as in Triton).
+        config.instance_group.add(name=config.name)
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"

@@ -350,8 +350,9 @@ class ModelRepository:
             self._stop_versions(entry, timeout)
 
     def _stop_versions(self, entry: ModelEntry, timeout: float = 5.0) -> None:
-        for version in entry.versions.values():
+        for number, version in entry.versions.items():
             version.stop(timeout)
+            log.info("successfully unloaded '%s' version %d", entry.name, number)
         entry.versions.clear()
 
 

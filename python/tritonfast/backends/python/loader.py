@@ -3,6 +3,8 @@ configuration (``auto_complete_config``)."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import importlib.util
 import inspect
 import itertools
@@ -12,6 +14,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+import tritonfast
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.python import pb_utils
 from tritonfast.config.jsonform import config_to_json, json_to_config
@@ -85,9 +88,25 @@ def describe(exc: BaseException) -> str:
     ``ValueError: boom\n\nAt:\n  /path/model.py(4): execute\n`` (innermost frame first)."""
     if isinstance(exc, TritonError):
         return exc.message
-    frames = traceback.extract_tb(exc.__traceback__)[1:]  # drop our own calling frame
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _ours(f.filename)]
+    # The calls between the server and the model (an async execute's event loop and future)
+    # are ours too; the library code the model calls into is its own, and stays.
+    while frames and frames[0].filename.startswith(_PLUMBING):
+        frames.pop(0)
     at = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
     return f"{type(exc).__name__}: {exc}\n\nAt:\n{at}"
+
+
+# Frames left out of a model's traceback: the server's own code (Triton shows only Python
+# frames, and everything around a model there is C++), and the standard library's
+# machinery an async execute runs through.
+_OWN_CODE = os.path.dirname(str(tritonfast.__file__)) + os.sep
+_BUNDLED_MODELS = os.path.join(_OWN_CODE, "examples") + os.sep  # models, not the server
+_PLUMBING = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (asyncio, concurrent))
+
+
+def _ours(filename: str) -> bool:
+    return filename.startswith(_OWN_CODE) and not filename.startswith(_BUNDLED_MODELS)
 
 
 # What a model calls to wait on the server (pb_utils InferenceRequest.exec / async_exec).

@@ -628,3 +628,8 @@ class MetricFamily:
         family = getattr(self, "_family", None)
         if family is not None:
             CUSTOM_METRICS.release_family(family)
+
+
+def __getattr__(name: str) -> Any:
+    """A name this module lacks, reported under the name models import it by."""
+    raise AttributeError(f"module 'triton_python_backend_utils' has no attribute '{name}'")

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import io
 import itertools
 import multiprocessing
@@ -264,22 +265,23 @@ class ProcessInstance(ModelInstance):
         # naming each decoupled request's stream.
         self._relay: ResponseRelay | None = None
         self._tokens = itertools.count(1)
+        # Segment names carry a serial, not the instance name (which may hold any character).
+        serial = next(_instance_serials)
+        self._metrics_source = f"{self._model_name}:{version}:{instance_name}:{serial}"
         self._start_args = (
             str(model_file),
             config.SerializeToString(),
             instance_name,
             str(repository_path),
             version,
+            self._metrics_source,
         )
-        # Segment names carry a serial, not the instance name (which may hold any character).
-        serial = next(_instance_serials)
         self._inputs = SegmentWriter(f"tritonfast-in-{serial}")
         # One byte per request of a batch: 1 once that request's caller has gone away.
         self._cancel = Segment.create(f"tritonfast-cancel-{serial}", max(config.max_batch_size, 1))
         # Where the worker creates its output segments; removed here if the worker dies.
         self._output_prefix = f"tritonfast-out-{os.getpid()}-{serial}"
         self._generations = itertools.count()
-        self._metrics_source = f"{self._model_name}:{version}:{instance_name}:{serial}"
         self._outputs = SegmentReader()
         # Batches go from the event loop to the worker and back (execute_later), unless the
         # model may wait on the server (then from the instance thread: execute).
@@ -708,6 +710,7 @@ def worker_main(
     instance_name: str,
     repository_path: str,
     version: int,
+    metrics_source: str,
 ) -> None:
     """Entry point of a worker process: load and initialize the model, then serve batches."""
     # Ctrl-C in a terminal reaches the whole process group; the server decides when we stop.
@@ -738,7 +741,9 @@ def worker_main(
         if message[0] == "cancel":
             streams.cancel(message[1])
 
-    handle.install(workerbls.WorkerHandle(streams.send, conn.recv, other))
+    server = workerbls.WorkerHandle(streams.send, conn.recv, other)
+    handle.install(server)
+    CUSTOM_METRICS.ask_server = functools.partial(server.metric_value, metrics_source)
     inputs = SegmentReader()
     cancel_flags = SegmentReader()
     outputs = SegmentWriter(output_prefix)

@@ -1,6 +1,7 @@
 """BLS from models in worker processes: ``exec()`` / ``async_exec()`` in a worker send the
 request over the instance's pipe, and the server runs it through its own handle
-(:mod:`tritonfast.runtime.handle`) and sends the answer back.
+(:mod:`tritonfast.runtime.handle`) and sends the answer back. A custom metric's ``value()``
+is asked of the server the same way.
 
 The worker's side is :class:`WorkerHandle`, installed as the worker's server handle; the
 server's side is :func:`answer`, called by whatever reads the pipe (the instance thread while
@@ -19,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from tritonfast.custommetrics import REMOTE_METRICS, Labels, State, merged_value
 from tritonfast.errors import Code, TritonError, UnsupportedError, error_for
 from tritonfast.runtime import handle
 from tritonfast.runtime.handle import NotRun
@@ -69,6 +71,17 @@ class WorkerHandle:
     async def infer_async(self, request: InferRequest) -> InferResponse:
         return await asyncio.to_thread(self.infer, request)
 
+    def metric_value(self, source: str, name: str, labels: Labels, state: State) -> float:
+        """A custom metric's value over the server and all its workers (``source``: the key
+        the server keeps this worker's metrics under)."""
+        with self._lock:
+            self._send(("metric_value", source, state, name, labels))
+            while True:
+                message = self._recv()
+                if message[0] == "metric_answer":
+                    return float(message[1])
+                self._other(message)
+
     def check(self, request: InferRequest) -> None:
         """Checked by the server as the call runs (one round trip instead of two)."""
 
@@ -105,8 +118,9 @@ class WorkerHandle:
             yield item
 
 
-# What a worker asks the server for over its pipe.
-REQUESTS = ("bls", "bls_stream")
+# What a worker asks the server for over its pipe: other models (BLS), and the value of one
+# of its custom metrics over every process (a model's instances may run in several).
+REQUESTS = ("bls", "bls_stream", "metric_value")
 
 # Traces of requests sent to workers, by token: a traced request reaches its worker with a
 # TraceToken as its trace, which the model passes on (``trace=request.trace()``) to its BLS
@@ -152,6 +166,11 @@ def _restore_parent(request: InferRequest) -> None:
 def serve(message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]) -> None:
     """On the server: run a worker's BLS request (one of :data:`REQUESTS`) and send it what
     came of it."""
+    if message[0] == "metric_value":
+        _, source, state, name, labels = message
+        REMOTE_METRICS.update(source, state)  # as fresh as the asking worker's registry
+        send(("metric_answer", merged_value(name, labels)))
+        return
     request = message[1]
     _restore_parent(request)
     if message[0] == "bls":

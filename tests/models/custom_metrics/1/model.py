@@ -1,5 +1,6 @@
 """Custom metrics through pb_utils.MetricFamily (see config.pbtxt)."""
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
@@ -28,7 +29,11 @@ class TritonPythonModel:
             self.requests.increment(1)
             self.last.set(value)
             self.values.observe(value)
+            # value(): over all the model's instances, whichever processes they run in
+            seen = np.array([self.requests.value()], dtype=np.float32)
             responses.append(
-                pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())])
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUTPUT0", tensor.as_numpy()), pb_utils.Tensor("SEEN", seen)]
+                )
             )
         return responses
