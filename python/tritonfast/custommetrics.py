@@ -13,7 +13,7 @@ Semantics follow Triton's Python backend:
 Everything here is thread-safe: model instances run on their own threads. Models in worker
 processes keep their own registry; each worker sends its state (:meth:`CustomMetrics.state`)
 with its replies, and :data:`REMOTE_METRICS` holds the latest one per worker for ``/metrics``,
-where series with the same family and labels add up (gauges: the latest value wins). A
+where series with the same family and labels add up (gauges: the newest value wins). A
 worker's ``value()`` asks the server for that merged value (:attr:`CustomMetrics.ask_server`).
 """
 
@@ -23,6 +23,7 @@ import bisect
 import itertools
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -80,6 +81,9 @@ class Series:
     buckets: tuple[float, ...] = ()
     bucket_counts: list[int] = field(default_factory=list)
     count: int = 0
+    # When a gauge last changed (ns since the epoch): of several workers' values of one
+    # gauge, the newest is the gauge's.
+    changed_ns: int = 0
 
 
 @dataclass
@@ -100,8 +104,9 @@ class CustomMetrics:
         self._lock = threading.Lock()
         self._changes = 0  # bumped by every change, so a worker sends its state only then
         # In a worker process: asks the server for a metric's value over all its processes
-        # (family name, labels, this registry's state); None in the server itself.
-        self.ask_server: Callable[[str, Labels, State], float] | None = None
+        # (family name, labels, this registry's state); None (or its answer None: it cannot
+        # ask now) means this registry's own value.
+        self.ask_server: Callable[[str, Labels, State], float | None] | None = None
         self._sent = -1
 
     def state_if_changed(self) -> State | None:
@@ -185,9 +190,11 @@ class CustomMetrics:
             if family.kind == HISTOGRAM:
                 raise MetricError("value() is not available for a histogram metric")
             ask = self.ask_server
-            if ask is None:
-                return series.value
-        return ask(family.name, series.labels, self.state())
+            own = series.value
+        if ask is None:
+            return own
+        merged = ask(family.name, series.labels, self.state())
+        return own if merged is None else merged
 
     def increment(self, family: Family, series: Series, amount: float) -> None:
         with self._lock:
@@ -197,6 +204,7 @@ class CustomMetrics:
             if family.kind == COUNTER and amount < 0:
                 raise MetricError("a counter can only be incremented by a non-negative value")
             series.value += amount
+            series.changed_ns = time.time_ns()
             self._changes += 1
 
     def set(self, family: Family, series: Series, value: float) -> None:
@@ -205,6 +213,7 @@ class CustomMetrics:
             if family.kind != GAUGE:
                 raise MetricError(f"set() is not available for a {family.kind} metric")
             series.value = value
+            series.changed_ns = time.time_ns()
             self._changes += 1
 
     def observe(self, family: Family, series: Series, value: float) -> None:
@@ -227,7 +236,12 @@ class CustomMetrics:
 
 def _copy(series: Series) -> Series:
     return Series(
-        series.labels, series.value, series.buckets, list(series.bucket_counts), series.count
+        series.labels,
+        series.value,
+        series.buckets,
+        list(series.bucket_counts),
+        series.count,
+        series.changed_ns,
     )
 
 
@@ -250,9 +264,10 @@ class RemoteMetrics:
         with self._lock:
             self._states.pop(source, None)
 
-    def states(self) -> list[State]:
+    def states(self, but: str | None = None) -> list[State]:
+        """The states of every worker (``but`` one)."""
         with self._lock:
-            return list(self._states.values())
+            return [state for source, state in self._states.items() if source != but]
 
 
 def merge(states: list[State]) -> list[tuple[str, str, str, list[Series]]]:
@@ -269,7 +284,8 @@ def merge(states: list[State]) -> list[tuple[str, str, str, list[Series]]]:
                 if total is None:
                     known[3][one.labels] = _copy(one)
                 elif kind == GAUGE:
-                    total.value = one.value
+                    if one.changed_ns >= total.changed_ns:  # the newest value
+                        total.value, total.changed_ns = one.value, one.changed_ns
                 elif total.buckets == one.buckets:
                     total.value += one.value
                     total.count += one.count
@@ -279,10 +295,10 @@ def merge(states: list[State]) -> list[tuple[str, str, str, list[Series]]]:
     return [(name, doc, kind, list(series.values())) for name, doc, kind, series in merged.values()]
 
 
-def merged_value(name: str, labels: Labels) -> float:
-    """On the server: a metric's value over its own registry and its workers' (0 when no
-    process has it yet)."""
-    states = [CUSTOM_METRICS.state(), *REMOTE_METRICS.states()]
+def merged_value(name: str, labels: Labels, source: str, state: State) -> float:
+    """On the server: a metric's value over its own registry and its workers', worker
+    ``source``'s as it is now (``state``; 0 when no process has the metric yet)."""
+    states = [CUSTOM_METRICS.state(), *REMOTE_METRICS.states(but=source), state]
     for family, _, _, series in merge(states):
         if family == name:
             return next((one.value for one in series if one.labels == labels), 0.0)

@@ -5,6 +5,7 @@ well-formed request as before."""
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 from typing import Any
@@ -112,7 +113,9 @@ def _exchange(port: int, data: bytes, cuts: list[int]) -> bytes:
                 sock.sendall(data[start:cut])
                 start = cut
             sock.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError as err:
+            if err.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                raise
             return b""  # the server closed first: an answer to what it had read
         received = b""
         try:

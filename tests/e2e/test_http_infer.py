@@ -408,3 +408,50 @@ def test_classification_extension(client):
     )
     assert top.as_numpy("OUTPUT0").tolist() == [b"9:1", b"9:3", b"4:0", b"2:4", b"-1:2"]
     assert "classification" in client.get_server_metadata()["extensions"]
+
+
+# -- raw binary requests (Inference-Header-Content-Length: 0) ---------------------------------
+def test_a_raw_binary_body_is_the_models_one_input(server):
+    values = np.arange(8, dtype=np.float32)
+    for chunked in (False, True):
+        headers = {"Inference-Header-Content-Length": "0"}
+        body = values.tobytes()
+        if chunked:  # the body's framing does not matter
+            headers["Transfer-Encoding"] = "chunked"
+            body = b"%X\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        status, reply_headers, reply = post(server, "/v2/models/identity_fp32/infer", body, headers)
+        assert status == 200, reply
+        json_length = int(reply_headers["Inference-Header-Content-Length"])
+        header = json.loads(reply[:json_length])
+        # One variable-sized dimension deduced from the body's size, under a batch of 1.
+        assert header["outputs"][0]["shape"] == [1, 8]
+        assert reply[json_length:] == values.tobytes()  # outputs come back binary
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "message"),
+    [
+        (
+            "add_sub",
+            bytes(32),
+            "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be"
+            " deduced but got 2 inputs in 'add_sub' model configuration",
+        ),
+        (
+            "identity_bytes",
+            b"427",
+            "[request id: <id_unknown>] For BYTE datatype raw input 'INPUT0', the model must"
+            " have input shape [1]",
+        ),
+        (
+            "identity_fp32",
+            bytes(6),
+            "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model"
+            " 'identity_fp32'. Expected 4, got 6",
+        ),
+    ],
+)
+def test_raw_binary_requests_a_model_cannot_take(server, model, body, message):
+    headers = {"Inference-Header-Content-Length": "0"}
+    status, _, reply = post(server, f"/v2/models/{model}/infer", body, headers)
+    assert (status, json.loads(reply)) == (400, {"error": message})

@@ -354,6 +354,17 @@ def test_generate_maps_inputs_parameters_and_outputs(stream_server: RunningServe
             500,
             "failed to parse the request JSON buffer: Missing a name for object member. at 1",
         )
+        # An input named twice in one object is refused (JSON would keep the last one).
+        for twice in (b'{"IN": 1, "IN": 2}', b'{"parameters": {"IN": 1, "IN": 2}}'):
+            status, body = post_json(stream_server, "/v2/models/async_repeat/generate", twice)
+            assert (status, body["error"]) == (400, "input 'IN' already exists in request")
+        status, body = post_json(
+            stream_server, "/v2/models/identity_bytes/generate", {"INPUT0": {"USER": "hi"}}
+        )
+        assert (status, body["error"]) == (
+            500,
+            "Unable to parse JSON bytes array: attempt to access JSON non-string as string",
+        )
     finally:
         client.close()
 

@@ -105,3 +105,14 @@ def test_metrics_of_a_deleted_family_refuse_every_operation() -> None:
 def test_family_names_are_checked(name: str) -> None:
     with pytest.raises(pb_utils.TritonModelException, match="name"):
         Family(name, "bad", Family.COUNTER)
+
+
+def test_a_gauge_of_several_workers_shows_the_newest_value() -> None:
+    from tritonfast.custommetrics import GAUGE, Series, merge
+
+    labels = (("model", "m"),)
+    newer = ("g", "doc", GAUGE, [Series(labels, 5.0, changed_ns=200)])
+    older = ("g", "doc", GAUGE, [Series(labels, 2.0, changed_ns=100)])
+    for states in ([[newer], [older]], [[older], [newer]]):
+        ((_, _, _, (series,)),) = merge(states)
+        assert series.value == 5.0

@@ -490,12 +490,16 @@ def test_bad_binary_bytes(payload, message):
     [
         ("100", "inference header size should be in range (0, 50), got: 100"),
         ("-1", "inference header size should be in range (0, 50), got: -1"),
-        ("abc", "Unable to parse Inference-Header-Content-Length, got: abc"),
     ],
 )
 def test_header_length_errors(value, message):
     with raises(message):
         codec.header_length(value, 50)
+
+
+@pytest.mark.parametrize(("value", "length"), [("0", 0), ("abc", 0), (" 7", 7), ("12abc", 12)])
+def test_header_length_reads_the_leading_number_as_triton_does(value, length):
+    assert codec.header_length(value, 50) == length  # 0: a raw binary request
 
 
 def test_status_table_covers_every_code():

@@ -63,6 +63,7 @@ class Restriction:
 def parse(flags: Iterable[str], option: str) -> dict[str, Restriction]:
     """API group -> the header it needs, from the flags' values."""
     restrictions: dict[str, Restriction] = {}
+    kind = "protocol" if option.endswith("protocol") else "api"  # as Triton names them
     for flag in flags:
         apis, colon, header = flag.partition(":")
         key, equals, value = header.partition("=")
@@ -74,12 +75,12 @@ def parse(flags: Iterable[str], option: str) -> dict[str, Restriction]:
         for api in (a.strip() for a in apis.split(",")):
             if api not in API_GROUPS:
                 raise InvalidArgumentError(
-                    f"unknown restricted api '{api}' in {option}; the groups are"
+                    f"unknown restricted {kind} '{api}' in {option}; the groups are"
                     f" {', '.join(API_GROUPS)}"
                 )
             if api in restrictions:
                 raise InvalidArgumentError(
-                    f"restricted api '{api}' can not be specified in multiple config groups"
+                    f"restricted {kind} '{api}' can not be specified in multiple config groups"
                 )
             restrictions[api] = Restriction(key.strip(), value)
     return restrictions

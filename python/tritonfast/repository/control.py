@@ -348,13 +348,12 @@ _PATH_ERRNOS = frozenset(
 )
 
 
-def _file_error(relative: str, err: OSError) -> TritonError:
+def _file_error(relative: str, err: OSError | ValueError) -> TritonError:
     """What a load with an uploaded file that could not be written answers."""
-    if err.errno in _PATH_ERRNOS:
-        return InvalidArgumentError(f"Invalid file path '{FILE_PREFIX}{relative}': {err.strerror}")
-    return InternalError(
-        f"failed to write the model file '{FILE_PREFIX}{relative}': {err.strerror}"
-    )
+    if isinstance(err, ValueError) or err.errno in _PATH_ERRNOS:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        return InvalidArgumentError(f"Invalid file path '{FILE_PREFIX}{relative}': {why}")
+    return InternalError(f"failed to write the model file '{FILE_PREFIX}{relative}': {err}")
 
 
 def _write_model_files(name: str, files: Mapping[str, Any]) -> Path:
@@ -373,7 +372,7 @@ def _write_model_files(name: str, files: Mapping[str, Any]) -> Path:
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(content if isinstance(content, bytes) else str(content).encode())
-            except OSError as err:
+            except (OSError, ValueError) as err:  # ValueError: a NUL in the path
                 raise _file_error(relative, err) from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)

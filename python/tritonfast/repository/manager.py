@@ -123,7 +123,7 @@ class ModelRepository:
             entry.state = READY
             log.info("successfully loaded '%s' version(s) %s", name, sorted(entry.versions))
         except TritonError as exc:
-            self._stop_versions(entry)
+            self._stop_versions(entry, served=False)
             entry.state, entry.reason = UNAVAILABLE, exc.message
             log.error("failed to load '%s': %s", name, exc.message)
         return entry
@@ -349,10 +349,14 @@ class ModelRepository:
         for entry in self._models.values():
             self._stop_versions(entry, timeout)
 
-    def _stop_versions(self, entry: ModelEntry, timeout: float = 5.0) -> None:
+    def _stop_versions(
+        self, entry: ModelEntry, timeout: float = 5.0, *, served: bool = True
+    ) -> None:
+        """Stop the entry's versions (``served``: they were serving, and the log says so)."""
         for number, version in entry.versions.items():
             version.stop(timeout)
-            log.info("successfully unloaded '%s' version %d", entry.name, number)
+            if served:
+                log.info("successfully unloaded '%s' version %d", entry.name, number)
         entry.versions.clear()
 
 

@@ -41,6 +41,9 @@ class NotRun(Exception):
 class ServerHandle:
     """Submits requests to the server whose event loop is ``loop`` (make it on that loop)."""
 
+    # The responses of a stream may be taken on any thread, at any time.
+    streams_from_any_thread = True
+
     def __init__(self, dataplane: DataPlane, loop: asyncio.AbstractEventLoop) -> None:
         self._dataplane = dataplane
         self._loop = loop
@@ -187,6 +190,8 @@ def _taken(
 class Handle(Protocol):
     """What models reach through :func:`current`: the server's :class:`ServerHandle`, or, in a
     worker process, a handle that forwards to it."""
+
+    streams_from_any_thread: bool
 
     def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse: ...
     async def infer_async(self, request: InferRequest) -> InferResponse: ...

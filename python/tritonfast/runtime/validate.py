@@ -88,9 +88,15 @@ class RequestValidator:
                 raise _refused(request, f"{self._shape_error(tensor.name, tensor.shape, spec)}")
         missing = [n for n in self._required if n not in seen]
         if missing:
+            required, every = len(self._required), len(self.inputs)
+            expected = (
+                f"{every} inputs"
+                if required == every
+                else f"number of inputs between {required} and {every}"
+            )
             raise _refused(
                 request,
-                f"expected {len(self.inputs)} inputs but got {len(seen)} inputs for"
+                f"expected {expected} but got {len(seen)} inputs for"
                 f" model '{model}'. Got input(s) {_name_list(t.name for t in request.inputs)},"
                 f" but missing required input(s) {_name_list(missing)}. Please provide all"
                 " required input(s).",
@@ -136,7 +142,7 @@ def _shape_matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
 
 
 def _name_list(names: Iterable[str]) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"  # no blank, as Triton lists them
 
 
 def _refused(request: InferRequest, message: str) -> InvalidArgumentError:

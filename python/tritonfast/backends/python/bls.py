@@ -12,16 +12,16 @@ is not ready." (texts checked against Triton 2.51).
 from __future__ import annotations
 
 import asyncio
-import queue
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from tritonfast.backends.python import pb_utils
-from tritonfast.errors import Code, TritonError
+from tritonfast.errors import Code, InternalError, TritonError
 from tritonfast.runtime import handle
 from tritonfast.runtime.handle import NotRun
-from tritonfast.runtime.responses import Result
+from tritonfast.runtime.responses import Result, Streamed
 from tritonfast.runtime.types import InferRequest, InputTensor, RequestedOutput
 
 # pb_utils.TritonError codes by the server's error code names.
@@ -31,7 +31,11 @@ _PB_CODES = {code.value: pb_code for pb_code, code in pb_utils.ERROR_CODES.items
 def execute(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
     server_request = _server_request(request)
     if decoupled:
-        return _responses(handle.current().stream(server_request))
+        try:
+            items = handle.current().stream(server_request)
+        except TritonError as error:  # no server, or a wait the server refuses
+            return iter([_response(error)])
+        return _responses(items)
     try:
         timeout = request.timeout() / 1e6 or None  # microseconds, as Triton's BLS takes it
         return _response(handle.current().infer(server_request, timeout))
@@ -48,7 +52,16 @@ def execute(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
 async def execute_async(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
     server_request = _server_request(request)
     if decoupled:
-        return _Responses(server_request)
+        try:
+            server = handle.current()
+            if server.streams_from_any_thread:
+                return _Responses.received_meanwhile(server.stream(server_request))
+            # A worker's call reads its pipe, which is the model's to use only while its batch
+            # runs: all of the call's responses come in before the model goes on.
+            stream = server.stream(server_request)
+            return _Responses.of(await asyncio.to_thread(lambda: list(_responses(stream))))
+        except TritonError as error:  # no server, or a wait the server refuses
+            return _Responses.of([_response(error)])
     server = handle.current()
     try:
         server.check(server_request)
@@ -72,38 +85,88 @@ class _Responses:
     """What ``await async_exec(decoupled=True)`` gives, as Triton's Python backend gives it:
     the callee's responses in order, taken with ``for`` (each step waits for the next, as
     Triton's iterator does) or with ``async for`` (each step waits without holding up the
-    model's event loop). The request is sent at once: a thread of its own takes the responses
-    as they come, so calls made one after another run together."""
+    model's event loop). Iterating again goes over the same responses."""
 
-    _END = object()
+    def __init__(self) -> None:
+        self._items: list[pb_utils.InferenceResponse] = []
+        self._done = False
+        self._changed = threading.Condition()
+        # Coroutines waiting in ``async for`` for the next response, on their loops.
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
-    def __init__(self, request: InferRequest) -> None:
-        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        try:
-            # On the caller's thread: the server learns which model waits on it.
-            items = handle.current().stream(request)
-        except TritonError as error:  # no server to call any more
-            self._items.put(_response(error))
-            self._items.put(self._END)
-            return
+    @classmethod
+    def of(cls, items: list[pb_utils.InferenceResponse]) -> _Responses:
+        responses = cls()
+        responses._items, responses._done = items, True
+        return responses
+
+    @classmethod
+    def received_meanwhile(cls, items: Iterator[Streamed]) -> _Responses:
+        """The responses of a request sent already, taken by a thread of their own as they
+        come (calls made one after another run together)."""
+        responses = cls()
         threading.Thread(
-            target=self._receive, args=(items,), name="tritonfast-bls-stream", daemon=True
+            target=responses._receive, args=(items,), name="tritonfast-bls-stream", daemon=True
         ).start()
+        return responses
 
-    def _receive(self, items: Iterator[Any]) -> None:
+    def _receive(self, items: Iterator[Streamed]) -> None:
         try:
             for response in _responses(items):
-                self._items.put(response)
+                self._add(response)
+        except BaseException as exc:
+            self._add(_response(InternalError(f"the call ended early: {exc!r}")))
         finally:
-            self._items.put(self._END)
+            with self._changed:
+                self._done = True
+            self._wake()
+
+    def _add(self, response: pb_utils.InferenceResponse) -> None:
+        with self._changed:
+            self._items.append(response)
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                loop.call_soon_threadsafe(_settle, future)
 
     def __iter__(self) -> Iterator[pb_utils.InferenceResponse]:
-        while (item := self._items.get()) is not self._END:
+        index = 0
+        while True:
+            with self._changed:
+                while index >= len(self._items) and not self._done:
+                    self._changed.wait()
+                if index >= len(self._items):
+                    return
+                item = self._items[index]
+            index += 1
             yield item
 
     async def __aiter__(self) -> AsyncIterator[pb_utils.InferenceResponse]:
-        while (item := await asyncio.to_thread(self._items.get)) is not self._END:
+        index = 0
+        while True:
+            with self._changed:
+                ready = index < len(self._items)
+                item = self._items[index] if ready else None
+                if not ready and self._done:
+                    return
+                if not ready:
+                    woken = asyncio.get_running_loop().create_future()
+                    self._waiters.append((asyncio.get_running_loop(), woken))
+            if item is None:
+                await woken  # cancelled while waiting: nothing was taken
+                continue
+            index += 1
             yield item
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _server_request(request: pb_utils.InferenceRequest) -> InferRequest:

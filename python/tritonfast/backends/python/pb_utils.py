@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -630,6 +630,8 @@ class MetricFamily:
             CUSTOM_METRICS.release_family(family)
 
 
-def __getattr__(name: str) -> Any:
-    """A name this module lacks, reported under the name models import it by."""
-    raise AttributeError(f"module 'triton_python_backend_utils' has no attribute '{name}'")
+if not TYPE_CHECKING:  # (type checkers go on reporting misspelt names)
+
+    def __getattr__(name: str) -> Any:
+        """A name this module lacks, reported under the name models import it by."""
+        raise AttributeError(f"module 'triton_python_backend_utils' has no attribute '{name}'")

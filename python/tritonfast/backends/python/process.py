@@ -47,13 +47,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import io
 import itertools
 import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
@@ -70,7 +70,7 @@ from tritonfast.backends.python import workerbls, workerlog
 from tritonfast.backends.python.looppipe import LoopPipe, flag_cancelled
 from tritonfast.backends.python.sharedobjects import Place, SharedObjects, as_tuple
 from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams, rebuild
-from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, State
+from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, Labels, State
 from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
 from tritonfast.runtime import handle, rawtensor
 from tritonfast.runtime.bufferpool import POOL
@@ -743,7 +743,16 @@ def worker_main(
 
     server = workerbls.WorkerHandle(streams.send, conn.recv, other)
     handle.install(server)
-    CUSTOM_METRICS.ask_server = functools.partial(server.metric_value, metrics_source)
+    in_batch = threading.Event()
+
+    def ask_server(name: str, labels: Labels, state: State) -> float | None:
+        # The pipe is the model's to use only while a batch runs: between batches this loop
+        # reads it (a decoupled model's threads, or finalize, get this worker's own value).
+        if not in_batch.is_set():
+            return None
+        return server.metric_value(metrics_source, name, labels, state)
+
+    CUSTOM_METRICS.ask_server = ask_server
     inputs = SegmentReader()
     cancel_flags = SegmentReader()
     outputs = SegmentWriter(output_prefix)
@@ -782,11 +791,15 @@ def worker_main(
             if tokens is not None:
                 for token, request in zip(tokens, requests, strict=True):
                     request.sender = streams.sender(token, request)
-            returned = (
-                instance.execute(cast(list[InferRequest], requests), PhaseClock())
-                if requests
-                else []
-            )
+            in_batch.set()
+            try:
+                returned = (
+                    instance.execute(cast(list[InferRequest], requests), PhaseClock())
+                    if requests
+                    else []
+                )
+            finally:
+                in_batch.clear()
             for request in requests:
                 request.detach()  # the cancellation bytes now belong to the next batch
             if tokens is not None:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from tritonfast.custommetrics import REMOTE_METRICS, Labels, State, merged_value
+from tritonfast.custommetrics import Labels, State, merged_value
 from tritonfast.errors import Code, TritonError, UnsupportedError, error_for
 from tritonfast.runtime import handle
 from tritonfast.runtime.handle import NotRun
@@ -40,6 +40,9 @@ def _strip(request: InferRequest) -> None:
 
 class WorkerHandle:
     """The server handle inside a worker process: each call is a round trip on the pipe."""
+
+    # Its calls read the worker's own pipe, which only the batch running may use.
+    streams_from_any_thread = False
 
     def __init__(
         self, send: Callable[[tuple[Any, ...]], None], recv: Callable[[], Any], other: Other
@@ -168,8 +171,7 @@ def serve(message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]) -> 
     came of it."""
     if message[0] == "metric_value":
         _, source, state, name, labels = message
-        REMOTE_METRICS.update(source, state)  # as fresh as the asking worker's registry
-        send(("metric_answer", merged_value(name, labels)))
+        send(("metric_answer", merged_value(name, labels, source, state)))
         return
     request = message[1]
     _restore_parent(request)

@@ -31,7 +31,7 @@ import numpy as np
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends import bulkwork
 from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
-from tritonfast.frontends.http import codec, generate
+from tritonfast.frontends.http import codec, generate, rawrequest
 from tritonfast.frontends.http.answer import JSON, Answer, json_answer
 from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
@@ -263,8 +263,13 @@ async def infer(
             received = ("HTTP", received_start, perf_counter_ns()) if tracing else None
             if encoding and encoding != "identity":
                 body, inflated = await _inflated(body)
-            length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
-            if length >= LARGE_JSON_BYTES:
+            declared = request.headers.get(codec.HEADER_LENGTH)
+            length = codec.header_length(declared, len(body))
+            if length == 0 and declared is not None:  # raw: the body is the model's one input
+                config = dataplane.model_config(model_name, model_version)
+                infer_request = rawrequest.decode(body, config, model_name, model_version)
+                binary_default = True
+            elif length >= LARGE_JSON_BYTES:
                 # Parsing (or refusing) megabytes of JSON takes long: on a low-priority thread
                 # (frontends.bulkwork) the loop keeps answering other clients.
                 infer_request, binary_default = await bulkwork.run(

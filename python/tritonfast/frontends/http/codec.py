@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any
 
 import orjson
@@ -92,22 +93,22 @@ def _require(value: Any, kind: type, what: str) -> Any:
 
 
 def header_length(value: str | None, content_length: int) -> int:
-    """Size of the JSON header from ``Inference-Header-Content-Length`` (default: everything)."""
+    """Size of the JSON header from ``Inference-Header-Content-Length`` (default: everything;
+    0: a raw binary request, no JSON at all)."""
     if value is None:
         return content_length
-    try:
-        parsed = int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"Unable to parse {HEADER_LENGTH}, got: {value}") from None
+    # Read as C's strtol reads it, as Triton does: the leading number, 0 when there is none
+    # (0 means a raw binary request, see rawrequest).
+    number = _LEADING_NUMBER.match(value)
+    parsed = int(number.group()) if number else 0
     if parsed < 0 or parsed > content_length:
         raise InvalidArgumentError(
             f"inference header size should be in range (0, {content_length}), got: {value}"
         )
-    if parsed == 0:
-        raise InvalidArgumentError(
-            "raw binary requests (Inference-Header-Content-Length: 0) are not supported"
-        )
     return parsed
+
+
+_LEADING_NUMBER = re.compile(r"\s*[+-]?\d+")
 
 
 # -- requests ---------------------------------------------------------------------------------

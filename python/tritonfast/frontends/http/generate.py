@@ -16,13 +16,14 @@ with INTERNAL (500), an error response with 400, as Triton 2.51 does.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from tritonfast.errors import InvalidArgumentError, TritonError
+from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.http import jsonparse, tensordata
 from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor
 
@@ -46,7 +47,7 @@ def decode_request(
     metadata: Mapping[str, Any],
 ) -> InferRequest:
     """The inference request a generate body describes, for the model ``metadata`` names."""
-    document = jsonparse.loads(body)
+    document, repeated = _parse(body)
     if type(document) is not dict:
         raise InvalidArgumentError("the generate request must be a JSON object")
     specs = {spec["name"]: spec for spec in metadata["inputs"]}
@@ -55,13 +56,40 @@ def decode_request(
             "Keyword 'parameters' for nested schema also given as input tensor name"
         )
     request = InferRequest(model_name=model_name, model_version=model_version)
-    _take_members(document, specs, request, nested=True)
+    _take_members(document, specs, request, repeated, nested=True)
     return request
 
 
+def _parse(body: bytes | bytearray | memoryview) -> tuple[Any, dict[int, str]]:
+    """The body's JSON, and the first name each object repeats (by the object's id): a JSON
+    object may name a member twice, and a generate body may not name an input twice."""
+    repeated: dict[int, str] = {}
+
+    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found and id(found) not in repeated:
+                repeated[id(found)] = key
+            found[key] = value
+        return found
+
+    try:
+        return json.loads(bytes(body), object_pairs_hook=members), repeated
+    except (ValueError, RecursionError):  # not JSON: Triton's words for what is wrong
+        return jsonparse.loads(body), {}
+
+
 def _take_members(
-    members: dict[str, Any], specs: dict[str, Any], request: InferRequest, *, nested: bool
+    members: dict[str, Any],
+    specs: dict[str, Any],
+    request: InferRequest,
+    repeated: dict[int, str],
+    *,
+    nested: bool,
 ) -> None:
+    again = repeated.get(id(members))
+    if again is not None and again in specs:
+        raise InvalidArgumentError(f"input '{again}' already exists in request")
     for key, value in members.items():
         spec = specs.get(key)
         if spec is not None:
@@ -69,7 +97,7 @@ def _take_members(
                 raise InvalidArgumentError(f"input '{key}' already exists in request")
             request.inputs.append(_tensor(spec, value, request.model_name))
         elif key == _NESTED and nested and type(value) is dict:
-            _take_members(value, specs, request, nested=False)
+            _take_members(value, specs, request, repeated, nested=False)
         elif key == "id" and nested and type(value) is str:
             request.id = value
         elif type(value) in _PARAMETER_TYPES:
@@ -85,6 +113,10 @@ def _tensor(spec: Mapping[str, Any], value: Any, model_name: str) -> InputTensor
     name, datatype = spec["name"], spec["datatype"]
     values = tensordata.flatten(value) if type(value) is list else [value]
     if any(type(item) is dict for item in values):
+        if datatype == "BYTES":  # (Triton's words, and its status: 500)
+            raise InternalError(
+                "Unable to parse JSON bytes array: attempt to access JSON non-string as string"
+            )
         raise _shape_error(name)
     shape = _shape(spec["shape"], len(values), name)
     data = tensordata.from_json(datatype, shape, values, name, model_name)
