@@ -4,6 +4,9 @@ against the bundled ``add_sub`` example model and the decoupled ``square_int32``
 
 from __future__ import annotations
 
+import concurrent.futures
+import http.client
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,16 +22,21 @@ PLUGINS = ROOT / "tests" / "plugins"
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpclient.InferenceServerClient]:
-    server: RunningServer = start_server(
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running: RunningServer = start_server(
         [EXAMPLES, STREAMING_MODELS],
         tmp_path_factory.mktemp("bls") / "server.log",
         pythonpath=(PLUGINS,),
     )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> Iterator[httpclient.InferenceServerClient]:
     http = httpclient.InferenceServerClient(server.http_url)
     yield http
     http.close()
-    assert server.stop() == 0, server.log()
 
 
 def add_sub_inputs(model_name: str) -> tuple[list[Any], np.ndarray, np.ndarray]:
@@ -97,3 +105,29 @@ def test_a_call_that_could_never_run_is_refused_not_left_hanging(
         in error.value.message()
     )
     assert loop(1) == [1]  # nothing is left stuck
+
+
+def test_a_decoupled_models_threads_call_the_server_after_execute_returned(
+    server: RunningServer,
+) -> None:
+    """bls_threads_proc answers from threads that call two models after its execute returned:
+    its worker must not take their answers for batches, nor a batch for an answer."""
+
+    def generate(value: int) -> Any:
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+        try:
+            body = json.dumps({"IN": value})
+            conn.request("POST", "/v2/models/bls_threads_proc/generate", body=body)
+            reply = conn.getresponse()
+            return reply.status, json.loads(reply.read())
+        finally:
+            conn.close()
+
+    for value in (0, 3):  # one after another: the calls come between batches
+        status, body = generate(value)
+        assert status == 200, body
+        assert body["ALL"] == value + 1  # the responses, and the final flag's empty one
+        assert body["ADDED"] == [value + 1.0] * 4
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # and while others run
+        replies = list(pool.map(generate, range(8)))
+    assert [body["ALL"] for _, body in replies] == [value + 1 for value in range(8)]

@@ -155,3 +155,8 @@ def test_a_missing_name_is_reported_under_the_module_name_models_use() -> None:
 
 def test_a_bls_model_name_may_be_bytes() -> None:
     assert pb_utils.InferenceRequest(model_name=b"add_sub").model_name() == "add_sub"
+
+
+def test_a_response_error_must_be_a_triton_error() -> None:
+    with pytest.raises(TypeError, match="'error' must be a TritonError"):
+        pb_utils.InferenceResponse(error="not an error")  # type: ignore[arg-type]

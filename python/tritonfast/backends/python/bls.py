@@ -73,10 +73,11 @@ async def execute_async(request: pb_utils.InferenceRequest, decoupled: bool) -> 
 
 
 def _responses(items: Iterator[Any]) -> Iterator[pb_utils.InferenceResponse]:
+    """The callee's responses as the model sees them; a final flag sent on its own comes as
+    an empty last response, as in Triton."""
     try:
         for item in items:
-            if item.result is not None:
-                yield _response(item.result)
+            yield pb_utils.InferenceResponse() if item.result is None else _response(item.result)
     except TritonError as error:
         yield _response(error)
 

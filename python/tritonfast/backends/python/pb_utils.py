@@ -407,6 +407,10 @@ class InferenceResponse:
             output_tensors = []
         if not isinstance(output_tensors, list):
             raise TritonModelException('"output_tensors" must be a list.')
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError(  # refused here, as Triton's binding refuses it
+                f"InferenceResponse(): 'error' must be a TritonError, not {type(error).__name__}"
+            )
         self._output_tensors = output_tensors
         self._error = error
         if isinstance(parameters, str):

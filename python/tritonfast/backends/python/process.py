@@ -49,6 +49,7 @@ import concurrent.futures
 import contextlib
 import io
 import itertools
+import logging
 import multiprocessing
 import os
 import queue
@@ -109,6 +110,7 @@ FINALS_WAIT_S = 60.0
 # smaller ones (quicker than handing the GIL to and fro) with it held.
 POOLED_COPY_BYTES = 64 * 1024
 
+log = logging.getLogger(__name__)
 _instance_serials = itertools.count()
 
 # A tensor's place: (name, datatype, shape, offset, nbytes, object place): at ``offset`` of the
@@ -737,17 +739,14 @@ def worker_main(
         return
     streams.send(("ready", CUSTOM_METRICS.state_if_changed(), instance.may_wait))
 
-    def other(message: tuple[Any, ...]) -> None:  # what arrives while a BLS call waits
-        if message[0] == "cancel":
-            streams.cancel(message[1])
-
-    server = workerbls.WorkerHandle(streams.send, conn.recv, other)
+    pipe = _PipeReader(conn, streams)
+    server = workerbls.WorkerHandle(streams.send, pipe.next_answer, _unexpected)
     handle.install(server)
     in_batch = threading.Event()
 
     def ask_server(name: str, labels: Labels, state: State) -> float | None:
-        # The pipe is the model's to use only while a batch runs: between batches this loop
-        # reads it (a decoupled model's threads, or finalize, get this worker's own value).
+        # Between batches the server may not be reading this worker's pipe (an instance
+        # driven from its own thread): outside a batch, this worker's own value.
         if not in_batch.is_set():
             return None
         return server.metric_value(metrics_source, name, labels, state)
@@ -759,14 +758,11 @@ def worker_main(
     objects = SharedObjects()
     try:
         while True:
-            message = conn.recv()
+            message = pipe.next_work()
             if message[0] == "finalize":
                 instance.finalize()
                 streams.send(("finalized",))
                 return
-            if message[0] == "cancel":
-                streams.cancel(message[1])
-                continue
             _, name, size, described, flags_name, flags_size, tokens = message
             segment = inputs.map(name, size)
             flags = cancel_flags.map(flags_name, flags_size).buffer
@@ -829,6 +825,58 @@ def worker_main(
         outputs.close()
         inputs.close()
         cancel_flags.close()
+
+
+class _PipeReader:
+    """The worker's one reader of its pipe, on a thread of its own: a model's threads call the
+    server (BLS, metric values) whenever they like, even after ``execute`` returned, and their
+    answers must not reach the loop that waits for the next batch (nor a batch them). Batches
+    and finalize go to that loop; answers to the server call under way (they are made one at
+    a time); cancellations straight to the streams."""
+
+    _GONE = ("gone",)  # the server went away
+
+    def __init__(self, conn: Connection, streams: WorkerStreams) -> None:
+        self._conn = conn
+        self._streams = streams
+        self._work: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        threading.Thread(target=self._read, name="tritonfast-pipe", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self._conn.recv()
+                kind = message[0]
+                if kind == "cancel":
+                    self._streams.cancel(message[1])
+                elif kind in workerbls.ANSWERS:
+                    self._answers.put(message)
+                else:
+                    self._work.put(message)
+        except (EOFError, OSError):
+            self._work.put(self._GONE)
+            self._answers.put(self._GONE)
+
+    def next_work(self) -> tuple[Any, ...]:
+        """The next batch (or finalize); EOFError once the server is gone."""
+        return self._checked(self._work.get())
+
+    def next_answer(self) -> tuple[Any, ...]:
+        """The next answer to the server call under way; EOFError once the server is gone."""
+        return self._checked(self._answers.get())
+
+    def _checked(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
+        if message is self._GONE:
+            self._work.put(message)  # for whoever asks next
+            self._answers.put(message)
+            raise EOFError("the server went away")
+        return message
+
+
+def _unexpected(message: tuple[Any, ...]) -> None:
+    """Only answers reach a waiting server call (see _PipeReader)."""
+    log.warning("a worker's server call got an unexpected message %r", message[0])
 
 
 class _WorkerRequest(InferRequest):

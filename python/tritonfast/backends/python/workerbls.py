@@ -124,6 +124,8 @@ class WorkerHandle:
 # What a worker asks the server for over its pipe: other models (BLS), and the value of one
 # of its custom metrics over every process (a model's instances may run in several).
 REQUESTS = ("bls", "bls_stream", "metric_value")
+# What the server answers them with.
+ANSWERS = ("bls_answer", "bls_item", "metric_answer")
 
 # Traces of requests sent to workers, by token: a traced request reaches its worker with a
 # TraceToken as its trace, which the model passes on (``trace=request.trace()``) to its BLS
