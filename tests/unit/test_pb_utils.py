@@ -160,3 +160,44 @@ def test_a_bls_model_name_may_be_bytes() -> None:
 def test_a_response_error_must_be_a_triton_error() -> None:
     with pytest.raises(TypeError, match="'error' must be a TritonError"):
         pb_utils.InferenceResponse(error="not an error")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda t: pb_utils.InferenceRequest(model_name="m", inputs=[None]), "model"),
+        (lambda t: pb_utils.InferenceRequest(model_name="m", inputs=None), "type"),
+        (lambda t: pb_utils.InferenceRequest(model_name=None, inputs=[t]), "type"),
+        (
+            lambda t: pb_utils.InferenceRequest(model_name="m", requested_output_names=[None]),
+            "type",
+        ),
+        (lambda t: pb_utils.InferenceRequest(model_name="m", requested_output_names=None), "type"),
+        (lambda t: pb_utils.InferenceRequest(model_name="m", correleation_id=None), "type"),
+        (lambda t: pb_utils.InferenceRequest(model_name="m", request_id=None), "type"),
+        (lambda t: pb_utils.InferenceRequest(model_name="m", model_version=None), "type"),
+        (lambda t: pb_utils.InferenceRequest(model_name="m", flags=None), "type"),
+        (lambda t: pb_utils.InferenceResponse(output_tensors=[None]), "model"),
+        (lambda t: pb_utils.InferenceResponse(output_tensors=None), "type"),
+        (lambda t: pb_utils.Tensor(None, np.zeros(2)), "type"),
+        (lambda t: pb_utils.Tensor("OUTPUT0", None), "type"),
+        (lambda t: pb_utils.Tensor.from_dlpack("OUTPUT0", None), "model"),
+        (lambda t: pb_utils.Logger.log("message", None), "type"),
+        (lambda t: pb_utils.Logger.log("message", 1), "type"),
+        (lambda t: pb_utils.Logger.log_info(None), "type"),
+    ],
+)
+def test_arguments_are_checked_as_tritons_binding_checks_them(make, error) -> None:
+    """The checks of Triton's argument_validation QA model: TypeError for a wrong type,
+    TritonModelException for what its C++ side refuses."""
+    tensor = pb_utils.Tensor("INPUT0", np.asarray([1, 2], dtype=np.int32))
+    expected = TypeError if error == "type" else pb_utils.TritonModelException
+    with pytest.raises(expected):
+        make(tensor)
+
+
+def test_well_formed_arguments_pass() -> None:
+    pb_utils.InferenceRequest(requested_output_names=[], inputs=[], model_name="m")
+    pb_utils.InferenceResponse(output_tensors=[])
+    pb_utils.Logger.log("level unspecified")
+    pb_utils.Logger.log("warned", pb_utils.LogLevel.WARNING)

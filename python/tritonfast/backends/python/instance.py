@@ -224,13 +224,13 @@ class PythonInstance(ModelInstance):
         params = request.parameters
         if not PROTOCOL_PARAMETERS.isdisjoint(params):
             params = {k: v for k, v in params.items() if k not in PROTOCOL_PARAMETERS}
-        pb_request = pb_utils.InferenceRequest(
-            model_name=request.model_name,
-            requested_output_names=wanted,
-            inputs=[pb_utils.Tensor._wrap(t.name, t.data, t.datatype) for t in request.inputs],
-            request_id=request.id,
-            correlation_id=request.parameters.get("sequence_id", 0),
-            parameters=params,
+        pb_request = pb_utils.InferenceRequest._of(
+            request.model_name,
+            wanted,
+            [pb_utils.Tensor._wrap(t.name, t.data, t.datatype) for t in request.inputs],
+            request.id,
+            request.parameters.get("sequence_id", 0),
+            params,
         )
         pb_request._origin = request
         pb_request._convert = self._convert

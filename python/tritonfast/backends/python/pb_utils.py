@@ -8,8 +8,10 @@ codec decoded (views of the request body where the protocol allows), never copie
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -145,6 +147,9 @@ class Tensor:
     __slots__ = ("_array", "_name", "_wire_dtype")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | str | None = None) -> None:
+        _argument("Tensor", "name", name, str)
+        if numpy_array is None:
+            raise TypeError("Tensor(): 'numpy_array' must be an array, not None")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         if array.dtype.type is np.str_ or array.dtype.kind == "V":
             raise TritonModelException(
@@ -222,10 +227,13 @@ class Tensor:
     @classmethod
     def from_dlpack(cls, name: str, capsule: Any) -> Tensor:
         """A tensor over DLPack memory (an object with __dlpack__, or a raw capsule)."""
-        if hasattr(capsule, "__dlpack__"):
-            array = np.from_dlpack(capsule)
-        else:
-            array = np.from_dlpack(_CapsuleHolder(capsule))
+        try:
+            if hasattr(capsule, "__dlpack__"):
+                array = np.from_dlpack(capsule)
+            else:
+                array = np.from_dlpack(_CapsuleHolder(capsule))
+        except (TypeError, ValueError, BufferError, RuntimeError) as error:
+            raise TritonModelException(f"from_dlpack: not a DLPack tensor: {error}") from None
         return cls(name, array)
 
     def __repr__(self) -> str:
@@ -265,8 +273,8 @@ class InferenceRequest:
     def __init__(
         self,
         model_name: str | bytes = "",
-        requested_output_names: list[str] | None = None,
-        inputs: list[Tensor] | None = None,
+        requested_output_names: Sequence[str] = (),
+        inputs: Sequence[Tensor] = (),
         request_id: str = "",
         correlation_id: int | str = 0,
         flags: int = 0,
@@ -274,21 +282,80 @@ class InferenceRequest:
         model_version: int = -1,
         parameters: dict[str, Any] | str | None = None,
         trace: InferenceTrace | None = None,
-        **_ignored: Any,
+        preferred_memory: Any = None,
     ) -> None:
+        # Arguments are checked as Triton's binding checks them: TypeError for a wrong type.
+        _argument("InferenceRequest", "model_name", model_name, (str, bytes))
+        _argument("InferenceRequest", "inputs", inputs, (list, tuple))
+        _argument(
+            "InferenceRequest", "requested_output_names", requested_output_names, (list, tuple)
+        )
+        for name in requested_output_names:
+            _argument("InferenceRequest", "requested_output_names", name, str)
+        _argument("InferenceRequest", "request_id", request_id, str)
+        _argument("InferenceRequest", "correlation_id", correlation_id, (int, str))
+        for what, number in (
+            ("flags", flags),
+            ("timeout", timeout),
+            ("model_version", model_version),
+        ):
+            _argument("InferenceRequest", what, number, int)
+        if not all(isinstance(tensor, Tensor) for tensor in inputs):
+            raise TritonModelException("InferenceRequest: every input must be a Tensor")
         # Models often pass a name read from a BYTES tensor as it is: Triton takes bytes too.
-        self._model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
-        self._model_version = model_version
-        self._requested_output_names = list(requested_output_names or [])
-        self._inputs = list(inputs or [])
-        self._request_id = request_id
-        self._correlation_id = correlation_id
-        self._flags = flags
-        self._timeout = timeout
+        if isinstance(model_name, bytes):
+            model_name = model_name.decode()
         if isinstance(parameters, str):
             parameters = json.loads(parameters) if parameters else {}
-        self._parameters: dict[str, Any] = parameters or {}
-        self._trace = trace
+        self._set(
+            model_name,
+            list(requested_output_names),
+            list(inputs),
+            request_id,
+            correlation_id,
+            parameters or {},
+        )
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._trace: InferenceTrace | None = trace
+
+    @classmethod
+    def _of(
+        cls,
+        model_name: str,
+        requested_output_names: list[str],
+        inputs: list[Tensor],
+        request_id: str,
+        correlation_id: int | str,
+        parameters: dict[str, Any],
+    ) -> InferenceRequest:
+        """A request the backend builds for ``execute`` (its arguments are known good)."""
+        request = cls.__new__(cls)
+        request._set(
+            model_name, requested_output_names, inputs, request_id, correlation_id, parameters
+        )
+        return request
+
+    def _set(
+        self,
+        model_name: str,
+        requested_output_names: list[str],
+        inputs: list[Tensor],
+        request_id: str,
+        correlation_id: int | str,
+        parameters: dict[str, Any],
+    ) -> None:
+        self._model_name = model_name
+        self._requested_output_names = requested_output_names
+        self._inputs = inputs
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._parameters: dict[str, Any] = parameters
+        self._model_version = -1
+        self._flags = 0
+        self._timeout = 0
+        self._trace = None
         self._cancelled = False
         # The server-side request this wraps (set by the backend), and the backend's
         # conversion of a model's InferenceResponse for it (what its response sender sends).
@@ -399,14 +466,14 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: list[Tensor] | None = None,
+        output_tensors: list[Tensor] | tuple[Tensor, ...] = (),
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        if output_tensors is None:
-            output_tensors = []
-        if not isinstance(output_tensors, list):
-            raise TritonModelException('"output_tensors" must be a list.')
+        _argument("InferenceResponse", "output_tensors", output_tensors, (list, tuple))
+        output_tensors = list(output_tensors)
+        if not all(isinstance(tensor, Tensor) for tensor in output_tensors):
+            raise TritonModelException("InferenceResponse: every output must be a Tensor")
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(  # refused here, as Triton's binding refuses it
                 f"InferenceResponse(): 'error' must be a TritonError, not {type(error).__name__}"
@@ -536,7 +603,7 @@ def _norm(value: Any) -> Any:
     return value
 
 
-class LogLevel:
+class LogLevel(enum.IntEnum):
     INFO = 0
     WARNING = 1
     ERROR = 2
@@ -549,7 +616,9 @@ class Logger:
     _log = logging.getLogger("tritonfast.model")
 
     @classmethod
-    def log(cls, message: str, level: int = LogLevel.INFO) -> None:
+    def log(cls, message: str, level: LogLevel = LogLevel.INFO) -> None:
+        _argument("Logger.log", "message", message, str)
+        _argument("Logger.log", "level", level, LogLevel)  # a LogLevel, not a number
         python_level = {
             LogLevel.INFO: logging.INFO,
             LogLevel.WARNING: logging.WARNING,
@@ -573,6 +642,12 @@ class Logger:
     @classmethod
     def log_verbose(cls, message: str) -> None:
         cls.log(message, LogLevel.VERBOSE)
+
+
+def _argument(function: str, name: str, value: Any, kinds: type | tuple[type, ...]) -> None:
+    """TypeError for an argument of the wrong type, as Triton's (pybind11) binding raises."""
+    if not isinstance(value, kinds) or (isinstance(value, bool) and kinds is int):
+        raise TypeError(f"{function}(): '{name}' cannot be {type(value).__name__}")
 
 
 # -- custom metrics ---------------------------------------------------------------------------
