@@ -321,20 +321,11 @@ class InferenceRequest:
         self._trace: InferenceTrace | None = trace
 
     @classmethod
-    def _of(
-        cls,
-        model_name: str,
-        requested_output_names: list[str],
-        inputs: list[Tensor],
-        request_id: str,
-        correlation_id: int | str,
-        parameters: dict[str, Any],
-    ) -> InferenceRequest:
-        """A request the backend builds for ``execute`` (its arguments are known good)."""
+    def _of(cls, *fields: Any) -> InferenceRequest:
+        """A request the backend builds for ``execute``, whose fields (those of :meth:`_set`)
+        are known good: no checks on the path of every request."""
         request = cls.__new__(cls)
-        request._set(
-            model_name, requested_output_names, inputs, request_id, correlation_id, parameters
-        )
+        request._set(*fields)
         return request
 
     def _set(
