@@ -45,6 +45,7 @@ model sends it after ``execute`` returned).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import io
@@ -828,50 +829,61 @@ def worker_main(
 
 
 class _PipeReader:
-    """The worker's one reader of its pipe, on a thread of its own: a model's threads call the
-    server (BLS, metric values) whenever they like, even after ``execute`` returned, and their
-    answers must not reach the loop that waits for the next batch (nor a batch them). Batches
-    and finalize go to that loop; answers to the server call under way (they are made one at
-    a time); cancellations straight to the streams."""
-
-    _GONE = ("gone",)  # the server went away
+    """Who reads the worker's pipe. A model's threads call the server (BLS, metric values)
+    whenever they like, even after ``execute`` returned, while the worker's loop waits for the
+    next batch: whoever waits reads, one at a time, and hands over what is for the other
+    (batches and finalize for the loop, answers for the server call under way, made one at a
+    time); cancellations go straight to the streams. So the common cases cost no hand-over:
+    the loop reads its batches itself, a call made while a batch runs reads its answer."""
 
     def __init__(self, conn: Connection, streams: WorkerStreams) -> None:
         self._conn = conn
         self._streams = streams
-        self._work: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._answers: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        threading.Thread(target=self._read, name="tritonfast-pipe", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            while True:
-                message = self._conn.recv()
-                kind = message[0]
-                if kind == "cancel":
-                    self._streams.cancel(message[1])
-                elif kind in workerbls.ANSWERS:
-                    self._answers.put(message)
-                else:
-                    self._work.put(message)
-        except (EOFError, OSError):
-            self._work.put(self._GONE)
-            self._answers.put(self._GONE)
+        self._changed = threading.Condition()
+        self._work: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._answers: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._reading = False  # someone is in recv
+        self._gone = False  # the server went away
 
     def next_work(self) -> tuple[Any, ...]:
         """The next batch (or finalize); EOFError once the server is gone."""
-        return self._checked(self._work.get())
+        return self._take(self._work)
 
     def next_answer(self) -> tuple[Any, ...]:
         """The next answer to the server call under way; EOFError once the server is gone."""
-        return self._checked(self._answers.get())
+        return self._take(self._answers)
 
-    def _checked(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
-        if message is self._GONE:
-            self._work.put(message)  # for whoever asks next
-            self._answers.put(message)
-            raise EOFError("the server went away")
-        return message
+    def _take(self, mine: collections.deque[tuple[Any, ...]]) -> tuple[Any, ...]:
+        with self._changed:
+            while not mine and self._reading and not self._gone:
+                self._changed.wait()
+            if mine:
+                return mine.popleft()
+            if self._gone:
+                raise EOFError("the server went away")
+            self._reading = True
+        try:
+            while True:
+                try:
+                    message = self._conn.recv()
+                except (EOFError, OSError):
+                    with self._changed:
+                        self._gone = True
+                    raise EOFError("the server went away") from None
+                kind = message[0]
+                if kind == "cancel":
+                    self._streams.cancel(message[1])
+                    continue
+                theirs = self._answers if kind in workerbls.ANSWERS else self._work
+                if theirs is mine:
+                    return message
+                with self._changed:
+                    theirs.append(message)
+                    self._changed.notify_all()
+        finally:
+            with self._changed:
+                self._reading = False
+                self._changed.notify_all()
 
 
 def _unexpected(message: tuple[Any, ...]) -> None:
