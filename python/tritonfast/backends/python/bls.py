@@ -56,8 +56,8 @@ async def execute_async(request: pb_utils.InferenceRequest, decoupled: bool) -> 
             server = handle.current()
             if server.streams_from_any_thread:
                 return _Responses.received_meanwhile(server.stream(server_request))
-            # A worker's call reads its pipe, which is the model's to use only while its batch
-            # runs: all of the call's responses come in before the model goes on.
+            # In a worker, the server may read the pipe only while the batch runs: all of the
+            # call's responses come in before the model goes on.
             stream = server.stream(server_request)
             return _Responses.of(await asyncio.to_thread(lambda: list(_responses(stream))))
         except TritonError as error:  # no server, or a wait the server refuses

@@ -462,7 +462,8 @@ class InferenceResponse:
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
         _argument("InferenceResponse", "output_tensors", output_tensors, (list, tuple))
-        output_tensors = list(output_tensors)
+        if type(output_tensors) is not list:  # (a model's own list is kept, not copied)
+            output_tensors = list(output_tensors)
         if not all(isinstance(tensor, Tensor) for tensor in output_tensors):
             raise TritonModelException("InferenceResponse: every output must be a Tensor")
         if error is not None and not isinstance(error, TritonError):

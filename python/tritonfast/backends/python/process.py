@@ -50,7 +50,6 @@ import concurrent.futures
 import contextlib
 import io
 import itertools
-import logging
 import multiprocessing
 import os
 import queue
@@ -111,7 +110,6 @@ FINALS_WAIT_S = 60.0
 # smaller ones (quicker than handing the GIL to and fro) with it held.
 POOLED_COPY_BYTES = 64 * 1024
 
-log = logging.getLogger(__name__)
 _instance_serials = itertools.count()
 
 # A tensor's place: (name, datatype, shape, offset, nbytes, object place): at ``offset`` of the
@@ -741,7 +739,7 @@ def worker_main(
     streams.send(("ready", CUSTOM_METRICS.state_if_changed(), instance.may_wait))
 
     pipe = _PipeReader(conn, streams)
-    server = workerbls.WorkerHandle(streams.send, pipe.next_answer, _unexpected)
+    server = workerbls.WorkerHandle(streams.send, pipe.next_answer)
     handle.install(server)
     in_batch = threading.Event()
 
@@ -884,11 +882,6 @@ class _PipeReader:
             with self._changed:
                 self._reading = False
                 self._changed.notify_all()
-
-
-def _unexpected(message: tuple[Any, ...]) -> None:
-    """Only answers reach a waiting server call (see _PipeReader)."""
-    log.warning("a worker's server call got an unexpected message %r", message[0])
 
 
 class _WorkerRequest(InferRequest):

@@ -27,9 +27,6 @@ from tritonfast.runtime.handle import NotRun
 from tritonfast.runtime.responses import Streamed
 from tritonfast.runtime.types import InferRequest, InferResponse
 
-# Which end of the pipe the worker reads other messages with while it waits for an answer.
-Other = Callable[[tuple[Any, ...]], None]
-
 
 def _strip(request: InferRequest) -> None:
     """What of a worker's BLS request does not travel: all but a parent trace's token."""
@@ -39,29 +36,27 @@ def _strip(request: InferRequest) -> None:
 
 
 class WorkerHandle:
-    """The server handle inside a worker process: each call is a round trip on the pipe."""
+    """The server handle inside a worker process: each call is a round trip on the pipe,
+    one at a time (``recv`` gives the answers to them, nothing else)."""
 
-    # Its calls read the worker's own pipe, which only the batch running may use.
+    # Some instances' pipes are read by the server only while a batch runs (those driven from
+    # their own thread): a call's answers are taken before the model goes on.
     streams_from_any_thread = False
 
-    def __init__(
-        self, send: Callable[[tuple[Any, ...]], None], recv: Callable[[], Any], other: Other
-    ) -> None:
+    def __init__(self, send: Callable[[tuple[Any, ...]], None], recv: Callable[[], Any]) -> None:
         self._send = send
         self._recv = recv
-        self._other = other  # messages for someone else (cancellations) that arrive meanwhile
         self._lock = threading.Lock()
+
+    def _call(self, message: tuple[Any, ...]) -> Any:
+        """Send ``message`` and return its (first) answer."""
+        with self._lock:
+            self._send(message)
+            return self._recv()
 
     def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse:
         _strip(request)
-        with self._lock:
-            self._send(("bls", request, timeout))
-            while True:
-                message = self._recv()
-                if message[0] == "bls_answer":
-                    break
-                self._other(message)
-        _, kind, payload = message
+        _, kind, payload = self._call(("bls", request, timeout))
         if kind == "ok":
             return payload  # type: ignore[no-any-return]
         if kind == "timeout":
@@ -77,13 +72,7 @@ class WorkerHandle:
     def metric_value(self, source: str, name: str, labels: Labels, state: State) -> float:
         """A custom metric's value over the server and all its workers (``source``: the key
         the server keeps this worker's metrics under)."""
-        with self._lock:
-            self._send(("metric_value", source, state, name, labels))
-            while True:
-                message = self._recv()
-                if message[0] == "metric_answer":
-                    return float(message[1])
-                self._other(message)
+        return float(self._call(("metric_value", source, state, name, labels))[1])
 
     def check(self, request: InferRequest) -> None:
         """Checked by the server as the call runs (one round trip instead of two)."""
@@ -99,15 +88,10 @@ class WorkerHandle:
         items = []
         with self._lock:
             self._send(("bls_stream", request, None))
-            while True:
-                message = self._recv()
-                if message[0] != "bls_item":
-                    self._other(message)
-                    continue
-                _, kind, payload, final = message
+            final = False
+            while not final:
+                _, kind, payload, final = self._recv()
                 items.append((kind, payload, final))
-                if final:
-                    break
         for kind, payload, final in items:
             if kind == "ok":
                 yield Streamed(payload, final)
