@@ -1,9 +1,10 @@
 """The Prometheus endpoint on the metrics port (``GET /metrics``), with Triton's metrics.
 
 Nothing is counted per request in Python: at scrape time :class:`InferenceMetrics` reads each
-served model version's counters from the Rust core, :class:`CpuMetrics` reads ``/proc``, and
-:class:`ModelMetrics` exports the families models made with ``pb_utils.MetricFamily``. They
-are prometheus-client collectors on one registry.
+served model version's counters from the Rust core, :class:`CpuMetrics` reads ``/proc``,
+:class:`PinnedMemoryMetrics` reports the (absent) pinned pool, and :class:`ModelMetrics`
+exports the families models made with ``pb_utils.MetricFamily``. They are prometheus-client
+collectors on one registry.
 
 The text is written as Triton writes it: counters keep their names (prometheus-client's own
 writer would rename them ``*_total``), integral values print without a fraction, and metrics
@@ -287,6 +288,28 @@ class InferenceMetrics(Collector):
         )
 
 
+class PinnedMemoryMetrics(Collector):
+    """Triton's pinned memory pool gauges, always 0: tritonfast keeps no pool of page-locked
+    host memory (tensors stay in ordinary memory and shared-memory segments, and CUDA copies
+    go through the client's own buffers), so the pool is as empty as a Triton's without CUDA,
+    which exports the same two zeros. Exported so that dashboards and alerts built on the
+    names find them."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield _family(
+            "nv_pinned_memory_pool_total_bytes",
+            "Pinned memory pool total memory size, in bytes",
+            "gauge",
+            [({}, 0)],
+        )
+        yield _family(
+            "nv_pinned_memory_pool_used_bytes",
+            "Pinned memory pool used memory size, in bytes",
+            "gauge",
+            [({}, 0)],
+        )
+
+
 class CpuMetrics(Collector):
     """Triton's CPU metrics from ``/proc``: utilization since the previous scrape, memory."""
 
@@ -520,6 +543,7 @@ def metrics_registry(
     """A registry with Triton's metrics for ``repository`` and the models' own."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceMetrics(repository, config))
+    registry.register(PinnedMemoryMetrics())
     if gpu:
         registry.register(GpuMetrics())
     if cpu:

@@ -79,6 +79,8 @@ def test_families_and_help_texts_are_tritons(server: Any) -> None:
         "nv_cpu_utilization",
         "nv_cpu_memory_total_bytes",
         "nv_cpu_memory_used_bytes",
+        "nv_pinned_memory_pool_total_bytes",
+        "nv_pinned_memory_pool_used_bytes",
     ):
         assert f"# TYPE {name} gauge\n" in text
     assert (
@@ -93,6 +95,9 @@ def test_families_and_help_texts_are_tritons(server: Any) -> None:
     assert 0.0 <= value(samples, "nv_cpu_utilization") <= 1.0
     total = value(samples, "nv_cpu_memory_total_bytes")
     assert 0 < value(samples, "nv_cpu_memory_used_bytes") < total
+    # No pinned pool here: both zero, as a Triton without CUDA exports them.
+    assert value(samples, "nv_pinned_memory_pool_total_bytes") == 0
+    assert value(samples, "nv_pinned_memory_pool_used_bytes") == 0
 
 
 def test_counters_match_the_requests_sent(server: Any) -> None:
