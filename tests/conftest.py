@@ -85,14 +85,16 @@ def start_server(
     *extra: str,
     wait_ready: bool = True,
     pythonpath: tuple[Path, ...] = (),
+    new_session: bool = False,
 ) -> RunningServer:
     """Start ``python -m tritonfast serve`` and wait (bounded) until it answers /v2/health/live.
-    ``pythonpath``: folders the server's interpreter finds modules in first.
+    ``pythonpath``: folders the server's interpreter finds modules in first. ``new_session``:
+    the server leads a process group of its own (with its workers), which a test may signal.
 
     A free port can still be taken by some other socket between picking it and the server
     binding it; a server that exits for that reason is started again on fresh ports."""
     for attempt in range(3):
-        server = _launch(repositories, log_path, extra, pythonpath)
+        server = _launch(repositories, log_path, extra, pythonpath, new_session)
         if not wait_ready:
             return server
         try:
@@ -113,7 +115,11 @@ class _ExitedEarly(Exception):
 
 
 def _launch(
-    repositories: list[Path], log_path: Path, extra: tuple[str, ...], pythonpath: tuple[Path, ...]
+    repositories: list[Path],
+    log_path: Path,
+    extra: tuple[str, ...],
+    pythonpath: tuple[Path, ...],
+    new_session: bool,
 ) -> RunningServer:
     http, grpc, metrics = free_ports(3)
     cmd = [sys.executable, "-m", "tritonfast", "serve"]
@@ -135,7 +141,13 @@ def _launch(
         )
     log_file = log_path.open("w")
     proc = subprocess.Popen(
-        cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
+        cmd,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        start_new_session=new_session,
     )
     return RunningServer(proc, http, grpc, metrics, log_path, log_file)
 

@@ -96,6 +96,7 @@ def test_model_logs_obey_the_switches(server: Any, model: str) -> None:
         found = wait_for_lines(server.log, marker, 3)
         assert [line[0] for line in found] == ["I", "W", "E"]
         assert all(DEFAULT_LINE.match(line) for line in found), found
+        assert all(" model.py:" in line for line in found), found  # where the model logged
         assert f'"{marker} info"' in found[0]
 
         client.update_log_settings({"log_verbose_level": 1, "log_info": False})

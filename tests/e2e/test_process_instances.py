@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import threading
 import time
 from typing import Any
@@ -311,3 +312,49 @@ def test_unloading_a_worker_model_is_not_held_up_by_a_client_that_stopped_readin
         client.stop_stream(cancel_requests=True)
         client.close()
         server.stop()
+
+
+STUB_LIKE = """
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.mark = args["model_repository"] + "/finalized"
+
+    def execute(self, requests):
+        argv = np.array([word.encode() for word in sys.argv], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ARGV", argv)]) for _ in requests]
+
+    def finalize(self):
+        with open(self.mark, "w") as mark:
+            mark.write("finalized")
+"""
+
+STUB_LIKE_CONFIG = """
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "ARGV" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+
+
+def test_a_worker_is_what_tritons_stub_is_to_its_model_argv_and_signals(tmp_path) -> None:
+    """The model sees ``sys.argv == ['']``, and a SIGTERM sent to the server's whole process
+    group (as a shell or a supervisor may send it) still has the model finalized."""
+    model = tmp_path / "repo" / "stub_like"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(STUB_LIKE)
+    (model / "config.pbtxt").write_text(STUB_LIKE_CONFIG)
+    server = start_server([tmp_path / "repo"], tmp_path / "server.log", new_session=True)
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        tensor = httpclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], np.int32))
+        assert client.infer("stub_like", [tensor]).as_numpy("ARGV").tolist() == [b""]
+    finally:
+        client.close()
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        assert server.wait_exit(30) == 0
+    assert (model / "finalized").read_text() == "finalized"  # args["model_repository"]

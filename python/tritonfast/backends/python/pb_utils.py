@@ -603,37 +603,51 @@ class LogLevel(enum.IntEnum):
 
 
 class Logger:
-    """Model logging routed into the server's log (``pb_utils.Logger.log_info(...)``)."""
+    """Model logging routed into the server's log (``pb_utils.Logger.log_info(...)``). A record
+    names the model's file and line that logged it, as Triton's do. The levels are also
+    attributes of the class (``pb_utils.Logger.INFO``, ``pb_utils.Logger.LogLevel``), as in
+    Triton's binding."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     _log = logging.getLogger("tritonfast.model")
 
     @classmethod
     def log(cls, message: str, level: LogLevel = LogLevel.INFO) -> None:
-        _argument("Logger.log", "message", message, str)
-        _argument("Logger.log", "level", level, LogLevel)  # a LogLevel, not a number
+        cls._emit(message, level, "Logger.log")
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls._emit(message, LogLevel.INFO, "Logger.log_info")
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls._emit(message, LogLevel.WARNING, "Logger.log_warn")
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls._emit(message, LogLevel.ERROR, "Logger.log_error")
+
+    @classmethod
+    def log_verbose(cls, message: str) -> None:
+        cls._emit(message, LogLevel.VERBOSE, "Logger.log_verbose")
+
+    @classmethod
+    def _emit(cls, message: str, level: LogLevel, function: str) -> None:
+        """Called by the public methods only: the record's location is their caller's."""
+        _argument(function, "message", message, str)
+        _argument(function, "level", level, LogLevel)  # a LogLevel, not a number
         python_level = {
             LogLevel.INFO: logging.INFO,
             LogLevel.WARNING: logging.WARNING,
             LogLevel.ERROR: logging.ERROR,
             LogLevel.VERBOSE: logging.DEBUG,
         }.get(level, logging.INFO)
-        cls._log.log(python_level, "%s", message)
-
-    @classmethod
-    def log_info(cls, message: str) -> None:
-        cls.log(message, LogLevel.INFO)
-
-    @classmethod
-    def log_warn(cls, message: str) -> None:
-        cls.log(message, LogLevel.WARNING)
-
-    @classmethod
-    def log_error(cls, message: str) -> None:
-        cls.log(message, LogLevel.ERROR)
-
-    @classmethod
-    def log_verbose(cls, message: str) -> None:
-        cls.log(message, LogLevel.VERBOSE)
+        cls._log.log(python_level, "%s", message, stacklevel=3)
 
 
 def _argument(function: str, name: str, value: Any, kinds: type | tuple[type, ...]) -> None:

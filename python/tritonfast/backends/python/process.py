@@ -54,6 +54,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -691,8 +692,19 @@ def auto_complete_in_worker(model_file: Path, config: model_config_pb2.ModelConf
     config.CopyFrom(model_config_pb2.ModelConfig.FromString(payload))
 
 
-def _auto_complete_main(conn: Connection, model_file: str, config_bytes: bytes) -> None:
+def _as_tritons_stub() -> None:
+    """What a model finds in its process, as in Triton's Python stub: SIGINT and SIGTERM are
+    ignored, since the server decides when the model stops (Ctrl-C in a terminal, or a
+    SIGTERM sent to the whole process group, reaches the workers too, and the server still
+    has their models finalized), and ``sys.argv`` is ``['']`` rather than the server's
+    command line (Triton's QA models run ``unittest.main`` in ``execute``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.argv = [""]
+
+
+def _auto_complete_main(conn: Connection, model_file: str, config_bytes: bytes) -> None:
+    _as_tritons_stub()
     from tritonfast.backends.python.loader import auto_complete, load_model_class
 
     workerlog.forward_model_logs(conn.send)
@@ -717,8 +729,7 @@ def worker_main(
     metrics_source: str,
 ) -> None:
     """Entry point of a worker process: load and initialize the model, then serve batches."""
-    # Ctrl-C in a terminal reaches the whole process group; the server decides when we stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _as_tritons_stub()
     from tritonfast.backends.python.instance import PythonInstance
     from tritonfast.backends.python.loader import load_model_class
 

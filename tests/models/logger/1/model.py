@@ -10,7 +10,7 @@ class TritonPythonModel:
             text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
             marker = text[0].decode()
             logger = pb_utils.Logger
-            logger.log_info(f"{marker} info")
+            logger.log(f"{marker} info", logger.INFO)  # the level as Logger's attribute
             logger.log_warn(f"{marker} warning")
             logger.log_error(f"{marker} error")
             logger.log_verbose(f"{marker} verbose")
