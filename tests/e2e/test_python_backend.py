@@ -190,3 +190,124 @@ def test_an_output_the_config_does_not_declare_is_dropped(tmp_path) -> None:
         client.close()
     finally:
         assert server.stop() == 0
+
+
+EXITER_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "CALLS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "MODE" } }
+"""
+EXITER_MODEL = """
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.calls = 0
+
+    def execute(self, requests):
+        self.calls += 1
+        if pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0] == 7:
+            sys.exit(3)
+        calls = np.array([self.calls], dtype=np.int32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("CALLS", calls)]) for _ in requests]
+"""
+
+# Two requests in one batch: the one with X == 1 is answered through its response sender and
+# left None in the returned list, the other by the list.
+HALF_SENDER_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "MODE" } }
+"""
+HALF_SENDER_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        returned = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)])
+            if x[0, 0] == 1:
+                request.get_response_sender().send(
+                    response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                )
+                returned.append(None)
+            else:
+                returned.append(response)
+        return returned
+"""
+
+DECOUPLED_RETURNER_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "MODE" } }
+"""
+DECOUPLED_RETURNER_MODEL = """
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_what_a_model_returns_or_raises_is_taken_as_tritons_stub_takes_it(tmp_path, mode) -> None:
+    repo = tmp_path / "repo"
+    for name, config, model in (
+        ("exiter", EXITER_CONFIG, EXITER_MODEL),
+        ("half_sender", HALF_SENDER_CONFIG, HALF_SENDER_MODEL),
+        ("decoupled_returner", DECOUPLED_RETURNER_CONFIG, DECOUPLED_RETURNER_MODEL),
+    ):
+        write_model(repo, name, config.replace("MODE", mode), model)
+    server = start_server([repo], tmp_path / "server.log")
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=2)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def x_input(module, value: int, shape: list[int]):
+        tensor = module.InferInput("X", shape, "INT32")
+        tensor.set_data_from_numpy(np.full(shape, value, dtype=np.int32))
+        return [tensor]
+
+    try:
+        # sys.exit() in execute fails that call, as any exception does; the model lives on.
+        assert client.infer("exiter", x_input(httpclient, 1, [1])).as_numpy("CALLS")[0] == 1
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("exiter", x_input(httpclient, 7, [1]))
+        assert info.value.message().startswith(
+            "Failed to process the request(s) for model 'exiter_0', message: SystemExit: 3"
+        )
+        assert client.infer("exiter", x_input(httpclient, 1, [1])).as_numpy("CALLS")[0] == 3
+
+        # None in the returned list: that request's response went through its sender.
+        pending = [
+            client.async_infer("half_sender", x_input(httpclient, value, [1, 1]))
+            for value in (1, 2)
+        ]
+        assert [p.get_result().as_numpy("Y").tolist() for p in pending] == [[[10]], [[20]]]
+
+        # A decoupled model that returns something gets Triton's error on its stream.
+        answers: list = []
+        grpc.start_stream(callback=lambda result, error: answers.append(error))
+        grpc.async_stream_infer("decoupled_returner", x_input(grpcclient, 1, [1]))
+        grpc.stop_stream()
+        assert [str(error) for error in answers] == [
+            "Failed to process the request(s) for model 'decoupled_returner_0', message:"
+            " Python model 'decoupled_returner_0' is using the decoupled mode and the"
+            " execute function must return None."
+        ]
+    finally:
+        client.close()
+        grpc.close()
+        assert server.stop() == 0

@@ -42,6 +42,10 @@ from tritonfast.runtime.types import (
 
 log = logging.getLogger(__name__)
 
+# What a model's code may raise that fails its call rather than ending its process: Triton's
+# stub reports a SystemExit (``sys.exit()`` in ``execute``) as the call's error, too.
+_MODEL_FAILURES = (Exception, SystemExit)
+
 
 class PythonInstance(ModelInstance):
     def __init__(
@@ -95,7 +99,7 @@ class PythonInstance(ModelInstance):
             }
             try:
                 initialize(args)
-            except Exception as exc:
+            except _MODEL_FAILURES as exc:
                 raise InternalError(
                     f"Failed to initialize model instance '{instance_name}': {describe(exc)}"
                 ) from exc
@@ -107,7 +111,7 @@ class PythonInstance(ModelInstance):
         clock.inputs_ready()
         try:
             returned = self._call(self._model.execute, pb_requests, requests)
-        except Exception as exc:
+        except _MODEL_FAILURES as exc:
             return [self._failed(exc)] * len(requests)
         clock.infer_done()
         if self._decoupled:
@@ -139,7 +143,7 @@ class PythonInstance(ModelInstance):
         """A decoupled model answers through its senders only; anything it returns ends its
         requests with Triton's error."""
         if returned is not None:
-            error = InternalError(
+            error = self._failed_with(
                 f"Python model '{self._instance_name}' is using the decoupled mode and the"
                 " execute function must return None."
             )
@@ -165,6 +169,12 @@ class PythonInstance(ModelInstance):
             return [error] * count
         results: list[Result] = []
         for request, response in zip(requests, returned, strict=True):
+            if response is None:  # Triton's way to say: answered through its response sender
+                if request.sender is not None:
+                    results.append(None)  # type: ignore[arg-type]  # (as below)
+                else:
+                    results.append(self._unanswered(request))
+                continue
             result = self._from_pb(request, response)
             if request.sender is not None:
                 # The model also holds this request's sender: the returned response is its
@@ -176,6 +186,12 @@ class PythonInstance(ModelInstance):
                 result = None  # type: ignore[assignment]  # answered through the sender
             results.append(result)
         return results
+
+    def _unanswered(self, request: InferRequest) -> InternalError:
+        return InternalError(
+            f"model instance '{self._instance_name}' returned no response for request"
+            f" '{request.id}' and did not use its response sender"
+        )
 
     def _failed(self, exc: BaseException) -> InternalError:
         return self._failed_with(describe(exc))
@@ -196,7 +212,7 @@ class PythonInstance(ModelInstance):
         clock.inputs_ready()
         try:
             outputs = self._call(execute_batched, inputs, requests)
-        except Exception as exc:
+        except _MODEL_FAILURES as exc:
             return [self._failed(exc)] * len(requests)
         clock.infer_done()
         try:

@@ -602,6 +602,9 @@ class LogLevel(enum.IntEnum):
     VERBOSE = 3
 
 
+_Level = LogLevel  # the enum, where Logger's own LogLevel attribute would shadow it
+
+
 class Logger:
     """Model logging routed into the server's log (``pb_utils.Logger.log_info(...)``). A record
     names the model's file and line that logged it, as Triton's do. The levels are also
@@ -617,7 +620,7 @@ class Logger:
     _log = logging.getLogger("tritonfast.model")
 
     @classmethod
-    def log(cls, message: str, level: LogLevel = LogLevel.INFO) -> None:
+    def log(cls, message: str, level: _Level = _Level.INFO) -> None:
         cls._emit(message, level, "Logger.log")
 
     @classmethod
@@ -637,7 +640,7 @@ class Logger:
         cls._emit(message, LogLevel.VERBOSE, "Logger.log_verbose")
 
     @classmethod
-    def _emit(cls, message: str, level: LogLevel, function: str) -> None:
+    def _emit(cls, message: str, level: _Level, function: str) -> None:
         """Called by the public methods only: the record's location is their caller's."""
         _argument(function, "message", message, str)
         _argument(function, "level", level, LogLevel)  # a LogLevel, not a number
