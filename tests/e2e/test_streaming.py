@@ -508,17 +508,37 @@ def test_bls_calls_another_model_in_process(stream_server: RunningServer) -> Non
         client.close()
 
 
-def test_bls_call_timeout_fails_the_call_only(stream_server: RunningServer) -> None:
-    client = httpclient.InferenceServerClient(stream_server.http_url)
+def test_a_bls_call_timeout_is_the_callee_queues_business(stream_server: RunningServer) -> None:
+    """As in Triton, a BLS request's timeout is the request's queue timeout: a callee without
+    a queue policy that lets it apply runs the call however long it takes, one whose policy
+    does (REJECT, a default timeout that allow_timeout_override lets it shorten) refuses a call
+    that waited in its queue too long."""
+    client = httpclient.InferenceServerClient(stream_server.http_url, concurrency=2)
     try:
         tensor = httpclient.InferInput("X", [1], "INT32")
         tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
-        with pytest.raises(InferenceServerException) as caught:
-            client.infer("bls_timeout", [tensor], parameters={"timeout_us": 20_000})
-        assert caught.value.message() == "Request timeout expired"
-        # Without a timeout the same call waits for the callee's answer.
-        result = client.infer("bls_timeout", [tensor])
+        # sleeper takes 0.5 s, far past the 1 µs asked for: no queue policy, no timeout.
+        result = client.infer("bls_timeout", [tensor], parameters={"timeout_us": 1})
         assert result.as_numpy("SEEN_PARALLEL").shape == (1,)
+
+        # queued_sleeper has one instance, 0.5 s per call: of two calls made at once (by the
+        # two instances of bls_timeout) with a 20 ms timeout, one runs and the other expires
+        # in its queue, whichever comes first.
+        calls = [
+            client.async_infer(
+                "bls_timeout",
+                [tensor],
+                parameters={"callee": "queued_sleeper", "timeout_us": 20_000},
+            )
+            for _ in range(2)
+        ]
+        outcomes = []
+        for call in calls:
+            try:
+                outcomes.append(call.get_result().as_numpy("SEEN_PARALLEL").tolist())
+            except InferenceServerException as error:
+                outcomes.append(error.message())
+        assert sorted(outcomes, key=str) == ["Request timeout expired", [1]]
     finally:
         client.close()
 

@@ -49,22 +49,22 @@ class ServerHandle:
         self._loop = loop
         self._loop_thread = threading.get_ident()
 
-    def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse:
-        """Send ``request`` and wait for its one response; raises its TritonError, NotRun
-        when it was refused before running, or TimeoutError after ``timeout`` seconds (the
-        request is then cancelled). A model instance waiting here counts as busy with the
+    def infer(self, request: InferRequest) -> InferResponse:
+        """Send ``request`` and wait for its one response; raises its TritonError, or NotRun
+        when it was refused before running. (A request's ``timeout`` parameter is its queue's
+        business, as for any request.) A model instance waiting here counts as busy with the
         server (see :meth:`~tritonfast.runtime.scheduler.Scheduler.waiting_on_server`)."""
         self._may_wait()
         instance = running_instance()
         if instance is None:
-            return self._infer(request, timeout)
+            return self._infer(request)
         instance.waiting_on_server = True
         try:
-            return self._infer(request, timeout)
+            return self._infer(request)
         finally:
             instance.waiting_on_server = False
 
-    def _infer(self, request: InferRequest, timeout: float | None) -> InferResponse:
+    def _infer(self, request: InferRequest) -> InferResponse:
         sink: concurrent.futures.Future[InferResponse] = concurrent.futures.Future()
         # Straight into the model's queue from this thread when its scheduler allows (the
         # answer comes back from the instance that ran it), else through the loop.
@@ -75,17 +75,8 @@ class ServerHandle:
         except TritonError as error:
             raise NotRun(error) from None
         if submitted:
-            try:
-                return sink.result(timeout)
-            except TimeoutError:
-                request.cancelled = True
-                raise
-        future = asyncio.run_coroutine_threadsafe(self._dataplane.infer(request), self._loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise
+            return sink.result()
+        return asyncio.run_coroutine_threadsafe(self._dataplane.infer(request), self._loop).result()
 
     def is_decoupled(self, model: str, version: str = "") -> bool:
         """Whether ``model`` may answer a request with any number of responses."""
@@ -193,7 +184,7 @@ class Handle(Protocol):
 
     streams_from_any_thread: bool
 
-    def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse: ...
+    def infer(self, request: InferRequest) -> InferResponse: ...
     async def infer_async(self, request: InferRequest) -> InferResponse: ...
     def check(self, request: InferRequest) -> None: ...
     def is_decoupled(self, model: str, version: str = "") -> bool: ...

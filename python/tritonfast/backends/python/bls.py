@@ -37,16 +37,11 @@ def execute(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
             return iter([_response(error)])
         return _responses(items)
     try:
-        timeout = request.timeout() / 1e6 or None  # microseconds, as Triton's BLS takes it
-        return _response(handle.current().infer(server_request, timeout))
+        return _response(handle.current().infer(server_request))
     except NotRun as refused:
         return _not_run(server_request.model_name, refused.error)
     except TritonError as error:
         return _response(error)
-    except TimeoutError:
-        return pb_utils.InferenceResponse(
-            error=pb_utils.TritonError("Request timeout expired", pb_utils.TritonError.UNAVAILABLE)
-        )
 
 
 async def execute_async(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
@@ -172,6 +167,11 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 def _server_request(request: pb_utils.InferenceRequest) -> InferRequest:
     parameters = dict(request._parameters)
+    if request.timeout():
+        # The request's own timeout, as Triton sets it (TRITONSERVER_InferenceRequestSet-
+        # TimeoutMicroseconds): the callee's queue policy decides whether it applies, as for
+        # the "timeout" parameter of an HTTP or gRPC request. The call itself waits.
+        parameters["timeout"] = request.timeout()
     if request.correlation_id():
         parameters["sequence_id"] = request.correlation_id()
     flags = request.flags()

@@ -54,13 +54,11 @@ class WorkerHandle:
             self._send(message)
             return self._recv()
 
-    def infer(self, request: InferRequest, timeout: float | None = None) -> InferResponse:
+    def infer(self, request: InferRequest) -> InferResponse:
         _strip(request)
-        _, kind, payload = self._call(("bls", request, timeout))
+        _, kind, payload = self._call(("bls", request))
         if kind == "ok":
             return payload  # type: ignore[no-any-return]
-        if kind == "timeout":
-            raise TimeoutError
         error = error_for(Code(payload[0]), payload[1])
         if kind == "not_run":
             raise NotRun(error)
@@ -176,12 +174,10 @@ def serve(message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]) -> 
 
 
 def _answer(message: tuple[Any, ...]) -> tuple[Any, ...]:
-    _, request, timeout = message
+    _, request = message
     try:
-        return ("bls_answer", "ok", handle.current().infer(request, timeout))
+        return ("bls_answer", "ok", handle.current().infer(request))
     except NotRun as refused:
         return ("bls_answer", "not_run", (refused.error.code.value, refused.error.message))
     except TritonError as error:
         return ("bls_answer", "error", (error.code.value, error.message))
-    except TimeoutError:
-        return ("bls_answer", "timeout", None)
