@@ -88,3 +88,7 @@ _BY_CODE: dict[Code, type[TritonError]] = {
 def error_for(code: Code, message: str) -> TritonError:
     """The most specific exception class for ``code``."""
     return _BY_CODE[code](message)
+
+
+# How Triton refuses a single-response endpoint to a decoupled model (after the endpoint's name).
+DECOUPLED_REFUSAL = "doesn't support models with decoupled transaction policy"

@@ -496,6 +496,14 @@ def test_bls_calls_another_model_in_process(stream_server: RunningServer) -> Non
             " inference request. Model 'no_such_model' is not ready."
         )
         with pytest.raises(InferenceServerException) as caught:
+            client.infer("bls_double", [tensor], parameters={"callee": "repeat_py"})
+        assert caught.value.message() == (
+            "Model repeat_py - Error when running inference: Model repeat_py is using the"
+            " decoupled. The current BLS request call doesn't support models using the decoupled"
+            " transaction policy. Please use 'decoupled=True' argument to the 'exec' or"
+            " 'async_exec' calls for decoupled models.'"
+        )
+        with pytest.raises(InferenceServerException) as caught:
             client.infer("bls_double", [tensor], parameters={"callee": "identity_int32"})
         assert caught.value.message() == (
             "Model identity_int32 - Error when running inference: [request id: <id_unknown>]"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
 from tritonfast.config.jsonform import config_to_json
-from tritonfast.errors import InvalidArgumentError, UnsupportedError
+from tritonfast.errors import DECOUPLED_REFUSAL, InvalidArgumentError, UnsupportedError
 from tritonfast.logsettings import ServerLog
 from tritonfast.runtime.classification import wants_classification
 from tritonfast.runtime.responses import Streamed
@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from tritonfast.repository.control import ModelControl
     from tritonfast.repository.manager import ModelRepository
     from tritonfast.repository.model import ModelVersion
-
-# How Triton refuses a single-response endpoint to a decoupled model (after the endpoint's name).
-DECOUPLED_REFUSAL = "doesn't support models with decoupled transaction policy"
 
 # Protocol extensions this server implements (reported in server metadata).
 EXTENSIONS: tuple[str, ...] = (

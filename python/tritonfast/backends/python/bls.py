@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from tritonfast.backends.python import pb_utils
-from tritonfast.errors import Code, InternalError, TritonError
+from tritonfast.errors import DECOUPLED_REFUSAL, Code, InternalError, TritonError
 from tritonfast.runtime import handle
 from tritonfast.runtime.handle import NotRun
 from tritonfast.runtime.responses import Result, Streamed
@@ -201,6 +201,13 @@ def _not_run(model: str, error: TritonError) -> pb_utils.InferenceResponse:
     reason = error.message
     if error.code is Code.NOT_FOUND:
         reason = f"Failed for execute the inference request. Model '{model}' is not ready."
+    elif DECOUPLED_REFUSAL in reason:  # exec() without decoupled=True, to a decoupled model
+        reason = (
+            f"Model {model} is using the decoupled. The current BLS request call doesn't"
+            " support models using the decoupled transaction policy. Please use"
+            " 'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled"
+            " models.'"  # the stray quote is Triton's
+        )
     message = f"Model {model} - Error when running inference: {reason}"
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
