@@ -311,3 +311,97 @@ def test_what_a_model_returns_or_raises_is_taken_as_tritons_stub_takes_it(tmp_pa
         client.close()
         grpc.close()
         assert server.stop() == 0
+
+
+LOADER_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] } ]
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "MODE" } }
+"""
+LOADER_MODEL = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+UPLOADED_CONFIG = json.dumps({
+    "backend": "python",
+    "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
+    "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [1]}],
+})
+UPLOADED_MODEL = b"""
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y",
+            pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 100)]) for r in requests]
+"""
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            asked = json.loads(request.parameters())
+            action, target = asked["action"], asked["target"]
+            if action == "ready":
+                result = pb_utils.is_model_ready(target, asked.get("version", ""))
+            elif action == "load":
+                result = pb_utils.load_model(target)
+            elif action == "upload":
+                result = pb_utils.load_model(
+                    target, UPLOADED_CONFIG, {"file:1/model.py": UPLOADED_MODEL}
+                )
+            else:
+                result = pb_utils.unload_model(target)
+            text = np.array([str(result).encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("RESULT", text)]))
+        return responses
+'''
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_model_loads_and_unloads_models_with_tritons_model_loading_api(tmp_path, mode) -> None:
+    repo = tmp_path / "repo"
+    write_model(repo, "loader", LOADER_CONFIG.replace("MODE", mode), LOADER_MODEL)
+    write_model(repo, "extra_output", EXTRA_OUTPUT_CONFIG, EXTRA_OUTPUT_MODEL)
+    server = start_server(
+        [repo], tmp_path / "server.log", "--model-control-mode=explicit", "--load-model=loader"
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+
+    def ask(action: str, target: str, **more: str) -> str:
+        tensor = httpclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+        parameters = {"action": action, "target": target, **more}
+        result = client.infer("loader", [tensor], parameters=parameters)
+        return result.as_numpy("RESULT")[0].decode()
+
+    try:
+        assert ask("ready", "extra_output") == "False"
+        assert ask("load", "extra_output") == "None"
+        assert client.is_model_ready("extra_output")
+        assert ask("ready", "extra_output") == "True"
+        assert ask("ready", "extra_output", version="1") == "True"
+        assert ask("unload", "extra_output") == "None"
+        assert not client.is_model_ready("extra_output")
+
+        assert ask("upload", "uploaded") == "None"  # a config and files, not on disk
+        tensor = httpclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([5], dtype=np.int32))
+        assert client.infer("uploaded", [tensor]).as_numpy("Y").tolist() == [105]
+
+        with pytest.raises(InferenceServerException) as info:
+            ask("load", "no_such_model")
+        assert "TritonModelException: Failed to load model: " in info.value.message()
+        assert "no_such_model" in info.value.message()
+        with pytest.raises(InferenceServerException) as info:
+            ask("ready", "extra_output", version="abc")
+        assert (
+            "Failed to check model readiness: failed to get model version from specified"
+            " version string 'abc', version should be an integral value > 0"
+        ) in info.value.message()
+    finally:
+        client.close()
+        assert server.stop() == 0

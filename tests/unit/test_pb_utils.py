@@ -201,3 +201,17 @@ def test_well_formed_arguments_pass() -> None:
     pb_utils.InferenceResponse(output_tensors=[])
     pb_utils.Logger.log("level unspecified")
     pb_utils.Logger.log("warned", pb_utils.LogLevel.WARNING)
+
+
+def test_names_of_tritons_binding_that_models_use() -> None:
+    # Logger's levels as its attributes, the preferred memory of a BLS call.
+    assert pb_utils.Logger.INFO is pb_utils.LogLevel.INFO
+    assert pb_utils.Logger.LogLevel.VERBOSE is pb_utils.Logger.VERBOSE
+    preferred = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
+    assert preferred.preferred_memory_type == pb_utils.TRITONSERVER_MEMORY_CPU
+    request = pb_utils.InferenceRequest(
+        model_name="m", inputs=[], requested_output_names=[], preferred_memory=preferred
+    )
+    assert request.model_name() == "m"
+    with pytest.raises(TypeError):
+        pb_utils.PreferredMemory("CPU")  # type: ignore[arg-type]

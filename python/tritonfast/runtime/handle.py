@@ -16,7 +16,7 @@ import concurrent.futures
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.instance import running_instance
@@ -92,6 +92,24 @@ class ServerHandle:
             self._dataplane.check(request)
         except TritonError as error:
             raise NotRun(error) from None
+
+    # -- model control (pb_utils.load_model, unload_model, is_model_ready) --------------------
+    def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Load (or reload) ``name`` as the repository extension's load does, and wait until it
+        is done; raises its TritonError (e.g. when the server is not in explicit mode)."""
+        self._may_wait()
+        coroutine = self._dataplane.load_model(name, parameters)
+        asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        """Unload ``name`` as the repository extension's unload does, and wait until it is
+        done."""
+        self._may_wait()
+        coroutine = self._dataplane.unload_model(name, unload_dependents)
+        asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def model_ready(self, name: str, version: str) -> bool:
+        return self._dataplane.model_ready(name, version)
 
     async def infer_async(self, request: InferRequest) -> InferResponse:
         """Send ``request`` from a coroutine on any event loop and await its one response."""
@@ -191,6 +209,9 @@ class Handle(Protocol):
     def max_batch_size(self, model: str, version: str = "") -> int: ...
     def stream(self, request: InferRequest) -> Iterator[Streamed]: ...
     def stream_async(self, request: InferRequest) -> AsyncIterator[Streamed]: ...
+    def load_model(self, name: str, parameters: dict[str, Any]) -> None: ...
+    def unload_model(self, name: str, unload_dependents: bool) -> None: ...
+    def model_ready(self, name: str, version: str) -> bool: ...
 
 
 _current: Handle | None = None

@@ -109,8 +109,9 @@ def _ours(filename: str) -> bool:
     return filename.startswith(_OWN_CODE) and not filename.startswith(_BUNDLED_MODELS)
 
 
-# What a model calls to wait on the server (pb_utils InferenceRequest.exec / async_exec).
-SERVER_CALLS = frozenset(("exec", "async_exec"))
+# What a model calls to wait on the server (pb_utils InferenceRequest.exec / async_exec, and
+# the model loading API).
+SERVER_CALLS = frozenset(("exec", "async_exec", "load_model", "unload_model", "is_model_ready"))
 
 
 def calls_server(model_class: type) -> bool:

@@ -266,6 +266,33 @@ class InferenceTrace:
         return None
 
 
+class MemoryType(enum.IntEnum):
+    """Where a BLS call prefers its outputs (Triton's ``PreferredMemory`` memory types)."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """``InferenceRequest(..., preferred_memory=PreferredMemory(TRITONSERVER_MEMORY_CPU))``: where
+    a BLS call would like its outputs. A hint, as in Triton: the callee's outputs come back as
+    they are (host arrays from this server's backends)."""
+
+    def __init__(
+        self,
+        preferred_memory_type: MemoryType = TRITONSERVER_MEMORY_CPU,
+        preferred_device_id: int = 0,
+    ) -> None:
+        _argument("PreferredMemory", "preferred_memory_type", preferred_memory_type, MemoryType)
+        _argument("PreferredMemory", "preferred_device_id", preferred_device_id, int)
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
 class InferenceRequest:
     """A request as ``execute`` sees it, or one a model builds to call another model of the
     server (BLS: :meth:`exec`, :meth:`async_exec`)."""
@@ -282,7 +309,7 @@ class InferenceRequest:
         model_version: int = -1,
         parameters: dict[str, Any] | str | None = None,
         trace: InferenceTrace | None = None,
-        preferred_memory: Any = None,
+        preferred_memory: PreferredMemory | None = None,
     ) -> None:
         # Arguments are checked as Triton's binding checks them: TypeError for a wrong type.
         _argument("InferenceRequest", "model_name", model_name, (str, bytes))
@@ -593,6 +620,56 @@ def _norm(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
     return value
+
+
+# -- model control from a model (Triton's model loading API for BLS) ----------------------------
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) ``model_name`` as the repository extension's load does: ``config``
+    the model configuration as JSON, ``files`` its files by ``"file:<path>"`` (with a config).
+    Returns once it is loaded; TritonModelException when it fails (e.g. when the server is not
+    in explicit model control mode)."""
+    if files is not None and not isinstance(files, dict):
+        raise TritonModelException(
+            f"failed to load model '{model_name}', files should be a dictionary of file paths"
+            " and file contents"
+        )
+    parameters: dict[str, Any] = dict(files or {})
+    if config:
+        parameters["config"] = config
+    _control("Failed to load model", "load_model", model_name, parameters)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload ``model_name`` (and, with ``unload_dependents``, an ensemble's step models) as the
+    repository extension's unload does; returns once it is unloaded."""
+    _control("Failed to unload model", "unload_model", model_name, unload_dependents)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether ``model_name`` (``model_version``, an integer > 0 as a string; empty: the
+    model's versions as a whole) is ready."""
+    if model_version:
+        try:
+            valid = int(model_version) >= 0
+        except ValueError:
+            valid = False
+        if not valid:
+            raise TritonModelException(
+                "Failed to check model readiness: failed to get model version from specified"
+                f" version string '{model_version}', version should be an integral value > 0"
+            )
+    return bool(
+        _control("Failed to check model readiness", "model_ready", model_name, model_version)
+    )
+
+
+def _control(failure: str, operation: str, *arguments: Any) -> Any:
+    from tritonfast.runtime import handle
+
+    try:
+        return getattr(handle.current(), operation)(*arguments)
+    except ServerError as error:
+        raise TritonModelException(f"{failure}: {error.message}") from None
 
 
 class LogLevel(enum.IntEnum):

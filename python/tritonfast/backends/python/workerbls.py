@@ -98,16 +98,34 @@ class WorkerHandle:
             else:  # refused before it ran: raised, as the server's own handle raises it
                 raise error_for(Code(payload[0]), payload[1])
 
+    def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        self._control("load_model", name, parameters)
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self._control("unload_model", name, unload_dependents)
+
+    def model_ready(self, name: str, version: str) -> bool:
+        return bool(self._control("model_ready", name, version))
+
+    def _control(self, operation: str, *arguments: Any) -> Any:
+        _, kind, payload = self._call(("control", operation, arguments))
+        if kind == "error":
+            raise error_for(Code(payload[0]), payload[1])
+        return payload
+
     async def stream_async(self, request: InferRequest) -> AsyncIterator[Streamed]:
         for item in await asyncio.to_thread(lambda: list(self.stream(request))):
             yield item
 
 
-# What a worker asks the server for over its pipe: other models (BLS), and the value of one
-# of its custom metrics over every process (a model's instances may run in several).
-REQUESTS = ("bls", "bls_stream", "metric_value")
+# What a worker asks the server for over its pipe: other models (BLS), model control
+# (pb_utils.load_model and the like), and the value of one of its custom metrics over every
+# process (a model's instances may run in several).
+REQUESTS = ("bls", "bls_stream", "control", "metric_value")
 # What the server answers them with.
-ANSWERS = ("bls_answer", "bls_item", "metric_answer")
+ANSWERS = ("bls_answer", "bls_item", "control_answer", "metric_answer")
+# The model control calls a worker may make (methods of the server's handle).
+_CONTROL = ("load_model", "unload_model", "model_ready")
 
 # Traces of requests sent to workers, by token: a traced request reaches its worker with a
 # TraceToken as its trace, which the model passes on (``trace=request.trace()``) to its BLS
@@ -157,6 +175,9 @@ def serve(message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]) -> 
         _, source, state, name, labels = message
         send(("metric_answer", merged_value(name, labels, source, state)))
         return
+    if message[0] == "control":
+        send(_control(message[1], message[2]))
+        return
     request = message[1]
     _restore_parent(request)
     if message[0] == "bls":
@@ -181,3 +202,12 @@ def _answer(message: tuple[Any, ...]) -> tuple[Any, ...]:
         return ("bls_answer", "not_run", (refused.error.code.value, refused.error.message))
     except TritonError as error:
         return ("bls_answer", "error", (error.code.value, error.message))
+
+
+def _control(operation: str, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
+    if operation not in _CONTROL:
+        return ("control_answer", "error", (Code.INTERNAL.value, f"no such call: {operation}"))
+    try:
+        return ("control_answer", "ok", getattr(handle.current(), operation)(*arguments))
+    except TritonError as error:
+        return ("control_answer", "error", (error.code.value, error.message))
