@@ -1,4 +1,4 @@
-"""Missing-input refusals, worded as Triton's core words them."""
+"""Refusals of missing, extra and unknown inputs, worded as Triton's core words them."""
 
 from __future__ import annotations
 
@@ -44,3 +44,24 @@ def test_with_an_optional_input() -> None:
         " for model 'm'. Got input(s) [], but missing required input(s) ['A','B']. Please"
         " provide all required input(s)."
     )
+
+
+def test_more_inputs_than_the_model_has_are_counted_before_their_names() -> None:
+    # As Triton 2.51 words it, the empty list of missing inputs included.
+    assert refusal("false", ["A", "B", "C", "STATE"]) == (
+        "[request id: <id_unknown>] expected 3 inputs but got 4 inputs for model 'm'. Got"
+        " input(s) ['A','B','C','STATE'], but missing required input(s) ]. Please provide all"
+        " required input(s)."
+    )
+
+
+def test_too_few_inputs_are_counted_before_an_unknown_name() -> None:
+    assert refusal("false", ["X"]) == (
+        "[request id: <id_unknown>] expected 3 inputs but got 1 inputs for model 'm'. Got"
+        " input(s) ['X'], but missing required input(s) ['A','B','C']. Please provide all"
+        " required input(s)."
+    )
+
+
+def test_an_unknown_name_among_as_many_inputs_as_the_model_has() -> None:
+    assert refusal("false", ["A", "B", "X"]) == "unexpected inference input 'X' for model 'm'"

@@ -43,6 +43,10 @@ class RequestValidator:
         """Raise InvalidArgumentError for a bad request; return its batch size (1 if none)."""
         model = self.model_name
         batch_size = 1
+        count = len(request.inputs)
+        if count > len(self.inputs) or count < len(self._required):  # Triton counts first
+            sent = {t.name for t in request.inputs}
+            raise self._count_error(request, count, [n for n in self._required if n not in sent])
         seen: set[str] = set()
         for tensor in request.inputs:
             spec = self.inputs.get(tensor.name)
@@ -88,19 +92,7 @@ class RequestValidator:
                 raise _refused(request, f"{self._shape_error(tensor.name, tensor.shape, spec)}")
         missing = [n for n in self._required if n not in seen]
         if missing:
-            required, every = len(self._required), len(self.inputs)
-            expected = (
-                f"{every} inputs"
-                if required == every
-                else f"number of inputs between {required} and {every}"
-            )
-            raise _refused(
-                request,
-                f"expected {expected} but got {len(seen)} inputs for"
-                f" model '{model}'. Got input(s) {_name_list(t.name for t in request.inputs)},"
-                f" but missing required input(s) {_name_list(missing)}. Please provide all"
-                " required input(s).",
-            )
+            raise self._count_error(request, len(seen), missing)
         if request.outputs is not None:
             for output in request.outputs:
                 if output.name not in self.outputs:
@@ -108,6 +100,24 @@ class RequestValidator:
                         f"unexpected inference output '{output.name}' for model '{model}'"
                     )
         return batch_size
+
+    def _count_error(
+        self, request: InferRequest, count: int, missing: list[str]
+    ) -> InvalidArgumentError:
+        required, every = len(self._required), len(self.inputs)
+        expected = (
+            f"{every} inputs"
+            if required == every
+            else f"number of inputs between {required} and {every}"
+        )
+        # With none missing (too many inputs) Triton's list of them reads "]".
+        missing_list = _name_list(missing) if missing else "]"
+        return _refused(
+            request,
+            f"expected {expected} but got {count} inputs for model '{self.model_name}'. Got"
+            f" input(s) {_name_list(t.name for t in request.inputs)}, but missing required"
+            f" input(s) {missing_list}. Please provide all required input(s).",
+        )
 
     def _shape_error(self, name: str, shape: tuple[int, ...], spec: TensorSpec) -> str:
         expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
