@@ -466,10 +466,7 @@ class ProcessInstance(ModelInstance):
                 finish(None)
             else:
                 finish(self._results(reply))
-            # After the handlers the settled requests woke (scheduled by `finish`): waking the
-            # instance's thread is a system call that would otherwise come before their answers.
-            # The loop takes the thread's next batch only after them in any case.
-            loop.call_soon(release)
+            release()
 
         try:
             pipe.run(self._message(requests, tokens), requests, replied, senders)
