@@ -386,6 +386,11 @@ class SequenceBatcher:
         (a START once closed)."""
 
     def cancel(self, ticket: SequenceTicket) -> bool: ...
+    def end(self, correlation_id: int | str) -> None:
+        """Ends the live sequence ``correlation_id`` without a request (an iterative sequence
+        whose request was not rescheduled): it leaves its slot once none of its requests
+        waits."""
+
     def pop(self, instance: int, timeout_us: int) -> Batch | None:
         """Wait (GIL released) for a batch for ``instance``: a :class:`Batch` whose ``items``
         hold ``None`` at null entries, or whose ``rejected`` holds the requests of cancelled

@@ -485,6 +485,20 @@ impl<T> SequenceBatcher<T> {
         true
     }
 
+    /// Ends the live sequence `id` without a request of its own (an iterative sequence whose
+    /// request the backend did not reschedule): it takes no more requests and leaves its slot
+    /// once none of its requests waits. Nothing happens to an unknown or ended sequence.
+    pub fn end(&self, id: &CorrelationId) {
+        let mut state = self.state.lock();
+        if let Some(place) = state.live.remove(id) {
+            state.sequence_mut(place, id).ending = true;
+        }
+        drop(state);
+        for ready in &self.ready {
+            ready.notify_all();
+        }
+    }
+
     /// Closes the batcher (see the module docs).
     pub fn close(&self) {
         self.state.lock().closed = true;

@@ -347,6 +347,28 @@ fn oldest_batches_the_oldest_requests_without_null_entries() {
 }
 
 #[test]
+fn ending_a_sequence_without_a_request_frees_its_slot_for_the_backlog() {
+    let batcher = SequenceBatcher::new(direct(1, 1)).unwrap();
+    batcher.push(&id(1), true, false, 1, 1).unwrap();
+    batcher.push(&id(2), true, false, 2, 1).unwrap(); // waits in the backlog
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(1))]
+    );
+    batcher.end(&id(1));
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(2))]
+    );
+    // Sequence 1 is over: a request of it needs a START again.
+    assert_eq!(
+        batcher.push(&id(1), false, false, 11, 1).unwrap_err().code,
+        Code::InvalidArg
+    );
+    batcher.end(&id(7)); // unknown: nothing happens
+}
+
+#[test]
 fn close_refuses_new_sequences_and_drains_live_ones() {
     let mut config = direct(1, 1);
     config.max_sequence_idle = Duration::from_millis(50);

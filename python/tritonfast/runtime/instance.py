@@ -32,7 +32,7 @@ from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime import gcpause
 from tritonfast.runtime.responses import Result, Sink
-from tritonfast.runtime.types import InferRequest
+from tritonfast.runtime.types import RELEASE_RESCHEDULE, InferRequest
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +189,9 @@ class InstanceLoop:
         clock = PhaseClock()
 
         def finish(results: Sequence[Result] | None) -> None:
-            self._record(batch, requests, clock, results)
-            settle(batch.seq, [item[1] for item in items], results)
+            settled = _refuse_reschedules(self.name, requests, results)
+            self._record(batch, requests, clock, settled)
+            settle(batch.seq, [item[1] for item in items], settled)
 
         try:
             self._instance.execute_later(requests, clock, finish, release)
@@ -231,6 +232,7 @@ class InstanceLoop:
             log.exception("instance %s failed to execute a batch", self.name)
             return [InternalError(f"instance {self.name}: {exc}")] * len(requests)
         if results is None:
+            _refuse_reschedules(self.name, requests, None)
             if all(request.sender is not None for request in requests):
                 return None
             # A request that got no sender can get no response but this error.
@@ -249,7 +251,7 @@ class InstanceLoop:
                 f" {len(requests)} requests"
             )
             return [error] * len(requests)
-        return results
+        return _refuse_reschedules(self.name, requests, results)
 
 
 _COMPUTE_STAMPS = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
@@ -259,3 +261,26 @@ def _stamp_compute(trace: Any, clock: PhaseClock, end: int) -> None:
     """A traced request's compute timestamps: its batch's phase boundaries."""
     for name, ns in zip(_COMPUTE_STAMPS, clock.marks(end), strict=True):
         trace.stamp(name, ns)
+
+
+def _refuse_reschedules(
+    instance: str, requests: list[InferRequest], results: Sequence[Result | None] | None
+) -> Sequence[Result | None] | None:
+    """Requests the model rescheduled though its model is no iterative sequence model (whose
+    scheduler takes them back before this): each ends with an error, as in Triton."""
+    if not any(request.release_flags & RELEASE_RESCHEDULE for request in requests):
+        return results
+    out = None if results is None else list(results)
+    for index, request in enumerate(requests):
+        if not request.release_flags & RELEASE_RESCHEDULE:
+            continue
+        error = InternalError(
+            f"Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model"
+            f" instance '{instance}' does not support rescheduling: it takes"
+            " sequence_batching { iterative_sequence: true }"
+        )
+        if out is not None:
+            out[index] = error
+        elif request.sender is not None:
+            request.sender.abandon(error)
+    return out

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import itertools
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -99,6 +100,10 @@ STOPPING_MESSAGE = (
 SEQUENCE_CANCELLED_MESSAGE = "an earlier request of this sequence was cancelled"
 # What a decoupled request still open when its model stops is answered with.
 STOPPED_MESSAGE = "the model stopped before it sent the final response of this request"
+
+# The correlation IDs given to requests of iterative sequence models that come without one:
+# from high in the uint64 range, clear of the IDs clients choose.
+ITERATIVE_IDS_FROM = 1 << 62
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
@@ -466,8 +471,15 @@ class SequenceScheduler(QueueScheduler):
         specs = state_specs(config, model_dir)
         slots = slots_per_instance(config)
         decoupled = config.model_transaction_policy.decoupled
+        # An iterative sequence (Triton's "generative sequence"): each request is a sequence
+        # of its own, run again for as long as its backend reschedules it.
+        self._iterative = config.sequence_batching.iterative_sequence
+        self._iteration_ids = itertools.count(ITERATIVE_IDS_FROM)
+        iterations = self if self._iterative else None
         wrapped: list[ModelInstance] = [
-            SequenceInstance(instance, controls, SlotStates(specs, slots), loop, decoupled)
+            SequenceInstance(
+                instance, controls, SlotStates(specs, slots), loop, decoupled, iterations
+            )
             for instance in instances
         ]
         # Batches formed at once, for instances in worker processes: the loop takes them
@@ -518,6 +530,10 @@ class SequenceScheduler(QueueScheduler):
 
     def _push(self, queue: Any, request: InferRequest, sink: Sink, batch_size: int) -> Any:
         params = request.parameters
+        if self._iterative and not correlation_id(params):
+            # A request of an iterative sequence model needs no ID: it gets one of its own.
+            params["sequence_id"] = next(self._iteration_ids)
+            params["sequence_start"] = True
         ticket = self._batcher.push(
             (request, sink),
             correlation_id(params),
@@ -528,6 +544,18 @@ class SequenceScheduler(QueueScheduler):
         if self._driver is not None:
             self._driver.poke()
         return ticket
+
+    # -- iterative sequences (runtime.sequence.Iterations) -----------------------------------
+    def reschedule(self, request: InferRequest) -> None:
+        """Queue a request its backend rescheduled again, in its sequence (START and END off,
+        as Triton has it), for the same caller."""
+        params = request.parameters
+        params["sequence_start"] = params["sequence_end"] = False
+        self._push(None, request, request.sink, 1)
+
+    def end(self, request: InferRequest) -> None:
+        """A request ran without being rescheduled: its sequence is over."""
+        self._batcher.end(correlation_id(request.parameters))
 
     def pending(self) -> int:
         return len(self._batcher)

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -42,7 +42,13 @@ from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.config.sequence import initial_state_path
 from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
 from tritonfast.runtime.responses import ResponseSender, ResponseStream, Result
-from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from tritonfast.runtime.types import (
+    RELEASE_RESCHEDULE,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RequestedOutput,
+)
 
 if TYPE_CHECKING:
     from tritonfast.runtime.instance import InstanceLoop, Settle
@@ -155,6 +161,10 @@ class Controls:
     def __bool__(self) -> bool:
         return bool(self._flags) or self._corrid is not None
 
+    def __len__(self) -> int:
+        """How many control inputs each request gets."""
+        return len(self._flags) + (self._corrid is not None)
+
     def tensors(self, start: bool, end: bool, ready: bool, corrid: int | str) -> list[InputTensor]:
         shape = self._shape
         tensors = []
@@ -244,6 +254,10 @@ class SlotStates:
     def __bool__(self) -> bool:
         return bool(self._specs)
 
+    def __len__(self) -> int:
+        """How many state inputs (and outputs) each request gets."""
+        return len(self._specs)
+
     def tensors(self, slot: int, start: bool, ready: bool) -> list[InputTensor]:
         """The state inputs of a request of ``slot`` (a fresh initial state for null ones)."""
         held = self._held[slot] if ready and not start else None
@@ -281,6 +295,13 @@ class SlotStates:
 # -- requests handed to the model ---------------------------------------------------------
 
 
+class Iterations(Protocol):
+    """Where an iterative sequence's requests go after they ran (the scheduler)."""
+
+    def reschedule(self, request: InferRequest) -> None: ...
+    def end(self, request: InferRequest) -> None: ...
+
+
 class SequenceInstance(ModelInstance):
     """A backend instance behind the sequence batcher: adds each request's control and state
     inputs before it runs, and keeps the states its responses carry."""
@@ -292,12 +313,14 @@ class SequenceInstance(ModelInstance):
         states: SlotStates,
         loop: asyncio.AbstractEventLoop,
         decoupled: bool,
+        iterations: Iterations | None = None,
     ) -> None:
         self._inner = inner
         self._controls = controls
         self._states = states
         self._loop = loop
         self._decoupled = decoupled
+        self._iterations = iterations  # an iterative sequence model's
 
     @property
     def runs_elsewhere(self) -> bool:  # type: ignore[override]
@@ -308,6 +331,8 @@ class SequenceInstance(ModelInstance):
         results = self._inner.execute(requests, clock)
         if results is not None:
             self._keep_states(requests, results)
+        if self._iterations is not None:
+            return self._iterate(self._iterations, requests, results)
         return results
 
     def execute_later(
@@ -322,6 +347,8 @@ class SequenceInstance(ModelInstance):
         def finished(results: Sequence[Result] | None) -> None:
             if results is not None:
                 self._keep_states(requests, results)
+            if self._iterations is not None:
+                results = self._iterate(self._iterations, requests, results)
             finish(results)
 
         self._inner.execute_later(requests, clock, finished, release)
@@ -346,6 +373,33 @@ class SequenceInstance(ModelInstance):
                 discard = ResponseStream(self._loop)
                 discard.cancelled = True
                 request.sender = ResponseSender(discard, "", decoupled=True)
+
+    def _iterate(
+        self,
+        iterations: Iterations,
+        requests: list[InferRequest],
+        results: Sequence[Result] | None,
+    ) -> list[Result] | None:
+        """An iterative sequence model's requests after their execution: those the model
+        rescheduled go back into the batcher (no response yet: their result is None), the
+        others end their sequences."""
+        out = None if results is None else list(results)
+        added = len(self._controls) + len(self._states)
+        for index, request in enumerate(requests):
+            if not request.slot[1]:  # a null request
+                continue
+            if request.release_flags & RELEASE_RESCHEDULE:
+                request.release_flags = 0
+                if added:  # its control and state inputs are added afresh next time
+                    del request.inputs[-added:]
+                if self._states and request.outputs is not None:
+                    del request.outputs[-len(self._states) :]
+                if out is not None:
+                    out[index] = None  # type: ignore[call-overload]
+                iterations.reschedule(request)
+            else:
+                iterations.end(request)
+        return out
 
     def _keep_states(self, requests: list[InferRequest], results: Sequence[Result]) -> None:
         states = self._states

@@ -43,6 +43,11 @@ class RequestedOutput:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+# Triton's TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: a request's release flag that has it run
+# again (InferRequest.release_flags).
+RELEASE_RESCHEDULE = 2
+
+
 @dataclass(slots=True)
 class InferRequest:
     model_name: str
@@ -81,6 +86,9 @@ class InferRequest:
     # Sequence batching: (the instance slot it runs in, READY); READY is False for the null
     # requests that fill a batch's empty slots (runtime.sequence).
     slot: Any = None
+    # What the model asked for the request as its execution ended (pb_utils
+    # set_release_flags): RELEASE_RESCHEDULE runs it again, in an iterative sequence.
+    release_flags: int = 0
 
 
 @dataclass(slots=True)

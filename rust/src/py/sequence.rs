@@ -132,6 +132,13 @@ impl PySequenceBatcher {
         Ok(PySequenceTicket { inner })
     }
 
+    /// Ends the live sequence `correlation_id` without a request (an iterative sequence whose
+    /// request was not rescheduled): it leaves its slot once none of its requests waits.
+    fn end(&self, correlation_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.end(&correlation_id_of(correlation_id)?);
+        Ok(())
+    }
+
     /// Removes a still-waiting request so it never runs; `True` if it was removed.
     fn cancel(&self, ticket: &Bound<'_, PySequenceTicket>) -> bool {
         self.inner.cancel(&ticket.get().inner)

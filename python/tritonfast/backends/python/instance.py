@@ -35,6 +35,7 @@ from tritonfast.runtime.datatypes import WIRE_DATATYPES
 from tritonfast.runtime.responses import Result
 from tritonfast.runtime.types import (
     PROTOCOL_PARAMETERS,
+    RELEASE_RESCHEDULE,
     InferRequest,
     InferResponse,
     OutputTensor,
@@ -169,8 +170,8 @@ class PythonInstance(ModelInstance):
             return [error] * count
         results: list[Result] = []
         for request, response in zip(requests, returned, strict=True):
-            if response is None:  # Triton's way to say: answered through its response sender
-                if request.sender is not None:
+            if response is None:  # answered through its response sender, or rescheduled
+                if request.sender is not None or request.release_flags & RELEASE_RESCHEDULE:
                     results.append(None)  # type: ignore[arg-type]  # (as below)
                 else:
                     results.append(self._unanswered(request))

@@ -135,6 +135,13 @@ class LoopPipe:
         self._batch = (requests, on_reply)
         self._arm_poll()
 
+    def forget(self, tokens: list[int]) -> None:
+        """Streams whose requests were rescheduled: their next batch brings them under new
+        tokens (the responses go on to the same senders)."""
+        for token in tokens:
+            self._streams.pop(token, None)
+            self._cancel_sent.discard(token)
+
     # -- what the worker sends ------------------------------------------------------------------
     def _readable(self) -> None:
         try:

@@ -22,13 +22,14 @@ from tritonfast.errors import Code
 from tritonfast.errors import TritonError as ServerError
 from tritonfast.runtime import rawtensor, responses
 from tritonfast.runtime.datatypes import CONFIG_DATATYPES, NUMPY_DTYPES, WIRE_DATATYPES
+from tritonfast.runtime.types import RELEASE_RESCHEDULE
 
 # Flags Triton exposes to models.
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
-TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = RELEASE_RESCHEDULE
 
 # Config data type name -> numpy type, as the Python backend documents it (BOOL as Python's
 # bool; BF16 has no numpy type and is left out).
@@ -424,6 +425,21 @@ class InferenceRequest:
 
     def set_cancelled(self) -> None:
         self._cancelled = True
+
+    def set_flags(self, flags: int) -> None:
+        """The sequence flags of a request this model sends (BLS)."""
+        _argument("InferenceRequest.set_flags", "flags", flags, int)
+        self._flags = flags
+
+    def set_release_flags(self, flags: int) -> None:
+        """What becomes of this request once ``execute`` returns:
+        ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` runs it again in a later batch (request
+        rescheduling, for models with ``sequence_batching { iterative_sequence: true }``; a
+        non-decoupled model returns ``None`` for it meanwhile), ``..._RELEASE_ALL`` (the
+        default) ends it."""
+        _argument("InferenceRequest.set_release_flags", "flags", flags, int)
+        if self._origin is not None:
+            self._origin.release_flags = flags
 
     def get_response_sender(self) -> InferenceResponseSender:
         """The sender through which the model answers this request instead of returning its

@@ -86,6 +86,7 @@ from tritonfast.runtime.shmsegment import (
     remove_segments,
 )
 from tritonfast.runtime.types import (
+    RELEASE_RESCHEDULE,
     InferRequest,
     InferResponse,
     InputTensor,
@@ -370,7 +371,10 @@ class ProcessInstance(ModelInstance):
         except (EOFError, OSError):
             return [self._died()] * len(requests)
         assert reply is not None
+        rescheduled = self._take_release_flags(reply, requests, tokens)
         if self._decoupled:
+            if relay is not None:
+                relay.forget(rescheduled)
             self._take_metrics(reply[4])
             return None  # every response went through the requests' senders
         return self._results(reply)
@@ -461,7 +465,9 @@ class ProcessInstance(ModelInstance):
                 self._restart_then(loop, self._died, requests, finish, release, None)
                 return
             clock.infer_done()
+            rescheduled = self._take_release_flags(reply, requests, tokens)
             if self._decoupled:  # every response went through the requests' streams
+                pipe.forget(rescheduled)
                 self._take_metrics(reply[4])
                 finish(None)
             else:
@@ -573,10 +579,29 @@ class ProcessInstance(ModelInstance):
         )
 
     def _results(self, reply: tuple[Any, ...]) -> list[Result]:
-        _, out_name, out_size, results, metrics = reply
+        _, out_name, out_size, results, metrics, _ = reply
         self._take_metrics(metrics)
         segment = self._outputs.map(out_name, out_size) if out_name else None
         return [self._result(segment, r) for r in results]
+
+    @staticmethod
+    def _take_release_flags(
+        reply: tuple[Any, ...], requests: list[InferRequest], tokens: list[int] | None
+    ) -> list[int]:
+        """The release flags the model set on the requests (``reply``'s last field); returns
+        the stream tokens of those it rescheduled (a new token carries them next time)."""
+        release = reply[-1]
+        if release is None:
+            return []
+        for request, flags in zip(requests, release, strict=True):
+            request.release_flags = flags
+        if tokens is None:
+            return []
+        return [
+            token
+            for token, flags in zip(tokens, release, strict=True)
+            if flags & RELEASE_RESCHEDULE
+        ]
 
     def _take_metrics(self, state: State | None) -> None:
         """The worker's custom metrics, when they changed (exported on /metrics)."""
@@ -584,6 +609,8 @@ class ProcessInstance(ModelInstance):
             REMOTE_METRICS.update(self._metrics_source, state)
 
     def _result(self, segment: Any, result: tuple[Any, ...]) -> Result:
+        if result[0] == "none":  # rescheduled: answered when it runs again
+            return None  # type: ignore[return-value]
         if result[0] == "error":
             return error_for(Code(result[1]), result[2])
         _, model_name, model_version, response_id, parameters, slots = result
@@ -808,26 +835,29 @@ def worker_main(
                 in_batch.clear()
             for request in requests:
                 request.detach()  # the cancellation bytes now belong to the next batch
+            release = _release_flags(requests, failed, len(described))
             if tokens is not None:
                 if returned is not None:  # execute failed: what in-process streams end with
                     for request, result in zip(requests, returned, strict=True):
                         if result is not None and request.sender is not None:
                             with contextlib.suppress(TritonError):  # already closed
                                 request.sender.send(result, final=True)
-                streams.send(("results", "", 0, [], CUSTOM_METRICS.state_if_changed()))
+                streams.send(("results", "", 0, [], CUSTOM_METRICS.state_if_changed(), release))
                 continue
             answers: list[Result | None] = (
                 [None] * len(requests) if returned is None else list(returned)
             )
-            results = [
-                _answer_of(request, result, instance_name)
+            results: list[Result | None] = [
+                None  # rescheduled: it runs again, and answers then
+                if result is None and request.release_flags & RELEASE_RESCHEDULE
+                else _answer_of(request, result, instance_name)
                 for request, result in zip(requests, answers, strict=True)
             ]
             for index in sorted(failed):
                 results.insert(index, failed[index])
             places = [d[7] for d in described]
             reply = _describe_results(outputs, results, places, objects)
-            streams.send((*reply, CUSTOM_METRICS.state_if_changed()))
+            streams.send((*reply, CUSTOM_METRICS.state_if_changed(), release))
     except EOFError:  # the server went away
         return
     finally:
@@ -930,6 +960,20 @@ class _WorkerRequest(InferRequest):
         self._flags = None
 
 
+def _release_flags(
+    requests: list[_WorkerRequest], failed: dict[int, TritonError], count: int
+) -> list[int] | None:
+    """The release flags the model set (pb_utils set_release_flags), in the batch's order;
+    None when it set none."""
+    if not any(request.release_flags for request in requests):
+        return None
+    flags = [0] * count
+    positions = (index for index in range(count) if index not in failed)
+    for index, request in zip(positions, requests, strict=False):
+        flags[index] = request.release_flags
+    return flags
+
+
 def _answer_of(request: _WorkerRequest, result: Result | None, instance_name: str) -> Result:
     """A request's response: the one ``execute`` returned, or else the one the model sent
     through its response sender (waited for: the model may send it from a thread of its own,
@@ -981,15 +1025,15 @@ def _request(
 
 def _describe_results(
     writer: SegmentWriter,
-    results: list[Result],
+    results: list[Result | None],
     places: list[dict[str, Place] | None],
     objects: SharedObjects,
 ) -> tuple[str, str, int, list[tuple[Any, ...]]]:
     """The reply to a batch: outputs with a place in a client's object written there, the
-    others into the writer's segment."""
+    others into the writer's segment. None: a rescheduled request (no response yet)."""
     laid: list[list[Laid]] = []
     for index, (result, placed) in enumerate(zip(results, places, strict=True)):
-        if isinstance(result, TritonError):
+        if result is None or isinstance(result, TritonError):
             laid.append([])
             continue
         try:
@@ -1002,6 +1046,9 @@ def _describe_results(
     described: list[tuple[Any, ...]] = []
     position = 0
     for result in results:
+        if result is None:
+            described.append(("none",))
+            continue
         if isinstance(result, TritonError):
             described.append(("error", result.code.value, result.message))
             continue

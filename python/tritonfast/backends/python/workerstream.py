@@ -96,6 +96,13 @@ class ResponseRelay:
         with self._open_lock:
             self._open[token] = sender
 
+    def forget(self, tokens: list[int]) -> None:
+        """Streams whose requests were rescheduled: they come back under new tokens."""
+        with self._open_lock:
+            for token in tokens:
+                self._open.pop(token, None)
+                self._cancel_sent.discard(token)
+
     def reply(self, timeout: float) -> Any:
         """The worker's next batch reply; raises ``queue.Empty`` after ``timeout``, EOFError
         once the worker is gone."""
