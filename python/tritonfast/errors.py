@@ -23,6 +23,20 @@ class Code(enum.Enum):
     CANCELLED = "CANCELLED"
 
 
+# How Triton names the codes in a status it writes out (Status::CodeString), e.g. a version's
+# load failure "Internal: <message>".
+CODE_NAMES = {
+    Code.UNKNOWN: "Unknown",
+    Code.INTERNAL: "Internal",
+    Code.NOT_FOUND: "Not found",
+    Code.INVALID_ARG: "Invalid argument",
+    Code.UNAVAILABLE: "Unavailable",
+    Code.UNSUPPORTED: "Unsupported",
+    Code.ALREADY_EXISTS: "Already exists",
+    Code.CANCELLED: "Cancelled",
+}
+
+
 class TritonError(Exception):
     """An error that reaches the client with a Triton status code and message."""
 

@@ -67,7 +67,7 @@ def test_without_tensorrt_a_plan_is_unavailable_with_how_to_install_it(
 ) -> None:
     state, reason = reasons(plan_server)["engine"]
     assert state == "UNAVAILABLE"
-    assert reason.startswith("the tensorrt backend needs the 'tensorrt' package")
+    assert reason.startswith("Unavailable: the tensorrt backend needs the 'tensorrt' package")
     assert reason.endswith("install it with: pip install 'tritonfast[tensorrt]'")
 
 

@@ -112,7 +112,7 @@ class ModelControl:
                 continue
             if ready_only and entry.state != READY:
                 continue
-            versions: list[int | None] = [*(sorted(entry.versions) or entry.unloaded_versions)] or [
+            versions: list[int | None] = [*(sorted(entry.versions) or entry.listed_versions)] or [
                 None
             ]
             for version in versions:
@@ -209,7 +209,8 @@ class ModelControl:
                 current = self.repository.entry(name)
                 if current is None or current.state != READY:
                     self.repository.publish(entry)  # the index reports why
-                raise InvalidArgumentError(f"load failed for model '{name}': {entry.reason}")
+                why = entry.failure or entry.reason
+                raise InvalidArgumentError(f"load failed for model '{name}': {why}")
             replaced = self.repository.publish(entry)
             self._loaded_from[name] = fingerprint
             previous_dir = self._temp_dirs.pop(name, None)

@@ -27,7 +27,7 @@ from tritonfast.backends import registry
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
 from tritonfast.backends.ensemble.plan import check_composing, is_ensemble, plan_of
 from tritonfast.config import load as config_load
-from tritonfast.errors import InvalidArgumentError, NotFoundError, TritonError
+from tritonfast.errors import CODE_NAMES, InvalidArgumentError, NotFoundError, TritonError
 from tritonfast.repository.dependencies import with_dependencies
 from tritonfast.repository.model import ModelVersion
 from tritonfast.repository.warmup import warm_up
@@ -53,8 +53,12 @@ class ModelEntry:
     reason: str = ""
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     config: model_config_pb2.ModelConfig | None = None
-    # The versions an unloaded model served: the index goes on naming them, as Triton's does.
-    unloaded_versions: tuple[int, ...] = ()
+    # The versions the index names while none serves, as Triton's does: those an unloaded model
+    # served, or those that failed to load.
+    listed_versions: tuple[int, ...] = ()
+    # What a load request that failed answers after "load failed for model '<m>': " (the
+    # reason itself, unless versions failed).
+    failure: str = ""
 
     @property
     def default_version(self) -> ModelVersion | None:
@@ -122,6 +126,19 @@ class ModelRepository:
             self._load_versions(entry, config)
             entry.state = READY
             log.info("successfully loaded '%s' version(s) %s", name, sorted(entry.versions))
+        except _VersionsFailed as failed:
+            # As Triton words a failure of the model's versions (its backend's, not its
+            # configuration's): the index lists them with "<Code>: <message>".
+            self._stop_versions(entry, served=False)
+            error = failed.error
+            reason = f"{CODE_NAMES[error.code]}: {error.message}"
+            entry.state, entry.reason = UNAVAILABLE, reason
+            entry.listed_versions = failed.versions
+            entry.failure = "".join(
+                f"version {v} is at UNAVAILABLE state: {reason};\n" for v in failed.versions
+            )
+            for version in failed.versions:
+                log.error("failed to load '%s' version %d: %s", name, version, reason)
         except TritonError as exc:
             self._stop_versions(entry, served=False)
             entry.state, entry.reason = UNAVAILABLE, exc.message
@@ -154,7 +171,7 @@ class ModelRepository:
             entry.path,
             UNLOADING,
             config=entry.config,
-            unloaded_versions=tuple(sorted(entry.versions)),
+            listed_versions=tuple(sorted(entry.versions)),
         )
         self._models[name] = unloading
         return entry
@@ -221,7 +238,10 @@ class ModelRepository:
         backend_class = registry.lookup(config)
         backend = backend_class(model_dir, self._backend_settings.for_backend(backend_class.name))
         if not self._strict_config:
-            backend.auto_complete(config, max(versions))
+            try:
+                backend.auto_complete(config, max(versions))
+            except TritonError as exc:  # the backend's: Triton reports it for each version
+                raise _VersionsFailed(tuple(versions), exc) from exc
         config_load.validate(config, model_dir)
         backend.validate(config)
         if is_ensemble(config):
@@ -241,7 +261,10 @@ class ModelRepository:
             config.platform = config.platform or backend.platforms[0]
         entry.config = config
         for version in versions:
-            entry.versions[version] = self._start_version(backend, config, version, versions)
+            try:
+                entry.versions[version] = self._start_version(backend, config, version, versions)
+            except TritonError as exc:
+                raise _VersionsFailed((version,), exc) from exc
 
     def _start_version(
         self,
@@ -263,7 +286,15 @@ class ModelRepository:
                         device_id=device_ids[index % len(device_ids)],
                         profiles=tuple(group.profile),
                     )
-                    instances.append(backend.create_instance(config, placement))
+                    try:
+                        instances.append(backend.create_instance(config, placement))
+                    except TritonError as exc:
+                        log.error(
+                            "Failed to initialize model instance '%s': %s",
+                            placement.name,
+                            exc.message,
+                        )
+                        raise
             warm_up(config, instances, backend.model_dir)
             scheduler = create_scheduler(
                 f"{config.name}_{version}",
@@ -413,3 +444,13 @@ def parse_version(text: str) -> int | None:
             f"invalid model version specified '{text}' , version should be an integral value > 0"
         )
     return number
+
+
+class _VersionsFailed(Exception):
+    """Loading failed in the model's versions (its backend's auto-complete, an instance's
+    initialize, warmup), not in reading its configuration."""
+
+    def __init__(self, versions: tuple[int, ...], error: TritonError) -> None:
+        super().__init__(error.message)
+        self.versions = versions
+        self.error = error

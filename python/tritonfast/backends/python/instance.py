@@ -101,9 +101,9 @@ class PythonInstance(ModelInstance):
             try:
                 initialize(args)
             except _MODEL_FAILURES as exc:
-                raise InternalError(
-                    f"Failed to initialize model instance '{instance_name}': {describe(exc)}"
-                ) from exc
+                # The model's own error, as Triton's stub reports it (the server names the
+                # instance in its log).
+                raise InternalError(describe(exc)) from exc
 
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
         if self._batched is not None:
