@@ -18,7 +18,7 @@ import tritonfast
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.python import pb_utils
 from tritonfast.config.jsonform import config_to_json, json_to_config
-from tritonfast.errors import InvalidArgumentError, TritonError
+from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 
 DEFAULT_MODEL_FILE = "model.py"
 MODEL_CLASS = "TritonPythonModel"
@@ -71,10 +71,8 @@ def auto_complete(model_class: type, config: model_config_pb2.ModelConfig) -> No
     wrapper = pb_utils.ModelConfig(config_to_json(config))
     try:
         completed = hook(wrapper)
-    except Exception as exc:
-        raise InvalidArgumentError(
-            f"auto_complete_config failed for model '{config.name}': {describe(exc)}"
-        ) from exc
+    except Exception as exc:  # the model's own error, as Triton's stub reports it
+        raise InternalError(describe(exc)) from exc
     result = (
         completed.as_dict() if isinstance(completed, pb_utils.ModelConfig) else wrapper.as_dict()
     )
