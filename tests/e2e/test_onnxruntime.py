@@ -385,18 +385,18 @@ def test_bad_models_are_unavailable_with_the_reason(http: Any) -> None:
     }
     # As Triton lists a version that failed to load: "<Code>: <message>".
     assert reasons["wrong_dtype"] == (
-        "Invalid argument: unable to load model 'wrong_dtype', configuration expects datatype TYPE_INT32 for"
-        " input 'INPUT', model provides TYPE_FP32"
+        "Invalid argument: unable to load model 'wrong_dtype', configuration expects datatype"
+        " TYPE_INT32 for input 'INPUT', model provides TYPE_FP32"
     )
     assert reasons["wrong_dims"] == (
-        "Invalid argument: model 'wrong_dims', tensor 'INPUT': the model expects 2 dimensions (shape [-1,16]) but"
-        " the model configuration specifies 2 dimensions (an initial batch dimension because"
-        " max_batch_size > 0 followed by the explicit tensor shape, making complete shape"
-        " [-1,15])"
+        "Invalid argument: model 'wrong_dims', tensor 'INPUT': the model expects 2 dimensions"
+        " (shape [-1,16]) but the model configuration specifies 2 dimensions (an initial batch"
+        " dimension because max_batch_size > 0 followed by the explicit tensor shape, making"
+        " complete shape [-1,15])"
     )
     assert reasons["fixed_batching"] == (
-        "Invalid argument: autofill failed for model 'fixed_batching': model does not support batching while"
-        " non-zero max_batch_size is specified"
+        "Invalid argument: autofill failed for model 'fixed_batching': model does not support"
+        " batching while non-zero max_batch_size is specified"
     )
     assert reasons["garbage"].startswith("Unavailable: model 'garbage': onnxruntime cannot load")
     assert reasons["unknown_op"].startswith(

@@ -247,6 +247,22 @@ class TritonPythonModel:
         return returned
 """
 
+# Sends its response, then a second one, which raises (a default model sends one): the error
+# escapes execute, and the client gets the first response, as from Triton.
+TWICE_SENDER_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("CALLS", x)]))
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("CALLS", x * 2)]))
+        return None
+"""
+
 DECOUPLED_RETURNER_CONFIG = """
 backend: "python"
 max_batch_size: 0
@@ -269,6 +285,7 @@ def test_what_a_model_returns_or_raises_is_taken_as_tritons_stub_takes_it(tmp_pa
         ("exiter", EXITER_CONFIG, EXITER_MODEL),
         ("half_sender", HALF_SENDER_CONFIG, HALF_SENDER_MODEL),
         ("decoupled_returner", DECOUPLED_RETURNER_CONFIG, DECOUPLED_RETURNER_MODEL),
+        ("twice_sender", EXITER_CONFIG, TWICE_SENDER_MODEL),
     ):
         write_model(repo, name, config.replace("MODE", mode), model)
     server = start_server([repo], tmp_path / "server.log")
@@ -296,6 +313,9 @@ def test_what_a_model_returns_or_raises_is_taken_as_tritons_stub_takes_it(tmp_pa
             for value in (1, 2)
         ]
         assert [p.get_result().as_numpy("Y").tolist() for p in pending] == [[[10]], [[20]]]
+
+        # A response sent before execute failed is the one the client gets.
+        assert client.infer("twice_sender", x_input(httpclient, 4, [1])).as_numpy("CALLS") == [4]
 
         # A decoupled model that returns something gets Triton's error on its stream.
         answers: list = []

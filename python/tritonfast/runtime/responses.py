@@ -304,6 +304,19 @@ class ResponseSender:
                 return
         self._deliver(result, final)
 
+    def deliver_held(self) -> bool:
+        """A single-response request whose model sent its response without the final flag and
+        then failed: the response goes out now, with the final flag (Triton sent it when the
+        model did, so the failure no longer reaches the client). True if there was one."""
+        with self._lock:
+            held = self._held
+            if self._closed or held is None:
+                return False
+            self._held = None
+            self._closed = True
+        self._deliver(held, True)
+        return True
+
     def forward(self, result: Result | None, final: bool) -> None:
         """On the sink's event loop: pass on a response that a sender elsewhere (a worker's)
         already checked against the rules, without waiting for credit (the caller applies

@@ -113,7 +113,7 @@ class PythonInstance(ModelInstance):
         try:
             returned = self._call(self._model.execute, pb_requests, requests)
         except _MODEL_FAILURES as exc:
-            return [self._failed(exc)] * len(requests)
+            return self._failed_batch(exc, requests)
         clock.infer_done()
         if self._decoupled:
             self._refuse_returned(returned, requests)
@@ -187,6 +187,16 @@ class PythonInstance(ModelInstance):
                 result = None  # type: ignore[assignment]  # answered through the sender
             results.append(result)
         return results
+
+    def _failed_batch(self, exc: BaseException, requests: list[InferRequest]) -> list[Result]:
+        """``execute`` raised: each request gets the error, but one whose response the model
+        had sent already (without the final flag) gets that response, as in Triton."""
+        error = self._failed(exc)
+        held = [r.sender is not None and r.sender.deliver_held() for r in requests]
+        if not any(held):
+            return [error] * len(requests)
+        # None: answered through its sender.
+        return [None if sent else error for sent in held]  # type: ignore[misc]
 
     def _unanswered(self, request: InferRequest) -> InternalError:
         return InternalError(
