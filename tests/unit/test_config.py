@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from google.protobuf import text_format
+from tritonfast._proto import model_config_pb2
 from tritonfast.config import load
 from tritonfast.config.jsonform import config_to_json, json_to_config
 from tritonfast.errors import InvalidArgumentError
@@ -94,3 +96,43 @@ def test_strict_mode_requires_config_file(tmp_path: Path) -> None:
     assert load.read_config(tmp_path / "nocfg") == load.ModelConfig()
     with pytest.raises(InvalidArgumentError, match="does not exist"):
         load.read_config(tmp_path / "nocfg", required=True)
+
+
+RICH_INT64 = """
+name: "rich64"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching {
+  priority_levels: 2
+  default_priority_level: 1
+  priority_queue_policy { key: 2 value: { default_timeout_microseconds: 7000 } }
+}
+instance_group [ { kind: KIND_CPU secondary_devices: [ { kind: KIND_NVDLA device_id: 3 } ] } ]
+optimization { cuda { graph_spec [ { input { key: "INPUT0" value: { dim: [ 4 ] } } } ] } }
+"""
+
+
+def test_64_bit_fields_are_numbers_where_triton_makes_them_numbers_and_strings_elsewhere() -> None:
+    # As Triton 2.51's config endpoint answered for the same configuration.
+    config = text_format.Parse(RICH_INT64, model_config_pb2.ModelConfig())
+    load.complete(config)
+    as_json = config_to_json(config)
+    batching = as_json["dynamic_batching"]
+    assert (batching["priority_levels"], batching["default_priority_level"]) == (2, 1)
+    assert list(batching["priority_queue_policy"]) == ["2"]  # a JSON key is a string
+    assert batching["priority_queue_policy"]["2"]["default_timeout_microseconds"] == 7000
+    assert as_json["instance_group"][0]["secondary_devices"][0]["device_id"] == "3"
+    graph = as_json["optimization"]["cuda"]["graph_spec"][0]
+    assert graph["input"]["INPUT0"]["dim"] == ["4"]
+    # Pinned memory is on unless the configuration says otherwise, whatever else it sets.
+    assert as_json["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert as_json["optimization"]["output_pinned_memory"] == {"enable": True}
+
+
+def test_a_states_dims_are_numbers_and_its_initial_states_strings() -> None:
+    config = load.read_config(MODELS.parent / "models_sequence" / "accumulate_state")
+    state = config_to_json(config)["sequence_batching"]["state"][0]
+    assert state["dims"] == [1]
+    assert state["initial_state"][0]["dims"] == ["1"]  # as Triton 2.51 writes them

@@ -1,8 +1,11 @@
 """The JSON form of a model configuration, as Triton's HTTP config endpoint returns it.
 
-Triton renders ``ModelConfig`` with protobuf field names, enum names, every scalar field
-(defaults included), and 64-bit integers as JSON numbers rather than protobuf's strings.
-The same dict is what Python models see (``args['model_config']``, auto-complete).
+Triton renders ``ModelConfig`` with protobuf field names, enum names and every scalar field
+(defaults included). 64-bit integers come out as protobuf's JSON has them, strings, except in
+the fields Triton turns back into numbers (:data:`NUMERIC_INT64`: tensor dims and reshapes,
+versions, queue delays and timeouts, ensemble step versions, warmup dims); so a state's
+``dims`` reads ``["1"]`` while an input's reads ``[1]``, as in Triton. The same dict is what
+Python models see (``args['model_config']``, auto-complete).
 """
 
 from __future__ import annotations
@@ -26,26 +29,53 @@ _INT64_TYPES = frozenset(
 )
 
 
-def config_to_json(message: Message) -> dict[str, Any]:
-    """Render a protobuf message (normally a ModelConfig) as Triton's JSON dict."""
+# The 64-bit fields Triton writes as JSON numbers (by their path of field names from the
+# ModelConfig; a map's values and a list's items are on their field's path).
+NUMERIC_INT64 = frozenset(
+    {
+        ("input", "dims"),
+        ("input", "reshape", "shape"),
+        ("output", "dims"),
+        ("output", "reshape", "shape"),
+        ("version_policy", "specific", "versions"),
+        ("dynamic_batching", "max_queue_delay_microseconds"),
+        ("dynamic_batching", "priority_levels"),
+        ("dynamic_batching", "default_priority_level"),
+        ("dynamic_batching", "default_queue_policy", "default_timeout_microseconds"),
+        ("dynamic_batching", "priority_queue_policy", "default_timeout_microseconds"),
+        ("sequence_batching", "max_sequence_idle_microseconds"),
+        ("sequence_batching", "state", "dims"),
+        ("sequence_batching", "oldest", "max_queue_delay_microseconds"),
+        ("sequence_batching", "direct", "max_queue_delay_microseconds"),
+        ("ensemble_scheduling", "step", "model_version"),
+        ("model_warmup", "inputs", "dims"),
+    }
+)
+
+
+def config_to_json(message: Message, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Render a protobuf message (normally a ModelConfig) as Triton's JSON dict; ``path``:
+    where ``message`` lies in the ModelConfig."""
     out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
+        where = (*path, field.name)
         if _is_map(field):
             value_field = field.message_type.fields_by_name["value"]
-            out[field.name] = {
-                key: _scalar_or_message(value_field, item) for key, item in value.items()
+            out[field.name] = {  # JSON keys are strings (priority_queue_policy's are numbers)
+                str(key): _scalar_or_message(value_field, item, where)
+                for key, item in value.items()
             }
         elif _is_repeated(field):
-            out[field.name] = [_scalar_or_message(field, item) for item in value]
+            out[field.name] = [_scalar_or_message(field, item, where) for item in value]
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             if message.HasField(field.name):
-                out[field.name] = config_to_json(value)
+                out[field.name] = config_to_json(value, where)
         elif field.containing_oneof is not None:
             if message.WhichOneof(field.containing_oneof.name) == field.name:
-                out[field.name] = _scalar_or_message(field, value)
+                out[field.name] = _scalar_or_message(field, value, where)
         else:
-            out[field.name] = _scalar_or_message(field, value)
+            out[field.name] = _scalar_or_message(field, value, where)
     return out
 
 
@@ -58,14 +88,14 @@ def json_to_config(data: dict[str, Any], message: Message) -> Message:
     return message
 
 
-def _scalar_or_message(field: FieldDescriptor, value: Any) -> Any:
+def _scalar_or_message(field: FieldDescriptor, value: Any, where: tuple[str, ...]) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return config_to_json(value)
+        return config_to_json(value, where)
     if field.type == FieldDescriptor.TYPE_ENUM:
         enum_value = field.enum_type.values_by_number.get(value)
         return enum_value.name if enum_value is not None else value
     if field.type in _INT64_TYPES:
-        return int(value)
+        return int(value) if where in NUMERIC_INT64 else str(value)
     if field.type == FieldDescriptor.TYPE_BYTES:
         return value.decode("latin-1")
     return value

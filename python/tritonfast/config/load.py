@@ -144,9 +144,11 @@ def complete(
             group.count = default_cpu_instance_count if cpu else 1
     if default_model_filename and not config.default_model_filename:
         config.default_model_filename = default_model_filename
-    if not config.HasField("optimization"):
-        config.optimization.input_pinned_memory.enable = True
-        config.optimization.output_pinned_memory.enable = True
+    optimization = config.optimization  # each one unset is on, whatever else is set
+    if not optimization.HasField("input_pinned_memory"):
+        optimization.input_pinned_memory.enable = True
+    if not optimization.HasField("output_pinned_memory"):
+        optimization.output_pinned_memory.enable = True
     if (
         config.HasField("dynamic_batching")
         and config.max_batch_size > 0
