@@ -109,6 +109,18 @@ class TritonPythonModel:
 """
 
 
+# Two executions of 0.3 s each, with an idle time of 0.1 s: the sequence outlives it.
+SLOW_CONFIG = CONFIG.replace(
+    "  iterative_sequence: true\n",
+    "  iterative_sequence: true\n  max_sequence_idle_microseconds: 100000\n",
+)
+SLOW_COUNTER = COUNTER.replace(
+    "    def execute(self, requests):\n",
+    "    def execute(self, requests):\n        import time\n        time.sleep(0.3)\n",
+    1,
+)
+
+
 @pytest.fixture(params=["process", "thread"], scope="module")
 def server(request, tmp_path_factory):
     repo = tmp_path_factory.mktemp("iterative")
@@ -121,6 +133,7 @@ def server(request, tmp_path_factory):
     )
     write_model(repo, "counter", CONFIG.replace("MODE", mode), COUNTER)
     write_model(repo, "not_iterative", NOT_ITERATIVE_CONFIG.replace("MODE", mode), RESCHEDULER)
+    write_model(repo, "slow_counter", SLOW_CONFIG.replace("MODE", mode), SLOW_COUNTER)
     running = start_server([repo], repo / "server.log")
     yield running
     assert running.stop() == 0, running.log()
@@ -176,5 +189,15 @@ def test_a_model_that_is_no_iterative_sequence_model_cannot_reschedule(server) -
             "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE"
         )
         assert client.is_server_live()
+    finally:
+        client.close()
+
+
+def test_an_execution_longer_than_the_idle_time_does_not_end_the_sequence(server) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert client.infer("slow_counter", in_tensor(httpclient, 2)).as_numpy("OUT").tolist() == [
+            21
+        ]
     finally:
         client.close()

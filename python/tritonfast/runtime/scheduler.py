@@ -65,7 +65,7 @@ from typing import Any, ClassVar, Literal
 from tritonfast._core import QUEUE_FULL_MESSAGE, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance
-from tritonfast.errors import CancelledError, UnavailableError
+from tritonfast.errors import CancelledError, TritonError, UnavailableError
 from tritonfast.runtime.histogram import Histogram, first_response_buckets
 from tritonfast.runtime.instance import InstanceLoop, Settle
 from tritonfast.runtime.looprun import LoopExecution
@@ -551,7 +551,13 @@ class SequenceScheduler(QueueScheduler):
         as Triton has it), for the same caller."""
         params = request.parameters
         params["sequence_start"] = params["sequence_end"] = False
-        self._push(None, request, request.sink, 1)
+        try:
+            self._push(None, request, request.sink, 1)
+        except TritonError as error:  # its sequence is gone (cancelled meanwhile): it ends
+            if request.sender is not None:
+                request.sender.abandon(error)
+            else:
+                self._loop.call_soon_threadsafe(settle, request.sink, error, True)
 
     def end(self, request: InferRequest) -> None:
         """A request ran without being rescheduled: its sequence is over."""

@@ -73,6 +73,9 @@ def correlation_id(parameters: dict[str, Any]) -> int | str:
 def batcher_for(name: str, config: ModelConfig, instances: int, **options: Any) -> SequenceBatcher:
     """The Rust sequence batcher ``config`` asks for."""
     batching = config.sequence_batching
+    # An iterative sequence ends when its request is not rescheduled, never by the idle rule
+    # (one execution of it may outlast the idle time).
+    idle = _U64 if batching.iterative_sequence else batching.max_sequence_idle_microseconds
     if batching.HasField("oldest"):
         oldest = batching.oldest
         return SequenceBatcher(
@@ -83,7 +86,7 @@ def batcher_for(name: str, config: ModelConfig, instances: int, **options: Any) 
             max_queue_delay_us=oldest.max_queue_delay_microseconds,
             max_candidate_sequences=oldest.max_candidate_sequences,
             preferred_batch_sizes=list(oldest.preferred_batch_size),
-            max_sequence_idle_us=batching.max_sequence_idle_microseconds,
+            max_sequence_idle_us=idle,
             **options,
         )
     return SequenceBatcher(
@@ -93,7 +96,7 @@ def batcher_for(name: str, config: ModelConfig, instances: int, **options: Any) 
         strategy="direct",
         max_queue_delay_us=batching.direct.max_queue_delay_microseconds,
         minimum_slot_utilization=batching.direct.minimum_slot_utilization,
-        max_sequence_idle_us=batching.max_sequence_idle_microseconds,
+        max_sequence_idle_us=idle,
         **options,
     )
 
