@@ -215,3 +215,10 @@ def test_names_of_tritons_binding_that_models_use() -> None:
     assert request.model_name() == "m"
     with pytest.raises(TypeError):
         pb_utils.PreferredMemory("CPU")  # type: ignore[arg-type]
+
+
+def test_an_error_code_is_an_enum_as_in_tritons_binding_and_an_int() -> None:
+    error = pb_utils.TritonError("gone", pb_utils.TritonError.NOT_FOUND)
+    assert error.code().name == "NOT_FOUND"
+    assert error.code() == pb_utils.TritonError.NOT_FOUND == 2
+    assert pb_utils.TritonError("odd", 42).code() == 42  # kept as given

@@ -89,8 +89,8 @@ def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
     return rawtensor.bytes_array(rawtensor.split_bytes(raw))
 
 
-class TritonError:
-    """An error a model attaches to a response (or raises as TritonModelException)."""
+class _ErrorCode(enum.IntEnum):
+    """TritonError's codes: an enum, as in Triton's binding (``error.code().name``), and ints."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -101,7 +101,20 @@ class TritonError:
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
+
+class TritonError:
+    """An error a model attaches to a response (or raises as TritonModelException)."""
+
+    UNKNOWN = _ErrorCode.UNKNOWN
+    INTERNAL = _ErrorCode.INTERNAL
+    NOT_FOUND = _ErrorCode.NOT_FOUND
+    INVALID_ARG = _ErrorCode.INVALID_ARG
+    UNAVAILABLE = _ErrorCode.UNAVAILABLE
+    UNSUPPORTED = _ErrorCode.UNSUPPORTED
+    ALREADY_EXISTS = _ErrorCode.ALREADY_EXISTS
+    CANCELLED = _ErrorCode.CANCELLED
+
+    def __init__(self, message: str, code: int = _ErrorCode.INTERNAL) -> None:
         self._message = message
         self._code = code
 
@@ -109,7 +122,9 @@ class TritonError:
         return self._message
 
     def code(self) -> int:
-        return self._code
+        """The code as the enum (an int too); a number outside it as it was given."""
+        code = self._code
+        return _ErrorCode(code) if code in _ErrorCode._value2member_map_ else code
 
     def __str__(self) -> str:
         return self._message
