@@ -48,6 +48,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 PHASE_S = float(os.environ.get("PHASE_S", "5"))
+# The attacking process's niceness. On a real network the attacker's CPU is not the server's;
+# on one small machine its sends compete with the server and the measuring clients for the
+# same cores, and a high niceness (19) takes most of that share out of the measure.
+ATTACKER_NICE = int(os.environ.get("ATTACKER_NICE", "0"))
 RSS_EVERY_S = 0.1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -189,6 +193,7 @@ def grpc_junk(grpc_url: str, junk: bytes) -> object:
 def attacker(http: str, grpc_url: str, model: str, orders: Queue, results: Queue) -> None:
     """The attacking process: builds its bodies, then runs each ordered attack until the time
     it is given (repeating the ones made of single requests) and answers with the outcomes."""
+    os.nice(ATTACKER_NICE)
     json_headers = {"Content-Type": "application/json"}
     gzip_headers = {**json_headers, "Content-Encoding": "gzip"}
     json_64 = json_body(64)
@@ -219,6 +224,8 @@ def attacker(http: str, grpc_url: str, model: str, orders: Queue, results: Queue
 
 
 ATTACKS = ["lying-length", "json-64MiB", "gzip-256MiB", "gzip-1GiB", "grpc-64MiB"]
+# Only these attacks (names separated by blanks), to look at one in isolation.
+ONLY = os.environ.get("ATTACKS", "").split() or ATTACKS
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -242,7 +249,7 @@ def main() -> int:
     clients = Clients(http, grpc_url, model)
     time.sleep(1.0)  # warm-up: connections open, first requests answered
     phases: list[Phase] = []
-    for name in ["unloaded", *ATTACKS, "after"]:
+    for name in ["unloaded", *[a for a in ATTACKS if a in ONLY], "after"]:
         phase = Phase(name)
         clients.phase = phase
         phases.append(phase)

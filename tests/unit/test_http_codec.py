@@ -79,6 +79,15 @@ def decode_client_body(inputs, outputs=None, **kwargs):
     return codec.decode_infer_request(bytearray(body), length, "model", "")
 
 
+@pytest.mark.parametrize(
+    ("value", "length"),
+    [("12", 12), (" \t12abc", 12), ("+3", 3), ("x12", 0), ("\x1f12", 0), ("\u0663", 0)],
+)
+def test_the_header_length_is_read_as_strtol_reads_it(value: str, length: int) -> None:
+    # C's white space only, ASCII digits only; no number at all reads as 0 (a raw request).
+    assert codec.header_length(value, 100) == length
+
+
 # -- requests -------------------------------------------------------------------------------
 @SETTINGS
 @given(data=st.data(), datatype=st.sampled_from(DATATYPES))

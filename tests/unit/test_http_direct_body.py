@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import itertools
+import socket
 import struct
 import termios
 from collections.abc import AsyncIterator, Callable
@@ -16,9 +18,11 @@ from typing import Any
 
 import pytest
 import uvloop
+from tritonfast.frontends.http import connection as connection_module
+from tritonfast.frontends.http import request as request_module
 from tritonfast.frontends.http.answer import Answer
 from tritonfast.frontends.http.app import _read_body
-from tritonfast.frontends.http.connection import HttpServer
+from tritonfast.frontends.http.connection import HttpConnection, HttpServer
 from tritonfast.frontends.http.request import DIRECT_BODY_BYTES, Request
 
 from tests.waiting import wait_for_async
@@ -255,3 +259,73 @@ def test_a_direct_body_right_after_a_streamed_one_that_pauses_the_parser(
         _expected("direct", second),
         _expected("streamed", b"tail"),
     ]
+
+
+@LOOPS
+def test_a_large_body_arriving_fast_is_read_a_bounded_piece_per_turn_of_the_loop(
+    run: Callable[[Any], Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A client on another thread keeps the socket full. uvloop's transport would read it again
+    # and again within one event (up to 32 reads, each as large as the buffer offered), holding
+    # every other client up; each read of a direct body is bounded, and the loop takes a turn
+    # between two of them. (The bound is made small here, so that the socket's first receive
+    # buffer, before the kernel grows it, holds several reads' worth.)
+    bound = 16 * 1024
+    monkeypatch.setattr(request_module, "DIRECT_READ_BYTES", bound)
+    monkeypatch.setattr(connection_module, "DIRECT_READ_BYTES", bound)
+    body = bytes(range(256)) * (4 * DIRECT_BODY_BYTES // 256)
+    reads: list[tuple[int, int]] = []  # (bytes, the loop's turns so far) per direct read
+    turns = 0
+    original = HttpConnection.buffer_updated
+
+    def recorded(self: HttpConnection, nbytes: int) -> None:
+        if self._direct is not None:
+            reads.append((nbytes, turns))
+        original(self, nbytes)
+
+    monkeypatch.setattr(HttpConnection, "buffer_updated", recorded)
+
+    async def scenario() -> str:
+        loop = asyncio.get_running_loop()
+        counting = True
+
+        def turn() -> None:
+            nonlocal turns
+            turns += 1
+            if counting:
+                loop.call_soon(turn)
+
+        turn()
+        try:
+            async with _serving() as (_, port):
+                with socket.create_connection(("127.0.0.1", port)) as sock:
+                    sending = loop.run_in_executor(None, sock.sendall, _post(body))
+                    answer = await loop.run_in_executor(None, _blocking_answer, sock)
+                    await sending
+                return answer
+        finally:
+            counting = False
+
+    assert run(scenario()) == _expected("direct", body)
+    assert reads and max(nbytes for nbytes, _ in reads) <= bound
+    full = [at for nbytes, at in reads if nbytes == bound]
+    assert len(full) > 1, "the socket never held a whole read's worth"
+    assert all(later > earlier for earlier, later in itertools.pairwise(full))
+
+
+def _blocking_answer(sock: socket.socket) -> str:
+    """The body of one answer read from a blocking socket."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    head, _, rest = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK"), head
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return rest[:length].decode()

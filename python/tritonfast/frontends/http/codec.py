@@ -100,7 +100,7 @@ def header_length(value: str | None, content_length: int) -> int:
     # Read as C's strtol reads it, as Triton does: the leading number, 0 when there is none
     # (0 means a raw binary request, see rawrequest).
     number = _LEADING_NUMBER.match(value)
-    parsed = int(number.group()) if number else 0
+    parsed = int(number.group(1)) if number else 0
     if parsed < 0 or parsed > content_length:
         raise InvalidArgumentError(
             f"inference header size should be in range (0, {content_length}), got: {value}"
@@ -108,7 +108,8 @@ def header_length(value: str | None, content_length: int) -> int:
     return parsed
 
 
-_LEADING_NUMBER = re.compile(r"\s*[+-]?\d+")
+# strtol skips C's white space only (Python's \s also takes \x1c-\x1f, which int() refuses).
+_LEADING_NUMBER = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 
 # -- requests ---------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from tritonfast.errors import TritonError
 from tritonfast.frontends.http.answer import Answer, chunk, head, json_answer
 from tritonfast.frontends.http.request import (
     DIRECT_BODY_BYTES,
+    DIRECT_READ_BYTES,
     MAX_BODY_BYTES,
     DirectBody,
     Request,
@@ -107,6 +108,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         "_task",
         "_waiting",
         "_writing_paused",
+        "_yielding",
         "last_data",
         "transport",
     )
@@ -124,6 +126,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._waiting: deque[Request | Answer] = deque()
         self._task: asyncio.Task[None] | None = None
         self._held = False  # reading stopped because too many requests wait
+        self._yielding = False  # reading stopped until the loop's next turn (a large body)
         self._out: OutStream | None = None  # the writer thread's stream, when there is one
         self._direct: DirectBody | None = None  # a body being received straight to its buffer
         self.last_data = self._loop.time()  # when bytes last came in
@@ -231,6 +234,25 @@ class HttpConnection(asyncio.BufferedProtocol):
         self.last_data = self._loop.time()
         if direct.received(nbytes):
             self._direct = None  # what comes next is the next request's head
+        elif nbytes >= DIRECT_READ_BYTES:
+            # A whole read's worth came and more is likely waiting: the transport would read
+            # again at once (up to 32 times), keeping every other client waiting meanwhile.
+            self._yield_reading()
+
+    def _yield_reading(self) -> None:
+        """Stop reading until the loop's next turn, so that the other connections' events
+        (and the callbacks they made ready) come first."""
+        transport = self.transport
+        if transport is None or self._yielding:
+            return
+        self._yielding = True
+        transport.pause_reading()
+        self._loop.call_soon(self._end_yield)
+
+    def _end_yield(self) -> None:
+        self._yielding = False
+        if self.transport is not None and not self._reading_paused and not self._held:
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         parser = self._parser

@@ -19,6 +19,12 @@ DIRECT_BODY_BYTES = COUNTED_BYTES
 # The body budget is taken as bytes arrive: at first this much (at most the body), then twice
 # what has arrived each time the bytes reach what was taken.
 FIRST_COUNTED_BYTES = 1 << 21
+# Bytes of a direct body asked of the socket in one read. A client sending a large body over
+# a fast link keeps the socket full, and one read takes all it holds (megabytes): every other
+# client of the event loop waits for that copy. With a bounded read the connection yields
+# after each one (see HttpConnection.buffer_updated), so a read costs the others at most the
+# copy of this many bytes.
+DIRECT_READ_BYTES = 1 << 18
 
 
 class DirectBody:
@@ -72,7 +78,7 @@ class DirectBody:
             return None
         if self.filled >= self.counted and not self._count(2 * self.counted):
             return None
-        return self.buffer[self.filled : self.counted]
+        return self.buffer[self.filled : min(self.counted, self.filled + DIRECT_READ_BYTES)]
 
     def received(self, nbytes: int) -> bool:
         """Counts ``nbytes`` more received; whether the body is now complete."""
