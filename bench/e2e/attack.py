@@ -22,6 +22,9 @@ unloaded level. An attack request that is still being sent when the phase ends i
 before the next phase starts, and the clients measure until then.
 
 Output: a table on stdout and, with OUTDIR set, OUTDIR/attack-LABEL.json.
+
+ATTACKS (attack names separated by blanks) runs only those between ``unloaded`` and
+``after``; ATTACKER_NICE sets the attacking process's niceness (0 by default).
 """
 
 from __future__ import annotations
