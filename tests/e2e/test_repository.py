@@ -83,6 +83,13 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
     broken = repository / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "config.pbtxt").write_text('backend: "python"\ninput [ this is not protobuf')
+    invalid = repository / "invalid"  # parses; Triton fails its versions for an input's dims
+    shutil.copytree(EXAMPLES / "add_sub" / "1", invalid / "1")
+    (invalid / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    )
     log_path = tmp_path_factory.mktemp("explicit") / "server.log"
     server = start_server(
         [repository], log_path, "--model-control-mode=explicit", "--load-model=add_sub"
@@ -106,7 +113,7 @@ def test_explicit_mode_loads_only_the_named_models(explicit: tuple[RunningServer
             "state": "READY",
         }
         assert rows["string_upper"] == {"name": "string_upper"}
-        assert set(rows) == {"add_sub", "string_upper", "generation", "broken"}
+        assert set(rows) == {"add_sub", "string_upper", "generation", "broken", "invalid"}
         assert not client.is_model_ready("string_upper")
         assert client.is_server_ready()
     finally:
@@ -269,7 +276,18 @@ def test_config_override_and_files(explicit: tuple[RunningServer, Path]) -> None
     ("name", "kwargs", "message"),
     [
         ("no_such_model", {}, "failed to poll from model repository: model not found"),
-        ("broken", {}, "load failed for model 'broken'"),
+        (
+            "broken",
+            {},
+            r"^\[500\] failed to load 'broken', failed to poll from model repository: failed to"
+            " parse model configuration",
+        ),
+        (
+            "invalid",
+            {},
+            r"^\[400\] load failed for model 'invalid': version 1 is at UNAVAILABLE state:"
+            r" Invalid argument: model input 'INPUT0' must specify 'dims' for invalid;\n$",
+        ),
         ("add_sub", {"config": "{not json"}, "Invalid config override"),
         ("add_sub", {"files": {"file:1/model.py": b"x"}}, "'config' must be specified"),
     ],
@@ -389,14 +407,46 @@ def test_a_failed_model_can_be_unloaded(explicit: tuple[RunningServer, Path]) ->
     server, _ = explicit
     client = httpclient.InferenceServerClient(server.http_url)
     try:
-        with pytest.raises(InferenceServerException, match="load failed for model 'broken'"):
-            client.load_model("broken")
+        with pytest.raises(InferenceServerException, match="load failed for model 'invalid'"):
+            client.load_model("invalid")
         assert not client.is_server_ready()  # strict readiness: a model failed
-        client.unload_model("broken")
-        assert index(client)["broken"]["reason"] == "unloaded"
+        client.unload_model("invalid")
+        assert index(client)["invalid"]["reason"] == "unloaded"
         assert client.is_server_ready()
     finally:
         client.close()
+
+
+def test_a_model_refused_while_polling_is_listed_by_name_and_leaves_readiness(
+    explicit: tuple[RunningServer, Path],
+) -> None:
+    # As Triton 2.51 does with a configuration that does not parse (or breaks a model-wide
+    # rule): the load fails with INTERNAL, the index names the model and nothing else, the
+    # server stays ready; a configuration whose inputs are wrong fails its versions instead.
+    server, _ = explicit
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            grpc.load_model("broken")
+        assert raised.value.status() == "StatusCode.INTERNAL"
+        assert index(http)["broken"] == {"name": "broken"}
+        assert http.is_server_ready()
+        with pytest.raises(InferenceServerException) as raised:
+            grpc.load_model("invalid")
+        assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert index(http)["invalid"] == {
+            "name": "invalid",
+            "version": "1",
+            "state": "UNAVAILABLE",
+            "reason": "Invalid argument: model input 'INPUT0' must specify 'dims' for invalid",
+        }
+        assert not http.is_server_ready()
+        http.unload_model("invalid")
+        assert http.is_server_ready()
+    finally:
+        http.close()
+        grpc.close()
 
 
 def test_model_names_cannot_leave_the_repository(explicit: tuple[RunningServer, Path]) -> None:

@@ -59,30 +59,80 @@ def test_backend_detected_from_onnx_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "needle"),
+    ("text", "error", "message"),
     [
-        ('name: "other" backend: "python"', "directory name must equal model name"),
-        ('backend: "python" input [ { name: "A" dims: [1] } ]', "must specify 'data_type'"),
-        ('backend: "python" input [ { name: "A" data_type: TYPE_FP32 } ]', "must specify 'dims'"),
-        ('backend: "python" input [ { name: "A" data_type: TYPE_FP32 dims: [0] } ]', "dimension"),
         (
-            'backend: "python" input [ { name: "A" data_type: TYPE_FP32 dims: [1] },'
-            ' { name: "A" data_type: TYPE_FP32 dims: [1] } ]',
-            "duplicate input name 'A'",
+            'name: "other" backend: "python"',
+            InvalidArgumentError,
+            "unexpected directory name 'm' for model 'other', directory name must equal model name",
+        ),
+        (
+            'backend: "python" max_batch_size: -1',
+            load.PollError,
+            "'max_batch_size' must be non-negative value for m",
         ),
         (
             'backend: "python" max_batch_size: 4 dynamic_batching { preferred_batch_size: [8] }',
-            "preferred size",
+            load.PollError,
+            "dynamic batching preferred size must be <= max batch size for m",
+        ),
+        (
+            'backend: "python" max_batch_size: 4 dynamic_batching { preferred_batch_size: [0] }',
+            load.PollError,
+            "dynamic batching preferred size must be positive for m",
         ),
     ],
 )
-def test_invalid_configs_are_rejected_with_reason(tmp_path: Path, text: str, needle: str) -> None:
+def test_model_wide_rules_are_checked_as_triton_polls(
+    tmp_path: Path, text: str, error: type[InvalidArgumentError], message: str
+) -> None:
     model_dir = write_model(tmp_path, "m", text)
     config = load.read_config(model_dir)
     load.fill_defaults(config, model_dir)
-    with pytest.raises(InvalidArgumentError) as info:
+    with pytest.raises(error) as info:
         load.validate(config, model_dir)
-    assert needle in info.value.message
+    assert info.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("input [ { data_type: TYPE_FP32 dims: [1] } ]", "model input must specify 'name' for m"),
+        ('input [ { name: "A" dims: [1] } ]', "model input 'A' must specify 'data_type' for m"),
+        (
+            'input [ { name: "A" data_type: TYPE_FP32 } ]',
+            "model input 'A' must specify 'dims' for m",
+        ),
+        (
+            'max_batch_size: 4 output [ { name: "B" data_type: TYPE_FP32 dims: [] reshape: { shape: [] } } ]',
+            "model output 'B' must specify 'dims' for m",
+        ),
+        (
+            'input [ { name: "A" data_type: TYPE_FP32 dims: [0] } ]',
+            "model input 'A' dimension must be integer >= 1, or -1 to indicate a variable-size"
+            " dimension for m",
+        ),
+    ],
+)
+def test_inputs_and_outputs_are_checked_in_tritons_words(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    model_dir = write_model(tmp_path, "m", f'backend: "python" {text}')
+    config = load.read_config(model_dir)
+    load.fill_defaults(config, model_dir)
+    load.validate(config, model_dir)  # nothing model-wide
+    with pytest.raises(InvalidArgumentError) as info:
+        load.validate_io(config)
+    assert info.value.message == message
+
+
+def test_repeated_tensor_names_are_accepted_as_triton_does(tmp_path: Path) -> None:
+    two = 'name: "A" data_type: TYPE_FP32 dims: [1]'
+    model_dir = write_model(tmp_path, "m", f'backend: "python" input [ {{ {two} }}, {{ {two} }} ]')
+    config = load.read_config(model_dir)
+    load.fill_defaults(config, model_dir)
+    load.validate(config, model_dir)
+    load.validate_io(config)
 
 
 def test_json_round_trip_preserves_config() -> None:

@@ -16,6 +16,14 @@ from tritonfast.errors import InvalidArgumentError
 
 CONFIG_FILE = "config.pbtxt"
 
+
+class PollError(InvalidArgumentError):
+    """A configuration Triton refuses while it polls the repository, before any version is
+    loaded (it cannot be read or parsed, or breaks a model-wide rule): the repository index
+    lists the model by name only, and a load request gets "failed to poll from model
+    repository"."""
+
+
 ModelConfig = model_config_pb2.ModelConfig
 DataType = model_config_pb2.DataType
 
@@ -33,17 +41,17 @@ def read_config(model_dir: Path, *, required: bool = False) -> ModelConfig:
     config = ModelConfig()
     if not path.exists():
         if required:
-            raise InvalidArgumentError(f"model configuration file '{path}' does not exist")
+            raise PollError(f"model configuration file '{path}' does not exist")
         return config
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"failed to read '{path}': {exc}") from exc
+        raise PollError(f"failed to read '{path}': {exc}") from exc
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
         # ParseError text is "LINE:COL : message"; keep it whole and name the file.
-        raise InvalidArgumentError(f"failed to parse model configuration '{path}': {exc}") from exc
+        raise PollError(f"failed to parse model configuration '{path}': {exc}") from exc
     return config
 
 
@@ -62,50 +70,62 @@ def fill_defaults(config: ModelConfig, model_dir: Path) -> None:
 
 
 def validate(config: ModelConfig, model_dir: Path) -> None:
-    """Reject configurations Triton would reject, with a message that names the problem."""
-    where = f"model '{config.name}'"
+    """Reject configurations Triton would reject, with a message that names the problem, as
+    :class:`PollError`: Triton checks these model-wide rules while it polls the repository.
+    The inputs and outputs are checked apart (:func:`validate_io`): Triton fails the model's
+    versions for those."""
+    try:
+        _validate_model_wide(config, model_dir)
+    except PollError:
+        raise
+    except InvalidArgumentError as exc:
+        raise PollError(exc.message) from exc
+
+
+def _validate_model_wide(config: ModelConfig, model_dir: Path) -> None:
     if config.name != model_dir.name:
         raise InvalidArgumentError(
             f"unexpected directory name '{model_dir.name}' for model '{config.name}',"
             " directory name must equal model name"
         )
     if config.max_batch_size < 0:
-        raise InvalidArgumentError(f"{where}: max_batch_size must be >= 0")
+        raise PollError(f"'max_batch_size' must be non-negative value for {config.name}")
     if not config.backend and not config.platform:
         raise InvalidArgumentError(
             f"unexpected platform type '' for {config.name}: set 'backend' in {CONFIG_FILE}"
         )
-    for kind, tensors in (("input", config.input), ("output", config.output)):
-        seen: set[str] = set()
-        for tensor in tensors:
-            if not tensor.name:
-                raise InvalidArgumentError(f"{where}: {kind} must specify 'name'")
-            if tensor.name in seen:
-                raise InvalidArgumentError(f"{where}: duplicate {kind} name '{tensor.name}'")
-            seen.add(tensor.name)
-            if tensor.data_type == DataType.TYPE_INVALID:
-                raise InvalidArgumentError(
-                    f"{where}: {kind} '{tensor.name}' must specify 'data_type'"
-                )
-            has_dims = len(tensor.dims) > 0 or tensor.HasField("reshape")
-            if not has_dims and config.max_batch_size == 0:
-                raise InvalidArgumentError(f"{where}: {kind} '{tensor.name}' must specify 'dims'")
-            for dim in tensor.dims:
-                if dim < -1 or dim == 0:
-                    raise InvalidArgumentError(
-                        f"{where}: {kind} '{tensor.name}' dimension must be integer >= 1,"
-                        f" or -1 to indicate a variable-size dimension"
-                    )
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         # Triton warns and ignores the batcher in this case rather than failing.
         config.ClearField("dynamic_batching")
     for preferred in config.dynamic_batching.preferred_batch_size:
-        if preferred < 1 or preferred > config.max_batch_size:
-            raise InvalidArgumentError(
-                f"{where}: dynamic batching preferred size must be positive and <="
-                f" max batch size {config.max_batch_size}"
+        if preferred < 1:
+            raise PollError(f"dynamic batching preferred size must be positive for {config.name}")
+        if preferred > config.max_batch_size:
+            raise PollError(
+                f"dynamic batching preferred size must be <= max batch size for {config.name}"
             )
     validate_sequence_batching(config, model_dir)
+
+
+def validate_io(config: ModelConfig) -> None:
+    """The inputs' and outputs' rules, in Triton's words (which fails the model's versions
+    with them: "Invalid argument: model input 'X' must specify 'dims' for m"). Names may
+    repeat: Triton 2.51 loads such a model."""
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for tensor in tensors:
+            if not tensor.name:
+                raise InvalidArgumentError(f"model {kind} must specify 'name' for {config.name}")
+            named = f"model {kind} '{tensor.name}'"
+            if tensor.data_type == DataType.TYPE_INVALID:
+                raise InvalidArgumentError(f"{named} must specify 'data_type' for {config.name}")
+            if not tensor.dims:  # a reshape does not stand in for them
+                raise InvalidArgumentError(f"{named} must specify 'dims' for {config.name}")
+            for dim in tensor.dims:
+                if dim < -1 or dim == 0:
+                    raise InvalidArgumentError(
+                        f"{named} dimension must be integer >= 1, or -1 to indicate a"
+                        f" variable-size dimension for {config.name}"
+                    )
 
 
 def _version_dirs(model_dir: Path) -> list[Path]:

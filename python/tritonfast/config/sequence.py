@@ -55,7 +55,14 @@ def validate_sequence_batching(config: ModelConfig, model_dir: Path) -> None:
                 raise InvalidArgumentError(
                     f"sequence batching preferred batch size must be <= max batch size for {model}"
                 )
-    _validate_states(batching, model_dir)
+
+
+def validate_sequence_states(config: ModelConfig, model_dir: Path) -> None:
+    """Raise Triton's error for implicit states it would refuse (it fails the model's
+    versions with these, where :func:`validate_sequence_batching`'s refuse the model while
+    the repository is polled)."""
+    if config.HasField("sequence_batching"):
+        _validate_states(config.sequence_batching, model_dir)
 
 
 def complete_sequence_batching(config: ModelConfig) -> None:

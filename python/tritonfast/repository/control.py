@@ -106,7 +106,7 @@ class ModelControl:
         rows: list[dict[str, str]] = []
         for name in sorted(self.repository.discover()):
             entry = self.repository.entry(name)
-            if entry is None:
+            if entry is None or entry.unversioned:
                 if not ready_only:
                     rows.append({"name": name})
                 continue
@@ -209,6 +209,8 @@ class ModelControl:
                 current = self.repository.entry(name)
                 if current is None or current.state != READY:
                     self.repository.publish(entry)  # the index reports why
+                if entry.poll_failed:
+                    raise _poll_failure(name, entry.reason)
                 why = entry.failure or entry.reason
                 raise InvalidArgumentError(f"load failed for model '{name}': {why}")
             replaced = self.repository.publish(entry)

@@ -27,6 +27,7 @@ from tritonfast.backends import registry
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
 from tritonfast.backends.ensemble.plan import check_composing, is_ensemble, plan_of
 from tritonfast.config import load as config_load
+from tritonfast.config.sequence import validate_sequence_states
 from tritonfast.errors import CODE_NAMES, InvalidArgumentError, NotFoundError, TritonError
 from tritonfast.repository.dependencies import with_dependencies
 from tritonfast.repository.model import ModelVersion
@@ -59,6 +60,12 @@ class ModelEntry:
     # What a load request that failed answers after "load failed for model '<m>': " (the
     # reason itself, unless versions failed).
     failure: str = ""
+    # Refused before any version was loaded, as Triton refuses a configuration while it
+    # polls the repository (``poll_failed``: config.load.PollError) or an ensemble whose steps
+    # do not fit it: the index names the model only, and the server's readiness does not
+    # count it.
+    unversioned: bool = False
+    poll_failed: bool = False
 
     @property
     def default_version(self) -> ModelVersion | None:
@@ -139,6 +146,15 @@ class ModelRepository:
             )
             for version in failed.versions:
                 log.error("failed to load '%s' version %d: %s", name, version, reason)
+        except config_load.PollError as exc:
+            self._stop_versions(entry, served=False)
+            entry.state, entry.reason = UNAVAILABLE, exc.message
+            entry.unversioned = entry.poll_failed = True
+            log.error("Poll failed for model directory '%s': %s", name, exc.message)
+        except _EnsembleRefused as refused:
+            entry.state, entry.reason, entry.unversioned = UNAVAILABLE, str(refused), True
+            entry.failure = f"{refused}\n"  # Triton's answer ends with a line break
+            log.error("failed to load '%s': %s", name, refused)
         except TritonError as exc:
             self._stop_versions(entry, served=False)
             entry.state, entry.reason = UNAVAILABLE, exc.message
@@ -164,7 +180,7 @@ class ModelRepository:
         if entry is None:
             return None
         if entry.state != READY:  # a failed (or already unloaded) model: nothing runs
-            entry.state, entry.reason = UNAVAILABLE, UNLOADED_REASON
+            entry.state, entry.reason, entry.unversioned = UNAVAILABLE, UNLOADED_REASON, False
             return None
         unloading = ModelEntry(
             name,
@@ -245,7 +261,15 @@ class ModelRepository:
         config_load.validate(config, model_dir)
         backend.validate(config)
         if is_ensemble(config):
-            self._check_ensemble(config)
+            try:
+                self._check_ensemble(config)
+            except TritonError as exc:
+                raise _EnsembleRefused(exc.message) from exc
+        try:
+            config_load.validate_io(config)
+            validate_sequence_states(config, model_dir)
+        except TritonError as exc:  # Triton fails every version with these
+            raise _VersionsFailed(tuple(versions), exc) from exc
         cached = self._response_cache is not None and config.response_cache.enable
         if cached and config.HasField("sequence_batching"):
             raise InvalidArgumentError(
@@ -373,7 +397,10 @@ class ModelRepository:
 
     def all_ready(self) -> bool:
         """Every model that is meant to serve is READY (unloaded ones do not count)."""
-        return all(e.state == READY or e.reason == UNLOADED_REASON for e in self._models.values())
+        return all(
+            e.state == READY or e.reason == UNLOADED_REASON or e.unversioned
+            for e in self._models.values()
+        )
 
     # -- shutdown -----------------------------------------------------------------------
     def stop(self, timeout: float) -> None:
@@ -444,6 +471,11 @@ def parse_version(text: str) -> int | None:
             f"invalid model version specified '{text}' , version should be an integral value > 0"
         )
     return number
+
+
+class _EnsembleRefused(Exception):
+    """An ensemble whose steps do not fit it (their inputs, types, batch sizes, or a step
+    model that is not there), found when it is loaded."""
 
 
 class _VersionsFailed(Exception):

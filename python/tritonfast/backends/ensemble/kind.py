@@ -12,7 +12,8 @@ from typing import ClassVar
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
 from tritonfast.backends.ensemble.plan import plan_of
-from tritonfast.errors import InternalError
+from tritonfast.config.load import PollError
+from tritonfast.errors import InternalError, TritonError
 
 
 class EnsembleBackend(Backend):
@@ -20,7 +21,11 @@ class EnsembleBackend(Backend):
     platforms: ClassVar[tuple[str, ...]] = ("ensemble",)
 
     def validate(self, config: model_config_pb2.ModelConfig) -> None:
-        plan_of(config)
+        # The ensemble's own structure: Triton refuses it while polling the repository.
+        try:
+            plan_of(config)
+        except TritonError as exc:
+            raise PollError(exc.message) from exc
 
     def create_instance(
         self, config: model_config_pb2.ModelConfig, placement: InstancePlacement

@@ -135,11 +135,26 @@ def plan_of(config: ModelConfig) -> EnsemblePlan:
     written = _reachable(plan)
     for tensor in outputs:
         if tensor not in written:
-            raise InvalidArgumentError(f"output '{tensor}' for ensemble '{name}' is not written")
+            message = f"output '{tensor}' for ensemble '{name}' is not written"
+            missing = _unconnected_input(plan, tensor, written)
+            if missing is not None:
+                message += f": at least one of its depending tensors, '{missing}', is not connected"
+            raise InvalidArgumentError(message)
     for tensor in sorted((produced | consumed) - inputs):
         if tensor not in written or (tensor not in consumed and tensor not in outputs):
             raise InvalidArgumentError(f"ensemble tensor '{tensor}' is unused in ensemble '{name}'")
     return plan
+
+
+def _unconnected_input(plan: EnsemblePlan, tensor: str, written: set[str]) -> str | None:
+    """An input that keeps the step producing ``tensor`` from running (None when no step
+    produces it)."""
+    for step in plan.steps:
+        if any(produced == tensor for _, produced in step.outputs):
+            for _, needed in step.inputs:
+                if needed not in written:
+                    return needed
+    return None
 
 
 def _reachable(plan: EnsemblePlan) -> set[str]:
