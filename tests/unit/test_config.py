@@ -104,7 +104,8 @@ def test_model_wide_rules_are_checked_as_triton_polls(
             "model input 'A' must specify 'dims' for m",
         ),
         (
-            'max_batch_size: 4 output [ { name: "B" data_type: TYPE_FP32 dims: [] reshape: { shape: [] } } ]',
+            'max_batch_size: 4 output [ { name: "B" data_type: TYPE_FP32 dims: []'
+            " reshape: { shape: [] } } ]",
             "model output 'B' must specify 'dims' for m",
         ),
         (
