@@ -153,8 +153,9 @@ def test_a_request_given_up_while_queued_never_runs(
     request: pytest.FixtureRequest, engine: str, waiters: Waiters
 ) -> None:
     """Both waiter instances run calls that last until they are cancelled; a third call, queued
-    behind them, gives up after 0.3 s. It leaves the queue as a CANCELED failure and never
-    runs (it would mark its run); each waiter counts its cancellation."""
+    behind them, gives up after 1 s (time enough to reach the queue on a loaded machine). It
+    leaves the queue as a CANCELED failure and never runs (it would mark its run); each waiter
+    counts its cancellation."""
     engine_server: RunningServer = request.getfixturevalue(f"{engine}_server")
     client = grpcclient.InferenceServerClient(engine_server.grpc_url)
     waiter = grpcclient.InferenceServerClient(engine_server.grpc_url)
@@ -171,7 +172,7 @@ def test_a_request_given_up_while_queued_never_runs(
         try:
             wait_for(lambda: waiters.marks.count() == runs_before + 2, "both instances to be busy")
             with pytest.raises(InferenceServerException, match="Deadline"):
-                client.infer("waiter", [mode_input(0)], client_timeout=0.3)
+                client.infer("waiter", [mode_input(0)], client_timeout=1.0)
         finally:
             for call in calls:
                 call.cancel()
