@@ -80,6 +80,10 @@ class Batch:
     @property
     def rejected(self) -> tuple[Any, ...]: ...
     @property
+    def expired(self) -> bool:
+        """A :class:`SequenceBatcher` batch whose ``rejected`` are the requests of backlog
+        sequences whose timeout expired (not of cancelled sequences)."""
+    @property
     def seq(self) -> int:
         """0, 1, 2, ... in the order batches left the queue (for ordered completion)."""
     @property
@@ -380,10 +384,13 @@ class SequenceBatcher:
         start: bool = False,
         end: bool = False,
         batch_size: int = 1,
+        timeout_us: int = 0,
     ) -> SequenceTicket:
         """Queue ``item``; never blocks. Raises Triton's ``InvalidArgumentError`` (batch size
         above 1, no correlation ID, no START for an unknown sequence) or ``UnavailableError``
-        (a START once closed)."""
+        (a START once closed). ``timeout_us`` (0: none): a backlog sequence is dropped when a
+        request's timeout passes before it gets a slot (its requests come back in an
+        ``expired`` batch)."""
 
     def cancel(self, ticket: SequenceTicket) -> bool: ...
     def end(self, correlation_id: int | str) -> None:

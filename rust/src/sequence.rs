@@ -40,8 +40,14 @@
 //!
 //! Idle sequences: a sequence holding a slot, with no request waiting, whose last request
 //! arrived (or was handed out, or which took its slot from the backlog) more than
-//! `max_sequence_idle` ago is released. Backlog sequences are never released. A later request
-//! with a released sequence's ID is refused like any request of an unknown sequence.
+//! `max_sequence_idle` ago is released. Backlog sequences are never released as idle. A later
+//! request with a released sequence's ID is refused like any request of an unknown sequence.
+//!
+//! Timeouts (as in Triton): a request pushed with a timeout while its sequence waits in the
+//! backlog gives that sequence a deadline (the earliest of its requests'); a backlog sequence
+//! still there at its deadline is dropped whole, its requests come back from `pop_batch` as
+//! [`SequencePop::Expired`] (to be answered UNAVAILABLE) and its ID needs a START again.
+//! Requests of sequences that hold a slot have no timeout.
 //!
 //! Closing: new sequences are refused, requests of live sequences are still taken and handed
 //! out, and `pop_batch` returns [`SequencePop::Closed`] to an instance once it holds no
@@ -222,6 +228,8 @@ pub enum SequencePop<T> {
     Batch(SlotBatch<T>),
     /// Requests of cancelled sequences: answer each with a CANCELLED error.
     Cancelled(Vec<T>),
+    /// Requests of backlog sequences whose timeout expired: answer each UNAVAILABLE.
+    Expired(Vec<T>),
     TimedOut,
     /// Closed, and nothing is left for this instance.
     Closed,
@@ -251,6 +259,9 @@ struct Sequence<T> {
     last_request: Instant,
     /// Its END request has arrived (the ID may already start a new sequence).
     ending: bool,
+    /// While in the backlog: when it is dropped (the earliest deadline of its requests that
+    /// came with a timeout).
+    expires: Option<Instant>,
 }
 
 impl<T> Sequence<T> {
@@ -260,6 +271,7 @@ impl<T> Sequence<T> {
             waiting: VecDeque::new(),
             last_request: now,
             ending: false,
+            expires: None,
         }
     }
 }
@@ -280,6 +292,8 @@ struct State<T> {
     backlog: VecDeque<Sequence<T>>,
     /// Requests of cancelled sequences, for the next `pop_batch`.
     cancelled: Vec<T>,
+    /// Requests of backlog sequences whose timeout expired, for the next `pop_batch`.
+    expired: Vec<T>,
     next_seq: Vec<u64>,
     /// Requests waiting (not cancelled).
     waiting: usize,
@@ -364,6 +378,7 @@ impl<T> SequenceBatcher<T> {
                     .collect(),
                 backlog: VecDeque::new(),
                 cancelled: Vec::new(),
+                expired: Vec::new(),
                 next_seq: vec![0; config.instances],
                 waiting: 0,
                 closed: false,
@@ -408,6 +423,20 @@ impl<T> SequenceBatcher<T> {
         item: T,
         batch_size: u32,
     ) -> Result<SequenceTicket, CoreError> {
+        self.push_timed(id, start, end, item, batch_size, None)
+    }
+
+    /// [`push`](Self::push) with the request's timeout: if its sequence is (or goes) to the
+    /// backlog, the sequence is dropped when the timeout passes before it gets a slot.
+    pub fn push_timed(
+        &self,
+        id: &CorrelationId,
+        start: bool,
+        end: bool,
+        item: T,
+        batch_size: u32,
+        timeout: Option<Duration>,
+    ) -> Result<SequenceTicket, CoreError> {
         if batch_size > 1 {
             return Err(CoreError::invalid_arg(format!(
                 "inference request to model '{}' must specify batch-size 1 due to \
@@ -441,6 +470,11 @@ impl<T> SequenceBatcher<T> {
         };
         let ticket = Arc::new(AtomicU8::new(QUEUED));
         let sequence = state.sequence_mut(place, id);
+        if place == Place::Backlog
+            && let Some(deadline) = timeout.and_then(|timeout| now.checked_add(timeout))
+        {
+            sequence.expires = Some(sequence.expires.map_or(deadline, |d| d.min(deadline)));
+        }
         sequence.waiting.push_back(Waiting {
             item,
             batch_size,
@@ -526,6 +560,9 @@ impl<T> SequenceBatcher<T> {
             if !state.cancelled.is_empty() {
                 return SequencePop::Cancelled(std::mem::take(&mut state.cancelled));
             }
+            if !state.expired.is_empty() {
+                return SequencePop::Expired(std::mem::take(&mut state.expired));
+            }
             let mut wake = self.next_idle_deadline(&state);
             match self.plan(&mut state, instance, now) {
                 Plan::Send(positions) => {
@@ -567,6 +604,7 @@ impl<T> SequenceBatcher<T> {
                 continue;
             }
             next.last_request = Instant::now();
+            next.expires = None; // requests holding a slot have no timeout
             if !next.ending {
                 state
                     .live
@@ -614,8 +652,44 @@ impl<T> SequenceBatcher<T> {
         cancelled
     }
 
-    /// Releases sequences idle for longer than `max_sequence_idle`.
+    /// Drops the backlog sequences whose deadline has come: their requests go to the expired
+    /// list and their IDs are no longer live.
+    fn expire_backlog(&self, state: &mut State<T>, now: Instant) {
+        if !state
+            .backlog
+            .iter()
+            .any(|s| s.expires.is_some_and(|d| d <= now))
+        {
+            return;
+        }
+        let (expired, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut state.backlog)
+            .into_iter()
+            .partition(|s| s.expires.is_some_and(|d| d <= now));
+        state.backlog = kept;
+        for mut sequence in expired {
+            if !sequence.ending && state.live.get(&sequence.id) == Some(&Place::Backlog) {
+                state.live.remove(&sequence.id);
+            }
+            for waiting in sequence.waiting.drain(..) {
+                if waiting.ticket.swap(CANCELLED, Ordering::AcqRel) == QUEUED {
+                    state.waiting -= 1;
+                    self.stats.record_failure(
+                        FailureReason::Rejected,
+                        now.saturating_duration_since(waiting.enqueued_at),
+                    );
+                    state.expired.push(waiting.item);
+                }
+            }
+        }
+        for ready in &self.ready {
+            ready.notify_one();
+        }
+    }
+
+    /// Releases sequences idle for longer than `max_sequence_idle` (and drops expired backlog
+    /// sequences).
     fn release_idle(&self, state: &mut State<T>, now: Instant) {
+        self.expire_backlog(state, now);
         let idle = self.config.max_sequence_idle;
         let expired =
             |sequence: &Sequence<T>| now.saturating_duration_since(sequence.last_request) > idle;
@@ -646,10 +720,13 @@ impl<T> SequenceBatcher<T> {
             .flatten()
             .flatten()
             .filter(|sequence| sequence.waiting.is_empty());
-        held.filter_map(|sequence| sequence.last_request.checked_add(idle))
+        let idle_deadline = held
+            .filter_map(|sequence| sequence.last_request.checked_add(idle))
             .min()
             // Past the deadline, not at it: idleness is "longer than".
-            .map(|deadline| deadline + Duration::from_micros(1))
+            .map(|deadline| deadline + Duration::from_micros(1));
+        let expiry = state.backlog.iter().filter_map(|s| s.expires).min();
+        earliest(idle_deadline, expiry)
     }
 
     // -- forming batches -----------------------------------------------------------------------

@@ -290,6 +290,73 @@ fn a_backlog_sequence_with_a_cancelled_request_is_cancelled_whole() {
 }
 
 #[test]
+fn a_backlog_sequence_past_its_requests_timeout_is_dropped_whole() {
+    let batcher = SequenceBatcher::new(direct(1, 1)).unwrap();
+    let timeout = Some(Duration::from_millis(50));
+    batcher
+        .push_timed(&id(1), true, false, 1, 1, timeout)
+        .unwrap(); // a slot: no timeout
+    batcher
+        .push_timed(&id(2), true, false, 20, 1, timeout)
+        .unwrap(); // backlog
+    batcher.push(&id(2), false, false, 21, 1).unwrap();
+    batcher.push(&id(3), true, false, 30, 1).unwrap(); // backlog, no timeout
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(1))]
+    );
+    // The slot stays held: sequence 2 reaches its deadline in the backlog. The wait for a
+    // batch wakes for it.
+    let waited = Instant::now();
+    match batcher.pop_batch(0, WAIT) {
+        SequencePop::Expired(items) => assert_eq!(items, vec![20, 21]),
+        other => panic!("expected sequence 2 expired, got {other:?}"),
+    }
+    assert!(waited.elapsed() < Duration::from_secs(2));
+    assert_eq!(batcher.len(), 1); // sequence 3's request
+    let refused = batcher.push(&id(2), false, true, 22, 1).unwrap_err();
+    assert_eq!(refused.code, Code::InvalidArg); // the ID needs a START again
+    // Sequence 3 keeps its place and takes the slot when sequence 1 ends.
+    batcher.push(&id(1), false, true, 11, 1).unwrap();
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(11))]
+    );
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(30))]
+    );
+}
+
+#[test]
+fn a_sequence_that_gets_a_slot_in_time_keeps_its_requests() {
+    let batcher = SequenceBatcher::new(direct(1, 1)).unwrap();
+    batcher.push(&id(1), true, true, 1, 1).unwrap();
+    let timeout = Some(Duration::from_millis(100));
+    batcher
+        .push_timed(&id(2), true, false, 20, 1, timeout)
+        .unwrap(); // backlog
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(1))]
+    );
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(20))]
+    );
+    // Past the deadline it had in the backlog, nothing comes back for it.
+    assert!(matches!(
+        batcher.pop_batch(0, Duration::from_millis(150)),
+        SequencePop::TimedOut
+    ));
+    batcher.push(&id(2), false, true, 21, 1).unwrap();
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(21))]
+    );
+}
+
+#[test]
 fn direct_waits_for_utilization_or_the_queue_delay() {
     let mut config = direct(1, 4);
     config.strategy = Strategy::Direct {
@@ -432,6 +499,7 @@ fn sequences_never_run_twice_at_once_and_keep_their_order() {
                         }
                         SequencePop::Closed => return,
                         SequencePop::Cancelled(items) => panic!("cancelled {items:?}"),
+                        SequencePop::Expired(items) => panic!("expired {items:?}"),
                         SequencePop::TimedOut => {}
                     }
                 }

@@ -833,6 +833,42 @@ def test_a_cancelled_backlog_request_cancels_its_sequence(
         wait_pending(seq_server, "short_idle", 0)
 
 
+def test_a_backlog_sequence_is_dropped_when_a_requests_timeout_passes(
+    seq_server: RunningServer,
+    http: httpclient.InferenceServerClient,
+    grpc: grpcclient.InferenceServerClient,
+) -> None:
+    """Triton: a request's timeout bounds how long its sequence may wait in the backlog; past
+    it the sequence's requests fail UNAVAILABLE and its ID needs a START again. (The holder's
+    idle limit, 300 ms, is longer than the 100 ms timeout.)"""
+    holder, waiting_id = 6401, 6402
+    assert short_idle(http, holder, start=True) == holder
+    replies: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
+    sent = time.monotonic()
+    grpc.async_infer(
+        "short_idle",
+        [value_input(grpcclient, 0, batched=False)],
+        callback=lambda result, error: replies.put((time.monotonic(), result, error)),
+        sequence_id=waiting_id,
+        sequence_start=True,
+        timeout=100_000,  # microseconds
+    )
+    try:
+        at, result, error = replies.get(timeout=WAIT_S)
+        assert result is None and error is not None
+        assert error.status() == "StatusCode.UNAVAILABLE"
+        assert error.message() == "timeout of the corresponding sequence has been expired"
+        assert at - sent >= 0.1
+        assert short_idle(http, holder) == holder  # the holder keeps its slot
+        with pytest.raises(InferenceServerException) as refused:
+            short_idle(http, waiting_id)
+        assert refused.value.message() == start_flag_error(waiting_id, "short_idle")
+    finally:
+        with contextlib.suppress(InferenceServerException):  # leave the slot free
+            short_idle(http, holder, end=True)
+        wait_pending(seq_server, "short_idle", 0)
+
+
 # -- statistics -----------------------------------------------------------------------------------
 def test_statistics_count_the_requests_sent(
     http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient

@@ -45,7 +45,8 @@ QueueItem = tuple[InferRequest, Sink]
 # through its sender), or None when every request of the batch is.
 Deliver = Callable[[int, list[Sink], Sequence[Result | None] | None], None]
 # Called on the instance thread with the sinks of requests rejected by a queue timeout.
-Reject = Callable[[list[Sink]], None]
+# Answers a batch's rejected requests (a batch with no items).
+Reject = Callable[[Batch], None]
 # Told how long each batch took to run (wall clock and this thread's CPU time, nanoseconds),
 # whether it ran on the event loop, and whether some request of it failed.
 Observe = Callable[[int, int, bool, bool], None]
@@ -147,9 +148,8 @@ class InstanceLoop:
             elif batch.items:
                 self._deliver(*self.run(batch, on_loop=False))
             else:  # a batch never comes with rejections; both are empty on a timeout
-                rejected = batch.rejected
-                if rejected:
-                    self._reject([item[1] for item in rejected])
+                if batch.rejected:
+                    self._reject(batch)
 
     def run(
         self, batch: Batch, *, on_loop: bool

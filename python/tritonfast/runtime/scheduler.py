@@ -62,7 +62,7 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, ClassVar, Literal
 
-from tritonfast._core import QUEUE_FULL_MESSAGE, QueuePolicy, RequestQueue, Ticket
+from tritonfast._core import QUEUE_FULL_MESSAGE, Batch, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance
 from tritonfast.errors import CancelledError, TritonError, UnavailableError
@@ -98,6 +98,8 @@ STOPPING_MESSAGE = (
 )
 # What the requests of a sequence are answered with when an earlier one of it was cancelled.
 SEQUENCE_CANCELLED_MESSAGE = "an earlier request of this sequence was cancelled"
+# ... and a request of a sequence that waited in the backlog past a request's timeout.
+SEQUENCE_EXPIRED_MESSAGE = "timeout of the corresponding sequence has been expired"
 # What a decoupled request still open when its model stops is answered with.
 STOPPED_MESSAGE = "the model stopped before it sent the final response of this request"
 
@@ -382,7 +384,8 @@ class QueueScheduler(Scheduler):
             self._next_seq += 1
             self._settle_batch(self._next_seq - 1, *ready)
 
-    def _reject(self, sinks: list[Sink]) -> None:
+    def _reject(self, batch: Batch) -> None:
+        sinks = [item[1] for item in batch.rejected]
         self._loop.call_soon_threadsafe(_fail_timed_out, sinks)
 
 
@@ -499,7 +502,7 @@ class SequenceScheduler(QueueScheduler):
             super()._start_instances(settle)
             return
         self._driver = LoopDriver(
-            self._loop, self._sources, self._instances, settle, _fail_cancelled
+            self._loop, self._sources, self._instances, settle, _fail_sequence_rejected
         )
 
     def stop(self, timeout: float) -> None:
@@ -540,6 +543,7 @@ class SequenceScheduler(QueueScheduler):
             bool(params.get("sequence_start")),
             bool(params.get("sequence_end")),
             batch_size,
+            _unsigned(params.get("timeout", 0), _U64),
         )
         if self._driver is not None:
             self._driver.poke()
@@ -566,9 +570,8 @@ class SequenceScheduler(QueueScheduler):
     def pending(self) -> int:
         return len(self._batcher)
 
-    def _reject(self, sinks: list[Sink]) -> None:
-        # The requests of a sequence cancelled by one of its earlier requests' cancellation.
-        self._loop.call_soon_threadsafe(_fail_cancelled, sinks)
+    def _reject(self, batch: Batch) -> None:
+        self._loop.call_soon_threadsafe(_fail_sequence_rejected, batch)
 
     def _deliver(
         self, seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
@@ -638,6 +641,18 @@ def _fail_cancelled(sinks: list[Sink]) -> None:
     """Runs on the event loop: answer the requests of a cancelled sequence."""
     for sink in sinks:
         settle(sink, CancelledError(SEQUENCE_CANCELLED_MESSAGE), True)
+
+
+def _fail_sequence_rejected(batch: Batch) -> None:
+    """Runs on the event loop: answer a sequence batch's rejected requests, those of a sequence
+    cancelled by one of its earlier requests' cancellation, or (``expired``) of a backlog
+    sequence whose timeout passed before it got a slot (in Triton's words)."""
+    sinks = [item[1] for item in batch.rejected]
+    if not batch.expired:
+        _fail_cancelled(sinks)
+        return
+    for sink in sinks:
+        settle(sink, UnavailableError(SEQUENCE_EXPIRED_MESSAGE), True)
 
 
 def _queue_policy(policy: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:

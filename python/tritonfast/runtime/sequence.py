@@ -492,7 +492,7 @@ class LoopDriver:
         sources: list[SlotSource],
         instances: list[InstanceLoop],
         settle: Settle,
-        reject: Callable[[list[Any]], None],
+        reject: Callable[[Batch], None],
     ) -> None:
         self._loop = loop
         self._sources = sources
@@ -551,8 +551,8 @@ class LoopDriver:
                 self._instances[index].run_later(
                     batch, self._settle, functools.partial(self._released, index)
                 )
-            elif batch.rejected:  # requests of cancelled sequences
-                self._reject([item[1] for item in batch.rejected])
+            elif batch.rejected:  # requests of cancelled or expired sequences
+                self._reject(batch)
             else:
                 break
 

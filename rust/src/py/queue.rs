@@ -148,6 +148,8 @@ pub(crate) struct PyBatch {
     slots: Option<Box<[usize]>>,
     nulls: Option<Box<[bool]>>,
     reported: AtomicBool,
+    /// Its `rejected` items are of backlog sequences whose timeout expired (sequence batches).
+    expired: bool,
 }
 
 /// What holds the statistics a batch reports to.
@@ -188,6 +190,13 @@ impl PyBatch {
     #[getter]
     fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// True when `rejected` holds the requests of backlog sequences whose timeout expired
+    /// (answer them UNAVAILABLE), not of cancelled ones.
+    #[getter]
+    fn expired(&self) -> bool {
+        self.expired
     }
 
     /// A sequence batch's slot for each item (null entries included); `None` otherwise.
@@ -581,14 +590,17 @@ pub(super) fn to_batch(
         slots: None,
         nulls: None,
         reported: AtomicBool::new(false),
+        expired: false,
     }))
 }
 
-/// A batch holding only `rejected` items (the requests of cancelled sequences).
+/// A batch holding only `rejected` items: the requests of cancelled sequences, or with
+/// `expired` of backlog sequences whose timeout expired.
 pub(super) fn rejected_batch(
     py: Python<'_>,
     items: Vec<Py<PyAny>>,
     stats: Arc<ModelStats>,
+    expired: bool,
 ) -> PyResult<PyBatch> {
     Ok(PyBatch {
         items: PyList::empty(py).unbind(),
@@ -599,6 +611,7 @@ pub(super) fn rejected_batch(
         slots: Some(Box::default()),
         nulls: Some(Box::default()),
         reported: AtomicBool::new(false),
+        expired,
     })
 }
 
@@ -636,5 +649,6 @@ pub(super) fn sequence_batch(
         slots: Some(slots.into_boxed_slice()),
         nulls: Some(nulls.into_boxed_slice()),
         reported: AtomicBool::new(false),
+        expired: false,
     })
 }

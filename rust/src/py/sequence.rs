@@ -118,7 +118,10 @@ impl PySequenceBatcher {
     /// never blocks. Raises `InvalidArgumentError` for the errors Triton gives (no correlation
     /// ID, no START for an unknown sequence, batch size above 1), `UnavailableError` for a
     /// `start` once closed.
-    #[pyo3(signature = (item, correlation_id, start = false, end = false, batch_size = 1))]
+    /// `timeout_us` (0: none) is the request's timeout: a backlog sequence is dropped when it
+    /// passes before the sequence gets a slot (its requests come back in a batch whose
+    /// `expired` is true).
+    #[pyo3(signature = (item, correlation_id, start = false, end = false, batch_size = 1, timeout_us = 0))]
     fn push(
         &self,
         item: Py<PyAny>,
@@ -126,9 +129,13 @@ impl PySequenceBatcher {
         start: bool,
         end: bool,
         batch_size: u32,
+        timeout_us: u64,
     ) -> PyResult<PySequenceTicket> {
         let id = correlation_id_of(correlation_id)?;
-        let inner = self.inner.push(&id, start, end, item, batch_size)?;
+        let timeout = (timeout_us > 0).then(|| Duration::from_micros(timeout_us));
+        let inner = self
+            .inner
+            .push_timed(&id, start, end, item, batch_size, timeout)?;
         Ok(PySequenceTicket { inner })
     }
 
@@ -147,8 +154,8 @@ impl PySequenceBatcher {
     /// Waits up to `timeout_us` microseconds (GIL released) for a batch for instance
     /// `instance`. Returns a `Batch` whose `items` hold `None` at null entries (slots without a
     /// request) and whose `slots` name each position's slot, or whose `rejected` holds the
-    /// requests of cancelled sequences (answer them CANCELLED); both empty when the wait timed
-    /// out. `None` once closed with nothing left for this instance.
+    /// requests of cancelled sequences (answer them CANCELLED) or, with `expired`, of backlog
+    /// sequences whose timeout expired; both empty when the wait timed out. `None` once closed with nothing left for this instance.
     fn pop(&self, py: Python<'_>, instance: usize, timeout_us: u64) -> PyResult<Option<PyBatch>> {
         if instance >= self.inner.config().instances {
             return Err(CoreError::invalid_arg(format!("no instance {instance}")).into());
@@ -168,7 +175,11 @@ impl PySequenceBatcher {
                 }
                 SequencePop::Cancelled(items) => {
                     let stats = Arc::clone(self.inner.stats());
-                    return Ok(Some(rejected_batch(py, items, stats)?));
+                    return Ok(Some(rejected_batch(py, items, stats, false)?));
+                }
+                SequencePop::Expired(items) => {
+                    let stats = Arc::clone(self.inner.stats());
+                    return Ok(Some(rejected_batch(py, items, stats, true)?));
                 }
                 SequencePop::Closed => return Ok(None),
                 SequencePop::TimedOut => {
