@@ -622,20 +622,37 @@ impl<T> SequenceBatcher<T> {
         if !sequence.ending {
             state.live.remove(&sequence.id);
         }
-        let now = Instant::now();
-        for waiting in sequence.waiting.drain(..) {
-            if waiting.ticket.swap(CANCELLED, Ordering::AcqRel) == QUEUED {
-                state.waiting -= 1;
-                self.stats.record_failure(
-                    FailureReason::Canceled,
-                    now.saturating_duration_since(waiting.enqueued_at),
-                );
-                state.cancelled.push(waiting.item);
-            }
-        }
+        let dropped = self.drop_waiting(
+            state,
+            &mut sequence,
+            FailureReason::Canceled,
+            Instant::now(),
+        );
+        state.cancelled.extend(dropped);
         for ready in &self.ready {
             ready.notify_one();
         }
+    }
+
+    /// Takes a dropped sequence's waiting requests (those not cancelled one by one already),
+    /// each counted as a failure for `reason`, to be answered.
+    fn drop_waiting(
+        &self,
+        state: &mut State<T>,
+        sequence: &mut Sequence<T>,
+        reason: FailureReason,
+        now: Instant,
+    ) -> Vec<T> {
+        let mut dropped = Vec::new();
+        for waiting in sequence.waiting.drain(..) {
+            if waiting.ticket.swap(CANCELLED, Ordering::AcqRel) == QUEUED {
+                state.waiting -= 1;
+                self.stats
+                    .record_failure(reason, now.saturating_duration_since(waiting.enqueued_at));
+                dropped.push(waiting.item);
+            }
+        }
+        dropped
     }
 
     /// If the next request of the sequence in `slot` was cancelled, cancels the sequence and
@@ -670,16 +687,8 @@ impl<T> SequenceBatcher<T> {
             if !sequence.ending && state.live.get(&sequence.id) == Some(&Place::Backlog) {
                 state.live.remove(&sequence.id);
             }
-            for waiting in sequence.waiting.drain(..) {
-                if waiting.ticket.swap(CANCELLED, Ordering::AcqRel) == QUEUED {
-                    state.waiting -= 1;
-                    self.stats.record_failure(
-                        FailureReason::Rejected,
-                        now.saturating_duration_since(waiting.enqueued_at),
-                    );
-                    state.expired.push(waiting.item);
-                }
-            }
+            let dropped = self.drop_waiting(state, &mut sequence, FailureReason::Rejected, now);
+            state.expired.extend(dropped);
         }
         for ready in &self.ready {
             ready.notify_one();

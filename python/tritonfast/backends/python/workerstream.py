@@ -181,7 +181,9 @@ class WorkerStreams:
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
-        self._lock = threading.Lock()
+        # Reentrant: a ResponseSender collected while the lock is held (its finalizer ends its
+        # stream, see responses.ResponseSender.__del__) sends through here from the same thread.
+        self._lock = threading.RLock()
         self._cancelled: set[int] = set()
         self._pending: list[tuple[int, Described | None, bool]] = []
         self._pending_bytes = 0
