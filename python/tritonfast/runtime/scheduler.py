@@ -75,6 +75,7 @@ from tritonfast.runtime.responses import (
     ResponseStream,
     Result,
     Sink,
+    is_cancelled,
     settle,
 )
 from tritonfast.runtime.sequence import (
@@ -98,6 +99,8 @@ STOPPING_MESSAGE = (
 )
 # What the requests of a sequence are answered with when an earlier one of it was cancelled.
 SEQUENCE_CANCELLED_MESSAGE = "an earlier request of this sequence was cancelled"
+# ... and a rescheduled request whose caller went away while it ran.
+RESCHEDULED_CANCELLED_MESSAGE = "the request was cancelled"
 # ... and a request of a sequence that waited in the backlog past a request's timeout.
 SEQUENCE_EXPIRED_MESSAGE = "timeout of the corresponding sequence has been expired"
 # What a decoupled request still open when its model stops is answered with.
@@ -553,15 +556,24 @@ class SequenceScheduler(QueueScheduler):
     def reschedule(self, request: InferRequest) -> None:
         """Queue a request its backend rescheduled again, in its sequence (START and END off,
         as Triton has it), for the same caller."""
+        if is_cancelled(request):
+            # Its caller went away: it does not run again, and its sequence ends here (Triton
+            # drops a cancelled request when its turn comes and frees the slot).
+            self.end(request)
+            self._end_rescheduled(request, CancelledError(RESCHEDULED_CANCELLED_MESSAGE))
+            return
         params = request.parameters
         params["sequence_start"] = params["sequence_end"] = False
         try:
             self._push(None, request, request.sink, 1)
         except TritonError as error:  # its sequence is gone (cancelled meanwhile): it ends
-            if request.sender is not None:
-                request.sender.abandon(error)
-            else:
-                self._loop.call_soon_threadsafe(settle, request.sink, error, True)
+            self._end_rescheduled(request, error)
+
+    def _end_rescheduled(self, request: InferRequest, error: TritonError) -> None:
+        if request.sender is not None:
+            request.sender.abandon(error)
+        else:
+            self._loop.call_soon_threadsafe(settle, request.sink, error, True)
 
     def end(self, request: InferRequest) -> None:
         """A request ran without being rescheduled: its sequence is over."""
