@@ -76,8 +76,6 @@ def validate(config: ModelConfig, model_dir: Path) -> None:
     versions for those."""
     try:
         _validate_model_wide(config, model_dir)
-    except PollError:
-        raise
     except InvalidArgumentError as exc:
         raise PollError(exc.message) from exc
 
@@ -89,7 +87,7 @@ def _validate_model_wide(config: ModelConfig, model_dir: Path) -> None:
             " directory name must equal model name"
         )
     if config.max_batch_size < 0:
-        raise PollError(f"'max_batch_size' must be non-negative value for {config.name}")
+        raise InvalidArgumentError(f"'max_batch_size' must be non-negative value for {config.name}")
     if not config.backend and not config.platform:
         raise InvalidArgumentError(
             f"unexpected platform type '' for {config.name}: set 'backend' in {CONFIG_FILE}"
@@ -99,9 +97,11 @@ def _validate_model_wide(config: ModelConfig, model_dir: Path) -> None:
         config.ClearField("dynamic_batching")
     for preferred in config.dynamic_batching.preferred_batch_size:
         if preferred < 1:
-            raise PollError(f"dynamic batching preferred size must be positive for {config.name}")
+            raise InvalidArgumentError(
+                f"dynamic batching preferred size must be positive for {config.name}"
+            )
         if preferred > config.max_batch_size:
-            raise PollError(
+            raise InvalidArgumentError(
                 f"dynamic batching preferred size must be <= max batch size for {config.name}"
             )
     validate_sequence_batching(config, model_dir)

@@ -155,7 +155,8 @@ impl PySequenceBatcher {
     /// `instance`. Returns a `Batch` whose `items` hold `None` at null entries (slots without a
     /// request) and whose `slots` name each position's slot, or whose `rejected` holds the
     /// requests of cancelled sequences (answer them CANCELLED) or, with `expired`, of backlog
-    /// sequences whose timeout expired; both empty when the wait timed out. `None` once closed with nothing left for this instance.
+    /// sequences whose timeout expired; both empty when the wait timed out. `None` once closed
+    /// with nothing left for this instance.
     fn pop(&self, py: Python<'_>, instance: usize, timeout_us: u64) -> PyResult<Option<PyBatch>> {
         if instance >= self.inner.config().instances {
             return Err(CoreError::invalid_arg(format!("no instance {instance}")).into());
