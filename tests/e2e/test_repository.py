@@ -90,6 +90,21 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
     )
+    # Refused as Triton 2.51 refuses them: a backend it cannot find fails the versions, a
+    # platform it does not know is refused while polling, no version leaves nothing to load.
+    for name, first_line in (
+        ("unknown_backend", 'backend: "doesnotexist"'),
+        ("unknown_platform", 'platform: "nonsense_platform"'),
+        ("no_versions", 'backend: "python"'),
+    ):
+        if name != "no_versions":
+            shutil.copytree(EXAMPLES / "add_sub" / "1", repository / name / "1")
+        (repository / name).mkdir(exist_ok=True)
+        (repository / name / "config.pbtxt").write_text(
+            f"{first_line}\n"
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        )
     log_path = tmp_path_factory.mktemp("explicit") / "server.log"
     server = start_server(
         [repository], log_path, "--model-control-mode=explicit", "--load-model=add_sub"
@@ -113,7 +128,16 @@ def test_explicit_mode_loads_only_the_named_models(explicit: tuple[RunningServer
             "state": "READY",
         }
         assert rows["string_upper"] == {"name": "string_upper"}
-        assert set(rows) == {"add_sub", "string_upper", "generation", "broken", "invalid"}
+        assert set(rows) == {
+            "add_sub",
+            "string_upper",
+            "generation",
+            "broken",
+            "invalid",
+            "unknown_backend",
+            "unknown_platform",
+            "no_versions",
+        }
         assert not client.is_model_ready("string_upper")
         assert client.is_server_ready()
     finally:
@@ -288,6 +312,25 @@ def test_config_override_and_files(explicit: tuple[RunningServer, Path]) -> None
             r"^\[400\] load failed for model 'invalid': version 1 is at UNAVAILABLE state:"
             r" Invalid argument: model input 'INPUT0' must specify 'dims' for invalid;\n$",
         ),
+        (
+            "unknown_backend",
+            {},
+            r"^\[400\] load failed for model 'unknown_backend': version 1 is at UNAVAILABLE"
+            r" state: Invalid argument: unable to find backend library for backend"
+            r" 'doesnotexist', try specifying runtime on the model configuration\.;\n$",
+        ),
+        (
+            "unknown_platform",
+            {},
+            r"^\[500\] failed to load 'unknown_platform', failed to poll from model repository:"
+            r" unexpected platform type 'nonsense_platform' for unknown_platform$",
+        ),
+        (
+            "no_versions",
+            {},
+            r"^\[400\] load failed for model 'no_versions': at least one version must be"
+            r" available under the version policy of model 'no_versions'\n$",
+        ),
         ("add_sub", {"config": "{not json"}, "Invalid config override"),
         ("add_sub", {"files": {"file:1/model.py": b"x"}}, "'config' must be specified"),
     ],
@@ -301,6 +344,8 @@ def test_load_errors(
         with pytest.raises(InferenceServerException, match=message):
             client.load_model(name, **kwargs)
         assert client.is_model_ready("add_sub")  # nothing else is disturbed
+        if not client.is_server_ready():  # failed versions count until the model is unloaded
+            client.unload_model(name)
     finally:
         client.close()
 
@@ -447,6 +492,33 @@ def test_a_model_refused_while_polling_is_listed_by_name_and_leaves_readiness(
     finally:
         http.close()
         grpc.close()
+
+
+def test_models_without_a_backend_or_a_version_are_listed_as_triton_lists_them(
+    explicit: tuple[RunningServer, Path],
+) -> None:
+    # Observed on Triton 2.51 after each load failed: a missing backend library fails version 1,
+    # an unknown platform leaves the name only, a model with no version is left out.
+    server, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        for name in ("unknown_backend", "unknown_platform", "no_versions"):
+            with pytest.raises(InferenceServerException):
+                client.load_model(name)
+        rows = index(client)
+        assert rows["unknown_backend"] == {
+            "name": "unknown_backend",
+            "version": "1",
+            "state": "UNAVAILABLE",
+            "reason": "Invalid argument: unable to find backend library for backend"
+            " 'doesnotexist', try specifying runtime on the model configuration.",
+        }
+        assert rows["unknown_platform"] == {"name": "unknown_platform"}
+        assert "no_versions" not in rows
+        assert client.is_model_ready("add_sub")
+        client.unload_model("unknown_backend")
+    finally:
+        client.close()
 
 
 def test_model_names_cannot_leave_the_repository(explicit: tuple[RunningServer, Path]) -> None:

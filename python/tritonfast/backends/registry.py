@@ -16,7 +16,7 @@ from importlib import metadata
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend
-from tritonfast.errors import InvalidArgumentError, UnsupportedError
+from tritonfast.errors import InvalidArgumentError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,15 @@ BUILTIN_PLATFORMS: dict[str, str] = {
     "ensemble": "ensemble",
     "onnxruntime_onnx": "onnxruntime",
     "tensorrt_plan": "tensorrt",
+}
+# The platforms Triton knows, and the backend each stands for: a model naming another platform
+# (and no backend) is refused while the repository is polled, one whose backend is missing
+# fails its versions.
+TRITON_PLATFORMS: dict[str, str] = {
+    **BUILTIN_PLATFORMS,
+    "tensorflow_graphdef": "tensorflow",
+    "tensorflow_savedmodel": "tensorflow",
+    "pytorch_libtorch": "pytorch",
 }
 
 _by_name: dict[str, type[Backend]] = {}
@@ -71,17 +80,28 @@ def register(backend: type[Backend]) -> None:
 
 
 def lookup(config: model_config_pb2.ModelConfig) -> type[Backend]:
-    """The backend for ``config``; UnsupportedError if none is known by its names."""
+    """The backend for ``config``. None known by its names: :class:`UnknownPlatformError` for
+    a platform Triton does not know either (and no backend named), else InvalidArgumentError
+    in Triton's words for a backend library it cannot find."""
     backend = _find(config)
     if backend is None:
         _read_entry_points()
         backend = _find(config)
-    if backend is None:
-        raise UnsupportedError(
-            f"backend '{config.backend or config.platform}' of model '{config.name}' is not"
-            " supported by tritonfast"
+    if backend is not None:
+        return backend
+    name = config.backend or TRITON_PLATFORMS.get(config.platform)
+    if name is None:
+        raise UnknownPlatformError(
+            f"unexpected platform type '{config.platform}' for {config.name}"
         )
-    return backend
+    raise InvalidArgumentError(
+        f"unable to find backend library for backend '{name}', try specifying runtime on the"
+        " model configuration."
+    )
+
+
+class UnknownPlatformError(InvalidArgumentError):
+    """A model's config names a platform no backend serves and Triton does not know."""
 
 
 def _find(config: model_config_pb2.ModelConfig) -> type[Backend] | None:

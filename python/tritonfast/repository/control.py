@@ -106,6 +106,8 @@ class ModelControl:
         rows: list[dict[str, str]] = []
         for name in sorted(self.repository.discover()):
             entry = self.repository.entry(name)
+            if entry is not None and not entry.listed:
+                continue
             if entry is None or entry.unversioned:
                 if not ready_only:
                     rows.append({"name": name})

@@ -66,6 +66,8 @@ class ModelEntry:
     # count it.
     unversioned: bool = False
     poll_failed: bool = False
+    # False where Triton's index leaves the model out (no version to load).
+    listed: bool = True
 
     @property
     def default_version(self) -> ModelVersion | None:
@@ -146,6 +148,10 @@ class ModelRepository:
             )
             for version in failed.versions:
                 log.error("failed to load '%s' version %d: %s", name, version, reason)
+        except _NoVersions as exc:
+            entry.state, entry.reason, entry.unversioned = UNAVAILABLE, exc.message, True
+            entry.failure, entry.listed = f"{exc.message}\n", False
+            log.error("failed to load model '%s': %s", name, exc.message)
         except config_load.PollError as exc:
             self._stop_versions(entry, served=False)
             entry.state, entry.reason = UNAVAILABLE, exc.message
@@ -251,7 +257,15 @@ class ModelRepository:
             config.CopyFrom(override)
         config_load.fill_defaults(config, model_dir)
         versions = _select_versions(config, model_dir)
-        backend_class = registry.lookup(config)
+        try:
+            backend_class = registry.lookup(config)
+        except InvalidArgumentError as exc:
+            # Triton's poll-time refusals come first; then a platform it does not know is one
+            # of them, while a backend library it cannot find fails the versions.
+            config_load.validate(config, model_dir)
+            if isinstance(exc, registry.UnknownPlatformError):
+                raise config_load.PollError(exc.message) from exc
+            raise _VersionsFailed(tuple(versions), exc) from exc
         backend = backend_class(model_dir, self._backend_settings.for_backend(backend_class.name))
         if not self._strict_config:
             try:
@@ -435,7 +449,7 @@ def _select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> l
         count = policy.latest.num_versions if which == "latest" else 1
         chosen = available[-max(count, 1) :]
     if not chosen:
-        raise InvalidArgumentError(
+        raise _NoVersions(
             f"at least one version must be available under the version policy of model"
             f" '{config.name}'"
         )
@@ -476,6 +490,11 @@ def parse_version(text: str) -> int | None:
 class _EnsembleRefused(Exception):
     """An ensemble whose steps do not fit it (their inputs, types, batch sizes, or a step
     model that is not there), found when it is loaded."""
+
+
+class _NoVersions(InvalidArgumentError):
+    """The version policy leaves nothing to load: Triton answers the load with the message and
+    a line break and leaves the model out of the repository index."""
 
 
 class _VersionsFailed(Exception):
