@@ -96,8 +96,9 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
         ("unknown_backend", 'backend: "doesnotexist"'),
         ("unknown_platform", 'platform: "nonsense_platform"'),
         ("no_versions", 'backend: "python"'),
+        ("no_backend_found", ""),  # nor a version with a model file to tell it
     ):
-        if name != "no_versions":
+        if name not in ("no_versions", "no_backend_found"):
             shutil.copytree(EXAMPLES / "add_sub" / "1", repository / name / "1")
         (repository / name).mkdir(exist_ok=True)
         (repository / name / "config.pbtxt").write_text(
@@ -137,6 +138,7 @@ def test_explicit_mode_loads_only_the_named_models(explicit: tuple[RunningServer
             "unknown_backend",
             "unknown_platform",
             "no_versions",
+            "no_backend_found",
         }
         assert not client.is_model_ready("string_upper")
         assert client.is_server_ready()
@@ -330,6 +332,14 @@ def test_config_override_and_files(explicit: tuple[RunningServer, Path]) -> None
             {},
             r"^\[400\] load failed for model 'no_versions': at least one version must be"
             r" available under the version policy of model 'no_versions'\n$",
+        ),
+        (
+            "no_backend_found",
+            {},
+            r"^\[500\] failed to load 'no_backend_found', failed to poll from model repository:"
+            r" Invalid model name: Could not determine backend for model 'no_backend_found' with"
+            r" no backend in model configuration\. Expected model name of the form"
+            r" 'model\.<backend_name>'\.$",
         ),
         ("add_sub", {"config": "{not json"}, "Invalid config override"),
         ("add_sub", {"files": {"file:1/model.py": b"x"}}, "'config' must be specified"),

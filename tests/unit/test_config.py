@@ -58,6 +58,24 @@ def test_backend_detected_from_onnx_file(tmp_path: Path) -> None:
     assert config.backend == "onnxruntime"
 
 
+def test_the_name_and_backend_are_checked_before_the_versions(tmp_path: Path) -> None:
+    # Triton 2.51 refuses these while polling even when the model has no version to load.
+    misnamed = write_model(tmp_path, "m", 'name: "other" backend: "python"')
+    config = load.read_config(misnamed)
+    load.fill_defaults(config, misnamed)
+    with pytest.raises(load.PollError, match="unexpected directory name 'm'"):
+        load.validate_identity(config, misnamed)
+    unknown = write_model(tmp_path, "n", "max_batch_size: 2", model_file="weights.bin")
+    config = load.read_config(unknown)
+    load.fill_defaults(config, unknown)
+    with pytest.raises(load.PollError) as info:
+        load.validate_identity(config, unknown)
+    assert info.value.message == (
+        "Invalid model name: Could not determine backend for model 'n' with no backend in model"
+        " configuration. Expected model name of the form 'model.<backend_name>'."
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "error", "message"),
     [

@@ -69,11 +69,29 @@ def fill_defaults(config: ModelConfig, model_dir: Path) -> None:
                 break
 
 
+def validate_identity(config: ModelConfig, model_dir: Path) -> None:
+    """The rules Triton checks first while it polls, before it looks for versions (as
+    :class:`PollError`): the model's name is its directory's, and a backend is known (named,
+    or found from a version's model file by :func:`fill_defaults`)."""
+    if config.name != model_dir.name:
+        raise PollError(
+            f"unexpected directory name '{model_dir.name}' for model '{config.name}',"
+            " directory name must equal model name"
+        )
+    if not config.backend and not config.platform:
+        raise PollError(
+            f"Invalid model name: Could not determine backend for model '{config.name}' with"
+            " no backend in model configuration. Expected model name of the form"
+            " 'model.<backend_name>'."
+        )
+
+
 def validate(config: ModelConfig, model_dir: Path) -> None:
     """Reject configurations Triton would reject, with a message that names the problem, as
     :class:`PollError`: Triton checks these model-wide rules while it polls the repository.
     The inputs and outputs are checked apart (:func:`validate_io`): Triton fails the model's
     versions for those."""
+    validate_identity(config, model_dir)
     try:
         _validate_model_wide(config, model_dir)
     except InvalidArgumentError as exc:
@@ -81,17 +99,8 @@ def validate(config: ModelConfig, model_dir: Path) -> None:
 
 
 def _validate_model_wide(config: ModelConfig, model_dir: Path) -> None:
-    if config.name != model_dir.name:
-        raise InvalidArgumentError(
-            f"unexpected directory name '{model_dir.name}' for model '{config.name}',"
-            " directory name must equal model name"
-        )
     if config.max_batch_size < 0:
         raise InvalidArgumentError(f"'max_batch_size' must be non-negative value for {config.name}")
-    if not config.backend and not config.platform:
-        raise InvalidArgumentError(
-            f"unexpected platform type '' for {config.name}: set 'backend' in {CONFIG_FILE}"
-        )
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
         # Triton warns and ignores the batcher in this case rather than failing.
         config.ClearField("dynamic_batching")

@@ -256,6 +256,7 @@ class ModelRepository:
             config = model_config_pb2.ModelConfig()
             config.CopyFrom(override)
         config_load.fill_defaults(config, model_dir)
+        config_load.validate_identity(config, model_dir)
         versions = _select_versions(config, model_dir)
         try:
             backend_class = registry.lookup(config)
