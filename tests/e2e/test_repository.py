@@ -106,6 +106,21 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
             'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
             'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         )
+    two_versions = repository / "second_version_fails"  # version 2's initialize raises
+    shutil.copytree(EXAMPLES / "add_sub", two_versions)
+    config = (
+        (two_versions / "config.pbtxt").read_text().replace('"add_sub"', '"second_version_fails"')
+    )
+    (two_versions / "config.pbtxt").write_text(config + "version_policy: { all { } }\n")
+    (two_versions / "2").mkdir()
+    (two_versions / "2" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise RuntimeError('version two refuses')\n"
+        "\n"
+        "    def execute(self, requests):\n"
+        "        return []\n"
+    )
     log_path = tmp_path_factory.mktemp("explicit") / "server.log"
     server = start_server(
         [repository], log_path, "--model-control-mode=explicit", "--load-model=add_sub"
@@ -139,6 +154,7 @@ def test_explicit_mode_loads_only_the_named_models(explicit: tuple[RunningServer
             "unknown_platform",
             "no_versions",
             "no_backend_found",
+            "second_version_fails",
         }
         assert not client.is_model_ready("string_upper")
         assert client.is_server_ready()
@@ -527,6 +543,47 @@ def test_models_without_a_backend_or_a_version_are_listed_as_triton_lists_them(
         assert "no_versions" not in rows
         assert client.is_model_ready("add_sub")
         client.unload_model("unknown_backend")
+    finally:
+        client.close()
+
+
+def test_a_version_that_fails_stops_the_others_which_are_listed_unloaded(
+    explicit: tuple[RunningServer, Path],
+) -> None:
+    # As Triton 2.51 answers it: the load fails with version 2's error, version 1 (which
+    # loaded) is listed "unloaded", and requests name each version's state.
+    server, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    name = "second_version_fails"
+    inputs = [httpclient.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones(4, np.float32))
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            client.load_model(name)
+        assert raised.value.status() == "400"
+        assert raised.value.message().startswith(
+            f"load failed for model '{name}': version 2 is at UNAVAILABLE state: Internal:"
+            " RuntimeError: version two refuses"
+        )
+        rows = [row for row in client.get_model_repository_index() if row["name"] == name]
+        assert [(r["version"], r["state"]) for r in rows] == [
+            ("1", "UNAVAILABLE"),
+            ("2", "UNAVAILABLE"),
+        ]
+        assert rows[0]["reason"] == "unloaded"
+        assert rows[1]["reason"].startswith("Internal: RuntimeError: version two refuses")
+        for version, answer in (
+            ("1", "version 1 is not at ready state"),
+            ("2", "version 2 is not at ready state"),
+            ("7", "version 7 is not found"),
+            ("", "has no available versions"),
+        ):
+            with pytest.raises(InferenceServerException) as raised:
+                client.infer(name, inputs, model_version=version)
+            assert raised.value.message() == f"Request for unknown model: '{name}' {answer}"
+        client.unload_model(name)
+        assert client.is_server_ready()
     finally:
         client.close()
 

@@ -32,7 +32,14 @@ from google.protobuf import json_format
 from tritonfast._proto import model_config_pb2
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
 from tritonfast.repository.dependencies import composing_models
-from tritonfast.repository.manager import READY, ModelEntry, ModelRepository, plan_models
+from tritonfast.repository.manager import (
+    READY,
+    UNAVAILABLE,
+    UNLOADED_REASON,
+    ModelEntry,
+    ModelRepository,
+    plan_models,
+)
 from tritonfast.runtime import leftovers
 
 log = logging.getLogger(__name__)
@@ -114,16 +121,17 @@ class ModelControl:
                 continue
             if ready_only and entry.state != READY:
                 continue
-            versions: list[int | None] = [*(sorted(entry.versions) or entry.listed_versions)] or [
-                None
-            ]
-            for version in versions:
+            listed = [*(sorted(entry.versions) or entry.listed_versions)]
+            states = {v: (entry.state, entry.reason) for v in listed}
+            states.update((v, (UNAVAILABLE, UNLOADED_REASON)) for v in entry.unloaded_versions)
+            for version in sorted(states) or [None]:
+                state, reason = states.get(version, (entry.state, entry.reason))
                 row = {"name": name}
                 if version is not None:
                     row["version"] = str(version)
-                row["state"] = entry.state
-                if entry.reason:
-                    row["reason"] = entry.reason
+                row["state"] = state
+                if reason:
+                    row["reason"] = reason
                 rows.append(row)
         return rows
 

@@ -57,6 +57,9 @@ class ModelEntry:
     # The versions the index names while none serves, as Triton's does: those an unloaded model
     # served, or those that failed to load.
     listed_versions: tuple[int, ...] = ()
+    # Versions that loaded while another failed, and were stopped for it: Triton lists them
+    # as UNAVAILABLE, "unloaded".
+    unloaded_versions: tuple[int, ...] = ()
     # What a load request that failed answers after "load failed for model '<m>': " (the
     # reason itself, unless versions failed).
     failure: str = ""
@@ -143,6 +146,7 @@ class ModelRepository:
             reason = f"{CODE_NAMES[error.code]}: {error.message}"
             entry.state, entry.reason = UNAVAILABLE, reason
             entry.listed_versions = failed.versions
+            entry.unloaded_versions = failed.others
             entry.failure = "".join(
                 f"version {v} is at UNAVAILABLE state: {reason};\n" for v in failed.versions
             )
@@ -303,7 +307,8 @@ class ModelRepository:
             try:
                 entry.versions[version] = self._start_version(backend, config, version, versions)
             except TritonError as exc:
-                raise _VersionsFailed((version,), exc) from exc
+                others = tuple(v for v in versions if v != version)
+                raise _VersionsFailed((version,), exc, others) from exc
 
     def _start_version(
         self,
@@ -377,7 +382,17 @@ class ModelRepository:
         if entry.state != READY:
             if entry.config is None:  # never got as far as a parsed configuration
                 raise NotFoundError(f"Request for unknown model: '{name}' is not found")
-            raise NotFoundError(f"Request for unknown model: '{name}' has no available versions")
+            if number is None:
+                raise NotFoundError(
+                    f"Request for unknown model: '{name}' has no available versions"
+                )
+            if number in entry.listed_versions or number in entry.unloaded_versions:
+                raise NotFoundError(
+                    f"Request for unknown model: '{name}' version {number} is not at ready state"
+                )
+            raise NotFoundError(
+                f"Request for unknown model: '{name}' version {number} is not found"
+            )
         chosen = entry.default_version if number is None else entry.versions.get(number)
         if chosen is None:
             raise NotFoundError(
@@ -502,7 +517,10 @@ class _VersionsFailed(Exception):
     """Loading failed in the model's versions (its backend's auto-complete, an instance's
     initialize, warmup), not in reading its configuration."""
 
-    def __init__(self, versions: tuple[int, ...], error: TritonError) -> None:
+    def __init__(
+        self, versions: tuple[int, ...], error: TritonError, others: tuple[int, ...] = ()
+    ) -> None:
         super().__init__(error.message)
         self.versions = versions
         self.error = error
+        self.others = others  # the model's other versions, stopped for this failure
