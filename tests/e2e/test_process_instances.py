@@ -145,6 +145,10 @@ if open(os.path.join(os.path.dirname(__file__), "how")).read().strip() == "impor
 
 
 class TritonPythonModel:
+    def __init__(self):
+        if open(os.path.join(os.path.dirname(__file__), "how")).read().strip() == "construct":
+            raise RuntimeError("the constructor refuses")
+
     def initialize(self, args):
         how = open(os.path.join(os.path.dirname(__file__), "how")).read().strip()
         if how == "exit":
@@ -190,6 +194,10 @@ def test_a_model_crashing_on_import_or_in_initialize_fails_its_load_and_a_later_
             assert "the worker process exited with code" in info.value.message()
             assert client.is_server_live()
             assert not client.is_model_ready("init_crasher")
+        how.write_text("construct")  # an exception, not a crash: the model's own words
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("init_crasher")
+        assert "Internal: RuntimeError: the constructor refuses" in info.value.message()
         how.write_text("fine")
         client.load_model("init_crasher")
         tensor = httpclient.InferInput("X", [1, 1], "FP32")

@@ -121,6 +121,13 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
         "    def execute(self, requests):\n"
         "        return []\n"
     )
+    no_execute = repository / "no_execute"  # Triton loads it and fails its requests
+    shutil.copytree(EXAMPLES / "add_sub", no_execute)
+    config = (no_execute / "config.pbtxt").read_text().replace('"add_sub"', '"no_execute"')
+    (no_execute / "config.pbtxt").write_text(config)
+    (no_execute / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n        pass\n"
+    )
     log_path = tmp_path_factory.mktemp("explicit") / "server.log"
     server = start_server(
         [repository], log_path, "--model-control-mode=explicit", "--load-model=add_sub"
@@ -155,6 +162,7 @@ def test_explicit_mode_loads_only_the_named_models(explicit: tuple[RunningServer
             "no_versions",
             "no_backend_found",
             "second_version_fails",
+            "no_execute",
         }
         assert not client.is_model_ready("string_upper")
         assert client.is_server_ready()
@@ -584,6 +592,31 @@ def test_a_version_that_fails_stops_the_others_which_are_listed_unloaded(
             assert raised.value.message() == f"Request for unknown model: '{name}' {answer}"
         client.unload_model(name)
         assert client.is_server_ready()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_model_without_execute_loads_and_fails_each_request(
+    explicit: tuple[RunningServer, Path], protocol: str
+) -> None:
+    server, repository = explicit
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)
+    inputs = [module.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones(4, np.float32))
+    try:
+        client.load_model("no_execute")
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("no_execute", inputs)
+        model_file = repository / "no_execute" / "1" / "model.py"
+        assert raised.value.message() == (
+            "Failed to process the request(s) for model 'no_execute_0_0', message: Python model"
+            f" {model_file} does not implement `execute` method."
+        )
+        assert client.is_model_ready("no_execute")
     finally:
         client.close()
 

@@ -26,6 +26,7 @@ from typing import Any
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.backends.python import pb_utils
+from tritonfast.backends.python.loader import DEFAULT_MODEL_FILE as MODEL_FILE
 from tritonfast.backends.python.loader import calls_server, describe
 from tritonfast.backends.python.modelloop import ModelLoop
 from tritonfast.config.jsonform import config_to_json
@@ -79,7 +80,14 @@ class PythonInstance(ModelInstance):
         self._batched = getattr(self._model, "execute_batched", None)
         if self._batched is not None and config.max_batch_size == 0:
             self._batched = None
-        execute = self._batched or self._model.execute
+        execute = self._batched or getattr(self._model, "execute", None)
+        # Triton loads a model without ``execute`` and fails each of its batches with this.
+        model_file = repository_path / str(version) / (config.default_model_filename or MODEL_FILE)
+        self._no_execute = (
+            f"Python model {model_file} does not implement `execute` method."
+            if execute is None
+            else ""
+        )
         self._coroutine = inspect.iscoroutinefunction(execute)
         self._model_loop = ModelLoop(instance_name) if self._coroutine else None
         # Whether it may wait on the server (BLS) or on a loop of its own; then, and for a
@@ -106,6 +114,8 @@ class PythonInstance(ModelInstance):
                 raise InternalError(describe(exc)) from exc
 
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
+        if self._no_execute:
+            return [self._failed_with(self._no_execute)] * len(requests)
         if self._batched is not None:
             return self._execute_batched(self._batched, requests, clock)
         pb_requests = [self._to_pb(r) for r in requests]

@@ -755,7 +755,7 @@ def worker_main(
     """Entry point of a worker process: load and initialize the model, then serve batches."""
     _as_tritons_stub()
     from tritonfast.backends.python.instance import PythonInstance
-    from tritonfast.backends.python.loader import load_model_class
+    from tritonfast.backends.python.loader import describe, load_model_class
 
     config = model_config_pb2.ModelConfig.FromString(config_bytes)
     # Responses of decoupled requests and model logs are sent from any thread: every send
@@ -773,6 +773,9 @@ def worker_main(
         )
     except TritonError as exc:
         streams.send(("error", exc.message))
+        return
+    except Exception as exc:  # the model's constructor, or a bug: a message, not a dead worker
+        streams.send(("error", describe(exc)))
         return
     streams.send(("ready", CUSTOM_METRICS.state_if_changed(), instance.may_wait))
 
