@@ -128,6 +128,11 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
     (no_execute / "1" / "model.py").write_text(
         "class TritonPythonModel:\n    def initialize(self, args):\n        pass\n"
     )
+    import_error = repository / "import_error"
+    shutil.copytree(EXAMPLES / "add_sub", import_error)
+    config = (import_error / "config.pbtxt").read_text().replace('"add_sub"', '"import_error"')
+    (import_error / "config.pbtxt").write_text(config)
+    (import_error / "1" / "model.py").write_text("import not_a_module_anywhere\n")
     log_path = tmp_path_factory.mktemp("explicit") / "server.log"
     server = start_server(
         [repository], log_path, "--model-control-mode=explicit", "--load-model=add_sub"
@@ -163,6 +168,7 @@ def test_explicit_mode_loads_only_the_named_models(explicit: tuple[RunningServer
             "no_backend_found",
             "second_version_fails",
             "no_execute",
+            "import_error",
         }
         assert not client.is_model_ready("string_upper")
         assert client.is_server_ready()
@@ -364,6 +370,13 @@ def test_config_override_and_files(explicit: tuple[RunningServer, Path]) -> None
             r" Invalid model name: Could not determine backend for model 'no_backend_found' with"
             r" no backend in model configuration\. Expected model name of the form"
             r" 'model\.<backend_name>'\.$",
+        ),
+        (
+            "import_error",
+            {},
+            r"^\[400\] load failed for model 'import_error': version 1 is at UNAVAILABLE state:"
+            r" Internal: ModuleNotFoundError: No module named 'not_a_module_anywhere'\n\nAt:\n"
+            r"  .*/import_error/1/model\.py\(1\): <module>\n",
         ),
         ("add_sub", {"config": "{not json"}, "Invalid config override"),
         ("add_sub", {"files": {"file:1/model.py": b"x"}}, "'config' must be specified"),

@@ -53,13 +53,11 @@ def load_model_class(path: Path, model_name: str) -> type:
             del sys.modules[name]
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
-        raise InvalidArgumentError(
-            f"failed to load the Python model file '{path}': {describe(exc)}"
-        ) from exc
+    except Exception as exc:  # the model's own error, as Triton's stub reports it
+        raise InternalError(describe(exc)) from exc
     model_class = getattr(module, MODEL_CLASS, None)
     if not isinstance(model_class, type):
-        raise InvalidArgumentError(f"'{path}' does not define class {MODEL_CLASS}")
+        raise InternalError(f"'{path}' does not define class {MODEL_CLASS}")
     return model_class
 
 
