@@ -74,6 +74,22 @@ def wait_for(check: Callable[[], object], what: str, server: RunningServer | Non
         time.sleep(0.05)
 
 
+def copy_add_sub(repository: Path, name: str) -> Path:
+    """The add_sub example under another name, to be broken by the caller."""
+    target = repository / name
+    shutil.copytree(EXAMPLES / "add_sub", target)
+    config = (target / "config.pbtxt").read_text().replace('"add_sub"', f'"{name}"')
+    (target / "config.pbtxt").write_text(config)
+    return target
+
+
+def add_sub_inputs(module: Any) -> list[Any]:
+    inputs = [module.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones(4, np.float32))
+    return inputs
+
+
 @pytest.fixture(scope="module")
 def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
     repository = tmp_path_factory.mktemp("repository")
@@ -106,12 +122,9 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
             'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
             'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         )
-    two_versions = repository / "second_version_fails"  # version 2's initialize raises
-    shutil.copytree(EXAMPLES / "add_sub", two_versions)
-    config = (
-        (two_versions / "config.pbtxt").read_text().replace('"add_sub"', '"second_version_fails"')
-    )
-    (two_versions / "config.pbtxt").write_text(config + "version_policy: { all { } }\n")
+    two_versions = copy_add_sub(repository, "second_version_fails")  # 2's initialize raises
+    with (two_versions / "config.pbtxt").open("a") as config:
+        config.write("version_policy: { all { } }\n")
     (two_versions / "2").mkdir()
     (two_versions / "2" / "model.py").write_text(
         "class TritonPythonModel:\n"
@@ -121,17 +134,11 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
         "    def execute(self, requests):\n"
         "        return []\n"
     )
-    no_execute = repository / "no_execute"  # Triton loads it and fails its requests
-    shutil.copytree(EXAMPLES / "add_sub", no_execute)
-    config = (no_execute / "config.pbtxt").read_text().replace('"add_sub"', '"no_execute"')
-    (no_execute / "config.pbtxt").write_text(config)
+    no_execute = copy_add_sub(repository, "no_execute")  # Triton loads it, fails its requests
     (no_execute / "1" / "model.py").write_text(
         "class TritonPythonModel:\n    def initialize(self, args):\n        pass\n"
     )
-    import_error = repository / "import_error"
-    shutil.copytree(EXAMPLES / "add_sub", import_error)
-    config = (import_error / "config.pbtxt").read_text().replace('"add_sub"', '"import_error"')
-    (import_error / "config.pbtxt").write_text(config)
+    import_error = copy_add_sub(repository, "import_error")
     (import_error / "1" / "model.py").write_text("import not_a_module_anywhere\n")
     log_path = tmp_path_factory.mktemp("explicit") / "server.log"
     server = start_server(
@@ -576,9 +583,7 @@ def test_a_version_that_fails_stops_the_others_which_are_listed_unloaded(
     server, _ = explicit
     client = httpclient.InferenceServerClient(server.http_url)
     name = "second_version_fails"
-    inputs = [httpclient.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(np.ones(4, np.float32))
+    inputs = add_sub_inputs(httpclient)
     try:
         with pytest.raises(InferenceServerException) as raised:
             client.load_model(name)
@@ -617,9 +622,7 @@ def test_a_model_without_execute_loads_and_fails_each_request(
     module = httpclient if protocol == "http" else grpcclient
     url = server.http_url if protocol == "http" else server.grpc_url
     client = module.InferenceServerClient(url)
-    inputs = [module.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(np.ones(4, np.float32))
+    inputs = add_sub_inputs(module)
     try:
         client.load_model("no_execute")
         with pytest.raises(InferenceServerException) as raised:
