@@ -599,15 +599,16 @@ def test_a_version_that_fails_stops_the_others_which_are_listed_unloaded(
         ]
         assert rows[0]["reason"] == "unloaded"
         assert rows[1]["reason"].startswith("Internal: RuntimeError: version two refuses")
-        for version, answer in (
-            ("1", "version 1 is not at ready state"),
-            ("2", "version 2 is not at ready state"),
-            ("7", "version 7 is not found"),
-            ("", "has no available versions"),
+        for version, status, answer in (
+            ("1", "503", "version 1 is not at ready state"),
+            ("2", "503", "version 2 is not at ready state"),
+            ("7", "404", "version 7 is not found"),
+            ("", "404", "has no available versions"),
         ):
             with pytest.raises(InferenceServerException) as raised:
                 client.infer(name, inputs, model_version=version)
             assert raised.value.message() == f"Request for unknown model: '{name}' {answer}"
+            assert raised.value.status() == status
         client.unload_model(name)
         assert client.is_server_ready()
     finally:

@@ -28,7 +28,13 @@ from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
 from tritonfast.backends.ensemble.plan import check_composing, is_ensemble, plan_of
 from tritonfast.config import load as config_load
 from tritonfast.config.sequence import validate_sequence_states
-from tritonfast.errors import CODE_NAMES, InvalidArgumentError, NotFoundError, TritonError
+from tritonfast.errors import (
+    CODE_NAMES,
+    InvalidArgumentError,
+    NotFoundError,
+    TritonError,
+    UnavailableError,
+)
 from tritonfast.repository.dependencies import with_dependencies
 from tritonfast.repository.model import ModelVersion
 from tritonfast.repository.warmup import warm_up
@@ -387,7 +393,7 @@ class ModelRepository:
                     f"Request for unknown model: '{name}' has no available versions"
                 )
             if number in entry.listed_versions or number in entry.unloaded_versions:
-                raise NotFoundError(
+                raise UnavailableError(
                     f"Request for unknown model: '{name}' version {number} is not at ready state"
                 )
             raise NotFoundError(
