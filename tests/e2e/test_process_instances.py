@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import threading
 import time
@@ -366,3 +367,42 @@ def test_a_worker_is_what_tritons_stub_is_to_its_model_argv_and_signals(tmp_path
         os.killpg(server.proc.pid, signal.SIGTERM)
         assert server.wait_exit(30) == 0
     assert (model / "finalized").read_text() == "finalized"  # args["model_repository"]
+
+
+FINALIZE_RAISES = """
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+
+    def finalize(self):
+        raise RuntimeError("finalize refuses")
+"""
+
+
+@pytest.mark.parametrize("mode", ["process", "auto"])
+def test_a_finalize_that_raises_is_one_log_line_and_the_unload_completes(tmp_path, mode) -> None:
+    # As Triton logs it: the model's error, not a traceback of the server's own frames.
+    model = tmp_path / "repo" / "fin_raise"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(FINALIZE_RAISES)
+    (model / "config.pbtxt").write_text(
+        PID_CONFIG
+        + f'parameters {{ key: "TRITONFAST_INSTANCE_MODE" value: {{ string_value: "{mode}" }} }}\n'
+    )
+    server = start_server(
+        [tmp_path / "repo"], tmp_path / "server.log", "--model-control-mode=explicit"
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        client.load_model("fin_raise")
+        client.unload_model("fin_raise")
+        line = re.compile(
+            r"finalize failed for instance fin_raise_\w+: RuntimeError: finalize refuses"
+        )
+        wait_for(lambda: line.search(server.log()), "the finalize error in the log")
+        assert "Traceback" not in server.log()
+        client.load_model("fin_raise")  # and it loads again
+        assert client.is_model_ready("fin_raise")
+    finally:
+        client.close()
+        server.stop()

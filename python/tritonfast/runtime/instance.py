@@ -117,6 +117,8 @@ class InstanceLoop:
     def finalize(self) -> None:
         try:
             self._instance.finalize()
+        except TritonError as exc:  # the model's own error: one line, as Triton logs it
+            log.error("finalize failed for instance %s: %s", self.name, exc.message)
         except Exception:  # a model's finalize must not stop the others' shutdown
             log.exception("finalize failed for instance %s", self.name)
 

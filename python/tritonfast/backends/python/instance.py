@@ -250,6 +250,8 @@ class PythonInstance(ModelInstance):
             finalize = getattr(self._model, "finalize", None)
             if finalize is not None:
                 finalize()
+        except _MODEL_FAILURES as exc:
+            raise InternalError(describe(exc)) from exc
         finally:
             if self._model_loop is not None:
                 self._model_loop.stop()

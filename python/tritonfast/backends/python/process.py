@@ -50,6 +50,7 @@ import concurrent.futures
 import contextlib
 import io
 import itertools
+import logging
 import multiprocessing
 import os
 import queue
@@ -800,7 +801,12 @@ def worker_main(
         while True:
             message = pipe.next_work()
             if message[0] == "finalize":
-                instance.finalize()
+                try:
+                    instance.finalize()
+                except TritonError as exc:  # to the server's log, in one line
+                    logging.getLogger(workerlog.MODEL_LOGGER).error(
+                        "finalize failed for instance %s: %s", instance_name, exc.message
+                    )
                 streams.send(("finalized",))
                 return
             _, name, size, described, flags_name, flags_size, tokens = message
