@@ -26,7 +26,6 @@ from typing import Any
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.backends.python import pb_utils
-from tritonfast.backends.python.loader import DEFAULT_MODEL_FILE as MODEL_FILE
 from tritonfast.backends.python.loader import calls_server, describe
 from tritonfast.backends.python.modelloop import ModelLoop
 from tritonfast.config.jsonform import config_to_json
@@ -58,6 +57,7 @@ class PythonInstance(ModelInstance):
         instance_name: str,
         repository_path: Path,
         version: int,
+        model_file: Path,
         device_id: int = 0,
     ) -> None:
         self._config = config
@@ -82,7 +82,6 @@ class PythonInstance(ModelInstance):
             self._batched = None
         execute = self._batched or getattr(self._model, "execute", None)
         # Triton loads a model without ``execute`` and fails each of its batches with this.
-        model_file = repository_path / str(version) / (config.default_model_filename or MODEL_FILE)
         self._no_execute = (
             f"Python model {model_file} does not implement `execute` method."
             if execute is None

@@ -77,4 +77,7 @@ class PythonBackend(Backend):
         if self.mode(config) == "process":
             return ProcessInstance(self.model_file(config, placement.version), config, **where)
         model_class = self.model_class(config, placement.version)
-        return PythonInstance(model_class, config, device_id=placement.device_id, **where)
+        model_file = self.model_file(config, placement.version)
+        return PythonInstance(
+            model_class, config, device_id=placement.device_id, model_file=model_file, **where
+        )

@@ -771,6 +771,7 @@ def worker_main(
             instance_name=instance_name,
             repository_path=Path(repository_path),
             version=version,
+            model_file=Path(model_file),
         )
     except TritonError as exc:
         streams.send(("error", exc.message))
