@@ -11,6 +11,8 @@ __all__ = [
     "Batch",
     "Handoff",
     "HandoffDone",
+    "InflatedBody",
+    "Inflater",
     "OutStream",
     "Outbox",
     "PooledBuffer",
@@ -221,6 +223,30 @@ class PooledBuffer:
     @property
     def offset(self) -> int | None:
         """Where the buffer starts in its pool's shared segment (None for heap buffers)."""
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+    def __len__(self) -> int: ...
+
+@final
+class Inflater:
+    """One compressed body (gzip or zlib framing, told from its first bytes as zlib does with
+    ``windowBits = 15 + 32``), inflated step by step with the GIL released. The body's bytes
+    (a C-contiguous numpy array) are copied when it is made."""
+
+    def __new__(cls, body: Any) -> Self: ...
+    def step(self, max_out: int) -> int:
+        """Inflate up to ``max_out`` more bytes; returns the total inflated so far."""
+    @property
+    def state(self) -> str:
+        """``"running"`` (step again), ``"ended"``, ``"truncated"`` (the input stopped early:
+        what inflated is the body), ``"corrupt"``, or ``"taken"`` after :meth:`take`."""
+    def take(self) -> InflatedBody:
+        """The inflated bytes (once)."""
+
+@final
+class InflatedBody:
+    """Inflated bytes; ``numpy.asarray(body)`` is a writable ``uint8`` view of them."""
+
     @property
     def __array_interface__(self) -> dict[str, Any]: ...
     def __len__(self) -> int: ...

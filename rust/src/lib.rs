@@ -1,6 +1,6 @@
 //! Rust core of tritonfast: the per-model request queue, dynamic batching and statistics that
-//! feed model instances, the tensor pool, clients' shared-memory regions, and the check of
-//! request JSON against Triton's grammar.
+//! feed model instances, the tensor pool, clients' shared-memory regions, the check of request
+//! JSON against Triton's grammar, and the inflating of compressed request bodies.
 //!
 //! Everything here is pure Rust and tested with `cargo test`. The `python` feature (turned on by
 //! maturin) adds the `py` module, the only code that knows about Python.
@@ -14,6 +14,7 @@ pub mod batcher;
 pub mod copy;
 pub mod error;
 pub mod handoff;
+pub mod inflate;
 pub mod jsonscan;
 pub mod latency;
 pub mod outbox;

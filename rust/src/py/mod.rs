@@ -7,6 +7,7 @@ mod copy;
 mod error;
 mod gil;
 mod handoff;
+mod inflate;
 mod jsonscan;
 mod outbox;
 mod pool;
@@ -31,6 +32,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sequence::PySequenceTicket>()?;
     m.add_class::<handoff::PyHandoff>()?;
     m.add_class::<handoff::HandoffDone>()?;
+    m.add_class::<inflate::PyInflater>()?;
+    m.add_class::<inflate::PyInflatedBody>()?;
     m.add_class::<outbox::PyOutbox>()?;
     m.add_class::<outbox::PyOutStream>()?;
     m.add_class::<pool::PyTensorPool>()?;

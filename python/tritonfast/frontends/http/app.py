@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tritonfast._core import Inflater
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends import bulkwork
 from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
@@ -37,7 +38,7 @@ from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.frontends.restricted import Restriction, http_refusal
-from tritonfast.runtime.bufferpool import POOL, pooled_memory
+from tritonfast.runtime.bufferpool import pooled_memory
 from tritonfast.runtime.responses import Result
 from tritonfast.runtime.types import InferRequest
 
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritonfast.http")
 
 _BINARY = "application/octet-stream"
-_ZLIB_AUTO = 15 + 32  # zlib or gzip framing, detected from the data (as Triton inflates)
 _COMPRESSORS = {"gzip": 16 + 15, "deflate": 15}
 _REQUEST_ENCODINGS = frozenset(("identity", "gzip", "deflate"))
 # A request body: small ones in a bytearray, large ones in a pool buffer.
@@ -56,10 +56,8 @@ Body = bytearray | memoryview
 HTTP_ENDPOINT = "HTTP end point"
 # From this size on, request bodies are read into pool buffers.
 LARGE_BYTES = 1 << 16
-# A compressed body inflates this much at a time (counted against the body budget as it grows),
-# from slices of at most INFLATE_INPUT_BYTES of it.
+# A compressed body inflates this much at a time (counted against the body budget as it grows).
 INFLATE_STEP_BYTES = 1 << 24
-INFLATE_INPUT_BYTES = 1 << 20
 # JSON request headers from this size on are parsed off the event loop.
 LARGE_JSON_BYTES = 1 << 20
 
@@ -432,27 +430,15 @@ def _inflate(body: Body) -> tuple[Body, int]:
     refused: a small bomb must not take gigabytes), and the bytes counted for it against the
     server's body budget (given back by the caller once the request is done; a body that
     inflates past the budget is refused with 503). Runs on a worker thread (see
-    :func:`_inflated`)."""
+    :func:`_inflated`); each step runs in the Rust core without the GIL (zlib's own steps
+    would take the GIL back thousands of times for a large body, each time stalling the loop)."""
     if not body:
         raise InvalidArgumentError("nothing to be decompressed")
-    inflater = zlib.decompressobj(_ZLIB_AUTO)
-    pieces: list[bytes] = []
+    inflater = Inflater(np.frombuffer(body, np.uint8))
     counted = size = 0
-    source = memoryview(body)
-    taken = 0  # bytes of the body given to the inflater
-    data: memoryview | bytes = b""
     try:
-        while not inflater.eof:
-            if not data and taken < len(source):
-                # Input in slices: what the inflater keeps of it (its unconsumed tail, copied
-                # while it holds the GIL) stays small.
-                data = source[taken : taken + INFLATE_INPUT_BYTES]
-                taken += len(data)
-            piece = inflater.decompress(data, INFLATE_STEP_BYTES)
-            data = inflater.unconsumed_tail
-            if not piece and not data and taken >= len(source):
-                break  # the stream ends early: what inflated is kept, as Triton does
-            size += len(piece)
+        while inflater.state == "running":
+            size = inflater.step(min(INFLATE_STEP_BYTES, MAX_BODY_BYTES + 1 - size))
             if size > MAX_BODY_BYTES:
                 raise InvalidArgumentError(
                     f"decompressed request body is larger than {MAX_BODY_BYTES} bytes"
@@ -461,23 +447,20 @@ def _inflate(body: Body) -> tuple[Body, int]:
                 if not BUDGET.take(size - counted):
                     raise BUDGET.refusal(size)
                 counted = size
-            pieces.append(piece)
-        # One buffer for the JSON parser, filled without the GIL (a copy of many MiB on the
-        # loop's lock would stall every client).
-        joined = POOL.gather([np.frombuffer(piece, np.uint8) for piece in pieces])
-        return np.asarray(joined).data, counted
-    except zlib.error:
-        # Triton keeps what inflated before the error, which leaves unparsable JSON.
-        BUDGET.give(counted)
-        return bytearray(), 0
+        if inflater.state == "corrupt":
+            # Triton keeps what inflated before the error, which leaves unparsable JSON.
+            BUDGET.give(counted)
+            return bytearray(), 0
+        # Ended, or the input stopped early: what inflated is kept, as Triton does.
+        return np.asarray(inflater.take()).data, counted
     except BaseException:
         BUDGET.give(counted)
         raise
 
 
 async def _inflated(body: Body) -> tuple[Body, int]:
-    """:func:`_inflate` on a low-priority thread (:mod:`tritonfast.frontends.bulkwork`; zlib
-    lets go of the GIL while it inflates: other clients go on). If the request is cancelled
+    """:func:`_inflate` on a low-priority thread (:mod:`tritonfast.frontends.bulkwork`; it
+    inflates without the GIL: other clients go on). If the request is cancelled
     meanwhile (its client left), the thread still finishes, and what it counted against the
     budget is given back then."""
     inflating = asyncio.ensure_future(bulkwork.run(_inflate, body))
