@@ -11,10 +11,10 @@ __all__ = [
     "Batch",
     "Handoff",
     "HandoffDone",
-    "InflatedBody",
     "Inflater",
     "OutStream",
     "Outbox",
+    "OwnedBytes",
     "PooledBuffer",
     "QueuePolicy",
     "RegionView",
@@ -27,6 +27,8 @@ __all__ = [
     "__version__",
     "copy_into",
     "json_error",
+    "json_input_data",
+    "json_numbers",
     "length_delimited_prefix",
     "split_message_field",
 ]
@@ -240,12 +242,13 @@ class Inflater:
     def state(self) -> str:
         """``"running"`` (step again), ``"ended"``, ``"truncated"`` (the input stopped early:
         what inflated is the body), ``"corrupt"``, or ``"taken"`` after :meth:`take`."""
-    def take(self) -> InflatedBody:
+    def take(self) -> OwnedBytes:
         """The inflated bytes (once)."""
 
 @final
-class InflatedBody:
-    """Inflated bytes; ``numpy.asarray(body)`` is a writable ``uint8`` view of them."""
+class OwnedBytes:
+    """Bytes the core made (an inflated body, parsed numbers); ``numpy.asarray(buffer)`` is a
+    writable ``uint8`` view of them, valid while any such array lives."""
 
     @property
     def __array_interface__(self) -> dict[str, Any]: ...
@@ -310,6 +313,17 @@ def json_error(document: Any) -> tuple[int, str | None]:
     """``(offset, message)`` of the first error RapidJSON (Triton's parser) would report in
     ``document`` (a C-contiguous numpy array of its bytes, read in place), in its words;
     ``(end, None)`` where a valid document ends. Runs without the GIL."""
+
+def json_input_data(document: Any) -> list[tuple[int, int, int]]:
+    """``(k, start, end)``: where each ``inputs[k].data`` array lies in ``document`` (a
+    C-contiguous numpy array of a document :func:`json_error` accepted, cut at its end).
+    Inputs whose member names are ambiguous (escapes, ``data`` twice) are left out. Runs
+    without the GIL."""
+
+def json_numbers(document: Any, start: int, end: int, kind: str) -> OwnedBytes | None:
+    """The numbers of the JSON array at ``document[start:end]``, flattened, as 8-byte values of
+    ``kind`` (``"f64"``, ``"i64"`` or ``"u64"``); None when an element is not a number of that
+    kind. Runs without the GIL."""
 
 def split_message_field(message: bytes, field: int) -> tuple[bytes, list[tuple[int, int]]]:
     """``message`` (protobuf) without its length-delimited occurrences of ``field``, and the

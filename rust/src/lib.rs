@@ -15,6 +15,7 @@ pub mod copy;
 pub mod error;
 pub mod handoff;
 pub mod inflate;
+pub mod jsondata;
 pub mod jsonscan;
 pub mod latency;
 pub mod outbox;

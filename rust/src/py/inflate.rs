@@ -1,12 +1,11 @@
-//! `tritonfast._core.Inflater` and `InflatedBody`: [`crate::inflate`] for the HTTP frontend's
-//! compressed request bodies, each step run without the GIL.
+//! `tritonfast._core.Inflater`: [`crate::inflate`] for the HTTP frontend's compressed request
+//! bodies, each step run without the GIL.
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use super::gil::without_gil;
-use super::pool::{array_interface, borrowed_bytes, contiguous_bytes};
+use super::pool::{PyOwnedBytes, borrowed_bytes, contiguous_bytes};
 use crate::inflate::{InflateState, Inflater};
 
 /// Inflates one compressed body (a C-contiguous numpy array of its bytes, copied when the
@@ -58,47 +57,13 @@ impl PyInflater {
     }
 
     /// The inflated bytes (once; an empty body afterwards).
-    fn take(&self) -> PyInflatedBody {
+    fn take(&self) -> PyOwnedBytes {
         let out = self
             .inner
             .lock()
             .take()
             .map(Inflater::into_output)
             .unwrap_or_default();
-        PyInflatedBody::new(out)
-    }
-}
-
-/// An inflated body, viewed by numpy without a copy (`numpy.asarray(body)`).
-#[pyclass(name = "InflatedBody", module = "tritonfast._core", frozen)]
-pub(crate) struct PyInflatedBody {
-    // Never touched until drop: numpy reads and writes through `address` meanwhile.
-    _bytes: Vec<u8>,
-    address: usize,
-    len: usize,
-}
-
-impl PyInflatedBody {
-    fn new(mut bytes: Vec<u8>) -> Self {
-        let address = bytes.as_mut_ptr() as usize;
-        let len = bytes.len();
-        Self {
-            _bytes: bytes,
-            address,
-            len,
-        }
-    }
-}
-
-#[pymethods]
-impl PyInflatedBody {
-    /// numpy's array interface (version 3): a writable 1-D `uint8` array over the bytes.
-    #[getter]
-    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        array_interface(py, self.address, self.len, false)
-    }
-
-    fn __len__(&self) -> usize {
-        self.len
+        PyOwnedBytes::from_vec(out)
     }
 }

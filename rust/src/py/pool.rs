@@ -159,6 +159,42 @@ impl PyPooledBuffer {
     }
 }
 
+/// Bytes the core made (an inflated body, parsed numbers), viewed by numpy without a copy
+/// (`numpy.asarray(buffer)`, then `.view(dtype)`), freed when the last view is gone.
+#[pyclass(name = "OwnedBytes", module = "tritonfast._core", frozen)]
+pub(crate) struct PyOwnedBytes {
+    // Never touched until drop: numpy reads and writes through `address` meanwhile. (Moving
+    // the vector into the box leaves its elements where they are.)
+    _owner: Box<dyn std::any::Any + Send + Sync>,
+    address: usize,
+    len: usize,
+}
+
+impl PyOwnedBytes {
+    pub(crate) fn from_vec<T: Send + Sync + 'static>(mut values: Vec<T>) -> Self {
+        let address = values.as_mut_ptr() as usize;
+        let len = std::mem::size_of_val(values.as_slice());
+        Self {
+            _owner: Box::new(values),
+            address,
+            len,
+        }
+    }
+}
+
+#[pymethods]
+impl PyOwnedBytes {
+    /// numpy's array interface (version 3): a writable 1-D `uint8` array over the bytes.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        array_interface(py, self.address, self.len, false)
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+}
+
 /// numpy's array interface (version 3) for `len` bytes at `address`: a 1-D `uint8` array.
 pub(crate) fn array_interface(
     py: Python<'_>,

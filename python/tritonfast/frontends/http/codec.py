@@ -123,7 +123,7 @@ def decode_infer_request(
     (``binary_data_output``). Binary inputs are numpy views over ``body``.
     """
     view = memoryview(body)
-    doc = jsonparse.loads(view[:json_length])
+    doc, left_out = jsonparse.loads_request(view[:json_length])
     if type(doc) is not dict:
         doc = {}
     request = InferRequest(model_name=model_name, model_version=model_version)
@@ -137,8 +137,10 @@ def decode_infer_request(
         raise _unable("inputs", "attempt to access non-existing object member 'inputs'")
     inputs = _require(doc["inputs"], list, "inputs")
     offset = json_length
-    for entry in inputs:
-        tensor, offset = _decode_input(entry, view, offset, model_name, request.id)
+    for index, entry in enumerate(inputs):
+        tensor, offset = _decode_input(
+            entry, view, offset, model_name, request.id, left_out.get(index)
+        )
         if tensor.data is NO_DATA:
             request.uses_shared_memory = True
         request.inputs.append(tensor)
@@ -207,8 +209,14 @@ def _member(entry: dict[str, Any], key: str, kind: type) -> Any:
 
 
 def _decode_input(
-    entry: Any, view: memoryview, offset: int, model_name: str, request_id: str
+    entry: Any,
+    view: memoryview,
+    offset: int,
+    model_name: str,
+    request_id: str,
+    left_out: jsonparse.TensorNumbers | None = None,
 ) -> tuple[InputTensor, int]:
+    """One input; ``left_out``: its ``data`` array, when the parse left it in the bytes."""
     if type(entry) is not dict:
         entry = {}
     params = entry.get("parameters")
@@ -247,7 +255,8 @@ def _decode_input(
             {k: v for k, v in params.items() if k != "binary_data_size"} if len(params) > 1 else {}
         )
     elif has_data:
-        data = tensordata.from_json(datatype, shape, entry["data"], name, model_name, request_id)
+        json_data = entry["data"] if left_out is None else left_out
+        data = tensordata.from_json(datatype, shape, json_data, name, model_name, request_id)
     else:
         sharedmemory.placement(params, name)  # complete and well-typed; the data plane reads it
         data = NO_DATA
