@@ -19,6 +19,8 @@ use flate2::{Decompress, FlushDecompress, Status};
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const WINDOW_BITS: u8 = 15;
+/// The first room an inflated body gets.
+const MIN_ROOM: usize = 1 << 16;
 
 /// Where an inflater stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,30 +91,21 @@ impl Inflater {
             return self.out.len();
         }
         let target = self.out.len().saturating_add(max_out);
-        // Exactly this step's room: the buffer grows by steps, never to twice the body.
-        self.out.reserve_exact(max_out);
         while self.state == InflateState::Running && self.out.len() < target {
             let (in_before, out_before) = (self.inner.total_in(), self.out.len());
-            let room = target - out_before;
-            let spare = self.out.capacity() - out_before;
-            if spare > room {
-                // `decompress_vec` fills all the spare capacity; never more than asked for.
-                let mut piece = Vec::with_capacity(room);
-                let status = self.inner.decompress_vec(
-                    &self.input[self.pos..],
-                    &mut piece,
-                    FlushDecompress::None,
-                );
-                self.out.extend_from_slice(&piece);
-                self.advance(status.ok(), in_before, out_before);
-            } else {
-                let status = self.inner.decompress_vec(
-                    &self.input[self.pos..],
-                    &mut self.out,
-                    FlushDecompress::None,
-                );
-                self.advance(status.ok(), in_before, out_before);
+            if self.out.capacity() == out_before {
+                // Room as the body grows (doubling, from 64 KiB), never past this step's end:
+                // a small body takes a small buffer, a large one not twice its size.
+                let room = (target - out_before).min(out_before.max(MIN_ROOM));
+                self.out.reserve_exact(room);
             }
+            // `decompress_vec` writes into the spare capacity, which ends at `target` at most.
+            let status = self.inner.decompress_vec(
+                &self.input[self.pos..],
+                &mut self.out,
+                FlushDecompress::None,
+            );
+            self.advance(status.ok(), in_before, out_before);
         }
         self.out.len()
     }

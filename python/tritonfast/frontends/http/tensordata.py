@@ -120,13 +120,13 @@ def _parsed_numbers(datatype: str, data: TensorNumbers) -> np.ndarray | None:
         with np.errstate(over="ignore", invalid="ignore"):
             if datatype == "BF16":
                 return float_to_bf16(values.astype(_F32))
-            return values.astype(dtype)
+            return values.astype(dtype, copy=False)
     kind = "i64" if datatype in _SIGNED else "u64" if datatype in _UNSIGNED else None
     if kind is None:  # BOOL and BYTES: the general path
         return None
     values = data.numbers(kind)
     # Narrowing wraps, as Triton's C casts do.
-    return None if values is None else values.astype(dtype)
+    return None if values is None else values.astype(dtype, copy=False)
 
 
 def _numbers(datatype: str, flat: list[Any], kinds: set[type], name: str) -> np.ndarray:
