@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import queue
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -377,6 +379,18 @@ def test_bodies_past_the_server_wide_budget_are_refused_and_the_budget_comes_bac
             grpc_client.infer("identity_fp32", [grpc_tensor])
         assert error.value.status() == "StatusCode.UNAVAILABLE"
         assert "past its budget of 8388608 bytes" in error.value.message()
+        # A ModelStreamInfer message counts too: refused alone, the stream goes on.
+        replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        grpc_client.start_stream(callback=lambda result, error: replies.put((result, error)))
+        grpc_client.async_stream_infer("identity_fp32", [grpc_tensor])
+        small = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        small.set_data_from_numpy(np.ones((1, 4), np.float32))
+        grpc_client.async_stream_infer("identity_fp32", [small])
+        result, stream_error = replies.get(timeout=30)
+        assert result is None and "past its budget of 8388608 bytes" in str(stream_error)
+        result, stream_error = replies.get(timeout=30)
+        assert stream_error is None and result.as_numpy("OUTPUT0").shape == (1, 4)
+        grpc_client.stop_stream()
         holder.close()
         wait_for(lambda: post().startswith(b"HTTP/1.1 200"), "the budget to come back")
         result = grpc_client.infer("identity_fp32", [grpc_tensor]).as_numpy("OUTPUT0")
@@ -408,6 +422,33 @@ def test_bodies_past_the_server_wide_budget_are_refused_and_the_budget_comes_bac
             answer = _post_identity(server, broken)
             assert answer.startswith(b"HTTP/1.1 500"), answer[:200]
             assert b"failed to parse the request JSON buffer: Invalid value." in answer
+        # Chunked bodies (no Content-Length) count as they grow. One that stops sending at
+        # 6 MiB holds that much; a 16 MiB one is past the budget: its bytes are read and
+        # dropped, it gets 503 and its connection goes on serving.
+        chunked_head = (
+            b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        stalled = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+        stalled.sendall(chunked_head + _chunks(b"{" * (6 << 20)))
+        wait_for(lambda: post().startswith(b"HTTP/1.1 503"), "the stalled chunked body to hold")
+        stalled.close()
+        wait_for(lambda: post().startswith(b"HTTP/1.1 200"), "its budget back", timeout=5)
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+            sock.sendall(chunked_head + _chunks(b" " * (16 << 20)) + b"0\r\n\r\n")
+            answer = _status_and_body(sock)
+            assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+            assert b"past its budget of 8388608 bytes" in answer
+            sock.sendall(head + body)
+            assert _status_and_body(sock).startswith(b"HTTP/1.1 200")
     finally:
         holder.close()
         server.stop()
+
+
+def _chunks(data: bytes, size: int = 1 << 20) -> bytes:
+    """``data`` in HTTP/1.1 chunks of ``size`` bytes (without the last, empty chunk)."""
+    return b"".join(
+        b"%x\r\n%s\r\n" % (len(piece), piece)
+        for piece in (data[at : at + size] for at in range(0, len(data), size))
+    )

@@ -1,8 +1,9 @@
 """The server-wide budget of request-body bytes held in memory (``--request-body-budget-bytes``).
 
 Both frontends count what large request bodies hold: HTTP the bytes received so far of bodies
-received straight into pool memory (256 KiB and up) and what compressed bodies inflated to,
-gRPC the messages of unary calls of that size, from their arrival until their call ends. A
+received straight into pool memory (256 KiB and up) or read from aiohttp's stream (chunked
+ones), and what compressed bodies inflated to; gRPC the messages of that size (of unary calls
+and of ``ModelStreamInfer`` streams), from their arrival until their request is over. A
 body that would take the total past the budget is refused (HTTP 503, gRPC UNAVAILABLE) with
 :func:`refusal`'s words, and nothing of it is kept. Letting go of a large body trims the heap
 (:mod:`tritonfast.runtime.memtrim`).

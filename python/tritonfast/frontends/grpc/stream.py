@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import deque
 from collections.abc import AsyncIterator
 from time import perf_counter_ns
@@ -29,6 +30,7 @@ from google.protobuf.message import DecodeError
 
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
+from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
 from tritonfast.frontends.grpc import codec
 from tritonfast.runtime.types import InferResponse
 
@@ -92,14 +94,22 @@ class StreamSession:
     async def _read(self) -> None:
         try:
             async for data in self._requests:
+                # A large message counts against the server's body budget until its request
+                # is over (up to STREAM_WINDOW of them may be in flight).
+                held = len(data) if len(data) >= COUNTED_BYTES else 0
+                if held and not BUDGET.take(held):
+                    self._refuse(BUDGET.refusal(held).message)
+                    continue
                 try:
                     message = pb.ModelInferRequest.FromString(data)
                 except DecodeError as error:
+                    BUDGET.give(held)
                     # Only this message fails; the stream goes on with the next one.
                     self._refuse(f"failed to parse the request message: {error}")
                     continue
+                del data
                 await self._window.acquire()
-                self._start(message)
+                self._start(message, held)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # e.g. a message that does not parse
@@ -117,7 +127,7 @@ class StreamSession:
         self._ordered.append(refused)
         self._flush_ordered(refused)
 
-    def _start(self, message: pb.ModelInferRequest) -> None:
+    def _start(self, message: pb.ModelInferRequest, held: int) -> None:
         try:
             decoupled = self._dataplane.is_decoupled(message.model_name, message.model_version)
         except TritonError:
@@ -130,9 +140,11 @@ class StreamSession:
             self._ordered.append(task)
             task.add_done_callback(self._flush_ordered)
         self._running.add(task)
-        task.add_done_callback(self._finished)
+        task.add_done_callback(functools.partial(self._finished, held))
 
-    def _finished(self, task: asyncio.Task[Any]) -> None:
+    def _finished(self, held: int, task: asyncio.Task[Any]) -> None:
+        if held:
+            BUDGET.give(held)
         self._running.discard(task)
         self._window.release()
         self._maybe_end()

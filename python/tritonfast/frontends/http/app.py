@@ -24,7 +24,7 @@ import ssl
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -410,6 +410,8 @@ async def _read_body(request: Request) -> Body:
             chunk, _ = await stream.readchunk()  # one received piece, never a joined copy
             if not chunk:
                 break
+            if not request.count_body(filled + len(chunk)):
+                await _drop_rest(request, length)
             view[filled : filled + len(chunk)] = chunk
             filled += len(chunk)
         if filled != length:  # the client closed early; aiohttp normally raises first
@@ -422,7 +424,24 @@ async def _read_body(request: Request) -> Body:
         buf += chunk
         if len(buf) > MAX_BODY_BYTES:
             raise InvalidArgumentError(f"request body larger than {MAX_BODY_BYTES} bytes")
+        if not request.count_body(len(buf)):
+            await _drop_rest(request, len(buf))
     return buf
+
+
+async def _drop_rest(request: Request, size: int) -> NoReturn:
+    """A body (of ``size`` bytes, or so far) past the server's body budget: read and drop the
+    rest of it, so that the client, still sending, gets its answer rather than a reset
+    connection; then refuse it with 503. A body without a length is dropped only up to the
+    largest one accepted."""
+    refusal = BUDGET.refusal(size)
+    request.release()
+    dropped = 0
+    while chunk := await request.content.readany():
+        dropped += len(chunk)
+        if dropped > MAX_BODY_BYTES:
+            break
+    raise refusal
 
 
 def _inflate(body: Body) -> tuple[Body, int]:

@@ -152,8 +152,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         # Bodies of requests that will never be answered give their budget back now, not when
         # the collector gets to this connection.
         for item in self._waiting:
-            if isinstance(item, Request) and item.body is not None:
-                item.body.release()
+            if isinstance(item, Request):
+                item.release()
         self._waiting.clear()
         self._parser = None
         if self._task is not None:
@@ -334,8 +334,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         finally:
             server.serving -= 1
-            if item.body is not None:
-                item.body.release()
+            item.release()
         if not keep_alive:
             transport.close()
             return

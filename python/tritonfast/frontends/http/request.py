@@ -118,7 +118,7 @@ class Request:
     """What a handler sees of one request. ``content`` is aiohttp's ``StreamReader`` of the
     body, filled as it arrives, unless ``body`` (a :class:`DirectBody`) receives it."""
 
-    __slots__ = ("body", "content", "headers", "keep_alive", "method", "path", "version")
+    __slots__ = ("body", "content", "counted", "headers", "keep_alive", "method", "path", "version")
 
     def __init__(self, message: Any, content: Any) -> None:
         self.method: str = message.method
@@ -131,6 +131,28 @@ class Request:
         self.version: tuple[int, int] = message.version
         self.keep_alive: bool = not message.should_close
         self.body: DirectBody | None = None
+        self.counted = 0  # bytes of a body read from ``content`` counted against the budget
+
+    def count_body(self, held: int) -> bool:
+        """Count a body read from ``content`` against the server's body budget as it grows to
+        ``held`` bytes (from :data:`COUNTED_BYTES` on, in doubling steps); False, with nothing
+        more counted, when the budget refuses."""
+        if held <= self.counted or held < COUNTED_BYTES:
+            return True
+        wanted = max(2 * self.counted, held)
+        if not BUDGET.take(wanted - self.counted):
+            return False
+        self.counted = wanted
+        return True
+
+    def release(self) -> None:
+        """The request was answered (or its connection lost): give back what its body counted
+        against the budget (once)."""
+        if self.body is not None:
+            self.body.release()
+        if self.counted:
+            BUDGET.give(self.counted)
+            self.counted = 0
 
     def body_received(self) -> bool:
         """Whether the whole body has come in (a connection is reused only then)."""
