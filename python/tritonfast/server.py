@@ -287,8 +287,11 @@ async def _stop(stoppers: list[Any], repository: ModelRepository, options: Serve
             log.exception("error while stopping a frontend")
 
     # All frontends drain at once: none goes on taking work while another finishes its own.
+    # Then the models get what is left of the same exit timeout, not a timeout of their own.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + options.exit_timeout_secs
     await asyncio.gather(*(stop_one(stop) for stop in stoppers))
-    await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
+    await asyncio.to_thread(repository.stop, max(0.0, deadline - loop.time()))
 
 
 def run(options: ServeOptions, lifecycle: Lifecycle | None = None) -> int:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -277,7 +278,8 @@ HUNG_CONFIG = """
 backend: "python"
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
-parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "thread" } }
+parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "%s" } }
+instance_group [ { count: 3 kind: KIND_CPU } ]
 """
 HUNG_MODEL = """
 import threading
@@ -297,22 +299,29 @@ class TritonPythonModel:
 """
 
 
-def test_a_hung_model_at_shutdown_gets_one_clear_log_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_hung_model_at_shutdown_gets_one_clear_log_line(tmp_path: Path, mode: str) -> None:
+    """Three instances hung in ``execute``: the server still exits within the exit timeout
+    (one deadline for draining the frontends and stopping every instance), logging one
+    clear line and no traceback."""
     marks = Marks(tmp_path / "marks")
     model = HUNG_MODEL.format(marks=str(marks.path))
-    write_model(tmp_path / "repository", "hung", HUNG_CONFIG, model)
+    write_model(tmp_path / "repository", "hung", HUNG_CONFIG % mode, model)
     server = start_server(
         [tmp_path / "repository"], tmp_path / "server.log", "--exit-timeout-secs=2"
     )
-    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=3, network_timeout=60)
     tensor = httpclient.InferInput("X", [1], "INT32")
     tensor.set_data_from_numpy(np.array([1], np.int32))
-    pending = client.async_infer("hung", [tensor])
-    wait_for(lambda: marks.count() == 1, "the model to start its execution")
+    pending = [client.async_infer("hung", [tensor]) for _ in range(3)]
+    wait_for(lambda: marks.count() == 3, "every instance to start its execution")
+    signalled = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     server.wait_exit(60)
+    took = time.monotonic() - signalled
     log = server.log()
     assert "requests were still running when the exit timeout (2 s) ran out" in log
     assert "Traceback" not in log
+    assert took < 2 + 3, f"the server took {took:.1f} s to exit"
     del pending
     client.close()

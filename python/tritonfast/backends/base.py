@@ -97,6 +97,11 @@ class ModelInstance(abc.ABC):
         """The model is being unloaded (called off the loop, before its running batches are
         waited for): responses held back for slow clients must stop holding up its requests."""
 
+    def stop_by(self, deadline: float) -> None:  # noqa: B027 - optional hook, empty by default
+        """The model stops (server exit or unload), and :meth:`finalize` comes next: what it
+        waits for should be over by ``deadline`` (``time.monotonic()``), past which work still
+        running may be abandoned."""
+
     def finalize(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release the instance's resources (called once, after its last execute)."""
 

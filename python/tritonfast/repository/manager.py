@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,15 +441,19 @@ class ModelRepository:
 
     # -- shutdown -----------------------------------------------------------------------
     def stop(self, timeout: float) -> None:
+        """Stop every model, waiting at most ``timeout`` seconds in all for running requests."""
+        deadline = time.monotonic() + timeout
         for entry in self._models.values():
-            self._stop_versions(entry, timeout)
+            self._stop_versions(entry, deadline - time.monotonic())
 
     def _stop_versions(
         self, entry: ModelEntry, timeout: float = 5.0, *, served: bool = True
     ) -> None:
-        """Stop the entry's versions (``served``: they were serving, and the log says so)."""
+        """Stop the entry's versions, waiting at most ``timeout`` seconds in all for their
+        running requests (``served``: they were serving, and the log says so)."""
+        deadline = time.monotonic() + timeout
         for number, version in entry.versions.items():
-            version.stop(timeout)
+            version.stop(max(0.0, deadline - time.monotonic()))
             if served:
                 log.info("successfully unloaded '%s' version %d", entry.name, number)
         entry.versions.clear()

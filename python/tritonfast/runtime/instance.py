@@ -114,8 +114,11 @@ class InstanceLoop:
     def unloading(self) -> None:
         self._instance.unloading()
 
-    def finalize(self) -> None:
+    def finalize(self, deadline: float) -> None:
+        """Finalize the instance, whose running work should be over by ``deadline``
+        (``time.monotonic()``)."""
         try:
+            self._instance.stop_by(deadline)
             self._instance.finalize()
         except TritonError as exc:  # the model's own error: one line, as Triton logs it
             log.error("finalize failed for instance %s: %s", self.name, exc.message)

@@ -55,6 +55,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import itertools
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -345,12 +346,13 @@ class QueueScheduler(Scheduler):
             queue.close()
         for instance_loop in self._instances:
             instance_loop.unloading()
+        deadline = time.monotonic() + timeout  # for all the instances together
         for instance_loop in self._instances:
-            instance_loop.join(timeout)
+            instance_loop.join(max(0.0, deadline - time.monotonic()))
         if self._on_loop is not None:
             self._on_loop.unwatch()
         for instance_loop in self._instances:
-            instance_loop.finalize()
+            instance_loop.finalize(deadline)
         for sender in list(self._senders):
             sender.abandon(UnavailableError(STOPPED_MESSAGE))
 
@@ -516,9 +518,10 @@ class SequenceScheduler(QueueScheduler):
         self._batcher.close()
         for instance_loop in self._instances:
             instance_loop.unloading()
+        deadline = time.monotonic() + timeout
         driver.finish(timeout)
         for instance_loop in self._instances:
-            instance_loop.finalize()
+            instance_loop.finalize(deadline)
         for sender in list(self._senders):
             sender.abandon(UnavailableError(STOPPED_MESSAGE))
 

@@ -416,6 +416,9 @@ class SequenceInstance(ModelInstance):
     def unloading(self) -> None:
         self._inner.unloading()
 
+    def stop_by(self, deadline: float) -> None:
+        self._inner.stop_by(deadline)
+
     def finalize(self) -> None:
         self._inner.finalize()
 

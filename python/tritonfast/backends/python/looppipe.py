@@ -304,6 +304,11 @@ class LoopPipe:
                 closed.wait(timeout)
         return True
 
+    def busy(self) -> bool:
+        """Whether the worker runs a batch or a decoupled request's responses are still to
+        come (read from any thread: a moment's view)."""
+        return self._batch is not None or bool(self._streams)
+
     def stop_holding_back(self) -> None:
         """From any thread: read on whatever the clients do (the model is unloading)."""
         with contextlib.suppress(RuntimeError):  # the loop closed

@@ -104,6 +104,9 @@ MODE_SETTING = "instance-mode"
 # How long a worker may take to start (import the model, run initialize) or to finalize.
 START_TIMEOUT_S = 120.0
 FINALIZE_TIMEOUT_S = 30.0
+# A worker with nothing running gets at least this long to finalize, even once the time its
+# model was given to stop (the exit timeout, say) has run out.
+FINALIZE_FLOOR_S = 1.0
 # How often the server passes new cancellations of running requests on to the worker.
 CANCEL_POLL_S = 0.005
 # How long a decoupled batch run from a thread before the loop drives the worker (warm-up)
@@ -291,6 +294,8 @@ class ProcessInstance(ModelInstance):
         # model may wait on the server (then from the instance thread: execute).
         self.runs_elsewhere = True
         self._finalized = False  # set by finalize: a worker that dies is not started again
+        self._stop_deadline: float | None = None  # see stop_by
+        self._stopping = threading.Lock()  # see _stop_process
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         # The loop's end of the worker's pipe (made by the first execute_later).
@@ -569,9 +574,10 @@ class ProcessInstance(ModelInstance):
     def _died(self) -> TritonError:
         """The worker went away in a batch: see it out, and the error that batch gets."""
         code = None
-        if self._process is not None:
-            self._process.join(5)  # the pipe closes a moment before the exit is reported
-            code = self._process.exitcode
+        process = self._process  # finalize may be seeing it out at the same time
+        if process is not None:
+            process.join(5)  # the pipe closes a moment before the exit is reported
+            code = process.exitcode
         self._stop_process()
         return InternalError(
             f"Failed to process the request(s) for model instance '{self._instance_name}',"
@@ -634,41 +640,61 @@ class ProcessInstance(ModelInstance):
         if pipe is not None:
             pipe.stop_holding_back()
 
+    def stop_by(self, deadline: float) -> None:
+        self._stop_deadline = deadline
+
+    def _finalize_wait(self) -> float:
+        """How long to wait for the worker to finalize: its model's time to stop (see
+        stop_by), at most FINALIZE_TIMEOUT_S; none once that is over and the worker is still
+        running a batch (it answers nothing before the batch ends), else FINALIZE_FLOOR_S at
+        least."""
+        if self._stop_deadline is None:
+            return FINALIZE_TIMEOUT_S
+        left = self._stop_deadline - time.monotonic()
+        pipe = self._pipe
+        if left <= 0 and pipe is not None and pipe.busy():
+            return 0.0
+        return min(FINALIZE_TIMEOUT_S, max(left, FINALIZE_FLOOR_S))
+
     def finalize(self) -> None:
         self._finalized = True
+        wait = self._finalize_wait()
         pipe = self._pipe
-        if pipe is not None and not pipe.closed and pipe.finalize(FINALIZE_TIMEOUT_S):
+        if pipe is not None and not pipe.closed and pipe.finalize(wait):
             pass  # done through the loop, which reads the worker's pipe (or given up on)
         elif self._conn is not None:
             try:
                 self._conn.send(("finalize",))
-                while self._conn.poll(FINALIZE_TIMEOUT_S):
+                while self._conn.poll(wait):
                     reply = self._conn.recv()
                     if reply[0] != "log":
                         break
                     workerlog.emit(reply)
             except (EOFError, OSError):
                 pass
-        self._stop_process()
+        self._stop_process(wait)
         REMOTE_METRICS.remove(self._metrics_source)
         self._inputs.close()
         self._outputs.close()
         self._cancel.close()
 
-    def _stop_process(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if self._relay is not None:
-            self._relay.join(FINALIZE_TIMEOUT_S)
-            self._relay = None
-        if self._process is not None:
-            self._process.join(FINALIZE_TIMEOUT_S)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
-            self._process = None
-        remove_segments(self._output_prefix)
+    def _stop_process(self, wait: float = FINALIZE_TIMEOUT_S) -> None:
+        # Finalize and the loop seeing a worker die (as finalize closes its pipe) may both
+        # get here: one at a time.
+        with self._stopping:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if self._relay is not None:
+                self._relay.join(wait)
+                self._relay = None
+            if self._process is not None:
+                self._process.join(wait)
+                if self._process.is_alive():
+                    self._process.kill()
+                    self._process.join()
+                self._process = None
+            remove_segments(self._output_prefix)
 
 
 # -- auto-complete in a worker ------------------------------------------------------------------
