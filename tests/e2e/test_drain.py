@@ -1,7 +1,7 @@
 """SIGTERM drains without losing a request a client has sent: open HTTP connections keep being
 answered (each answer then closes its connection) instead of being reset under a request on
 its way, as Triton finishes its open connections; gRPC calls received are answered and later
-ones refused with UNAVAILABLE, none cancelled."""
+ones refused with UNAVAILABLE, none cancelled; an open gRPC stream is answered to its end."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 from tritonfast.frontends.grpc.core import SHUTTING_DOWN
 
 from tests.conftest import TEST_MODELS, start_server
+from tests.waiting import wait_for
 
 BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
@@ -119,3 +120,37 @@ def test_sigterm_answers_every_grpc_call_received_and_refuses_the_rest_cleanly(t
     for tally in tallies:
         assert tally["answered"] > 0
         assert tally["ended"] == ("StatusCode.UNAVAILABLE", SHUTTING_DOWN), tallies
+
+
+def test_sigterm_answers_every_request_of_an_open_grpc_stream(tmp_path) -> None:
+    """A ModelStreamInfer stream open when SIGTERM comes is drained, not cut: every request
+    sent on it, before the signal and after, is answered once (each carries its own id), and
+    the server exits 0 once the client ends the stream."""
+    server = start_server([TEST_MODELS], tmp_path / "server.log")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: list[tuple[str | None, str | None]] = []
+    done = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append((None if result is None else result.get_response().id, error and str(error)))
+        if len(answers) == 200:
+            done.set()
+
+    tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 2]], np.float32))
+    client.start_stream(callback=callback)
+    try:
+        for number in range(100):
+            client.async_stream_infer("identity_fp32", [tensor], request_id=f"before-{number}")
+        wait_for(lambda: len(answers) >= 10, "the stream to be open and answering")
+        server.proc.send_signal(signal.SIGTERM)
+        for number in range(100):
+            client.async_stream_infer("identity_fp32", [tensor], request_id=f"after-{number}")
+        assert done.wait(60), f"{len(answers)} of 200 answered"
+    finally:
+        client.stop_stream()
+        client.close()
+    assert server.wait_exit(60) == 0
+    assert [error for _, error in answers if error] == []
+    expected = {f"{when}-{n}" for when in ("before", "after") for n in range(100)}
+    assert sorted(request_id for request_id, _ in answers) == sorted(expected)
