@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
-from tritonfast.frontends.grpc.core import SHUTTING_DOWN
+from tritonfast.frontends.grpc.servicer import DRAINING_REFUSALS
 
 from tests.conftest import TEST_MODELS, start_server
 from tests.waiting import wait_for
 
+STOPPING = DRAINING_REFUSALS["/inference.GRPCInferenceService/ModelInfer"]
 BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
 ).encode()
@@ -78,6 +79,15 @@ def test_sigterm_loses_no_request_sent_on_an_open_connection(tmp_path) -> None:
         assert all(t["answered"] > 0 for t in tallies)
 
 
+def _refused(call: Any) -> bool:
+    try:
+        call()
+    except InferenceServerException as error:
+        assert error.status() == "StatusCode.UNAVAILABLE" and error.message() == "Server exiting"
+        return True
+    return False
+
+
 def _grpc_client(url: str, index: int, started: threading.Event, tally: dict[str, Any]) -> None:
     """Calls one after another on one channel, each with a unique id checked in its answer,
     until the server refuses one."""
@@ -113,13 +123,20 @@ def test_sigterm_answers_every_grpc_call_received_and_refuses_the_rest_cleanly(t
         client.start()
     for event in started:
         assert event.wait(30)
+    other = grpcclient.InferenceServerClient(server.grpc_url)
+    assert other.is_server_ready()
     server.proc.send_signal(signal.SIGTERM)
+    # As on Triton: health calls are refused with "Server exiting" while it drains, metadata
+    # is still answered.
+    wait_for(lambda: _refused(other.is_server_live), "the server to say it is exiting")
+    assert other.get_model_metadata("identity_fp32").name == "identity_fp32"
+    other.close()
     for client in clients:
         client.join(60)
     assert server.wait_exit(60) == 0
     for tally in tallies:
         assert tally["answered"] > 0
-        assert tally["ended"] == ("StatusCode.UNAVAILABLE", SHUTTING_DOWN), tallies
+        assert tally["ended"] == ("StatusCode.UNAVAILABLE", STOPPING), tallies
 
 
 def test_sigterm_answers_every_request_of_an_open_grpc_stream(tmp_path) -> None:

@@ -45,6 +45,17 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 
 # How Triton names this RPC when it refuses a decoupled model.
 MODEL_INFER_ENDPOINT = "ModelInfer RPC"
+# What Triton answers while it stops (UNAVAILABLE), by method; the other calls are served.
+_STOPPING_INFERENCE = (
+    "[request id: <id_unknown>] Server is stopping, scheduler for model has stopped accepting"
+    " new inference requests"
+)
+DRAINING_REFUSALS = {
+    "/inference.GRPCInferenceService/ModelInfer": _STOPPING_INFERENCE,
+    "/inference.GRPCInferenceService/ModelStreamInfer": _STOPPING_INFERENCE,
+    "/inference.GRPCInferenceService/ServerLive": "Server exiting",
+    "/inference.GRPCInferenceService/ServerReady": "Server exiting",
+}
 
 Request = TypeVar("Request")
 Reply = TypeVar("Reply")
@@ -403,7 +414,7 @@ async def start_grpc_server(
         from tritonfast.frontends.grpc.core import CoreServer, Method
 
         methods = {path: Method.of(handler) for path, handler in handlers.items()}
-        server = CoreServer(asyncio.get_running_loop(), methods, SERVER_OPTIONS)
+        server = CoreServer(asyncio.get_running_loop(), methods, SERVER_OPTIONS, DRAINING_REFUSALS)
     address = _address(host, port)
     try:
         if credentials is not None:
