@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, start_server
+from tests.conftest import ROOT, TEST_MODELS, start_server
 from tests.waiting import wait_for
 
 WAIT_S = 30.0
@@ -138,6 +138,7 @@ def test_a_crashed_worker_fails_its_batch_and_is_restarted(server, word, code) -
 
 
 INIT_CRASHER = """
+import ctypes
 import os
 import triton_python_backend_utils as pb_utils
 
@@ -156,6 +157,8 @@ class TritonPythonModel:
             os._exit(4)
         if how == "abort":
             os.abort()
+        if how == "segv":
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
 
     def execute(self, requests):
         responses = []
@@ -170,7 +173,6 @@ backend: "python"
 max_batch_size: 4
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-parameters { key: "TRITONFAST_INSTANCE_MODE" value: { string_value: "process" } }
 """
 
 
@@ -184,17 +186,25 @@ def test_a_model_crashing_on_import_or_in_initialize_fails_its_load_and_a_later_
     how = version / "how"
     how.write_text("exit")
     server = start_server(
-        [tmp_path / "repo"], tmp_path / "server.log", "--model-control-mode=explicit"
+        [tmp_path / "repo", TEST_MODELS],
+        tmp_path / "server.log",
+        "--model-control-mode=explicit",
+        "--load-model=identity_fp32",
     )
     client = httpclient.InferenceServerClient(server.http_url)
+    other = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    other.set_data_from_numpy(np.ones((1, 4), np.float32))
     try:
-        for crash in ("import", "exit", "abort"):
+        # The model names no instance mode: the default (a worker) contains each crash.
+        for crash in ("import", "exit", "abort", "segv"):
             how.write_text(crash)
             with pytest.raises(InferenceServerException) as info:
                 client.load_model("init_crasher")
             assert "the worker process exited with code" in info.value.message()
             assert client.is_server_live()
             assert not client.is_model_ready("init_crasher")
+            answer = client.infer("identity_fp32", [other]).as_numpy("OUTPUT0")
+            assert answer.tolist() == [[1.0] * 4]  # the other model is unaffected
         how.write_text("construct")  # an exception, not a crash: the model's own words
         with pytest.raises(InferenceServerException) as info:
             client.load_model("init_crasher")

@@ -23,8 +23,8 @@ Instances that run elsewhere (worker processes, ``ModelInstance.runs_elsewhere``
 handoff with no rule at all: it is always on, and the loop only starts each batch in the worker
 and settles it when the worker answers (:meth:`InstanceLoop.run_later`), so no batch of theirs
 ever holds the loop.
-Chosen by the model's ``TRITONFAST_INSTANCE_MODE`` (``"auto"``, the default; ``"thread"``
-keeps every batch on the instance threads).
+For in-process models, chosen by the model's ``TRITONFAST_INSTANCE_MODE``: ``"auto"`` (the
+default is ``"process"``, a worker; ``"thread"`` keeps every batch on the instance threads).
 
 The rule for which models may run on the loop: never one that can wait, on the server (a BLS
 call through :mod:`tritonfast.runtime.handle`) or on a stream, because a wait on the loop's
