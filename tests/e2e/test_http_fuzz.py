@@ -1,13 +1,15 @@
 """Fuzzing the HTTP connection layer of a real server: random request heads, bodies, chunked
 encodings, binary-extension headers and ways of cutting the bytes into writes. Whatever
 arrives, the server answers or closes the connection (never hangs), and answers the next
-well-formed request as before."""
+well-formed request as before; well-formed requests, however they are cut and whatever
+follows them, each get their answer."""
 
 from __future__ import annotations
 
 import errno
 import json
 import socket
+import struct
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -147,3 +149,87 @@ def test_anything_on_a_connection_gets_an_answer_or_a_close_and_harms_nothing(
     if answer:
         assert answer.startswith(b"HTTP/1."), answer[:200]
     _still_serves(server.http_port)
+
+
+@st.composite
+def good_requests(draw: Any) -> bytes:
+    """A well-formed inference request for identity_fp32: a JSON or a binary-extension body,
+    sent with a Content-Length or chunked (random chunk sizes), with harmless extra headers."""
+    values = draw(st.lists(st.integers(-1000, 1000), min_size=1, max_size=8))
+    headers = [(b"Host", b"x")]
+    if draw(st.booleans()):
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "shape": [1, len(values)],
+                        "datatype": "FP32",
+                        "data": values,
+                    }
+                ]
+            }
+        ).encode()
+        headers.append((b"Content-Type", b"application/json"))
+    else:
+        data = struct.pack(f"<{len(values)}f", *values)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "shape": [1, len(values)],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": len(data)},
+                    }
+                ]
+            }
+        ).encode()
+        body = header + data
+        headers.append((b"Inference-Header-Content-Length", str(len(header)).encode()))
+    if draw(st.booleans()):
+        headers.append((draw(st.sampled_from([b"X-Extra", b"Accept", b"User-Agent"])), b"1"))
+    if draw(st.booleans()):
+        chunks, rest = [], body
+        while rest:
+            size = draw(st.integers(1, max(1, len(rest))))
+            chunks.append(b"%x\r\n%s\r\n" % (size, rest[:size]))
+            rest = rest[size:]
+        body = b"".join(chunks) + b"0\r\n\r\n"
+        headers.append((b"Transfer-Encoding", b"chunked"))
+    else:
+        headers.append((b"Content-Length", str(len(body)).encode()))
+    head = b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\n"
+    head += b"".join(b"%s: %s\r\n" % pair for pair in headers)
+    return head + b"\r\n" + body
+
+
+def _statuses(answers: bytes) -> list[bytes]:
+    """The status lines of the answers in ``answers`` (each with a Content-Length)."""
+    statuses = []
+    while answers:
+        head, _, rest = answers.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        statuses.append(lines[0])
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in lines[1:]
+            if line.lower().startswith(b"content-length:")
+        )
+        answers = rest[length:]
+    return statuses
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    requests=st.lists(good_requests(), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(0, 600), max_size=4),
+)
+def test_every_well_formed_request_gets_its_answer(server, requests, cuts) -> None:
+    """Well-formed requests pipelined on one connection, cut into random writes, the sending
+    side closed after the last (a half-close): each is answered 200, in order, as Triton
+    answers them."""
+    answer = _exchange(server.http_port, b"".join(requests), cuts)
+    assert _statuses(answer) == [b"HTTP/1.1 200 OK"] * len(requests)

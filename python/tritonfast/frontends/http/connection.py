@@ -98,12 +98,14 @@ class HttpConnection(asyncio.BufferedProtocol):
     __slots__ = (
         "_direct",
         "_drain_waiter",
+        "_ended",
         "_handle",
         "_held",
         "_loop",
         "_out",
         "_parser",
         "_reading_paused",
+        "_serving",
         "_server",
         "_task",
         "_waiting",
@@ -125,6 +127,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         # Requests to answer in order; an Answer in their place refuses a broken message.
         self._waiting: deque[Request | Answer] = deque()
         self._task: asyncio.Task[None] | None = None
+        self._serving: Request | None = None  # the request the task answers
+        self._ended = False  # the client half-closed: it sends nothing more
         self._held = False  # reading stopped because too many requests wait
         self._yielding = False  # reading stopped until the loop's next turn (a large body)
         self._out: OutStream | None = None  # the writer thread's stream, when there is one
@@ -277,6 +281,18 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._held = True
             self.transport.pause_reading()
 
+    def eof_received(self) -> bool:
+        """The client has sent all it will (a half-close, e.g. ``shutdown(SHUT_WR)``): answer
+        the requests it sent whole, in order, then close, as Triton does. A request whose body
+        stops short can never be answered: then the connection closes at once."""
+        self._ended = True
+        pending = [item for item in self._waiting if isinstance(item, Request)]
+        if self._serving is not None:
+            pending.append(self._serving)
+        if self._direct is not None or not all(item.body_received() for item in pending):
+            return False
+        return self._task is not None or bool(self._waiting)  # else: nothing left, close
+
     def _receive_directly(self, request: Request) -> None:
         """Receives the rest of a large body (whose head was just parsed) straight into its
         buffer; a fresh parser then reads the next request."""
@@ -318,6 +334,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         server = self._server
         server.serving += 1
+        self._serving = item
         try:
             if item.version >= (1, 1) and item.headers.get("Expect", "").lower() == "100-continue":
                 self._send(_CONTINUE)
@@ -334,6 +351,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         finally:
             server.serving -= 1
+            self._serving = None
             item.release()
         if not keep_alive:
             transport.close()
@@ -341,6 +359,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._task = None
         if self._waiting:
             self._serve_next()
+        elif self._ended:  # the client sends nothing more: every answer is out
+            transport.close()
 
     async def _write(self, answer: Answer, version: tuple[int, int], keep_alive: bool) -> None:
         transport = self.transport
@@ -425,7 +445,9 @@ class HttpConnection(asyncio.BufferedProtocol):
             else:
                 out.write_now(data)
         except ConnectionError:
-            pass  # the peer is gone; the loop sees the connection lost
+            # The peer is gone. The transport may not notice by itself: after a half-close it
+            # reads no more, and the writer thread does the writing.
+            transport.abort()
 
     def close_when_idle(self, quiet_since: float | None = None) -> None:
         """Close now if no request is being answered (and, with ``quiet_since``, nothing
