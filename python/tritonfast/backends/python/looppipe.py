@@ -70,6 +70,10 @@ def flag_cancelled(requests: list[InferRequest], flags: Any) -> None:
             flags[index] = 1
 
 
+# How long finalize waits for the loop to stop watching a pipe it is about to close.
+UNWATCH_WAIT_S = 5.0
+
+
 class LoopPipe:
     """Drives one worker from the event loop (see the module docstring). Create it on the
     loop; every method but :meth:`send`, :meth:`stop_holding_back` and :meth:`finalize` runs
@@ -301,7 +305,9 @@ class LoopPipe:
 
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(close)
-                closed.wait(timeout)
+                # One turn of the loop, whatever time the caller had left: the caller closes
+                # the descriptor next (bounded, should the loop itself be stuck).
+                closed.wait(UNWATCH_WAIT_S)
         return True
 
     def busy(self) -> bool:

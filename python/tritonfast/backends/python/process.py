@@ -106,7 +106,7 @@ START_TIMEOUT_S = 120.0
 FINALIZE_TIMEOUT_S = 30.0
 # A worker with nothing running gets at least this long to finalize, even once the time its
 # model was given to stop (the exit timeout, say) has run out.
-FINALIZE_FLOOR_S = 1.0
+FINALIZE_FLOOR_S = 2.0
 # How often the server passes new cancellations of running requests on to the worker.
 CANCEL_POLL_S = 0.005
 # How long a decoupled batch run from a thread before the loop drives the worker (warm-up)
@@ -347,6 +347,8 @@ class ProcessInstance(ModelInstance):
         """From the instance thread (models that may wait on the server), or before the loop
         drives the worker (warm-up)."""
         if self._conn is None:
+            if self._finalized:  # the instance is going away: no new worker
+                return [InternalError("the model is unloading")] * len(requests)
             try:
                 self._start()
             except TritonError as exc:
@@ -659,6 +661,7 @@ class ProcessInstance(ModelInstance):
     def finalize(self) -> None:
         self._finalized = True
         wait = self._finalize_wait()
+        end = time.monotonic() + wait
         pipe = self._pipe
         if pipe is not None and not pipe.closed and pipe.finalize(wait):
             pass  # done through the loop, which reads the worker's pipe (or given up on)
@@ -672,7 +675,8 @@ class ProcessInstance(ModelInstance):
                     workerlog.emit(reply)
             except (EOFError, OSError):
                 pass
-        self._stop_process(wait)
+        # What is left of the same wait for the worker to exit (then it is killed).
+        self._stop_process(max(0.0, end - time.monotonic()))
         REMOTE_METRICS.remove(self._metrics_source)
         self._inputs.close()
         self._outputs.close()

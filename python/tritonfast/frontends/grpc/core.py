@@ -196,8 +196,12 @@ class _Call:
 
     # -- on the event loop -------------------------------------------------------------------
     def start(self, data: bytes | None) -> None:
-        if not self.cancelled:
-            self.task = self.server.loop.create_task(self.run(data))
+        if self.cancelled:
+            # Its cancellation may have been handled first, on the other polling thread,
+            # before its message counted against the budget: give that back too.
+            self.over()
+            return
+        self.task = self.server.loop.create_task(self.run(data))
 
     def cancel(self) -> None:
         self.cancelled = True

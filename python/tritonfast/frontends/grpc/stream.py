@@ -102,13 +102,16 @@ class StreamSession:
                     continue
                 try:
                     message = pb.ModelInferRequest.FromString(data)
+                    del data
+                    await self._window.acquire()
                 except DecodeError as error:
                     BUDGET.give(held)
                     # Only this message fails; the stream goes on with the next one.
                     self._refuse(f"failed to parse the request message: {error}")
                     continue
-                del data
-                await self._window.acquire()
+                except BaseException:  # cancelled while waiting for room, or worse
+                    BUDGET.give(held)
+                    raise
                 self._start(message, held)
         except asyncio.CancelledError:
             raise

@@ -284,13 +284,12 @@ class HttpConnection(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         """The client has sent all it will (a half-close, e.g. ``shutdown(SHUT_WR)``): answer
         the requests it sent whole, in order, then close, as Triton does. A request whose body
-        stops short can never be answered: then the connection closes at once."""
+        stops short can never be answered: the connection closes when its turn comes (at
+        once if it is being served)."""
         self._ended = True
-        pending = [item for item in self._waiting if isinstance(item, Request)]
-        if self._serving is not None:
-            pending.append(self._serving)
-        if self._direct is not None or not all(item.body_received() for item in pending):
-            return False
+        serving = self._serving
+        if serving is not None and not serving.body_received():
+            return False  # its handler waits for bytes that will never come
         return self._task is not None or bool(self._waiting)  # else: nothing left, close
 
     def _receive_directly(self, request: Request) -> None:
@@ -318,6 +317,12 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def _serve_next(self) -> None:
         item = self._waiting.popleft()
+        if self._ended and isinstance(item, Request) and not item.body_received():
+            if self.transport is not None:  # cut short by a half-close: nothing to answer
+                self.transport.close()
+            return
+        if isinstance(item, Request):
+            self._serving = item  # from now: eof_received must see it before its task runs
         if self._held and len(self._waiting) <= MAX_WAITING // 2 and self.transport is not None:
             self._held = False
             if not self._reading_paused:
@@ -334,7 +339,6 @@ class HttpConnection(asyncio.BufferedProtocol):
             return
         server = self._server
         server.serving += 1
-        self._serving = item
         try:
             if item.version >= (1, 1) and item.headers.get("Expect", "").lower() == "100-continue":
                 self._send(_CONTINUE)

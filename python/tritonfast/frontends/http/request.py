@@ -133,13 +133,15 @@ class Request:
         self.body: DirectBody | None = None
         self.counted = 0  # bytes of a body read from ``content`` counted against the budget
 
-    def count_body(self, held: int) -> bool:
+    def count_body(self, held: int, length: int | None = None) -> bool:
         """Count a body read from ``content`` against the server's body budget as it grows to
-        ``held`` bytes (from :data:`COUNTED_BYTES` on, in doubling steps); False, with nothing
-        more counted, when the budget refuses."""
+        ``held`` bytes (from :data:`COUNTED_BYTES` on, in doubling steps, never past its
+        ``length`` when known); False, with nothing more counted, when the budget refuses."""
         if held <= self.counted or held < COUNTED_BYTES:
             return True
         wanted = max(2 * self.counted, held)
+        if length is not None:
+            wanted = max(held, min(wanted, length))
         if not BUDGET.take(wanted - self.counted):
             return False
         self.counted = wanted
