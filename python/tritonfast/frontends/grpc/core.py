@@ -430,7 +430,7 @@ class _Helper:
         self._thread: threading.Thread | None = None
         self._until = 0.0
 
-    def wanted(self) -> None:  # on a completion-queue thread
+    def wanted(self) -> None:  # on a completion-queue thread, or the loop (streams)
         with self._lock:
             self._until = time.monotonic() + HELPER_IDLE_S
             if self._thread is None and not self._server.stopping:
