@@ -57,3 +57,32 @@ class BodyBudget:
 
 
 BUDGET = BodyBudget()
+
+
+class BodyCount:
+    """What one body counts against :data:`BUDGET`: grown as the body does, in doubling steps
+    (few calls to the budget per body) never past its ``length`` when known; given back once
+    the request is over."""
+
+    __slots__ = ("bytes", "length")
+
+    def __init__(self, length: int | None = None) -> None:
+        self.bytes = 0
+        self.length = length
+
+    def cover(self, held: int) -> bool:
+        """Count at least ``held`` bytes; False, with nothing more counted, past the budget."""
+        if held <= self.bytes:
+            return True
+        wanted = max(held, 2 * self.bytes)
+        if self.length is not None:
+            wanted = max(held, min(wanted, self.length))
+        if not BUDGET.take(wanted - self.bytes):
+            return False
+        self.bytes = wanted
+        return True
+
+    def give_back(self) -> None:
+        if self.bytes:
+            BUDGET.give(self.bytes)
+            self.bytes = 0

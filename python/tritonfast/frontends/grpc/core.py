@@ -54,9 +54,6 @@ _CALLS_AHEAD = 64
 # How long a stopping server goes on refusing new calls on open connections before it shuts
 # down (see CoreServer.stop).
 DRAIN_GRACE_S = 0.5
-# What a call that arrives while the server drains is answered with (UNAVAILABLE), unless the
-# server names other words for its method.
-SHUTTING_DOWN = "Server exiting"
 # Messages of one streaming reply that may wait to be sent before its handler waits for room.
 _STREAM_AHEAD = 16
 # A request message this large starts the second polling thread (see _Helper). A 64 MiB message
@@ -461,14 +458,13 @@ class CoreServer:
         options: list[tuple[str, Any]],
         refused_while_draining: Mapping[str, str] | None = None,
     ) -> None:
-        """``refused_while_draining``: the paths of the calls refused once the server drains
-        (see :meth:`stop`), each with its words; None: every call, with
-        :data:`SHUTTING_DOWN`."""
+        """``refused_while_draining``: the paths of the calls refused with ``UNAVAILABLE`` once
+        the server drains (see :meth:`stop`), each with its words; the others are served."""
         self.loop = loop
         self._methods = {path.encode(): method for path, method in methods.items()}
-        self._refused: dict[bytes, str] | None = None
-        if refused_while_draining is not None:
-            self._refused = {path.encode(): text for path, text in refused_while_draining.items()}
+        self._refused = {
+            path.encode(): text for path, text in (refused_while_draining or {}).items()
+        }
         self._queue = cygrpc.CompletionQueue()
         self._server = cygrpc.Server(tuple(options), False)
         self._server.register_completion_queue(self._queue)
@@ -498,8 +494,8 @@ class CoreServer:
 
     async def stop(self, grace: float | None) -> None:
         """Drain, then stop: calls that arrive from now on, on connections already open, are
-        refused with ``UNAVAILABLE`` (those named to refuse, see the constructor; the others
-        are served), while every unary call already received is answered;
+        refused with ``UNAVAILABLE`` (those named to refuse, see the constructor), while every
+        unary call already received is answered;
         then the server shuts down (no new connections), giving streams what is left of
         ``grace`` seconds before cancelling them."""
         started = self.loop.time()
@@ -576,7 +572,7 @@ class CoreServer:
                 _ignore,
             )
             return
-        refusal = self._refusal(event.call_details.method) if self._refusing else None
+        refusal = self._refused.get(event.call_details.method) if self._refusing else None
         if refusal is not None:
             call.start_server_batch(
                 (
@@ -598,10 +594,6 @@ class CoreServer:
             call.start_server_batch(
                 (cygrpc.ReceiveMessageOperation(_NO_FLAGS),), rpc.on_first_message
             )
-
-    def _refusal(self, path: bytes) -> str | None:
-        """What a call to ``path`` is refused with while the server drains (None: served)."""
-        return SHUTTING_DOWN if self._refused is None else self._refused.get(path)
 
     def _on_shutdown(self, event: Any) -> None:
         """Every call is over: close the queue (the thread ends) and tell ``stop``."""

@@ -410,7 +410,7 @@ async def _read_body(request: Request) -> Body:
             chunk, _ = await stream.readchunk()  # one received piece, never a joined copy
             if not chunk:
                 break
-            if not request.count_body(filled + len(chunk), length):
+            if not request.count_body(filled + len(chunk)):
                 await _drop_rest(request, length)
             view[filled : filled + len(chunk)] = chunk
             filled += len(chunk)

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from tritonfast.errors import UnavailableError
-from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
+from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES, BodyCount
 from tritonfast.runtime.bufferpool import pooled_memory
 
 # Triton reads content lengths as int32; bodies up to that size are accepted.
@@ -43,7 +43,7 @@ class DirectBody:
 
     def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
         self.length = length
-        self.counted = 0
+        self.counted = BodyCount(length)
         self.released = False
         self.failure: UnavailableError | None = None
         self.done: asyncio.Future[None] = loop.create_future()
@@ -57,13 +57,11 @@ class DirectBody:
         self.received(0)
 
     def _count(self, nbytes: int) -> bool:
-        """Count up to ``nbytes`` of the body (at most its length) against the budget; past it
-        the body fails with 503, and False."""
-        nbytes = min(nbytes, self.length)
-        if not BUDGET.take(nbytes - self.counted):
+        """Count ``nbytes`` of the body (or more, never past its length) against the budget;
+        past it the body fails with 503, and False."""
+        if not self.counted.cover(min(nbytes, self.length)):
             self.failure = BUDGET.refusal(self.length)
             return False
-        self.counted = nbytes
         return True
 
     def complete(self) -> bool:
@@ -76,9 +74,10 @@ class DirectBody:
         sending, gets its answer instead of a reset connection."""
         if self.failure is not None or self.released:
             return None
-        if self.filled >= self.counted and not self._count(2 * self.counted):
+        counted = self.counted
+        if self.filled >= counted.bytes and not self._count(self.filled + 1):
             return None
-        return self.buffer[self.filled : min(self.counted, self.filled + DIRECT_READ_BYTES)]
+        return self.buffer[self.filled : min(counted.bytes, self.filled + DIRECT_READ_BYTES)]
 
     def received(self, nbytes: int) -> bool:
         """Counts ``nbytes`` more received; whether the body is now complete."""
@@ -100,8 +99,7 @@ class DirectBody:
         body alive until the next cycle collection, and the budget with it."""
         if not self.released:
             self.released = True
-            BUDGET.give(self.counted)
-            self.counted = 0
+            self.counted.give_back()
 
     def __del__(self) -> None:  # abandoned with its connection before an answer
         self.release()
@@ -131,30 +129,25 @@ class Request:
         self.version: tuple[int, int] = message.version
         self.keep_alive: bool = not message.should_close
         self.body: DirectBody | None = None
-        self.counted = 0  # bytes of a body read from ``content`` counted against the budget
+        # What a large body read from ``content`` counts against the budget (see count_body).
+        self.counted: BodyCount | None = None
 
-    def count_body(self, held: int, length: int | None = None) -> bool:
-        """Count a body read from ``content`` against the server's body budget as it grows to
-        ``held`` bytes (from :data:`COUNTED_BYTES` on, in doubling steps, never past its
-        ``length`` when known); False, with nothing more counted, when the budget refuses."""
-        if held <= self.counted or held < COUNTED_BYTES:
+    def count_body(self, held: int) -> bool:
+        """Count a body read from ``content`` as it grows to ``held`` bytes (from
+        :data:`COUNTED_BYTES` on); False, with nothing more counted, past the budget."""
+        if held < COUNTED_BYTES:
             return True
-        wanted = max(2 * self.counted, held)
-        if length is not None:
-            wanted = max(held, min(wanted, length))
-        if not BUDGET.take(wanted - self.counted):
-            return False
-        self.counted = wanted
-        return True
+        if self.counted is None:
+            self.counted = BodyCount(self.content_length)
+        return self.counted.cover(held)
 
     def release(self) -> None:
         """The request was answered (or its connection lost): give back what its body counted
         against the budget (once)."""
         if self.body is not None:
             self.body.release()
-        if self.counted:
-            BUDGET.give(self.counted)
-            self.counted = 0
+        if self.counted is not None:
+            self.counted.give_back()
 
     def body_received(self) -> bool:
         """Whether the whole body has come in (a connection is reused only then)."""
