@@ -202,6 +202,10 @@ class RequestQueue:
     def close(self) -> None:
         """Reject further pushes and wake every waiter; queued items are still handed out."""
 
+    def abandon(self) -> list[Any]:
+        """Close, and return every item still queued (each counted as a failure), for the
+        caller to answer."""
+
     @property
     def closed(self) -> bool: ...
     def statistics(self) -> dict[str, Any]:
@@ -446,6 +450,10 @@ class SequenceBatcher:
         instance."""
 
     def close(self) -> None: ...
+    def abandon(self) -> list[Any]:
+        """Close for good, and return every request still waiting, for the caller to answer
+        (every sequence ends; later pushes fail)."""
+
     @property
     def closed(self) -> bool: ...
     @property

@@ -298,6 +298,8 @@ struct State<T> {
     /// Requests waiting (not cancelled).
     waiting: usize,
     closed: bool,
+    /// Set by `abandon`: no request is taken any more, of any sequence.
+    abandoned: bool,
 }
 
 impl<T> State<T> {
@@ -382,6 +384,7 @@ impl<T> SequenceBatcher<T> {
                 next_seq: vec![0; config.instances],
                 waiting: 0,
                 closed: false,
+                abandoned: false,
             }),
             ready: (0..config.instances).map(|_| Condvar::new()).collect(),
             config,
@@ -453,7 +456,7 @@ impl<T> SequenceBatcher<T> {
         }
         let now = Instant::now();
         let mut state = self.state.lock();
-        if state.closed && start {
+        if state.closed && (start || state.abandoned) {
             return Err(CoreError::unavailable("the request queue is closed"));
         }
         self.release_idle(&mut state, now);
@@ -543,6 +546,34 @@ impl<T> SequenceBatcher<T> {
 
     pub fn is_closed(&self) -> bool {
         self.state.lock().closed
+    }
+
+    /// Closes the batcher for good and takes back every request still waiting (in a slot, in
+    /// the backlog, or of a cancelled or expired sequence not yet handed out), for the caller
+    /// to answer: what a model being unloaded does with what it can no longer run. Every
+    /// sequence ends; later pushes fail with `Unavailable`, even for sequences that were live,
+    /// and `pop_batch` returns `Closed`.
+    pub fn abandon(&self) -> Vec<T> {
+        let mut state = self.state.lock();
+        state.closed = true;
+        state.abandoned = true;
+        state.live.clear();
+        let now = Instant::now();
+        let mut left = std::mem::take(&mut state.cancelled);
+        left.append(&mut state.expired);
+        let mut sequences: Vec<Sequence<T>> = state.backlog.drain(..).collect();
+        for slots in &mut state.slots {
+            sequences.extend(slots.iter_mut().filter_map(Option::take));
+        }
+        for mut sequence in sequences {
+            let dropped = self.drop_waiting(&mut state, &mut sequence, FailureReason::Other, now);
+            left.extend(dropped);
+        }
+        drop(state);
+        for ready in &self.ready {
+            ready.notify_all();
+        }
+        left
     }
 
     /// Waits up to `timeout` for a batch for `instance` and returns it, `TimedOut` if nothing

@@ -225,6 +225,50 @@ fn close_drains_then_reports_closed() {
 }
 
 #[test]
+fn abandon_takes_back_everything_queued_even_while_a_consumer_waits_for_a_batch() {
+    // A consumer holds the batch former waiting (for the long delay) on a partial batch.
+    let q = queue::<u32>(8, LONG, &[]);
+    q.push(1, 1).unwrap();
+    let waiter = {
+        let q = Arc::clone(&q);
+        thread::spawn(move || q.pop_batch(LONG))
+    };
+    for i in 2..=5 {
+        q.push(i, 1).unwrap();
+    }
+    let taken_by_waiter = within(Duration::from_secs(10), {
+        let q = Arc::clone(&q);
+        move || {
+            let mut left = q.abandon();
+            if let PopResult::Batch(b) = waiter.join().unwrap() {
+                left.extend(b.items);
+            }
+            left.sort_unstable();
+            left
+        }
+    });
+    // Every request comes back exactly once, to the waiter (closing lets its batch leave) or
+    // to `abandon`, and nothing is left.
+    assert_eq!(taken_by_waiter, vec![1, 2, 3, 4, 5]);
+    assert!(q.is_closed());
+    assert_eq!(q.pop_batch(Duration::ZERO), PopResult::Closed);
+    assert_eq!(q.push(9, 1).unwrap_err().code, Code::Unavailable);
+    assert!(q.abandon().is_empty());
+}
+
+#[test]
+fn abandoned_requests_count_as_failures() {
+    let q = queue::<u32>(0, Duration::ZERO, &[]);
+    for i in 0..3 {
+        q.push(i, 1).unwrap();
+    }
+    assert_eq!(q.abandon(), vec![0, 1, 2]);
+    let stats = q.stats().snapshot();
+    assert_eq!(stats.fail.count, 3);
+    assert_eq!(stats.success.count, 0);
+}
+
+#[test]
 fn close_wakes_every_blocked_consumer() {
     let q = queue::<u32>(4, LONG, &[]);
     let consumers = 4;

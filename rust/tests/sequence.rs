@@ -533,3 +533,25 @@ fn sequences_never_run_twice_at_once_and_keep_their_order() {
         assert_eq!(*steps, (0..50).collect::<Vec<_>>());
     }
 }
+
+#[test]
+fn abandon_takes_back_every_waiting_request_and_refuses_even_live_sequences() {
+    let batcher = SequenceBatcher::new(direct(1, 1)).unwrap();
+    // Sequence 1 holds the only slot (one request handed out, one waiting); 2 waits in the
+    // backlog.
+    batcher.push(&id(1), true, false, 10, 1).unwrap();
+    batcher.push(&id(1), false, false, 11, 1).unwrap();
+    batcher.push(&id(2), true, false, 20, 1).unwrap();
+    assert_eq!(layout(&batch(batcher.pop_batch(0, WAIT))), vec![(0, Some(10))]);
+    let mut left = batcher.abandon();
+    left.sort_unstable();
+    assert_eq!(left, vec![11, 20]);
+    assert_eq!(batcher.len(), 0);
+    assert_eq!(batcher.live_sequences(), 0);
+    assert!(matches!(batcher.pop_batch(0, WAIT), SequencePop::Closed));
+    for start in [false, true] {
+        let refused = batcher.push(&id(1), start, false, 12, 1).unwrap_err();
+        assert_eq!(refused.code, Code::Unavailable);
+    }
+    assert_eq!(batcher.stats().snapshot().fail.count, 2);
+}

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import itertools
 import time
 import weakref
@@ -106,6 +107,12 @@ RESCHEDULED_CANCELLED_MESSAGE = "the request was cancelled"
 SEQUENCE_EXPIRED_MESSAGE = "timeout of the corresponding sequence has been expired"
 # What a decoupled request still open when its model stops is answered with.
 STOPPED_MESSAGE = "the model stopped before it sent the final response of this request"
+# What a request still queued or running when its model's time to stop (the exit timeout) is
+# over is answered with.
+UNLOADED_MESSAGE = (
+    "the model was unloaded before the request finished: its queued and running requests had"
+    " the exit timeout (--exit-timeout-secs) to finish"
+)
 
 # The correlation IDs given to requests of iterative sequence models that come without one:
 # from high in the uint64 range, clear of the IDs clients choose.
@@ -165,8 +172,9 @@ class Scheduler(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, timeout: float) -> None:
-        """Stop taking work, let queued and running requests finish, then finalize the
-        instances. Called off the event loop."""
+        """Stop taking work, let queued and running requests finish for at most ``timeout``
+        seconds, answer what is left then with an error, and finalize the instances: every
+        request gets an answer by the end of ``timeout``. Called off the event loop."""
 
 
 class QueueScheduler(Scheduler):
@@ -351,6 +359,20 @@ class QueueScheduler(Scheduler):
             instance_loop.join(max(0.0, deadline - time.monotonic()))
         if self._on_loop is not None:
             self._on_loop.unwatch()
+        self._finish_stopping(deadline)
+
+    def _finish_stopping(self, deadline: float) -> None:
+        """Once the time to stop is over: answer every request still queued or running, then
+        finalize the instances (a worker still running a batch is stopped) and end the
+        decoupled streams still open."""
+        error = UnavailableError(UNLOADED_MESSAGE)
+        for instance_loop in self._instances:
+            instance_loop.abandon(error)
+        for queue in self._queues:
+            left = queue.abandon()
+            if left:
+                with contextlib.suppress(RuntimeError):  # the loop is gone: so are the callers
+                    self._loop.call_soon_threadsafe(_fail, [item[1] for item in left], error)
         for instance_loop in self._instances:
             instance_loop.finalize(deadline)
         for sender in list(self._senders):
@@ -391,7 +413,7 @@ class QueueScheduler(Scheduler):
 
     def _reject(self, batch: Batch) -> None:
         sinks = [item[1] for item in batch.rejected]
-        self._loop.call_soon_threadsafe(_fail_timed_out, sinks)
+        self._loop.call_soon_threadsafe(_fail, sinks, UnavailableError(REQUEST_TIMEOUT_MESSAGE))
 
 
 class DefaultScheduler(QueueScheduler):
@@ -520,10 +542,7 @@ class SequenceScheduler(QueueScheduler):
             instance_loop.unloading()
         deadline = time.monotonic() + timeout
         driver.finish(timeout)
-        for instance_loop in self._instances:
-            instance_loop.finalize(deadline)
-        for sender in list(self._senders):
-            sender.abandon(UnavailableError(STOPPED_MESSAGE))
+        self._finish_stopping(deadline)
 
     def _new_queue(self, config: model_config_pb2.ModelConfig, **options: Any) -> Any:
         if "share_statistics_with" not in options:  # the first instance's: make the batcher
@@ -646,16 +665,10 @@ def _settle(seq: int, sinks: list[Sink], results: Sequence[Result | None] | None
             settle(sink, result, True)
 
 
-def _fail_timed_out(sinks: list[Sink]) -> None:
-    """Runs on the event loop: answer requests whose queue timeout expired (REJECT)."""
+def _fail(sinks: list[Sink], error: TritonError) -> None:
+    """Runs on the event loop: answer requests with ``error``."""
     for sink in sinks:
-        settle(sink, UnavailableError(REQUEST_TIMEOUT_MESSAGE), True)
-
-
-def _fail_cancelled(sinks: list[Sink]) -> None:
-    """Runs on the event loop: answer the requests of a cancelled sequence."""
-    for sink in sinks:
-        settle(sink, CancelledError(SEQUENCE_CANCELLED_MESSAGE), True)
+        settle(sink, error, True)
 
 
 def _fail_sequence_rejected(batch: Batch) -> None:
@@ -663,11 +676,10 @@ def _fail_sequence_rejected(batch: Batch) -> None:
     cancelled by one of its earlier requests' cancellation, or (``expired``) of a backlog
     sequence whose timeout passed before it got a slot (in Triton's words)."""
     sinks = [item[1] for item in batch.rejected]
-    if not batch.expired:
-        _fail_cancelled(sinks)
-        return
-    for sink in sinks:
-        settle(sink, UnavailableError(SEQUENCE_EXPIRED_MESSAGE), True)
+    if batch.expired:
+        _fail(sinks, UnavailableError(SEQUENCE_EXPIRED_MESSAGE))
+    else:
+        _fail(sinks, CancelledError(SEQUENCE_CANCELLED_MESSAGE))
 
 
 def _queue_policy(policy: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:

@@ -473,6 +473,9 @@ class SlotSource:
     def close(self) -> None:
         self._batcher.close()
 
+    def abandon(self) -> list[Any]:
+        return self._batcher.abandon()
+
     @property
     def closed(self) -> bool:
         return self._batcher.closed

@@ -477,6 +477,13 @@ impl PyRequestQueue {
         self.inner.close();
     }
 
+    /// Closes the queue and returns every item still in it, to be answered (each counted as a
+    /// failure); waits (GIL released) for a `pop` forming a batch to finish first.
+    fn abandon<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let left = without_gil(py, || Ok(self.inner.abandon()))?;
+        PyList::new(py, left)
+    }
+
     /// Whether `close()` has been called.
     #[getter]
     fn closed(&self) -> bool {

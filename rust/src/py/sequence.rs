@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyString};
+use pyo3::types::{PyDict, PyInt, PyList, PyString};
 
 use super::gil::without_gil;
 use super::queue::{
@@ -207,6 +207,13 @@ impl PySequenceBatcher {
     #[getter]
     fn closed(&self) -> bool {
         self.inner.is_closed()
+    }
+
+    /// Closes the batcher for good and returns every request still waiting, to be answered
+    /// (every sequence ends; later pushes fail, even for sequences that were live).
+    fn abandon<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let left = without_gil(py, || Ok(self.inner.abandon()))?;
+        PyList::new(py, left)
     }
 
     /// Sequences holding a slot or waiting in the backlog.
