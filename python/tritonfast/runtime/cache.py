@@ -4,9 +4,10 @@
 A request's key is a digest of what determines its response, as Triton keys its cache: the
 model's name and version, and each input's name, datatype, shape and bytes (in the request's
 order), plus the outputs asked for. Only successful responses of single-response models are
-kept. The cache holds at most ``size`` bytes of output data, shared by every model that uses
-it; the least recently used responses are evicted first. A response larger than the whole
-cache is not kept.
+kept. The cache holds at most ``size`` bytes, shared by every model that uses it, counting what
+each entry really costs: its output bytes, and the memory around them (key, entry, arrays,
+names, parameters), so even answers with no output bytes fill it. The least recently used
+responses are evicted first. A response larger than the whole cache is not kept.
 
 A model's output arrays are copied once into the cache when kept, and made read-only there;
 each hit gets response objects of its own over those arrays (nothing downstream writes into
@@ -16,6 +17,7 @@ an answer's arrays).
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,12 +28,19 @@ from tritonfast.errors import InvalidArgumentError
 from tritonfast.runtime import rawtensor
 from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
+# What an entry costs besides its output bytes, as Python allocates it (upper bounds of what
+# tracemalloc measures; tests/unit/test_response_cache_memory.py keeps them so): the entry with
+# its slot in the LRU order and its key ...
+ENTRY_COST = 360
+# ... and each output's tensor object, array header, name and shape.
+OUTPUT_COST = 280
+
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
     outputs: tuple[OutputTensor, ...]
-    parameters: dict[str, object]
-    nbytes: int
+    parameters: dict[str, object] | None
+    cost: int
 
 
 def parse_cache_config(values: list[str]) -> int | None:
@@ -81,8 +90,9 @@ class ResponseCache:
                 return None
             self._entries.move_to_end(key)
         outputs = [OutputTensor(o.name, o.datatype, o.shape, o.data) for o in entry.outputs]
+        parameters = dict(entry.parameters) if entry.parameters else {}
         return InferResponse(
-            request.model_name, request.model_version, request.id, outputs, dict(entry.parameters)
+            request.model_name, request.model_version, request.id, outputs, parameters
         )
 
     def put(self, key: bytes, response: InferResponse) -> None:
@@ -92,18 +102,19 @@ class ResponseCache:
             OutputTensor(o.name, o.datatype, o.shape, _frozen_copy(o.data))
             for o in response.outputs
         )
-        nbytes = sum(_nbytes(o.data) for o in outputs)
-        if nbytes > self.size:
+        parameters = dict(response.parameters) if response.parameters else None
+        cost = _cost(key, outputs, parameters)
+        if cost > self.size:
             return
         with self._lock:
             if key in self._entries:
                 return
-            while self._used + nbytes > self.size and self._entries:
+            while self._used + cost > self.size and self._entries:
                 _, evicted = self._entries.popitem(last=False)
-                self._used -= evicted.nbytes
+                self._used -= evicted.cost
                 self.evictions += 1
-            self._entries[key] = _Entry(outputs, dict(response.parameters), nbytes)
-            self._used += nbytes
+            self._entries[key] = _Entry(outputs, parameters, cost)
+            self._used += cost
 
     @property
     def entries(self) -> int:
@@ -120,7 +131,21 @@ def _frozen_copy(data: np.ndarray) -> np.ndarray:
     return copy
 
 
+def _cost(
+    key: bytes, outputs: tuple[OutputTensor, ...], parameters: dict[str, object] | None
+) -> int:
+    """The bytes an entry holds: its outputs' data and everything around it."""
+    cost = ENTRY_COST + len(key)
+    for output in outputs:
+        cost += OUTPUT_COST + len(output.name) + 8 * len(output.shape) + _nbytes(output.data)
+    if parameters:
+        cost += sys.getsizeof(parameters) + sum(
+            sys.getsizeof(name) + sys.getsizeof(value) for name, value in parameters.items()
+        )
+    return cost
+
+
 def _nbytes(data: np.ndarray) -> int:
-    if data.dtype.hasobject:  # BYTES elements: their lengths (plus a little per element)
-        return sum(len(item) + 4 for item in data.flat)
+    if data.dtype.hasobject:  # BYTES elements: each a bytes object of its own
+        return int(data.nbytes) + sum(sys.getsizeof(item) for item in data.flat)
     return int(data.nbytes)
