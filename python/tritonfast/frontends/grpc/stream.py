@@ -11,9 +11,11 @@ of responses, written as Triton writes them.
 - A failed request is answered with a reply whose ``error_message`` is set (the stream stays
   open); a malformed message ends the stream with INVALID_ARGUMENT.
 - The client going away (cancel, disconnect) cancels every request still in flight.
-- Backpressure: a decoupled request's responses wait for the writer once :data:`OUT_AHEAD`
-  replies are queued for it, so a client that reads slowly holds its model's sends (see
-  ``runtime.responses``), never unbounded memory.
+- Backpressure: once :data:`OUT_AHEAD` replies wait for the writer (the client reads more
+  slowly than its requests are answered), reading the next request waits, and a decoupled
+  request's next response waits too (its model's sends are held, see ``runtime.responses``).
+  So a client that stops reading holds at most the replies of the requests already in flight
+  (:data:`STREAM_WINDOW`) and :data:`OUT_AHEAD` more, whatever it sends.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ if TYPE_CHECKING:
 
 # How many requests of one stream may be in flight before reading pauses.
 STREAM_WINDOW = 256
-# How many replies may wait for the writer before decoupled requests' responses wait too.
+# How many replies may wait for the writer before reading and decoupled requests' responses
+# wait too.
 OUT_AHEAD = 16
 # The request parameter that asks for flag-only final replies, and the reply parameter that
 # marks a request's last reply.
@@ -94,6 +97,8 @@ class StreamSession:
     async def _read(self) -> None:
         try:
             async for data in self._requests:
+                # A client that does not take its replies gets no more of its requests read.
+                await self._out_room.wait()
                 # A large message counts against the server's body budget until its request
                 # is over (up to STREAM_WINDOW of them may be in flight).
                 held = len(data) if len(data) >= COUNTED_BYTES else 0
@@ -129,6 +134,13 @@ class StreamSession:
         refused.set_result(codec.stream_error(text, ""))
         self._ordered.append(refused)
         self._flush_ordered(refused)
+
+    def _put(self, reply: pb.ModelStreamInferResponse) -> None:
+        """Queue ``reply`` for the writer; from :data:`OUT_AHEAD` waiting on, there is no room
+        (until the writer has taken half)."""
+        self._out.put_nowait(reply)
+        if self._out.qsize() >= OUT_AHEAD:
+            self._out_room.clear()
 
     def _start(self, message: pb.ModelInferRequest, held: int) -> None:
         try:
@@ -169,7 +181,7 @@ class StreamSession:
                 self._read_error = error
                 self._out.put_nowait(_END)
                 return
-            self._out.put_nowait(reply.result())
+            self._put(reply.result())
         self._maybe_end()
 
     def _first_error(self, error: TritonError, message: pb.ModelInferRequest) -> TritonError:
@@ -189,12 +201,10 @@ class StreamSession:
         return replies[0]
 
     async def _run_decoupled(self, message: pb.ModelInferRequest) -> None:
-        out, room = self._out, self._out_room
+        room = self._out_room
         async for reply in self._replies(message):
-            out.put_nowait(reply)
-            if out.qsize() >= OUT_AHEAD:
-                room.clear()
-                await room.wait()
+            self._put(reply)
+            await room.wait()
 
     async def _replies(
         self, message: pb.ModelInferRequest
