@@ -12,6 +12,7 @@ from tritonfast.errors import UnavailableError
 from tritonfast.runtime.cache import ResponseCache
 from tritonfast.runtime.classification import classify
 from tritonfast.runtime.histogram import Histogram
+from tritonfast.runtime.instance import running_instance
 from tritonfast.runtime.responses import ResponseStream
 from tritonfast.runtime.scheduler import Scheduler
 from tritonfast.runtime.types import InferRequest, InferResponse, RequestedOutput
@@ -72,6 +73,8 @@ class ModelVersion:
         """Check, queue and answer a single-response request (not for decoupled models);
         from the response cache when it holds the answer."""
         batch_size = self._validator.check(request)
+        if running_instance() is not None:  # a model's call (or an ensemble step of one)
+            self._refuse_if_stuck()
         request.model_version = self._version_text
         cache = self._cache
         if cache is None:
@@ -98,7 +101,11 @@ class ModelVersion:
     def check(self, request: InferRequest) -> None:
         """Raise the error a call from a model (BLS) would get before running: a validation
         error, or UNAVAILABLE when every instance is itself waiting on such a call (the
-        request could never run: a model calling itself, or a cycle of calls)."""
+        request could never run: a model calling itself, or a cycle of calls, directly or
+        through an ensemble's steps). Calls from models are checked so wherever they enter
+        (:meth:`infer`, :meth:`open_stream`, :meth:`submit`); the calling instance counts as
+        waiting from before its call is checked, so of two calls that would close a cycle,
+        the second is refused."""
         self._validator.check(request)
         self._refuse_if_stuck()
 
@@ -123,6 +130,8 @@ class ModelVersion:
     def open_stream(self, request: InferRequest) -> ResponseStream:
         """Check and queue ``request``; its responses arrive on the returned stream."""
         batch_size = self._validator.check(request)
+        if running_instance() is not None:  # a model's call (or an ensemble step of one)
+            self._refuse_if_stuck()
         request.model_version = self._version_text
         return self._scheduler.open_stream(request, batch_size)
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tritonfast.errors import TritonError, UnavailableError
-from tritonfast.runtime.instance import running_instance
+from tritonfast.runtime.instance import InstanceLoop, running_instance
 from tritonfast.runtime.responses import Streamed
 from tritonfast.runtime.types import InferRequest, InferResponse
 
@@ -55,14 +56,8 @@ class ServerHandle:
         business, as for any request.) A model instance waiting here counts as busy with the
         server (see :meth:`~tritonfast.runtime.scheduler.Scheduler.waiting_on_server`)."""
         self._may_wait()
-        instance = running_instance()
-        if instance is None:
+        with _waiting(running_instance()):
             return self._infer(request)
-        instance.waiting_on_server = True
-        try:
-            return self._infer(request)
-        finally:
-            instance.waiting_on_server = False
 
     def _infer(self, request: InferRequest) -> InferResponse:
         sink: concurrent.futures.Future[InferResponse] = concurrent.futures.Future()
@@ -112,21 +107,28 @@ class ServerHandle:
         return self._dataplane.model_ready(name, version)
 
     async def infer_async(self, request: InferRequest) -> InferResponse:
-        """Send ``request`` from a coroutine on any event loop and await its one response."""
+        """Send ``request`` from a coroutine on any event loop and await its one response.
+        (On the server's own loop: a step of an ensemble, whose caller already counts as
+        waiting.)"""
         if asyncio.get_running_loop() is self._loop:
             return await self._dataplane.infer(request)
         self._may_wait()
-        return await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(self._dataplane.infer(request), self._loop)
-        )
+        with _waiting(running_instance()):
+            return await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(self._dataplane.infer(request), self._loop)
+            )
 
     def stream(self, request: InferRequest) -> Iterator[Streamed]:
         """Send ``request`` (now) and return an iterator of its responses as they come (any
-        model), which any thread may take them from."""
+        model), which any thread may take them from. The calling instance counts as waiting
+        on the server until the iterator is done with (its final response, closed, or
+        dropped)."""
         self._may_wait()
+        waiting = contextlib.ExitStack()
+        waiting.enter_context(_waiting(running_instance()))
         items: queue.SimpleQueue[Streamed | BaseException] = queue.SimpleQueue()
         future = asyncio.run_coroutine_threadsafe(self._pump(request, items.put), self._loop)
-        return _taken(items, future)
+        return _Responses(items, future, waiting)
 
     async def stream_async(self, request: InferRequest) -> AsyncIterator[Streamed]:
         """Send ``request`` from a coroutine and yield its responses as they come."""
@@ -141,15 +143,16 @@ class ServerHandle:
         def put(got: Streamed | BaseException) -> None:
             caller.call_soon_threadsafe(items.put_nowait, got)
 
-        future = asyncio.run_coroutine_threadsafe(self._pump(request, put), self._loop)
-        try:
-            while True:
-                item = _checked(await items.get())
-                yield item
-                if item.final:
-                    return
-        finally:
-            future.cancel()
+        with _waiting(running_instance()):
+            future = asyncio.run_coroutine_threadsafe(self._pump(request, put), self._loop)
+            try:
+                while True:
+                    item = _checked(await items.get())
+                    yield item
+                    if item.final:
+                        return
+            finally:
+                future.cancel()
 
     async def _pump(
         self, request: InferRequest, put: Callable[[Streamed | BaseException], None]
@@ -182,18 +185,48 @@ def _checked(got: Streamed | BaseException) -> Streamed:
     return got
 
 
-def _taken(
-    items: queue.SimpleQueue[Streamed | BaseException], future: concurrent.futures.Future[None]
-) -> Iterator[Streamed]:
-    """The responses of a request :meth:`ServerHandle.stream` sent, as they come."""
-    try:
-        while True:
-            item = _checked(items.get())
-            yield item
-            if item.final:
-                return
-    finally:
-        future.cancel()  # the caller stopped early: the request is cancelled
+def _waiting(instance: InstanceLoop | None) -> contextlib.AbstractContextManager[None]:
+    """Around a call to the server: the calling instance (if a model's batch makes it) counts
+    as waiting on the server meanwhile."""
+    return instance.calling_server() if instance is not None else contextlib.nullcontext()
+
+
+class _Responses(Iterator[Streamed]):
+    """The responses of a request :meth:`ServerHandle.stream` sent, as they come. Ending the
+    iteration early (``close``, or dropping the iterator) cancels the request; ``waiting``
+    is closed once the responses are over either way."""
+
+    def __init__(
+        self,
+        items: queue.SimpleQueue[Streamed | BaseException],
+        future: concurrent.futures.Future[None],
+        waiting: contextlib.ExitStack,
+    ) -> None:
+        self._items = items
+        self._future = future
+        self._waiting = waiting
+        self._done = False
+
+    def __next__(self) -> Streamed:
+        if self._done:
+            raise StopIteration
+        try:
+            item = _checked(self._items.get())
+        except BaseException:
+            self.close()
+            raise
+        if item.final:
+            self.close()
+        return item
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._future.cancel()  # the caller stopped early: the request is cancelled
+            self._waiting.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class Handle(Protocol):

@@ -21,9 +21,11 @@ to the worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
@@ -54,12 +56,30 @@ Observe = Callable[[int, int, bool, bool], None]
 Settle = Deliver
 
 
-_running = threading.local()
+# The instance whose batch the current code runs for. A context variable rather than a
+# thread's, so that it follows the batch's work where it goes: into an ``async def execute``
+# on its model's own loop, into the server-loop task of a call the batch makes (and an
+# ensemble's steps in turn), and onto the threads that serve a worker's calls
+# (:func:`calls_made_by`).
+_running: contextvars.ContextVar[InstanceLoop | None] = contextvars.ContextVar(
+    "running_instance", default=None
+)
 
 
 def running_instance() -> InstanceLoop | None:
-    """The instance whose batch this thread is running now, if any."""
-    return getattr(_running, "instance", None)
+    """The instance whose batch the current code runs for, if any."""
+    return _running.get()
+
+
+@contextlib.contextmanager
+def calls_made_by(instance: InstanceLoop | None) -> Iterator[None]:
+    """Code in this block runs for ``instance``'s batch (see :func:`running_instance`): how
+    the threads serving a worker process's calls to the server say whose calls they are."""
+    token = _running.set(instance)
+    try:
+        yield
+    finally:
+        _running.reset(token)
 
 
 class InstanceLoop:
@@ -88,8 +108,12 @@ class InstanceLoop:
         # (the event loop, how it settles a batch): while the instance runs elsewhere, each
         # batch is started and settled on the loop (see the module docstring).
         self._through_loop = through_loop
-        # Set while a batch of this instance waits on a blocking call to the server (BLS).
-        self.waiting_on_server = False
+        # The calls to the server (BLS) its model has in flight, one token each.
+        self._server_calls: set[object] = set()
+        # The batch it runs now: (seq, sinks); and, once its model's time to stop is over,
+        # the error every request it still has is answered with (see abandon).
+        self._current: tuple[int, list[Sink]] | None = None
+        self._abandoned: TritonError | None = None
         self._thread = threading.Thread(target=self._run, name=f"instance:{name}", daemon=True)
 
     @property
@@ -103,6 +127,26 @@ class InstanceLoop:
         if self._on_server_call is not None:
             self._on_server_call()
 
+    @contextlib.contextmanager
+    def calling_server(self) -> Iterator[None]:
+        """Around a call the model makes to the server, from the moment it is made (before it
+        is checked and queued) until its last response is taken: see
+        :attr:`waiting_on_server`."""
+        token = object()
+        self._server_calls.add(token)
+        try:
+            yield
+        finally:
+            self._server_calls.discard(token)
+
+    @property
+    def waiting_on_server(self) -> bool:
+        """Whether a batch of this instance runs and its model has a call to the server in
+        flight: the instance may be blocked on that call, and take nothing else until it ends.
+        (A call from a model's own thread after its batch ended, as decoupled models make, holds
+        no instance.)"""
+        return self._current is not None and bool(self._server_calls)
+
     def start(self) -> None:
         self._thread.start()
 
@@ -113,6 +157,22 @@ class InstanceLoop:
 
     def unloading(self) -> None:
         self._instance.unloading()
+
+    def abandon(self, error: TritonError) -> None:
+        """The model's time to stop is over (see ``Scheduler.stop``): the requests of the batch
+        it runs now are answered with ``error`` at once (what the model answers them later is
+        dropped), and so is every batch it gets from now on, without running it."""
+        self._abandoned = error
+        running = self._current
+        if running is not None:
+            seq, sinks = running
+            self._deliver(seq, sinks, [error] * len(sinks))
+
+    def _refuse(self, batch: Batch, error: TritonError) -> tuple[int, list[Sink], list[Result]]:
+        """A batch that comes once the instance was abandoned: failed, not run."""
+        results: list[Result] = [error] * len(batch.items)
+        batch.report(results, 0, 0, 0)
+        return batch.seq, [item[1] for item in batch.items], results
 
     def finalize(self, deadline: float) -> None:
         """Finalize the instance, whose running work should be over by ``deadline``
@@ -160,18 +220,22 @@ class InstanceLoop:
         self, batch: Batch, *, on_loop: bool
     ) -> tuple[int, list[Sink], Sequence[Result | None] | None]:
         """Run one batch and record it: (batch seq, sinks, one result per sink or None)."""
+        if self._abandoned is not None:
+            return self._refuse(batch, self._abandoned)
         items: list[QueueItem] = batch.items
+        sinks = [item[1] for item in items]
         observe = self._observe
         cpu_start = gc_start = 0
         if observe is not None:
             cpu_start, gc_start = thread_time_ns(), gcpause.total_ns()
         clock = PhaseClock()
         requests = [item[0] for item in items]
-        outer, _running.instance = running_instance(), self
+        self._current = (batch.seq, sinks)
         try:
-            results = self._run_backend(requests, clock)
+            with calls_made_by(self):
+                results = self._run_backend(requests, clock)
         finally:
-            _running.instance = outer
+            self._current = None
         end = self._record(batch, requests, clock, results)
         if observe is not None:
             failed = results is not None and any(isinstance(r, TritonError) for r in results)
@@ -179,7 +243,7 @@ class InstanceLoop:
             run_ns = end - clock.start - collecting
             cpu_ns = max(0, thread_time_ns() - cpu_start - collecting)
             observe(run_ns, cpu_ns, on_loop, failed)
-        return batch.seq, [item[1] for item in items], results
+        return batch.seq, sinks, results
 
     def run_later(
         self,
@@ -189,17 +253,25 @@ class InstanceLoop:
     ) -> None:
         """On the event loop, for an instance that runs elsewhere: start one batch; when its
         results come, record and ``settle`` them, and ``release`` the instance for its next."""
+        if self._abandoned is not None:
+            settle(*self._refuse(batch, self._abandoned))
+            release()
+            return
         items: list[QueueItem] = batch.items
         requests = [item[0] for item in items]
+        sinks = [item[1] for item in items]
         clock = PhaseClock()
+        self._current = (batch.seq, sinks)
 
         def finish(results: Sequence[Result] | None) -> None:
+            self._current = None
             settled = _refuse_reschedules(self.name, requests, results)
             self._record(batch, requests, clock, settled)
-            settle(batch.seq, [item[1] for item in items], settled)
+            settle(batch.seq, sinks, settled)
 
         try:
-            self._instance.execute_later(requests, clock, finish, release)
+            with calls_made_by(self):  # what the worker asks of the server is asked for it
+                self._instance.execute_later(requests, clock, finish, release)
         except Exception as exc:  # a backend bug fails this batch, not the server
             log.exception("instance %s failed to start a batch", self.name)
             finish([InternalError(f"instance {self.name}: {exc}")] * len(requests))

@@ -85,10 +85,12 @@ class LoopPipe:
         loop: asyncio.AbstractEventLoop,
         instance_name: str,
         cancel_flags: Any,
+        serve: Callable[[tuple[Any, ...], Callable[[tuple[Any, ...]], None]], None],
         *,
         unbounded: bool = False,
     ) -> None:
         self._conn = conn
+        self._serve = serve  # answers the worker's calls to the server (off the loop)
         self._loop = loop
         self._fd = conn.fileno()
         self._instance_name = instance_name
@@ -204,7 +206,7 @@ class LoopPipe:
         elif kind == "log":
             workerlog.emit(message)
         elif kind in workerbls.REQUESTS:  # the model calls another model: not on the loop
-            self._loop.run_in_executor(None, workerbls.serve, message, self.send)
+            self._loop.run_in_executor(None, self._serve, message, self.send)
         elif kind == "finalized":
             self._close()
             self._finalized()

@@ -74,9 +74,17 @@ from tritonfast.backends.python.looppipe import LoopPipe, flag_cancelled
 from tritonfast.backends.python.sharedobjects import Place, SharedObjects, as_tuple
 from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams, rebuild
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, Labels, State
-from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError, error_for
+from tritonfast.errors import (
+    Code,
+    InternalError,
+    InvalidArgumentError,
+    TritonError,
+    UnavailableError,
+    error_for,
+)
 from tritonfast.runtime import handle, rawtensor
 from tritonfast.runtime.bufferpool import POOL
+from tritonfast.runtime.instance import InstanceLoop, calls_made_by, running_instance
 from tritonfast.runtime.responses import Result
 from tritonfast.runtime.sharedmemory import NO_DATA
 from tritonfast.runtime.shmsegment import (
@@ -301,6 +309,9 @@ class ProcessInstance(ModelInstance):
         # The loop's end of the worker's pipe (made by the first execute_later).
         self._pipe: LoopPipe | None = None
         self._unloading = False  # its pipes no longer hold back for slow clients
+        # The instance (runtime.instance.InstanceLoop) whose batches this worker runs: its
+        # model's calls to the server are made on that instance's behalf.
+        self._caller: InstanceLoop | None = None
         try:
             self._start()
         except BaseException:
@@ -341,16 +352,38 @@ class ProcessInstance(ModelInstance):
             # instance thread, which the server's calls-in-progress accounting follows.
             self.runs_elsewhere = False
         if self._decoupled and not self.runs_elsewhere:
-            self._relay = ResponseRelay(ours, self._instance_name)
+            self._relay = ResponseRelay(ours, self._instance_name, self._serve_call)
+
+    def _serve_call(
+        self, message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]
+    ) -> None:
+        """Answer a call the worker's model made to the server (BLS, model control, a
+        metric's value), on behalf of the instance whose batches the worker runs: while the
+        call is in flight that instance counts as waiting on the server."""
+        with calls_made_by(self._caller):
+            workerbls.serve(message, send)
+
+    def _restart(self) -> None:
+        """Starts a worker again after its last one died; the error says so when it cannot
+        (its ``initialize`` raising, say): the batch waiting for it fails with that error, and
+        the next batch tries again."""
+        try:
+            self._start()
+        except TritonError as exc:
+            raise InternalError(
+                f"Failed to process the request(s) for model instance '{self._instance_name}',"
+                f" message: its worker process could not be started again: {exc.message}"
+            ) from None
 
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
         """From the instance thread (models that may wait on the server), or before the loop
         drives the worker (warm-up)."""
+        self._caller = running_instance()
         if self._conn is None:
             if self._finalized:  # the instance is going away: no new worker
                 return [InternalError("the model is unloading")] * len(requests)
             try:
-                self._start()
+                self._restart()
             except TritonError as exc:
                 return [exc] * len(requests)
         assert self._conn is not None
@@ -419,7 +452,7 @@ class ProcessInstance(ModelInstance):
             if kind == "log":
                 workerlog.emit(received)
             elif kind in workerbls.REQUESTS:  # the model called another model
-                workerbls.serve(received, conn.send)
+                self._serve_call(received, conn.send)
             elif kind == "responses":
                 for token, described, final in received[1]:
                     sender = senders.pop(token, None) if final else senders.get(token)
@@ -440,6 +473,7 @@ class ProcessInstance(ModelInstance):
     ) -> None:
         """The batch goes to the worker from the loop; the worker's answer (and a decoupled
         batch's responses) come back to the loop through the instance's :class:`LoopPipe`."""
+        self._caller = running_instance()
         loop = asyncio.get_running_loop()
         pipe = self._pipe
         if self._conn is None or (pipe is not None and pipe.closed):
@@ -456,6 +490,7 @@ class ProcessInstance(ModelInstance):
                 loop,
                 self._instance_name,
                 self._cancel.buffer,
+                self._serve_call,
                 unbounded=self._unloading,
             )
         senders = None
@@ -517,7 +552,7 @@ class ProcessInstance(ModelInstance):
                 loop.call_soon_threadsafe(release)
                 return
             try:
-                self._start()
+                self._restart()
             except TritonError as exc:
                 if failure is None:
                     loop.call_soon_threadsafe(finish, [exc] * len(requests))
@@ -581,6 +616,11 @@ class ProcessInstance(ModelInstance):
             process.join(5)  # the pipe closes a moment before the exit is reported
             code = process.exitcode
         self._stop_process()
+        if self._finalized:
+            return UnavailableError(
+                f"model instance '{self._instance_name}' was unloaded before the request"
+                " finished: its worker process was stopped at the end of the exit timeout"
+            )
         return InternalError(
             f"Failed to process the request(s) for model instance '{self._instance_name}',"
             f" message: the instance's worker process exited (code {code}); it restarts"
@@ -693,12 +733,21 @@ class ProcessInstance(ModelInstance):
                 self._relay.join(wait)
                 self._relay = None
             if self._process is not None:
-                self._process.join(wait)
-                if self._process.is_alive():
-                    self._process.kill()
-                    self._process.join()
+                _reap(self._process, wait)
                 self._process = None
             remove_segments(self._output_prefix)
+
+
+def _reap(process: multiprocessing.process.BaseProcess, wait: float) -> None:
+    """Waits up to ``wait`` seconds for a worker to exit, kills it if it has not, and closes
+    the process object: its sentinel and the pipe end the worker watches are descriptors, held
+    until then (or until the object is collected, which an error's traceback can put off for
+    as long as the error is kept), so a worker failing every restart would leak two a time."""
+    process.join(wait)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    process.close()
 
 
 # -- auto-complete in a worker ------------------------------------------------------------------
@@ -737,10 +786,7 @@ def auto_complete_in_worker(model_file: Path, config: model_config_pb2.ModelConf
         ) from None
     finally:
         ours.close()
-        process.join(FINALIZE_TIMEOUT_S)
-        if process.is_alive():
-            process.kill()
-            process.join()
+        _reap(process, FINALIZE_TIMEOUT_S)
     kind, payload = reply
     if kind == "error":
         raise error_for(Code(payload[0]), payload[1])

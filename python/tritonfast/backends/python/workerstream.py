@@ -31,6 +31,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -75,8 +76,14 @@ def rebuild(described: Described) -> Result:
 class ResponseRelay:
     """Reads one worker's pipe on its own thread (see the module docstring)."""
 
-    def __init__(self, conn: Connection, instance_name: str) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        instance_name: str,
+        serve: Callable[[tuple[Any, ...], Callable[[tuple[Any, ...]], None]], None],
+    ) -> None:
         self._conn = conn
+        self._serve = serve  # answers the worker's calls to the server
         self._instance_name = instance_name
         self._send_lock = threading.Lock()
         self._open: dict[int, ResponseSender] = {}
@@ -130,7 +137,7 @@ class ResponseRelay:
                 elif message[0] == "log":
                     workerlog.emit(message)
                 elif message[0] in workerbls.REQUESTS:  # the model called another model
-                    workerbls.serve(message, self.send)
+                    self._serve(message, self.send)
                 else:
                     self._replies.put(message)
         except (EOFError, OSError):
