@@ -8,6 +8,11 @@ generated Python model whose instances connect to that socket and forward each b
 inputs, parameters and requested outputs go over, the callable runs here with the same
 contract and checks as an in-process one, and its outputs (or its error) come back. Stopping
 unloads the models.
+
+The key travels as a file uploaded with the model (the server keeps it in a private
+directory, and no endpoint shows a model's files), never in its configuration, which any
+client can read. The socket carries typed messages only (:mod:`.remotewire`: tensors,
+parameters, names, errors), never pickles: even a peer with the key can only send tensors.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 from google.protobuf import json_format
 
 from tritonfast.backends.base import PhaseClock
@@ -30,50 +37,67 @@ from tritonfast.callables.errors import PyTritonInvalidOperationError
 from tritonfast.callables.spec import ModelConfig, Tensor, model_config
 from tritonfast.errors import TritonError
 from tritonfast.inprocess import named_tensors
+from tritonfast.pytriton import remotewire
 from tritonfast.pytriton.client.client import parse_url
 from tritonfast.runtime.types import InferRequest, InputTensor, RequestedOutput
 
 log = logging.getLogger(__name__)
 
-# The Python model the server loads for a remote callable: it forwards each batch.
-PROXY_MODEL = '''"""Forwards each batch to a callable another process hosts (RemoteTriton)."""
+# Where the proxy model finds its key: a file uploaded with the model (in the server's private
+# copy of it), never a config parameter, which any client can read.
+KEY_FILE = "remote.key"
 
-import json
+# The Python model the server loads for a remote callable: it forwards each batch. The wire
+# format's module is written into it as it is, so the model needs no import of this package.
+PROXY_MODEL = (
+    Path(remotewire.__file__).read_text()
+    + '''
+
+# -- the proxy model ------------------------------------------------------------------------
+import os
 from multiprocessing.connection import Client
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    """Forwards each batch to a callable another process hosts (RemoteTriton)."""
+
     def initialize(self, args):
         parameters = json.loads(args["model_config"])["parameters"]
         host, port = parameters["REMOTE_ADDRESS"]["string_value"].rsplit(":", 1)
-        key = bytes.fromhex(parameters["REMOTE_KEY"]["string_value"])
+        with open(os.path.join(os.path.dirname(__file__), "KEY_FILE")) as key_file:
+            key = bytes.fromhex(key_file.read())
         self.connection = Client((host, int(port)), authkey=key)
 
     def execute(self, requests):
-        batch = [
-            (
-                {tensor.name(): tensor.as_numpy() for tensor in request.inputs()},
-                json.loads(request.parameters() or "{}"),
-                request.requested_output_names(),
+        described, arrays = [], []
+        for request in requests:
+            inputs = request.inputs()
+            described.append(
+                {
+                    "inputs": [tensor.name() for tensor in inputs],
+                    "parameters": json.loads(request.parameters() or "{}"),
+                    "outputs": request.requested_output_names(),
+                }
             )
-            for request in requests
-        ]
-        self.connection.send(batch)
-        answers = self.connection.recv()
+            arrays += (tensor.as_numpy() for tensor in inputs)
+        self.connection.send_bytes(encode({"requests": described}, arrays))
+        header, outputs = decode(self.connection.recv_bytes())
         responses = []
-        for answer in answers:
-            if isinstance(answer, str):
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(answer)))
-            else:
-                tensors = [pb_utils.Tensor(name, array) for name, array in answer]
-                responses.append(pb_utils.InferenceResponse(tensors))
+        for answer in header["answers"]:
+            if "error" in answer:
+                error = pb_utils.TritonError(answer["error"])
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
+            tensors = [pb_utils.Tensor(name, outputs.pop(0)) for name in answer["outputs"]]
+            responses.append(pb_utils.InferenceResponse(tensors))
         return responses
 
     def finalize(self):
         self.connection.close()
-'''
+'''.replace("KEY_FILE", KEY_FILE)
+)
 
 
 class _Host:
@@ -96,7 +120,7 @@ class _Host:
         while not self._closing:
             try:
                 connection = self.listener.accept()
-            except (OSError, EOFError):
+            except (OSError, EOFError, AuthenticationError):  # a peer without the key, say
                 if self._closing:
                     return
                 continue
@@ -111,33 +135,49 @@ class _Host:
         instance = CallableInstance(function, self.binding, self.config)
         try:
             while True:
-                batch = connection.recv()
-                requests = [
-                    InferRequest(
-                        self.binding.name,
-                        inputs=[
-                            InputTensor(name, "", tuple(array.shape), array)
-                            for name, array in inputs.items()
-                        ],
-                        outputs=[RequestedOutput(name) for name in wanted] if wanted else None,
-                        parameters=parameters,
-                    )
-                    for inputs, parameters, wanted in batch
-                ]
-                results = instance.execute(requests, PhaseClock()) or []
-                connection.send(
-                    [
-                        r.message
-                        if isinstance(r, TritonError)
-                        else [(t.name, t.data) for t in r.outputs]
-                        for r in results
-                    ]
-                )
+                header, arrays = remotewire.decode(connection.recv_bytes())
+                results = instance.execute(self._requests(header, arrays), PhaseClock()) or []
+                answers: list[dict[str, Any]] = []
+                outputs: list[np.ndarray] = []
+                for result in results:
+                    if isinstance(result, TritonError):
+                        answers.append({"error": result.message})
+                    else:
+                        answers.append({"outputs": [t.name for t in result.outputs]})
+                        outputs += (np.asarray(t.data) for t in result.outputs)
+                connection.send_bytes(remotewire.encode({"answers": answers}, outputs))
         except (EOFError, OSError):
             pass  # the server unloaded the model, or went away
+        except (remotewire.WireError, KeyError, TypeError, ValueError) as error:
+            log.error("model '%s': a malformed batch from the server: %s", self.binding.name, error)
         finally:
             instance.finalize()
             connection.close()
+
+    def _requests(self, header: dict[str, Any], arrays: list[np.ndarray]) -> list[InferRequest]:
+        """The batch a proxy sent, as requests for the callable."""
+        requests = []
+        position = 0
+        for described in header["requests"]:
+            names = described["inputs"]
+            inputs = [
+                InputTensor(str(name), "", tuple(array.shape), array)
+                for name, array in zip(names, arrays[position : position + len(names)], strict=True)
+            ]
+            position += len(names)
+            wanted = described.get("outputs")
+            parameters = described.get("parameters") or {}
+            if not isinstance(parameters, dict):
+                raise TypeError("a request's parameters must be an object")
+            requests.append(
+                InferRequest(
+                    self.binding.name,
+                    inputs=inputs,
+                    outputs=[RequestedOutput(str(name)) for name in wanted] if wanted else None,
+                    parameters=parameters,
+                )
+            )
+        return requests
 
     def close(self) -> None:
         self._closing = True
@@ -228,12 +268,13 @@ class RemoteTriton:
             binding, proto = self._pending.pop(0)
             host = _Host(binding, proto)
             proto.parameters["REMOTE_ADDRESS"].string_value = host.address
-            proto.parameters["REMOTE_KEY"].string_value = host.key.hex()
             config = json_format.MessageToJson(proto, preserving_proto_field_name=True)
+            files = {
+                "file:1/model.py": PROXY_MODEL.encode(),
+                f"file:1/{KEY_FILE}": host.key.hex().encode(),
+            }
             try:
-                client.load_model(
-                    binding.name, config=config, files={"file:1/model.py": PROXY_MODEL.encode()}
-                )
+                client.load_model(binding.name, config=config, files=files)
             except Exception as exc:
                 host.close()
                 raise PyTritonInvalidOperationError(
