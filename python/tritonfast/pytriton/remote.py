@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -107,29 +107,46 @@ class _Host:
         self.binding = binding
         self.config = config
         self.key = secrets.token_bytes(32)
-        self.listener = Listener(("127.0.0.1", 0), authkey=self.key)
+        # No authkey here: the listener would authenticate each peer inside accept(), so one
+        # peer that connects and never answers its challenge (any local process can, without
+        # the key) would keep every later instance from connecting. Each peer is
+        # authenticated on its own thread instead (_authenticate).
+        self.listener = Listener(("127.0.0.1", 0))
         host, port = self.listener.address
         self.address = f"{host}:{port}"
         self._closing = False
         self._connections: list[Connection] = []
+        self._served = 0  # peers authenticated so far: the next one's function
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, daemon=True, name="remote-host")
         self._thread.start()
 
     def _accept(self) -> None:
-        index = 0
         while not self._closing:
             try:
                 connection = self.listener.accept()
-            except (OSError, EOFError, AuthenticationError):  # a peer without the key, say
+            except OSError:
                 if self._closing:
                     return
                 continue
-            function = self.binding.functions[index % len(self.binding.functions)]
-            index += 1
-            self._connections.append(connection)
             threading.Thread(
-                target=self._serve, args=(connection, function), daemon=True, name="remote-call"
+                target=self._authenticate, args=(connection,), daemon=True, name="remote-call"
             ).start()
+
+    def _authenticate(self, connection: Connection) -> None:
+        """Serve ``connection`` once it proves it has the key (as ``Listener`` would check it);
+        a peer without the key is dropped."""
+        try:
+            deliver_challenge(connection, self.key)
+            answer_challenge(connection, self.key)
+        except (AuthenticationError, EOFError, OSError):
+            connection.close()
+            return
+        with self._lock:
+            function = self.binding.functions[self._served % len(self.binding.functions)]
+            self._served += 1
+            self._connections.append(connection)
+        self._serve(connection, function)
 
     def _serve(self, connection: Connection, function: Callable[..., Any]) -> None:
         instance = CallableInstance(function, self.binding, self.config)

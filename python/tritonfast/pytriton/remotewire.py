@@ -68,7 +68,7 @@ def decode(message: bytes) -> tuple[dict[str, Any], list[np.ndarray]]:
         raise WireError("the message's header length is out of bounds")
     try:
         header = json.loads(bytes(view[_LENGTH.size : _LENGTH.size + length]))
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested past json's depth
         raise WireError(f"the message's header is not JSON: {error}") from None
     if not isinstance(header, dict) or not isinstance(header.get("arrays"), list):
         raise WireError("the message's header does not describe its arrays")
@@ -108,14 +108,23 @@ def _array(view: memoryview, offset: int, described: Any) -> tuple[np.ndarray, i
             offset += size
         array = np.empty(count, dtype=object)
         array[:] = items
-        return array.reshape(shape), offset
+        return _shaped(array, shape), offset
     if dtype not in DTYPES:
         raise WireError(f"arrays of dtype {dtype!r} are not accepted")
     nbytes = count * np.dtype(dtype).itemsize
     if offset + nbytes > len(view):
         raise WireError("an array runs past the end of the message")
-    array = np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(shape)
-    return array, offset + nbytes
+    array = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
+    return _shaped(array, shape), offset + nbytes
+
+
+def _shaped(array: np.ndarray, shape: list[int]) -> np.ndarray:
+    """``array`` in ``shape``; WireError for a shape numpy cannot hold (more than 64 dims, or
+    a zero-size one with a side past its limits), which numpy refuses with a ValueError."""
+    try:
+        return array.reshape(shape)
+    except (ValueError, OverflowError) as error:
+        raise WireError(f"an array of shape {shape} cannot be held: {error}") from None
 
 
 def _bytes_layout(array: np.ndarray) -> bytes:
