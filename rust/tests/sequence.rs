@@ -542,7 +542,10 @@ fn abandon_takes_back_every_waiting_request_and_refuses_even_live_sequences() {
     batcher.push(&id(1), true, false, 10, 1).unwrap();
     batcher.push(&id(1), false, false, 11, 1).unwrap();
     batcher.push(&id(2), true, false, 20, 1).unwrap();
-    assert_eq!(layout(&batch(batcher.pop_batch(0, WAIT))), vec![(0, Some(10))]);
+    assert_eq!(
+        layout(&batch(batcher.pop_batch(0, WAIT))),
+        vec![(0, Some(10))]
+    );
     let mut left = batcher.abandon();
     left.sort_unstable();
     assert_eq!(left, vec![11, 20]);

@@ -2,7 +2,8 @@
 and a census of what the server holds (descriptors, processes, memory), to check it stays flat.
 
 ``FAULT_SCALE`` (an environment variable, 1 by default) multiplies every fault count: CI runs
-the short version; ``FAULT_SCALE=20`` is the long one bench/README.md reports.
+the short version; ``FAULT_SCALE=20`` is the long one bench/README.md reports. Each test
+prints what it measured as one ``FAULT`` line (``pytest -s`` shows them).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from typing import Any
 SCALE = max(1, int(os.environ.get("FAULT_SCALE", "1")))
 
 
+def report(test: str, **figures: object) -> None:
+    """One line of what a fault test measured."""
+    print(f"FAULT {test} (scale {SCALE}): " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+
+
 @dataclass(frozen=True)
 class Census:
     """What a server process holds at one moment."""
@@ -25,6 +31,12 @@ class Census:
     descriptors: int
     processes: int  # its descendants: the fork server and the workers
     rss_mib: float
+
+    def __str__(self) -> str:
+        return (
+            f"{self.descriptors:+d} descriptors, {self.processes:+d} processes,"
+            f" {self.rss_mib:+.1f} MiB"
+        )
 
     def grew_by(self, before: Census) -> Census:
         return Census(

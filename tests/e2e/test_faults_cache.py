@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.conftest import start_server
-from tests.e2e.faults import SCALE, rss_mib
+from tests.e2e.faults import SCALE, report, rss_mib
 from tests.e2e.models_on_disk import write_model
 
 CACHE_BYTES = 1 << 20
@@ -77,6 +77,7 @@ def test_a_flood_of_different_answers_keeps_the_cache_within_its_size(tmp_path, 
         client.infer("cached", _request(0), parameters=parameters)
         assert _cache_counts(client) == (hits + 1, misses + 1)
         grew = rss_mib(server.proc.pid) - before
+        report(f"cache flood, {answers} answers", requests=flood, rss_mib=f"{grew:+.1f}")
         assert grew < 16, grew
     finally:
         client.close()

@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server
-from tests.e2e.faults import SCALE, Calls, census
+from tests.e2e.faults import SCALE, Calls, census, report
 from tests.e2e.models_on_disk import write_model
 
 SLOTS = 8
@@ -112,6 +112,7 @@ def test_a_flood_of_sequences_that_never_end_is_answered_and_leaves_nothing(tmp_
         for refused in results[flood:]:
             assert "must specify the START flag" in refused, refused
         grew = census(server.proc.pid).grew_by(before)
+        report(f"sequence flood, {mode} mode", sequences=flood, unknown=flood // 4, server=grew)
         assert grew.descriptors <= 2, grew
         assert grew.processes <= 0, grew
         assert grew.rss_mib < 24, grew

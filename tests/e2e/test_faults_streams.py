@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import TEST_MODELS, RunningServer, start_server
-from tests.e2e.faults import SCALE, census, rss_mib
+from tests.e2e.faults import SCALE, census, report, rss_mib
 from tests.e2e.test_streaming import (
     PLUGINS,
     STREAMING_MODELS,
@@ -97,6 +97,7 @@ def test_streams_left_half_way_leave_nothing_behind(server, model) -> None:
 
     wait_for(settled, "the abandoned streams' descriptors to be released")
     grew = census(server.proc.pid).grew_by(before)
+    report(f"streams left half-way, {model}", grpc=15 * SCALE, sse=15 * SCALE, server=grew)
     assert grew.rss_mib < 24, grew
 
 
@@ -149,6 +150,12 @@ def test_a_stream_whose_client_never_reads_holds_a_bounded_number_of_replies(ser
             assert answered <= ANSWERED_BOUND, answered
             peak_rss = max(peak_rss, rss_mib(server.proc.pid))
             sent.acquire(timeout=0.1)  # paced by the client's sends, or 0.1 s without any
+        report(
+            "stream never read",
+            sent=count,
+            answered_while_unread=answered,
+            peak_rss_mib=f"{peak_rss - rss_before:+.1f}",
+        )
         assert peak_rss - rss_before < 64, (rss_before, peak_rss)
         # Reading now, the client gets every reply, in order.
         for index, reply in enumerate(replies):

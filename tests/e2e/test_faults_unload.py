@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server
-from tests.e2e.faults import SCALE, Calls, census, server_sockets
+from tests.e2e.faults import SCALE, Calls, census, report, server_sockets
 from tests.e2e.models_on_disk import write_model
 from tests.waiting import wait_for
 
@@ -52,11 +52,12 @@ class TritonPythonModel:
         ]
 """.replace("RUN_S", str(RUN_S))
 
+CALLERS = 4  # instances of "caller": how many of its requests can wait on "slow" at once
 CALLER_CONFIG = """
 backend: "python"
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { count: 4 kind: KIND_CPU } ]
+instance_group [ { count: CALLERS kind: KIND_CPU } ]
 """
 
 # Calls "slow" and answers with its answer or its error.
@@ -98,7 +99,7 @@ ensemble_scheduling { step [ {
 def _repository(tmp_path, mode: str):
     repository = tmp_path / "models"
     write_model(repository, "slow", SLOW_CONFIG.replace("MODE", mode), SLOW)
-    write_model(repository, "caller", CALLER_CONFIG, CALLER)
+    write_model(repository, "caller", CALLER_CONFIG.replace("CALLERS", str(CALLERS)), CALLER)
     (repository / "via_ensemble" / "1").mkdir(parents=True)
     (repository / "via_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     return repository
@@ -142,10 +143,16 @@ def _grpc_call(server, model: str):
     return call
 
 
+PER_KIND = 4 * SCALE  # calls of each kind
+# Of those, the requests that reach "slow" (the BLS callers' wait in their own queue beyond
+# CALLERS).
+REACHING_SLOW = 3 * PER_KIND + min(PER_KIND, CALLERS)
+
+
 def _every_kind_of_call(server) -> list:
     """HTTP and gRPC clients of the model, and of the models that reach it through BLS and
     through an ensemble step."""
-    per_kind = 4 * SCALE
+    per_kind = PER_KIND
     return [
         *(_http_call(server, "slow") for _ in range(per_kind)),
         *(_grpc_call(server, "slow") for _ in range(per_kind)),
@@ -197,7 +204,7 @@ def test_unload_under_load_answers_every_request_within_the_exit_timeout(tmp_pat
         before = census(server.proc.pid)
         kinds = _every_kind_of_call(server)
         calls = Calls(kinds)
-        _wait_until_queued(server, len(kinds) - 2)
+        _wait_until_queued(server, REACHING_SLOW - 2)
         started = time.monotonic()
         control.unload_model("slow")
         unloaded_in = time.monotonic() - started
@@ -212,6 +219,14 @@ def test_unload_under_load_answers_every_request_within_the_exit_timeout(tmp_pat
         wait_for(lambda: server_sockets(server.proc.pid, server.http_port) <= 1, "HTTP sockets")
         wait_for(lambda: server_sockets(server.proc.pid, server.grpc_port) <= 1, "gRPC sockets")
         grew = census(server.proc.pid).grew_by(before)
+        report(
+            f"unload under load, {mode} mode",
+            calls=len(kinds),
+            answered=answered,
+            refused=refused,
+            unload_s=f"{unloaded_in:.2f}",
+            server=grew,
+        )
         assert grew.processes <= 0, grew  # the unloaded model's worker is gone
     finally:
         control.close()

@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server
-from tests.e2e.faults import SCALE, census
+from tests.e2e.faults import SCALE, census, report
 from tests.e2e.models_on_disk import write_model
 
 CONFIG = """
@@ -93,6 +93,12 @@ def test_a_worker_dying_on_every_request_costs_one_error_each_and_nothing_else(
                 assert "initialize refuses to run again" in failed.value.message()
         assert before is not None
         grew = census(server.proc.pid).grew_by(before)
+        report(
+            f"worker dying on every request, restarts {restarts}",
+            requests=requests,
+            slowest_answer_s=f"{slowest:.3f}",
+            server=grew,
+        )
         assert grew.descriptors <= 2, grew
         assert grew.processes <= 0, grew  # at most the one worker it had
         assert grew.rss_mib < 16, grew

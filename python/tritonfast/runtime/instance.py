@@ -231,10 +231,11 @@ class InstanceLoop:
         clock = PhaseClock()
         requests = [item[0] for item in items]
         self._current = (batch.seq, sinks)
+        token = _running.set(self)  # (not calls_made_by: this is every batch's path)
         try:
-            with calls_made_by(self):
-                results = self._run_backend(requests, clock)
+            results = self._run_backend(requests, clock)
         finally:
+            _running.reset(token)
             self._current = None
         end = self._record(batch, requests, clock, results)
         if observe is not None:
@@ -269,13 +270,15 @@ class InstanceLoop:
             self._record(batch, requests, clock, settled)
             settle(batch.seq, sinks, settled)
 
+        token = _running.set(self)  # what the worker asks of the server is asked for it
         try:
-            with calls_made_by(self):  # what the worker asks of the server is asked for it
-                self._instance.execute_later(requests, clock, finish, release)
+            self._instance.execute_later(requests, clock, finish, release)
         except Exception as exc:  # a backend bug fails this batch, not the server
             log.exception("instance %s failed to start a batch", self.name)
             finish([InternalError(f"instance {self.name}: {exc}")] * len(requests))
             release()
+        finally:
+            _running.reset(token)
 
     def _record(
         self,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::gil::without_gil;
 use super::handoff::{PyHandoff, pop_or_hand_off};
@@ -170,6 +171,23 @@ impl StatsOwner {
 
 #[pymethods]
 impl PyBatch {
+    /// The garbage collector sees what a batch holds: a batch kept by a closure whose frames an
+    /// error's traceback keeps (a failed execution's result), and whose items lead back to that
+    /// error, is a cycle that must be collectable, or every such failure would hold its
+    /// requests for good. (Nothing to clear: the items list, the error and the frames break
+    /// such a cycle.)
+    #[allow(clippy::needless_pass_by_value)] // PyO3 hands the visitor over by value
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.items)?;
+        if let Some(rejected) = &self.rejected {
+            visit.call(rejected)?;
+        }
+        if let StatsOwner::Queue(queue) = &self.stats {
+            visit.call(queue)?;
+        }
+        Ok(())
+    }
+
     /// The batch's items, in the order they were batched (priority, then arrival).
     #[getter]
     fn items(&self, py: Python<'_>) -> Py<PyList> {

@@ -363,29 +363,30 @@ class ProcessInstance(ModelInstance):
         with calls_made_by(self._caller):
             workerbls.serve(message, send)
 
-    def _restart(self) -> None:
-        """Starts a worker again after its last one died; the error says so when it cannot
-        (its ``initialize`` raising, say): the batch waiting for it fails with that error, and
-        the next batch tries again."""
+    def _restart(self) -> TritonError | None:
+        """Starts a worker again after its last one died. When it cannot (its ``initialize``
+        raising, say), returns the error the batch waiting for it fails with (the next batch
+        tries again): made, not raised, so that it carries no traceback, whose frames would
+        keep the batch and its requests for as long as a client holds the error."""
         try:
             self._start()
         except TritonError as exc:
-            raise InternalError(
+            return InternalError(
                 f"Failed to process the request(s) for model instance '{self._instance_name}',"
                 f" message: its worker process could not be started again: {exc.message}"
-            ) from None
+            )
+        return None
 
     def execute(self, requests: list[InferRequest], clock: PhaseClock) -> list[Result] | None:
         """From the instance thread (models that may wait on the server), or before the loop
         drives the worker (warm-up)."""
-        self._caller = running_instance()
+        self._caller = running_instance() or self._caller  # (a retry comes from elsewhere)
         if self._conn is None:
             if self._finalized:  # the instance is going away: no new worker
                 return [InternalError("the model is unloading")] * len(requests)
-            try:
-                self._restart()
-            except TritonError as exc:
-                return [exc] * len(requests)
+            failed = self._restart()
+            if failed is not None:
+                return [failed] * len(requests)
         assert self._conn is not None
         flags = self._cancel.buffer
         tokens = None
@@ -473,7 +474,7 @@ class ProcessInstance(ModelInstance):
     ) -> None:
         """The batch goes to the worker from the loop; the worker's answer (and a decoupled
         batch's responses) come back to the loop through the instance's :class:`LoopPipe`."""
-        self._caller = running_instance()
+        self._caller = running_instance() or self._caller  # (a retry comes from elsewhere)
         loop = asyncio.get_running_loop()
         pipe = self._pipe
         if self._conn is None or (pipe is not None and pipe.closed):
@@ -551,11 +552,10 @@ class ProcessInstance(ModelInstance):
                     )
                 loop.call_soon_threadsafe(release)
                 return
-            try:
-                self._restart()
-            except TritonError as exc:
+            failed = self._restart()
+            if failed is not None:
                 if failure is None:
-                    loop.call_soon_threadsafe(finish, [exc] * len(requests))
+                    loop.call_soon_threadsafe(finish, [failed] * len(requests))
                 loop.call_soon_threadsafe(release)
                 return
             if retry is not None:  # the worker is back: run the batch after all
