@@ -6,6 +6,9 @@ inputs concatenated into keyword arguments), ``@sample`` (one request as keyword
 
 Decorators that need the model's configuration read it from the binding whose instance is
 calling (set by the callable backend around each call).
+
+Each decorator works on a plain function, a bound method, a method or ``__call__`` in a class
+body, and on another decorator's result (see :class:`_Decorated`).
 """
 
 from __future__ import annotations
@@ -99,38 +102,64 @@ def _special(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k == CONTEXT_ARGUMENT}
 
 
+class _Decorated:
+    """What every decorator returns: calling it calls ``around(function, *args, **kwargs)``.
+
+    A nested ``def wrapper`` would break on methods: put in a class body it binds like any
+    function, so ``model(requests)`` would call ``wrapper(model, requests)`` and the
+    decorator would take the instance for the requests. Here ``__get__`` binds the wrapped
+    function instead (for stacked decorators, the next one down binds in turn) and decorates
+    the bound method, so ``self`` reaches the user's code and ``around`` sees only the
+    arguments after it, as PyTriton's decorators (built on wrapt) do.
+    """
+
+    def __init__(self, around: Callable[..., Any], function: Callable[..., Any]) -> None:
+        # Name, docstring and ``__wrapped__`` of the function; not its ``__dict__``, which
+        # for a decorated function would bring the inner decorator's own fields.
+        functools.update_wrapper(self, function, updated=())
+        self._around = around
+        self._function = function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._around(self._function, *args, **kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> _Decorated:
+        bind = getattr(type(self._function), "__get__", None)
+        if bind is None:  # a callable object: a class attribute that is not a method
+            return self
+        return _Decorated(self._around, bind(self._function, instance, owner))
+
+
 def sample(function: Callable[..., Any]) -> Callable[..., Any]:
     """The first request's inputs as keyword arguments; the result is its one response."""
+    return _Decorated(_sample, function)
 
-    @functools.wraps(function)
-    def wrapper(requests: list[Any], *args: Any, **kwargs: Any) -> list[dict[str, np.ndarray]]:
-        kwargs.update(requests[0])
-        return [_outputs(function(*args, **kwargs))]
 
-    return wrapper
+def _sample(
+    function: Callable[..., Any], requests: list[Any], *args: Any, **kwargs: Any
+) -> list[dict[str, np.ndarray]]:
+    kwargs.update(requests[0])
+    return [_outputs(function(*args, **kwargs))]
 
 
 def batch(function: Callable[..., Any]) -> Callable[..., Any]:
     """All requests' inputs concatenated along the first axis, as keyword arguments; the
     returned outputs are split back by each request's batch size (a generator's each round)."""
+    return _Decorated(_batch, function)
 
-    @functools.wraps(function)
-    def wrapper(requests: list[Any], *args: Any, **kwargs: Any) -> Any:
-        names = requests[0].keys()
-        for request in requests[1:]:
-            if request.keys() != names:
-                raise PyTritonValidationError(
-                    "Cannot batch requests with different set of inputs keys"
-                )
-        for name in names:
-            kwargs[name] = np.concatenate([request[name] for request in requests])
-        sizes = [get_inference_request_batch_size(request) for request in requests]
-        returned = function(*args, **kwargs)
-        if isinstance(returned, Iterator) and not isinstance(returned, Mapping):
-            return (_split(_outputs(r), sizes) for r in returned)
-        return _split(_outputs(returned), sizes)
 
-    return wrapper
+def _batch(function: Callable[..., Any], requests: list[Any], *args: Any, **kwargs: Any) -> Any:
+    names = requests[0].keys()
+    for request in requests[1:]:
+        if request.keys() != names:
+            raise PyTritonValidationError("Cannot batch requests with different set of inputs keys")
+    for name in names:
+        kwargs[name] = np.concatenate([request[name] for request in requests])
+    sizes = [get_inference_request_batch_size(request) for request in requests]
+    returned = function(*args, **kwargs)
+    if isinstance(returned, Iterator) and not isinstance(returned, Mapping):
+        return (_split(_outputs(r), sizes) for r in returned)
+    return _split(_outputs(returned), sizes)
 
 
 def _split(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:
@@ -153,18 +182,19 @@ def _split(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, n
 def group_by_keys(function: Callable[..., Any]) -> Callable[..., Any]:
     """Requests with the same set of input names called together, one call per set; the
     responses come back in request order."""
+    return _Decorated(_group_by_keys, function)
 
-    @functools.wraps(function)
-    def wrapper(requests: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        order = sorted(range(len(requests)), key=lambda i: tuple(sorted(requests[i].keys())))
-        results: dict[int, Any] = {}
-        for _, group in itertools.groupby(order, key=lambda i: tuple(sorted(requests[i].keys()))):
-            indices = list(group)
-            answered = function([requests[i] for i in indices], *args, **kwargs)
-            results.update(zip(indices, answered, strict=True))
-        return [results[i] for i in range(len(requests))]
 
-    return wrapper
+def _group_by_keys(
+    function: Callable[..., Any], requests: list[Any], *args: Any, **kwargs: Any
+) -> list[Any]:
+    order = sorted(range(len(requests)), key=lambda i: tuple(sorted(requests[i].keys())))
+    results: dict[int, Any] = {}
+    for _, group in itertools.groupby(order, key=lambda i: tuple(sorted(requests[i].keys()))):
+        indices = list(group)
+        answered = function([requests[i] for i in indices], *args, **kwargs)
+        results.update(zip(indices, answered, strict=True))
+    return [results[i] for i in range(len(requests))]
 
 
 def _value_key(value: Any) -> Any:
@@ -182,39 +212,33 @@ def group_by_values(
     one call per group, the outputs put back in row order (``pad_fn`` may pad the groups'
     outputs to one shape first, e.g. :class:`ConstantPadder`)."""
 
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
-            inputs = {k: v for k, v in kwargs.items() if k != CONTEXT_ARGUMENT}
-            rows = get_inference_request_batch_size(inputs)
-            order = sorted(range(rows), key=lambda i: [_value_key(inputs[k][i]) for k in keys])
-            groups = [
-                list(group)
-                for _, group in itertools.groupby(
-                    order, key=lambda i: [_value_key(inputs[k][i]) for k in keys]
-                )
-            ]
-            answers = [
-                _outputs(
-                    function(*args, **{n: v[g] for n, v in inputs.items()}, **_special(kwargs))
-                )
-                for g in groups
-            ]
-            if pad_fn is not None:
-                answers = list(pad_fn(answers))
-            first = answers[0]
-            merged = {
-                name: np.zeros((rows, *value.shape[1:]), dtype=value.dtype)
-                for name, value in first.items()
-            }
-            for indices, answer in zip(groups, answers, strict=True):
-                for name, value in answer.items():
-                    merged[name][indices, ...] = value
-            return merged
+    def around(function: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+        inputs = {k: v for k, v in kwargs.items() if k != CONTEXT_ARGUMENT}
+        rows = get_inference_request_batch_size(inputs)
+        order = sorted(range(rows), key=lambda i: [_value_key(inputs[k][i]) for k in keys])
+        groups = [
+            list(group)
+            for _, group in itertools.groupby(
+                order, key=lambda i: [_value_key(inputs[k][i]) for k in keys]
+            )
+        ]
+        answers = [
+            _outputs(function(*args, **{n: v[g] for n, v in inputs.items()}, **_special(kwargs)))
+            for g in groups
+        ]
+        if pad_fn is not None:
+            answers = list(pad_fn(answers))
+        first = answers[0]
+        merged = {
+            name: np.zeros((rows, *value.shape[1:]), dtype=value.dtype)
+            for name, value in first.items()
+        }
+        for indices, answer in zip(groups, answers, strict=True):
+            for name, value in answer.items():
+                merged[name][indices, ...] = value
+        return merged
 
-        return wrapper
-
-    return decorate
+    return functools.partial(_Decorated, around)
 
 
 class ConstantPadder:
@@ -256,24 +280,20 @@ def fill_optionals(**defaults: np.ndarray) -> Callable[[Callable[..., Any]], Cal
     """Inputs a request leaves out filled with ``defaults`` (arrays without the batch axis,
     repeated to the request's batch size for a batching model)."""
 
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def wrapper(requests: list[Any], *args: Any, **kwargs: Any) -> Any:
-            config = get_model_config()
-            _check_defaults(config, defaults)
-            for request in requests:
-                rows = get_inference_request_batch_size(request) if config.batching else None
-                for name, value in defaults.items():
-                    if name in request:
-                        continue
-                    if rows is not None:
-                        value = np.tile(value, (rows,) + (1,) * value.ndim)
-                    request[name] = value
-            return function(requests, *args, **kwargs)
+    def around(function: Callable[..., Any], requests: list[Any], *args: Any, **kwargs: Any) -> Any:
+        config = get_model_config()
+        _check_defaults(config, defaults)
+        for request in requests:
+            rows = get_inference_request_batch_size(request) if config.batching else None
+            for name, value in defaults.items():
+                if name in request:
+                    continue
+                if rows is not None:
+                    value = np.tile(value, (rows,) + (1,) * value.ndim)
+                request[name] = value
+        return function(requests, *args, **kwargs)
 
-        return wrapper
-
-    return decorate
+    return functools.partial(_Decorated, around)
 
 
 def _check_defaults(config: TritonModelConfig, defaults: Mapping[str, Any]) -> None:
@@ -319,36 +339,34 @@ def _check_defaults(config: TritonModelConfig, defaults: Mapping[str, Any]) -> N
 
 def triton_context(function: Callable[..., Any]) -> Callable[..., Any]:
     """Adds the keyword argument ``triton_context`` (``.model_configs[infer_callable]``)."""
+    return _Decorated(_triton_context, function)
 
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        kwargs[CONTEXT_ARGUMENT] = TritonContext(_AnyCallable(get_model_config()))
-        return function(*args, **kwargs)
 
-    return wrapper
+def _triton_context(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    kwargs[CONTEXT_ARGUMENT] = TritonContext(_AnyCallable(get_model_config()))
+    return function(*args, **kwargs)
 
 
 def pad_batch(function: Callable[..., Any]) -> Callable[..., Any]:
     """Under ``@batch``: the inputs padded to the next preferred batch size (or
     ``max_batch_size``) by repeating their last row."""
+    return _Decorated(_pad_batch, function)
 
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        inputs = {k: v for k, v in kwargs.items() if k != CONTEXT_ARGUMENT}
-        rows = next(iter(inputs.values())).shape[0]
-        config = get_model_config()
-        preferred = []
-        if config.batcher is not None and config.batcher.preferred_batch_size:
-            preferred = sorted(config.batcher.preferred_batch_size)
-        sizes = [*preferred, config.max_batch_size]
-        target = sizes[min(bisect.bisect_left(sizes, rows), len(sizes) - 1)]
-        for name, value in inputs.items():
-            repeats = np.ones(value.shape[0], dtype=np.int64)
-            repeats[-1] = target - value.shape[0] + 1
-            kwargs[name] = np.repeat(value, repeats, axis=0)
-        return function(*args, **kwargs)
 
-    return wrapper
+def _pad_batch(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    inputs = {k: v for k, v in kwargs.items() if k != CONTEXT_ARGUMENT}
+    rows = next(iter(inputs.values())).shape[0]
+    config = get_model_config()
+    preferred = []
+    if config.batcher is not None and config.batcher.preferred_batch_size:
+        preferred = sorted(config.batcher.preferred_batch_size)
+    sizes = [*preferred, config.max_batch_size]
+    target = sizes[min(bisect.bisect_left(sizes, rows), len(sizes) - 1)]
+    for name, value in inputs.items():
+        repeats = np.ones(value.shape[0], dtype=np.int64)
+        repeats[-1] = target - value.shape[0] + 1
+        kwargs[name] = np.repeat(value, repeats, axis=0)
+    return function(*args, **kwargs)
 
 
 def first_value(
@@ -385,20 +403,16 @@ def first_value(
                 first = np.squeeze(first).item() if first.dtype != object else first.ravel()[0]
             request[name] = first
 
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not get_model_config().batching:
-                raise PyTritonRuntimeError(
-                    "The @first_value decorator can only be used with models that support batching."
-                )
-            if args and isinstance(args[0], list):  # on requests
-                for request in args[0]:
-                    replace(request)
-            else:  # under @batch: keyword arguments
-                replace(kwargs)
-            return function(*args, **kwargs)
+    def around(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not get_model_config().batching:
+            raise PyTritonRuntimeError(
+                "The @first_value decorator can only be used with models that support batching."
+            )
+        if args and isinstance(args[0], list):  # on requests
+            for request in args[0]:
+                replace(request)
+        else:  # under @batch: keyword arguments
+            replace(kwargs)
+        return function(*args, **kwargs)
 
-        return wrapper
-
-    return decorate
+    return functools.partial(_Decorated, around)
