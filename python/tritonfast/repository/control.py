@@ -12,6 +12,10 @@
 A reload never drops a request: the new versions are built beside the old ones, swapped in on
 the event loop, and the old ones finish what they had queued before they stop. A reload that
 fails leaves the serving versions in place.
+
+An ensemble that was serving when a model of one of its steps was unloaded (explicit mode) or
+left the repository (poll mode) is unloaded with it and loaded again, by itself, once every
+model of its steps is loaded again, as Triton 2.51 does; one unloaded by name is not.
 """
 
 from __future__ import annotations
@@ -76,6 +80,15 @@ class ModelControl:
         # Models whose load is under way (an ensemble's steps that are part of a cycle are not
         # loaded again from inside their own load).
         self._in_load: set[str] = set()
+        # The ensembles that were serving until a model of one of their steps went away, with
+        # the models of their steps. Triton keeps such an ensemble in its dependency graph and
+        # loads it again once all of them are back (core's model_repository_manager.cc:
+        # RemoveNodes leaves the ensemble's node in place, AddNodes / UpdateNodes re-check it);
+        # an ensemble unloaded by name leaves the graph, and waits for nothing.
+        self._waiting: dict[str, set[str]] = {}
+        # The "config" parameter a model was loaded with (instead of its config.pbtxt): a
+        # waiting ensemble is loaded again with it, as Triton keeps its configuration.
+        self._config_parameters: dict[str, Any] = {}
 
     # -- start-up -----------------------------------------------------------------------------
     def startup(self) -> list[ModelEntry]:
@@ -152,17 +165,28 @@ class ModelControl:
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving ``name`` once its queued and running requests are done, and the
-        loaded ensembles that have a step on it. With ``unload_dependents``, an ensemble's
-        step models go too, unless another loaded ensemble uses them."""
+        loaded ensembles that have a step on it (they load again once it is loaded again;
+        ``name`` itself, unloaded by name, does not). With ``unload_dependents``, an
+        ensemble's step models go too, unless another loaded ensemble uses them."""
         self._require_explicit()
         await self._run_to_end(self._unload_with_dependencies(name, unload_dependents))
 
-    async def _unload_with_dependencies(self, name: str, unload_dependents: bool) -> None:
+    async def _unload_with_dependencies(
+        self, name: str, unload_dependents: bool, *, step_gone: bool = False
+    ) -> None:
+        """Unload ``name`` and the loaded ensembles with a step on it (``step_gone``: ``name``
+        is one of those, which then waits for its steps to come back)."""
         entry = self.repository.entry(name)
         steps = plan_models(entry.config) if entry is not None and entry.config else set()
+        # An ensemble loaded from uploaded files is not waited for: its files go with it.
+        if step_gone and name not in self._temp_dirs:
+            self._waiting[name] = steps
+        else:
+            self._waiting.pop(name, None)
+            self._config_parameters.pop(name, None)
         await self._unload(name)
         for ensemble in self.repository.dependents(name):
-            await self._unload_with_dependencies(ensemble, False)
+            await self._unload_with_dependencies(ensemble, False, step_gone=True)
         if unload_dependents:
             for model in sorted(steps):
                 if not self.repository.dependents(model):
@@ -185,11 +209,30 @@ class ModelControl:
             await self._load_unguarded(name, parameters)
         finally:
             self._in_load.discard(name)
+        self._waiting.pop(name, None)  # loaded: it waits for nothing any more
+        await self._load_waiting_ensembles(name)
+
+    async def _load_waiting_ensembles(self, loaded: str) -> None:
+        """Load again the waiting ensembles with a step on ``loaded`` whose step models are all
+        loaded now. As in Triton, this is part of the load of ``loaded`` (its answer comes
+        once they are loaded), and an ensemble that fails to load is logged, not answered (it
+        goes on waiting: a later load of one of its step models tries again)."""
+        for ensemble, steps in sorted(self._waiting.items()):
+            if loaded not in steps or ensemble in self._in_load or ensemble not in self._waiting:
+                continue  # not this model's, being loaded already, or loaded meanwhile
+            if not all(self.repository.is_ready(step) for step in steps):
+                continue
+            log.info("loading ensemble '%s' again: the models of its steps are loaded", ensemble)
+            try:
+                await self._load(ensemble, self._config_parameters.get(ensemble))
+            except TritonError as error:
+                log.error("%s", error.message)
 
     async def _load_unguarded(self, name: str, parameters: Mapping[str, Any] | None) -> None:
         _check_model_name(name)
         parameters = dict(parameters or {})
-        override = _config_override(name, parameters.pop("config", None))
+        config_text = parameters.pop("config", None)
+        override = _config_override(name, config_text)
         files = {
             k[len(FILE_PREFIX) :]: v for k, v in parameters.items() if k.startswith(FILE_PREFIX)
         }
@@ -225,6 +268,10 @@ class ModelControl:
                 raise InvalidArgumentError(f"load failed for model '{name}': {why}")
             replaced = self.repository.publish(entry)
             self._loaded_from[name] = fingerprint
+            if override is not None and not files:
+                self._config_parameters[name] = {"config": config_text}
+            else:
+                self._config_parameters.pop(name, None)
             previous_dir = self._temp_dirs.pop(name, None)
             if files:
                 self._temp_dirs[name] = model_dir.parent
@@ -290,7 +337,9 @@ class ModelControl:
         before = self._fingerprints
         for name in sorted(set(before) - set(now)):
             log.info("model '%s' left the repository: unloading", name)
-            await self._apply(self._unload(name))
+            # As in Triton, the loaded ensembles with a step on it go too, and come back once
+            # it is back (see _waiting).
+            await self._apply(self._unload_with_dependencies(name, False))
         for name, fingerprint in sorted(now.items()):
             if before.get(name) != fingerprint:
                 log.info(
