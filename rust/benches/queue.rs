@@ -1,4 +1,4 @@
-//! Criterion benches for `RequestQueue`. Kept short by default (the dev machines are small):
+//! Criterion benches for `RequestQueue`. Kept short by default (small machines run it too):
 //! `cargo bench --bench queue`.
 //!
 //! * `round_trip`: push + pop on one thread (no waiting involved).

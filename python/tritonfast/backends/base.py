@@ -5,8 +5,11 @@ A backend registers under the ``backend`` and ``platform`` names a ``config.pbtx
 (:mod:`tritonfast.backends.registry`). The repository manager creates one :class:`Backend`
 object per model load and calls its hooks in this order: :meth:`Backend.auto_complete` (unless
 ``--strict-model-config``), :meth:`Backend.validate` (after the server's own checks), then
-:meth:`Backend.create_instance` for every instance of every served version. Each instance's
-:meth:`ModelInstance.execute` runs one batch at a time on the instance's own thread.
+:meth:`Backend.create_instance` for every instance of every served version. Each instance
+runs one batch at a time: :meth:`ModelInstance.execute` on the instance's own thread, or on the
+event loop for short batches of models that allow it (:mod:`tritonfast.runtime.looprun`); an
+instance that :attr:`~ModelInstance.runs_elsewhere` (a worker process) has its batches started
+on the event loop with :meth:`ModelInstance.execute_later` instead.
 """
 
 from __future__ import annotations

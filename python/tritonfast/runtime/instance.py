@@ -1,4 +1,8 @@
-"""One thread per model instance: take a batch from its source, run it, hand back results.
+"""One :class:`InstanceLoop` per model instance: take a batch from its source, run it, hand
+back results. Each has a thread of its own for that, started unless the event loop takes the
+instance's batches itself: sequence models in worker processes whose batches are formed at
+once are driven from the loop by :class:`~tritonfast.runtime.sequence.LoopDriver`, with no
+instance thread.
 
 Each instance takes work from its own source, a Rust :class:`~tritonfast._core.RequestQueue`
 that its scheduler chose for it (all instances of a model may share one). The wait for a batch

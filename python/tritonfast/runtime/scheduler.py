@@ -1,5 +1,7 @@
-"""How a model version's requests reach its instances: the scheduler interface, and the two
-schedulers that stand in front of the Rust request queue.
+"""How a model version's requests reach its instances: the scheduler interface, and the
+schedulers that stand in front of the Rust core's queues (:class:`DefaultScheduler`,
+:class:`DynamicBatchScheduler`, :class:`SequenceScheduler`). An ensemble's scheduler, which has
+no queue of its own, is :class:`~tritonfast.runtime.ensemble.EnsembleScheduler`.
 
 Every scheduler takes a request in one of two ways: :meth:`Scheduler.infer` for a request
 whose single response the caller awaits, :meth:`Scheduler.open_stream` for a request whose
@@ -14,7 +16,8 @@ DELAY, ``allow_timeout_override``) and ``preserve_ordering``. A request's ``prio
 inputs whose shapes must match (variable-size inputs without ``allow_ragged_batch``, shape
 tensors, and the set of inputs when some are optional) agree. :class:`DefaultScheduler` is
 Triton's default scheduler: FIFO to idle instances, one request per execution, priorities and
-timeouts ignored.
+timeouts ignored. :class:`SequenceScheduler` (``sequence_batching``) puts requests into the
+Rust sequence batcher (see :mod:`.sequence`).
 
 Each instance takes its batches from its own source: by default all instances of a version
 share one queue; a scheduler that sets :attr:`QueueScheduler.per_instance_queues` gives each
@@ -36,7 +39,7 @@ answers is dropped.
             "success": ..., "fail": ...,     # requests, with their request durations
             "queue": ...,                    # enqueue until an instance took the request
             "compute_input": ..., "compute_infer": ..., "compute_output": ...,
-            "cache_hit": ..., "cache_miss": ...,   # always zero (no response cache)
+            "cache_hit": ..., "cache_miss": ...,   # zero; filled by ModelVersion.counters()
         },
         "batch_stats": [            # per executed batch size, smallest first
             {"batch_size": int, "compute_input": {"count", "ns"},

@@ -1,4 +1,4 @@
-"""``python -m tritonfast selfcheck tensorrt``: proves the TensorRT backend on this machine.
+"""``python -m tritonfast selfcheck tensorrt``: proves the TensorRT backend where it runs.
 
 1. builds a TensorRT engine from a generated ONNX MLP with TensorRT's builder API (one
    optimization profile, batches 1 to 32);

@@ -1,8 +1,8 @@
 """A gRPC server on grpcio's core, without grpc.aio's per-call machinery.
 
-Why: grpc.aio runs several Python tasks, futures and checks for every call; on this machine
+Why: grpc.aio runs several Python tasks, futures and checks for every call; on 2 vCPUs
 that is ~0.2-0.4 ms of CPU per RPC before a handler runs, and a bare grpc.aio echo server
-tops out at about half of what the same echo does on grpcio's core (``bench/README.md``).
+tops out at about half of what the same echo does on grpcio's core.
 This module drives the core directly (``grpc._cython.cygrpc``, the layer grpcio's own
 synchronous server is built on) and keeps everything else asyncio: handlers are the same
 ``async def Method(request, context)`` coroutines and async generators grpc.aio calls.

@@ -2,12 +2,13 @@
 
 aiohttp's low-level ``web.Server`` spends more CPU on each request (request and response
 objects, a payload writer, several writes per answer) than everything else our frontend and
-an in-process model do together: on this project's machine a bare ``web.Server`` answering
-a fixed body manages 8-13k requests a second at concurrency 16, while the same loop feeding
-aiohttp's C parser from a protocol of its own and writing each answer in one call manages
-18-30k. So each connection here is an asyncio protocol that feeds aiohttp's parser
-(``aiohttp.http.HttpRequestParser``, the llhttp-based one aiohttp's own server uses) and
-writes :class:`~tritonfast.frontends.http.answer.Answer` objects straight to the transport.
+an in-process model do together: on 2 vCPUs, the load generator on the same cores, a bare
+``web.Server`` answering a fixed body manages 8-13k requests a second at concurrency 16, while
+the same loop feeding aiohttp's C parser from a protocol of its own and writing each answer in
+one call manages 18-30k. So each connection here is an asyncio protocol that feeds aiohttp's
+parser (``aiohttp.http.HttpRequestParser``, the llhttp-based one aiohttp's own server uses)
+and writes :class:`~tritonfast.frontends.http.answer.Answer` objects straight to the
+transport.
 
 What the protocol keeps of HTTP/1.1:
 - requests on one connection are answered in the order they came (pipelining), one at a
