@@ -27,7 +27,7 @@ export PYTHONPATH PYTHONUNBUFFERED=1
 {
     nvidia-smi -L || echo "nvidia-smi: none"
     python3 --version
-    python3 -c 'from tritonfast.runtime import cudamemory
+    python3 -c 'from tritonfast.memory import cudamemory
 print("a GPU the server can use:", cudamemory.cuda_runtime() is not None)'
 } 2>&1 | tee "$OUT/machine.txt"
 

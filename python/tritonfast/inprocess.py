@@ -40,8 +40,8 @@ from tritonfast.callables.backend import BACKEND_NAME, KEY_PARAMETER, Binding
 from tritonfast.callables.spec import ModelConfig, Tensor, model_config
 from tritonfast.cli import ServeOptions
 from tritonfast.errors import InvalidArgumentError, UnavailableError
+from tritonfast.memory import leftovers
 from tritonfast.repository.control import ModelControl
-from tritonfast.runtime import leftovers
 
 START_TIMEOUT_S = 120.0
 

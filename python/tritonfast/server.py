@@ -12,20 +12,21 @@ import sys
 from typing import Any, Protocol
 
 from tritonfast import __version__
+from tritonfast.api.dataplane import DataPlane
+from tritonfast.api.serverhandle import ServerHandle
 from tritonfast.backends.registry import BackendSettings
 from tritonfast.cli import ServeOptions
 from tritonfast.errors import InvalidArgumentError, TritonError
 from tritonfast.frontends import restricted
 from tritonfast.frontends.bodybudget import BUDGET
-from tritonfast.frontends.dataplane import DataPlane
 from tritonfast.logsettings import LogSettings, ServerLog
+from tritonfast.memory import leftovers, memtrim
+from tritonfast.memory.allocator import keep_large_buffers
 from tritonfast.metrics import MetricsConfig, parse_metrics_config
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
-from tritonfast.runtime import handle, leftovers, memtrim
-from tritonfast.runtime.allocator import keep_large_buffers
+from tritonfast.runtime import handle
 from tritonfast.runtime.cache import ResponseCache, parse_cache_config
-from tritonfast.runtime.handle import ServerHandle
 from tritonfast.tracing import Tracer, parse_trace_config
 
 log = logging.getLogger("tritonfast")

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonfast.data.datatypes import NUMPY_DTYPES
 from tritonfast.errors import InvalidArgumentError, UnsupportedError
-from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from tritonfast.backends.base import ModelInstance, PhaseClock, Result
+from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import InternalError
 from tritonfast.runtime import looprun
 from tritonfast.runtime.scheduler import Scheduler, create_scheduler
-from tritonfast.runtime.types import InferRequest, InferResponse
 
 from tests.core.test_scheduler import WAIT_S, model, request
 

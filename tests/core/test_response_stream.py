@@ -15,10 +15,11 @@ import pytest
 from google.protobuf import text_format
 from tritonfast._core import RequestQueue
 from tritonfast._proto import model_config_pb2
+from tritonfast.api.serverhandle import ServerHandle
 from tritonfast.backends.base import ModelInstance, PhaseClock, Result
+from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import InternalError, UnavailableError
 from tritonfast.runtime import looprun
-from tritonfast.runtime.handle import ServerHandle
 from tritonfast.runtime.instance import running_instance
 from tritonfast.runtime.responses import (
     FINAL_FIRST_MESSAGE,
@@ -37,7 +38,6 @@ from tritonfast.runtime.scheduler import (
     SequenceScheduler,
     create_scheduler,
 )
-from tritonfast.runtime.types import InferRequest, InferResponse
 
 from tests.core.test_scheduler import WAIT_S, model, request
 from tests.waiting import wait_for_async

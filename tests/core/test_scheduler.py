@@ -17,9 +17,9 @@ import pytest
 from google.protobuf import text_format
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock, Result
+from tritonfast.data.types import InferRequest, InferResponse, InputTensor
 from tritonfast.errors import Code, InvalidArgumentError, UnavailableError
 from tritonfast.runtime.scheduler import Scheduler, create_scheduler
-from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor
 
 WAIT_S = 10.0
 

@@ -23,8 +23,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
-from tritonfast.runtime import cudamemory
-from tritonfast.runtime.sharedmemory import PLACED_BYTES
+from tritonfast.memory import cudamemory
+from tritonfast.memory.sharedmemory import PLACED_BYTES
 
 from tests.conftest import RunningServer, start_server
 from tests.e2e.models_on_disk import Marks, write_model

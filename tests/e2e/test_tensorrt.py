@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
-from tritonfast.runtime import cudamemory
+from tritonfast.memory import cudamemory
 
 from tests.conftest import RunningServer, start_server
 

@@ -59,7 +59,7 @@ def test_buffer_returns_to_the_pool_when_the_last_view_dies() -> None:
 
 
 def test_gather_inputs_matches_inputs_by_name_whatever_their_order() -> None:
-    from tritonfast.runtime.types import InferRequest, InputTensor
+    from tritonfast.data.types import InferRequest, InputTensor
 
     def request(order: list[str], value: float) -> InferRequest:
         tensors = {

@@ -1,4 +1,4 @@
-"""The page-locked staging buffers of runtime/cudamemory.py: reuse by size class, the bound on
+"""The page-locked staging buffers of memory/cudamemory.py: reuse by size class, the bound on
 what is kept, and ordinary memory when nothing more can be locked. CI has no GPU, so the
 allocator here is host memory behind cuda-python's calling convention; on a GPU the CUDA
 shared-memory tests of tests/e2e/test_shared_memory.py drive the real one."""
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tritonfast.runtime import cudamemory
-from tritonfast.runtime.cudamemory import _Staging
+from tritonfast.memory import cudamemory
+from tritonfast.memory.cudamemory import _Staging
 
 
 class HostAllocator:

@@ -15,11 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonfast._proto import grpc_service_pb2 as pb
+from tritonfast.data import rawtensor
+from tritonfast.data.datatypes import NUMPY_DTYPES
+from tritonfast.data.types import InferResponse, OutputTensor
 from tritonfast.errors import Code, InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.grpc import codec
-from tritonfast.runtime import rawtensor, sharedmemory
-from tritonfast.runtime.datatypes import NUMPY_DTYPES
-from tritonfast.runtime.types import InferResponse, OutputTensor
+from tritonfast.memory import sharedmemory
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 tc_utils = pytest.importorskip("tritonclient.utils")

@@ -18,15 +18,15 @@ import tritonclient.http as httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from tritonfast.errors import Code, InvalidArgumentError, TritonError
-from tritonfast.frontends.http import codec, tensordata
-from tritonfast.runtime.datatypes import NUMPY_DTYPES
-from tritonfast.runtime.types import (
+from tritonfast.data.datatypes import NUMPY_DTYPES
+from tritonfast.data.types import (
     InferRequest,
     InferResponse,
     OutputTensor,
     RequestedOutput,
 )
+from tritonfast.errors import Code, InvalidArgumentError, TritonError
+from tritonfast.frontends.http import codec, tensordata
 
 Client = httpclient.InferenceServerClient
 DATATYPES = sorted(NUMPY_DTYPES)

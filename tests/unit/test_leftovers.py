@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tritonfast.runtime import leftovers
+from tritonfast.memory import leftovers
 
 
 def _dead_pid() -> int:

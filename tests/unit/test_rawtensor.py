@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.backends.python import pb_utils
+from tritonfast.data import rawtensor
+from tritonfast.data.datatypes import NUMPY_DTYPES
 from tritonfast.errors import InvalidArgumentError
 from tritonfast.frontends.grpc import codec as grpc_codec
 from tritonfast.frontends.http import codec as http_codec
-from tritonfast.runtime import rawtensor
-from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
 DATATYPES = sorted(NUMPY_DTYPES)
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,8 +9,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from tritonfast.data.types import InferResponse, OutputTensor
 from tritonfast.runtime.cache import ResponseCache
-from tritonfast.runtime.types import InferResponse, OutputTensor
 
 ENTRIES = 2000
 

@@ -21,8 +21,8 @@ from tritonfast.backends.base import PhaseClock
 from tritonfast.backends.tensorrt.device import Stream
 from tritonfast.backends.tensorrt.engineio import EngineIO, EngineTensor, Profile
 from tritonfast.backends.tensorrt.instance import TensorRTInstance
+from tritonfast.data.types import InferRequest, InputTensor, RequestedOutput
 from tritonfast.errors import TritonError
-from tritonfast.runtime.types import InferRequest, InputTensor, RequestedOutput
 
 
 class SimulatedCuda:

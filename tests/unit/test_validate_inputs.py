@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from tritonfast._proto import model_config_pb2
+from tritonfast.data.types import InferRequest, InputTensor
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime.types import InferRequest, InputTensor
 from tritonfast.runtime.validate import RequestValidator
 
 CONFIG = """

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from tritonfast.backends.python.workerstream import WorkerStreams
-from tritonfast.runtime.types import InferRequest
+from tritonfast.data.types import InferRequest
 
 
 class _DropsOnPickling:

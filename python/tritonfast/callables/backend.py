@@ -30,10 +30,10 @@ from tritonfast.callables import decorators
 from tritonfast.callables.errors import PyTritonUnrecoverableError
 from tritonfast.callables.request import Request
 from tritonfast.callables.spec import ModelConfig, Tensor
+from tritonfast.data.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import InternalError, UnavailableError
-from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
 from tritonfast.runtime.responses import Result
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 log = logging.getLogger(__name__)
 

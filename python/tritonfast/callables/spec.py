@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from tritonfast._proto import model_config_pb2 as mc
+from tritonfast.data.datatypes import CONFIG_DATATYPES
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime.datatypes import CONFIG_DATATYPES
 
 
 class TimeoutAction(enum.Enum):

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 
 from tritonfast._proto.model_config_pb2 import DataType, ModelConfig, ModelSequenceBatching
+from tritonfast.data.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
 
 # Triton's default max_sequence_idle_microseconds, filled in when the config leaves it 0.
 DEFAULT_IDLE_US = 1_000_000

@@ -6,7 +6,7 @@ ones), and what compressed bodies inflated to; gRPC the messages of that size (o
 and of ``ModelStreamInfer`` streams), from their arrival until their request is over. A
 body that would take the total past the budget is refused (HTTP 503, gRPC UNAVAILABLE) with
 :func:`refusal`'s words, and nothing of it is kept. Letting go of a large body trims the heap
-(:mod:`tritonfast.runtime.memtrim`).
+(:mod:`tritonfast.memory.memtrim`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 from tritonfast.errors import UnavailableError
-from tritonfast.runtime import memtrim
+from tritonfast.memory import memtrim
 
 DEFAULT_BYTES = 1 << 32
 # Bodies from this size on are counted (smaller ones are bounded by the connection's buffers).

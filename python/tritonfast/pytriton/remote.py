@@ -35,11 +35,11 @@ from tritonfast.backends.base import PhaseClock
 from tritonfast.callables.backend import Binding, CallableInstance
 from tritonfast.callables.errors import PyTritonInvalidOperationError
 from tritonfast.callables.spec import ModelConfig, Tensor, model_config
+from tritonfast.data.types import InferRequest, InputTensor, RequestedOutput
 from tritonfast.errors import TritonError
 from tritonfast.inprocess import named_tensors
 from tritonfast.pytriton import remotewire
 from tritonfast.pytriton.client.client import parse_url
-from tritonfast.runtime.types import InferRequest, InputTensor, RequestedOutput
 
 log = logging.getLogger(__name__)
 

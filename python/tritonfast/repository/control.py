@@ -35,6 +35,7 @@ from google.protobuf import json_format
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
+from tritonfast.memory import leftovers
 from tritonfast.repository.dependencies import composing_models
 from tritonfast.repository.manager import (
     READY,
@@ -44,7 +45,6 @@ from tritonfast.repository.manager import (
     ModelRepository,
     plan_models,
 )
-from tritonfast.runtime import leftovers
 
 log = logging.getLogger(__name__)
 

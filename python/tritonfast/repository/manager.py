@@ -3,7 +3,7 @@
 A model is a directory holding ``config.pbtxt`` and numbered version directories. The backend
 its config names (:mod:`tritonfast.backends.registry`) completes and checks the config and
 creates each version's instances; the model's scheduler
-(:func:`~tritonfast.runtime.scheduler.create_scheduler`) feeds them. A model
+(its backend's ``create_scheduler``) feeds them. A model
 that fails to load (bad config, missing model file, exception while initializing) is kept
 as UNAVAILABLE with its reason; the others serve normally.
 
@@ -40,7 +40,6 @@ from tritonfast.repository.dependencies import with_dependencies
 from tritonfast.repository.model import ModelVersion
 from tritonfast.repository.warmup import warm_up
 from tritonfast.runtime.cache import ResponseCache
-from tritonfast.runtime.scheduler import create_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -347,12 +346,11 @@ class ModelRepository:
                         )
                         raise
             warm_up(config, instances, backend.model_dir)
-            scheduler = create_scheduler(
+            scheduler = backend.create_scheduler(
                 f"{config.name}_{version}",
                 config,
                 instances,
                 self._loop,
-                model_dir=backend.model_dir,
                 latency_summaries=self._latency_summaries,
                 histogram_latencies=self._histogram_latencies,
                 loop_execution=backend.runs_on_event_loop(config),

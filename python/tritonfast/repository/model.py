@@ -8,6 +8,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.data.types import InferRequest, InferResponse, RequestedOutput
 from tritonfast.errors import UnavailableError
 from tritonfast.runtime.cache import ResponseCache
 from tritonfast.runtime.classification import classify
@@ -15,7 +16,6 @@ from tritonfast.runtime.histogram import Histogram
 from tritonfast.runtime.instance import running_instance
 from tritonfast.runtime.responses import ResponseStream
 from tritonfast.runtime.scheduler import Scheduler
-from tritonfast.runtime.types import InferRequest, InferResponse, RequestedOutput
 from tritonfast.runtime.validate import RequestValidator
 
 
@@ -33,7 +33,7 @@ class ModelVersion:
     ) -> None:
         self.config = config
         # Whether inputs and outputs in CUDA shared memory reach the backend as device memory
-        # (runtime.sharedmemory.resolve_inputs); not with the response cache, whose keys are
+        # (memory.sharedmemory.resolve_inputs); not with the response cache, whose keys are
         # digests of host bytes.
         self.takes_device_memory = takes_device_memory and cache is None
         # The response cache, when the server has one and the model asks for it.

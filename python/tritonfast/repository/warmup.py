@@ -15,11 +15,11 @@ import numpy as np
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
+from tritonfast.data import rawtensor
+from tritonfast.data.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
+from tritonfast.data.types import InferRequest, InputTensor
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
-from tritonfast.runtime import rawtensor
-from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
 from tritonfast.runtime.responses import SENDER_CLOSED_MESSAGE, Result
-from tritonfast.runtime.types import InferRequest, InputTensor
 
 WARMUP_DIR = "warmup"
 # How long a sample's responses may take when the model sends them through its sender.

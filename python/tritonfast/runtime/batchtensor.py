@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import InternalError
-from tritonfast.runtime.bufferpool import POOL
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
+from tritonfast.memory.bufferpool import POOL
 
 
 def gather(arrays: list[np.ndarray]) -> np.ndarray:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tritonfast.data import rawtensor
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime import rawtensor
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 # What an entry costs besides its output bytes, as Python allocates it (upper bounds of what
 # tracemalloc measures; tests/unit/test_response_cache_memory.py keeps them so): the entry with

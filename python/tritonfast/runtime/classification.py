@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tritonfast.data.types import InferResponse, OutputTensor, RequestedOutput
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime.types import InferResponse, OutputTensor, RequestedOutput
 
 # An output's labels by name (None: it has no label file).
 Labels = Callable[[str], list[str] | None]

@@ -34,11 +34,11 @@ from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 from tritonfast._core import Batch, Handoff, RequestQueue
-from tritonfast.backends.base import ModelInstance, PhaseClock
+from tritonfast.data.types import RELEASE_RESCHEDULE, InferRequest
 from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime import gcpause
+from tritonfast.runtime.modelinstance import ModelInstance, PhaseClock
 from tritonfast.runtime.responses import Result, Sink
-from tritonfast.runtime.types import RELEASE_RESCHEDULE, InferRequest
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ frontend that writes it.
 
 A request yields zero or more responses and then a final flag (Triton's
 ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``); the final flag may come with the last response or
-alone. Each response is an :class:`~tritonfast.runtime.types.InferResponse` or a
+alone. Each response is an :class:`~tritonfast.data.types.InferResponse` or a
 :class:`~tritonfast.errors.TritonError` (an error response; the stream goes on until final).
 
 Two sides:
@@ -41,8 +41,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import InternalError, TritonError
-from tritonfast.runtime.types import InferRequest, InferResponse
 
 # One response: the outputs, or the error that takes their place.
 Result = InferResponse | TritonError

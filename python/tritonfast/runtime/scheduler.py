@@ -1,7 +1,7 @@
 """How a model version's requests reach its instances: the scheduler interface, and the
 schedulers that stand in front of the Rust core's queues (:class:`DefaultScheduler`,
 :class:`DynamicBatchScheduler`, :class:`SequenceScheduler`). An ensemble's scheduler, which has
-no queue of its own, is :class:`~tritonfast.runtime.ensemble.EnsembleScheduler`.
+no queue of its own, is :class:`~tritonfast.backends.ensemble.scheduler.EnsembleScheduler`.
 
 Every scheduler takes a request in one of two ways: :meth:`Scheduler.infer` for a request
 whose single response the caller awaits, :meth:`Scheduler.open_stream` for a request whose
@@ -69,12 +69,13 @@ from typing import Any, ClassVar, Literal
 
 from tritonfast._core import QUEUE_FULL_MESSAGE, Batch, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import ModelInstance
+from tritonfast.data.rawtensor import request_prefix
+from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import CancelledError, TritonError, UnavailableError
 from tritonfast.runtime.histogram import Histogram, first_response_buckets
 from tritonfast.runtime.instance import InstanceLoop, Settle
 from tritonfast.runtime.looprun import LoopExecution
-from tritonfast.runtime.rawtensor import request_prefix
+from tritonfast.runtime.modelinstance import ModelInstance
 from tritonfast.runtime.responses import (
     ResponseSender,
     ResponseStream,
@@ -94,7 +95,6 @@ from tritonfast.runtime.sequence import (
     slots_per_instance,
     state_specs,
 )
-from tritonfast.runtime.types import InferRequest, InferResponse
 
 # Triton's answer to a request whose queue timeout expired under the REJECT action.
 REQUEST_TIMEOUT_MESSAGE = "Request timeout expired"
@@ -642,14 +642,11 @@ def create_scheduler(
     model_dir: Path | None = None,
     **options: bool,
 ) -> Scheduler:
-    """The scheduler ``config`` asks for, started with ``instances`` (``options``: the
-    scheduler's keyword arguments: ``latency_summaries``, ``histogram_latencies`` and
-    ``loop_execution``;
-    ``model_dir`` holds what the config refers to, such as initial states)."""
-    if config.HasField("ensemble_scheduling"):
-        from tritonfast.runtime.ensemble import EnsembleScheduler  # it builds on this module
-
-        return EnsembleScheduler(config, loop)
+    """The queue-backed scheduler ``config`` asks for, started with ``instances`` (``options``:
+    the scheduler's keyword arguments: ``latency_summaries``, ``histogram_latencies`` and
+    ``loop_execution``; ``model_dir`` holds what the config refers to, such as initial
+    states). What a backend with a scheduler of its own uses instead (ensembles) is its
+    backend's ``create_scheduler``."""
     if config.HasField("sequence_batching"):
         return SequenceScheduler(name, config, instances, loop, model_dir=model_dir, **options)
     kind: type[QueueScheduler] = DefaultScheduler

@@ -38,17 +38,17 @@ import numpy as np
 
 from tritonfast._core import Batch, SequenceBatcher
 from tritonfast._proto.model_config_pb2 import ModelConfig, ModelSequenceBatching
-from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.config.sequence import initial_state_path
-from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
-from tritonfast.runtime.responses import ResponseSender, ResponseStream, Result
-from tritonfast.runtime.types import (
+from tritonfast.data.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
+from tritonfast.data.types import (
     RELEASE_RESCHEDULE,
     InferRequest,
     InferResponse,
     InputTensor,
     RequestedOutput,
 )
+from tritonfast.runtime.modelinstance import ModelInstance, PhaseClock
+from tritonfast.runtime.responses import ResponseSender, ResponseStream, Result
 
 if TYPE_CHECKING:
     from tritonfast.runtime.instance import InstanceLoop, Settle

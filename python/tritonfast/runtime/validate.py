@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.data.datatypes import WIRE_DATATYPES
+from tritonfast.data.rawtensor import request_prefix
+from tritonfast.data.types import InferRequest
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime.datatypes import WIRE_DATATYPES
-from tritonfast.runtime.rawtensor import request_prefix
-from tritonfast.runtime.types import InferRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,9 @@ import time
 import numpy as np
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance, PhaseClock
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import InvalidArgumentError, UnsupportedError
 from tritonfast.runtime.responses import Result
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 
 class RepeatBackend(Backend):

@@ -1,19 +1,22 @@
 """Ensembles (``platform: "ensemble"``): models made of other models' steps.
 
-An ensemble has no model file and no instances of its own: its requests are run by the
-ensemble scheduler (:mod:`tritonfast.runtime.ensemble`), which sends each step to its model.
-This backend checks the graph at load (:mod:`.plan`).
+An ensemble has no model file and no instances of its own: its requests are run by its own
+scheduler (:mod:`.scheduler`), which sends each step to its model. This backend checks the
+graph at load (:mod:`.plan`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
 from tritonfast.backends.ensemble.plan import plan_of
+from tritonfast.backends.ensemble.scheduler import EnsembleScheduler
 from tritonfast.config.load import PollError
 from tritonfast.errors import InternalError, TritonError
+from tritonfast.runtime.scheduler import Scheduler
 
 
 class EnsembleBackend(Backend):
@@ -26,6 +29,16 @@ class EnsembleBackend(Backend):
             plan_of(config)
         except TritonError as exc:
             raise PollError(exc.message) from exc
+
+    def create_scheduler(
+        self,
+        name: str,
+        config: model_config_pb2.ModelConfig,
+        instances: list[ModelInstance],
+        loop: asyncio.AbstractEventLoop,
+        **options: bool,
+    ) -> Scheduler:
+        return EnsembleScheduler(config, loop)
 
     def create_instance(
         self, config: model_config_pb2.ModelConfig, placement: InstancePlacement

@@ -18,11 +18,11 @@ import numpy as np
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
+from tritonfast.data.datatypes import WIRE_DATATYPES
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.runtime.batchtensor import gather_inputs, scatter_outputs
-from tritonfast.runtime.datatypes import WIRE_DATATYPES
 from tritonfast.runtime.responses import Result
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 # How ORT's Python exceptions begin: "[ONNXRuntimeError] : <code> : <CODE NAME> : <message>".
 _ORT_ERROR = re.compile(r"^\[ONNXRuntimeError\] : (\d+) : [A-Z_]+ : (.*)$", re.DOTALL)

@@ -15,17 +15,20 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tritonfast.backends.python import pb_utils
+from tritonfast.backends.python import pb_values
+from tritonfast.data.types import InferRequest, InputTensor, RequestedOutput
 from tritonfast.errors import DECOUPLED_REFUSAL, Code, InternalError, TritonError
 from tritonfast.runtime import handle
 from tritonfast.runtime.handle import NotRun
 from tritonfast.runtime.responses import Result, Streamed
-from tritonfast.runtime.types import InferRequest, InputTensor, RequestedOutput
+
+if TYPE_CHECKING:  # pb_utils calls this module: its name is for annotations only
+    from tritonfast.backends.python import pb_utils
 
 # pb_utils.TritonError codes by the server's error code names.
-_PB_CODES = {code.value: pb_code for pb_code, code in pb_utils.ERROR_CODES.items()}
+_PB_CODES = {code.value: pb_code for pb_code, code in pb_values.ERROR_CODES.items()}
 
 
 def execute(request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
@@ -67,12 +70,12 @@ async def execute_async(request: pb_utils.InferenceRequest, decoupled: bool) -> 
         return _response(error)
 
 
-def _responses(items: Iterator[Any]) -> Iterator[pb_utils.InferenceResponse]:
+def _responses(items: Iterator[Any]) -> Iterator[pb_values.InferenceResponse]:
     """The callee's responses as the model sees them; a final flag sent on its own comes as
     an empty last response, as in Triton."""
     try:
         for item in items:
-            yield pb_utils.InferenceResponse() if item.result is None else _response(item.result)
+            yield pb_values.InferenceResponse() if item.result is None else _response(item.result)
     except TritonError as error:
         yield _response(error)
 
@@ -84,14 +87,14 @@ class _Responses:
     model's event loop). Iterating again goes over the same responses."""
 
     def __init__(self) -> None:
-        self._items: list[pb_utils.InferenceResponse] = []
+        self._items: list[pb_values.InferenceResponse] = []
         self._done = False
         self._changed = threading.Condition()
         # Coroutines waiting in ``async for`` for the next response, on their loops.
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     @classmethod
-    def of(cls, items: list[pb_utils.InferenceResponse]) -> _Responses:
+    def of(cls, items: list[pb_values.InferenceResponse]) -> _Responses:
         responses = cls()
         responses._items, responses._done = items, True
         return responses
@@ -117,7 +120,7 @@ class _Responses:
                 self._done = True
             self._wake()
 
-    def _add(self, response: pb_utils.InferenceResponse) -> None:
+    def _add(self, response: pb_values.InferenceResponse) -> None:
         with self._changed:
             self._items.append(response)
         self._wake()
@@ -130,7 +133,7 @@ class _Responses:
             with contextlib.suppress(RuntimeError):  # its loop is closed
                 loop.call_soon_threadsafe(_settle, future)
 
-    def __iter__(self) -> Iterator[pb_utils.InferenceResponse]:
+    def __iter__(self) -> Iterator[pb_values.InferenceResponse]:
         index = 0
         while True:
             with self._changed:
@@ -142,7 +145,7 @@ class _Responses:
             index += 1
             yield item
 
-    async def __aiter__(self) -> AsyncIterator[pb_utils.InferenceResponse]:
+    async def __aiter__(self) -> AsyncIterator[pb_values.InferenceResponse]:
         index = 0
         while True:
             with self._changed:
@@ -175,9 +178,9 @@ def _server_request(request: pb_utils.InferenceRequest) -> InferRequest:
     if request.correlation_id():
         parameters["sequence_id"] = request.correlation_id()
     flags = request.flags()
-    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+    if flags & pb_values.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
         parameters["sequence_start"] = True
-    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+    if flags & pb_values.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
         parameters["sequence_end"] = True
     version = request.model_version()
     outputs = request.requested_output_names()
@@ -195,7 +198,7 @@ def _server_request(request: pb_utils.InferenceRequest) -> InferRequest:
     )
 
 
-def _not_run(model: str, error: TritonError) -> pb_utils.InferenceResponse:
+def _not_run(model: str, error: TritonError) -> pb_values.InferenceResponse:
     """A request the server refused before running it, worded as Triton's Python backend
     words it."""
     reason = error.message
@@ -209,14 +212,14 @@ def _not_run(model: str, error: TritonError) -> pb_utils.InferenceResponse:
             " models.'"  # the stray quote is Triton's
         )
     message = f"Model {model} - Error when running inference: {reason}"
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+    return pb_values.InferenceResponse(error=pb_values.TritonError(message))
 
 
-def _response(result: Result) -> pb_utils.InferenceResponse:
+def _response(result: Result) -> pb_values.InferenceResponse:
     if isinstance(result, TritonError):
-        code = _PB_CODES.get(result.code.value, pb_utils.TritonError.INTERNAL)
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, code))
-    return pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor._wrap(t.name, t.data, t.datatype) for t in result.outputs],
+        code = _PB_CODES.get(result.code.value, pb_values.TritonError.INTERNAL)
+        return pb_values.InferenceResponse(error=pb_values.TritonError(result.message, code))
+    return pb_values.InferenceResponse(
+        output_tensors=[pb_values.Tensor._wrap(t.name, t.data, t.datatype) for t in result.outputs],
         parameters=dict(result.parameters),
     )

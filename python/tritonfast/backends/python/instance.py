@@ -29,17 +29,17 @@ from tritonfast.backends.python import pb_utils
 from tritonfast.backends.python.loader import calls_server, describe
 from tritonfast.backends.python.modelloop import ModelLoop
 from tritonfast.config.jsonform import config_to_json
-from tritonfast.errors import InternalError, TritonError, error_for
-from tritonfast.runtime import batchtensor
-from tritonfast.runtime.datatypes import WIRE_DATATYPES
-from tritonfast.runtime.responses import Result
-from tritonfast.runtime.types import (
+from tritonfast.data.datatypes import WIRE_DATATYPES
+from tritonfast.data.types import (
     PROTOCOL_PARAMETERS,
     RELEASE_RESCHEDULE,
     InferRequest,
     InferResponse,
     OutputTensor,
 )
+from tritonfast.errors import InternalError, TritonError, error_for
+from tritonfast.runtime import batchtensor
+from tritonfast.runtime.responses import Result
 
 log = logging.getLogger(__name__)
 

@@ -47,10 +47,10 @@ from typing import Any
 
 from tritonfast.backends.python import workerbls, workerlog
 from tritonfast.backends.python.workerstream import rebuild
+from tritonfast.data.types import InferRequest
 from tritonfast.errors import InternalError
 from tritonfast.runtime.responses import STREAM_BUFFER, ResponseSender, ResponseStream
 from tritonfast.runtime.responses import is_cancelled as request_cancelled
-from tritonfast.runtime.types import InferRequest
 
 # How often the loop passes new cancellations on to the worker, while there are any to see.
 CANCEL_POLL_S = 0.005

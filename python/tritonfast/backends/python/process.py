@@ -74,6 +74,15 @@ from tritonfast.backends.python.looppipe import LoopPipe, flag_cancelled
 from tritonfast.backends.python.sharedobjects import Place, SharedObjects, as_tuple
 from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams, rebuild
 from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, Labels, State
+from tritonfast.data import rawtensor
+from tritonfast.data.types import (
+    RELEASE_RESCHEDULE,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
 from tritonfast.errors import (
     Code,
     InternalError,
@@ -82,26 +91,18 @@ from tritonfast.errors import (
     UnavailableError,
     error_for,
 )
-from tritonfast.runtime import handle, rawtensor
-from tritonfast.runtime.bufferpool import POOL
-from tritonfast.runtime.instance import InstanceLoop, calls_made_by, running_instance
-from tritonfast.runtime.responses import Result
-from tritonfast.runtime.sharedmemory import NO_DATA
-from tritonfast.runtime.shmsegment import (
+from tritonfast.memory.bufferpool import POOL
+from tritonfast.memory.sharedmemory import NO_DATA
+from tritonfast.memory.shmsegment import (
     Segment,
     SegmentReader,
     SegmentWriter,
     aligned,
     remove_segments,
 )
-from tritonfast.runtime.types import (
-    RELEASE_RESCHEDULE,
-    InferRequest,
-    InferResponse,
-    InputTensor,
-    OutputTensor,
-    RequestedOutput,
-)
+from tritonfast.runtime import handle
+from tritonfast.runtime.instance import InstanceLoop, calls_made_by, running_instance
+from tritonfast.runtime.responses import Result
 
 MODE_PARAMETER = "TRITONFAST_INSTANCE_MODE"
 MODES = ("process", "auto", "thread")

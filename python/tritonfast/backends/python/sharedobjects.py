@@ -1,7 +1,7 @@
 """Clients' POSIX shared-memory objects, mapped in a worker process.
 
 The server tells a worker where a request's large shared-memory tensors lie in the client's
-objects (:class:`~tritonfast.runtime.sharedmemory.ObjectPlace`: a path under ``/dev/shm``
+objects (:class:`~tritonfast.memory.sharedmemory.ObjectPlace`: a path under ``/dev/shm``
 and the identity, device and inode, of the object the server mapped at registration); the
 worker maps the object by that path and reads the inputs and writes the outputs there, as the
 server would have in-process. It opens only a regular file that is not a symbolic link and is
@@ -31,7 +31,7 @@ import numpy as np
 
 from tritonfast._core import copy_into
 from tritonfast.errors import InternalError, InvalidArgumentError
-from tritonfast.runtime.sharedmemory import output_too_large
+from tritonfast.memory.sharedmemory import output_too_large
 
 # Where a tensor lies: (path, device, inode, offset, byte_size), an ObjectPlace as a tuple.
 Place = tuple[str, int, int, int, int]

@@ -21,11 +21,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from tritonfast.custommetrics import Labels, State, merged_value
+from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import Code, TritonError, UnsupportedError, error_for
 from tritonfast.runtime import handle
 from tritonfast.runtime.handle import NotRun
 from tritonfast.runtime.responses import Streamed
-from tritonfast.runtime.types import InferRequest, InferResponse
 
 
 def _strip(request: InferRequest) -> None:

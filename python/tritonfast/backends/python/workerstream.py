@@ -36,9 +36,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from tritonfast.backends.python import workerbls, workerlog
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import Code, InternalError, TritonError, error_for
 from tritonfast.runtime.responses import ResponseSender, Result
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 log = logging.getLogger(__name__)
 

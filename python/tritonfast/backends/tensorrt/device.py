@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from tritonfast.errors import UnavailableError
-from tritonfast.runtime.cudamemory import cuda_check, cuda_runtime
+from tritonfast.memory.cudamemory import cuda_check, cuda_runtime
 
 
 def runtime_or_unavailable(model: str) -> Any:

@@ -20,10 +20,10 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.backends.tensorrt.device import DeviceBuffer, Stream
 from tritonfast.backends.tensorrt.engineio import EngineIO, select_profile, shape_text
+from tritonfast.data.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
-from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
 from tritonfast.runtime.responses import Result
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
 
 NO_DATA = np.empty(0, np.uint8)
 

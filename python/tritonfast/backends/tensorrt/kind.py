@@ -17,7 +17,7 @@ from tritonfast.backends.tensorrt.device import Stream, runtime_or_unavailable
 from tritonfast.backends.tensorrt.engineio import EngineIO, describe
 from tritonfast.backends.tensorrt.instance import TensorRTInstance
 from tritonfast.errors import InternalError, InvalidArgumentError, UnavailableError
-from tritonfast.runtime.cudamemory import cuda_check
+from tritonfast.memory.cudamemory import cuda_check
 
 log = logging.getLogger(__name__)
 

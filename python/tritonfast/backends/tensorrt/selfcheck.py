@@ -98,7 +98,7 @@ def run() -> int:
     print("tritonfast self-check: the TensorRT backend", flush=True)
     for name in ("tensorrt", "onnx", "onnxruntime", "tritonclient.http"):
         check.step(f"import {name}", partial(importlib.import_module, name))
-    from tritonfast.runtime.cudamemory import cuda_runtime
+    from tritonfast.memory.cudamemory import cuda_runtime
 
     gpu = check.step("a GPU through cuda-python", lambda: _require(cuda_runtime()))
     if check.failed or not gpu:

@@ -1,6 +1,6 @@
 """gRPC wire format <-> the protocol-neutral request and response types.
 
-Decoding turns a ``ModelInferRequest`` into an :class:`~tritonfast.runtime.types.InferRequest`
+Decoding turns a ``ModelInferRequest`` into an :class:`~tritonfast.data.types.InferRequest`
 whose numeric tensors are numpy views over the request's ``raw_input_contents`` bytes (no
 copy), and checks what only the wire format can tell: where each input's data is, whether
 there is too little or too much of it, and whether parameters have the types Triton accepts.
@@ -8,7 +8,7 @@ Whether the tensors suit the model (names, datatypes, shapes, batch size) is the
 business.
 
 Encoding always puts output data in ``raw_output_contents``, as Triton does. The raw layout
-itself, and its errors, are :mod:`tritonfast.runtime.rawtensor`'s, the same as HTTP's.
+itself, and its errors, are :mod:`tritonfast.data.rawtensor`'s, the same as HTTP's.
 
 ``ModelInfer`` skips protobuf for the tensors themselves: :func:`parse_infer_request` views
 ``raw_input_contents`` inside the received bytes and :func:`serialize_infer_response` appends
@@ -30,14 +30,15 @@ from google.protobuf.message import DecodeError
 
 from tritonfast._core import length_delimited_prefix, split_message_field
 from tritonfast._proto import grpc_service_pb2 as pb
-from tritonfast.errors import Code, InvalidArgumentError, TritonError
-from tritonfast.runtime import rawtensor, sharedmemory
-from tritonfast.runtime.types import (
+from tritonfast.data import rawtensor
+from tritonfast.data.types import (
     InferRequest,
     InferResponse,
     InputTensor,
     RequestedOutput,
 )
+from tritonfast.errors import Code, InvalidArgumentError, TritonError
+from tritonfast.memory import sharedmemory
 
 # Field numbers of the tensor payloads in ModelInferRequest and ModelInferResponse.
 RAW_INPUT_CONTENTS = 7

@@ -30,7 +30,7 @@ from tritonfast.frontends.restricted import (
 )
 
 if TYPE_CHECKING:
-    from tritonfast.frontends.dataplane import DataPlane
+    from tritonfast.api.dataplane import DataPlane
     from tritonfast.frontends.grpc.core import CoreServer
 
 # No practical limit on message size: tensors of several hundred MiB must pass.

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from tritonfast._proto import grpc_service_pb2 as pb
+from tritonfast.data.types import InferResponse
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
 from tritonfast.frontends.grpc import codec
-from tritonfast.runtime.types import InferResponse
 
 if TYPE_CHECKING:
-    from tritonfast.frontends.dataplane import DataPlane
+    from tritonfast.api.dataplane import DataPlane
 
 # How many requests of one stream may be in flight before reading pauses.
 STREAM_WINDOW = 256

@@ -3,7 +3,7 @@
 Routes answer as Triton's HTTP server does: JSON ``{"error": ...}`` bodies with the status
 from :data:`codec.HTTP_STATUS`, ``405 Method Not Allowed`` on a known path with the wrong
 method, ``404 Not Found`` for anything else. Handlers reach the server only through the
-:class:`~tritonfast.frontends.dataplane.DataPlane`; the wire format lives in ``codec``.
+:class:`~tritonfast.api.dataplane.DataPlane`; the wire format lives in ``codec``.
 
 The generate extension's endpoints (:mod:`.generate`) answer with one JSON object, or with
 Server-Sent Events written as the model's responses come.
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from tritonfast._core import Inflater
+from tritonfast.data.types import InferRequest
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends import bulkwork
 from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
@@ -38,12 +39,11 @@ from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.frontends.restricted import Restriction, http_refusal
-from tritonfast.runtime.bufferpool import pooled_memory
+from tritonfast.memory.bufferpool import pooled_memory
 from tritonfast.runtime.responses import Result
-from tritonfast.runtime.types import InferRequest
 
 if TYPE_CHECKING:
-    from tritonfast.frontends.dataplane import DataPlane
+    from tritonfast.api.dataplane import DataPlane
 
 log = logging.getLogger("tritonfast.http")
 

@@ -1,4 +1,4 @@
-"""KServe v2 / Triton HTTP wire format <-> :mod:`tritonfast.runtime.types`.
+"""KServe v2 / Triton HTTP wire format <-> :mod:`tritonfast.data.types`.
 
 An inference request body is a JSON header, optionally followed by binary tensor data (the
 binary tensor data extension): the ``Inference-Header-Content-Length`` header gives the JSON
@@ -22,16 +22,17 @@ from typing import Any
 
 import orjson
 
-from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError
-from tritonfast.frontends.http import jsonparse, tensordata
-from tritonfast.runtime import rawtensor, sharedmemory
-from tritonfast.runtime.datatypes import NUMPY_DTYPES
-from tritonfast.runtime.types import (
+from tritonfast.data import rawtensor
+from tritonfast.data.datatypes import NUMPY_DTYPES
+from tritonfast.data.types import (
     InferRequest,
     InferResponse,
     InputTensor,
     RequestedOutput,
 )
+from tritonfast.errors import Code, InternalError, InvalidArgumentError, TritonError
+from tritonfast.frontends.http import jsonparse, tensordata
+from tritonfast.memory import sharedmemory
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

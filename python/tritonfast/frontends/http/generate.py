@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
+from tritonfast.data.types import InferRequest, InferResponse, InputTensor
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.http import jsonparse, tensordata
-from tritonfast.runtime.types import InferRequest, InferResponse, InputTensor
 
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream; charset=utf-8"

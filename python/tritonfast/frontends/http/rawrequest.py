@@ -10,10 +10,10 @@ have shape ``[1]``: the body is its one element. Outputs come back as binary dat
 from __future__ import annotations
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.data import rawtensor
+from tritonfast.data.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
+from tritonfast.data.types import InferRequest, InputTensor
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime import rawtensor
-from tritonfast.runtime.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
-from tritonfast.runtime.types import InferRequest, InputTensor
 
 _UNKNOWN_ID = rawtensor.request_prefix("")  # a raw request carries no id
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from tritonfast.errors import UnavailableError
 from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES, BodyCount
-from tritonfast.runtime.bufferpool import pooled_memory
+from tritonfast.memory.bufferpool import pooled_memory
 
 # Triton reads content lengths as int32; bodies up to that size are accepted.
 MAX_BODY_BYTES = (1 << 31) - 1

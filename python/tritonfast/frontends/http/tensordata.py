@@ -3,7 +3,7 @@
 Data Triton cannot read ("Unable to parse 'data': ...") is an INTERNAL error (500), as
 Triton answers it.
 
-Binary tensor data needs nothing HTTP-specific: :mod:`tritonfast.runtime.rawtensor` reads
+Binary tensor data needs nothing HTTP-specific: :mod:`tritonfast.data.rawtensor` reads
 and writes it. What is left here is JSON's: numbers and strings with TritonJson's type
 rules, nested lists flattened, and BF16 (``uint16`` bit patterns) shown as plain numbers.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from tritonfast.data import rawtensor
+from tritonfast.data.datatypes import NUMPY_DTYPES
 from tritonfast.errors import InternalError, InvalidArgumentError
 from tritonfast.frontends.http.jsonparse import TensorNumbers
-from tritonfast.runtime import rawtensor
-from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
 _F32 = np.dtype(np.float32)
 _U16 = np.dtype(np.uint16)

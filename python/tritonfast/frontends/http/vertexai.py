@@ -27,7 +27,7 @@ from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import Request
 
 if TYPE_CHECKING:
-    from tritonfast.frontends.dataplane import DataPlane
+    from tritonfast.api.dataplane import DataPlane
 
 REDIRECT_HEADER = "X-Vertex-Ai-Triton-Redirect"
 BINARY_CONTENT_TYPE = "application/vnd.vertex-ai-triton.binary+json"

@@ -64,12 +64,12 @@ class InferRequest:
     # parameters say where); such inputs arrive with empty data for the data plane to fill.
     uses_shared_memory: bool = False
     # Outputs to be written straight into CUDA shared memory by a backend that works in
-    # device memory (output name -> runtime.cudamemory.CudaWindow); see
-    # runtime.sharedmemory.resolve_inputs.
+    # device memory (output name -> memory.cudamemory.CudaWindow); see
+    # memory.sharedmemory.resolve_inputs.
     device_outputs: dict[str, Any] | None = None
     # Inputs whose data lies in a client's system shared memory, and outputs bound for it
-    # (tensor name -> runtime.sharedmemory.ObjectPlace), for a backend in another process to
-    # map there itself instead of receiving copies; see runtime.sharedmemory.resolve_inputs.
+    # (tensor name -> memory.sharedmemory.ObjectPlace), for a backend in another process to
+    # map there itself instead of receiving copies; see memory.sharedmemory.resolve_inputs.
     input_places: dict[str, Any] | None = None
     output_places: dict[str, Any] | None = None
     # A tracing.RequestTrace when this request is traced (every layer stamps it), else None.

@@ -1,7 +1,7 @@
 """Give freed heap memory back to the kernel after large request bodies.
 
 glibc's allocator keeps what is freed in its arenas for reuse (and the server asks it to keep
-up to 256 MiB at the top of its heap, :mod:`tritonfast.runtime.allocator`, so that tensors of
+up to 256 MiB at the top of its heap, :mod:`tritonfast.memory.allocator`, so that tensors of
 a few MiB reuse warm pages). A burst of very large requests (gRPC messages arrive in many
 pieces, allocated on gRPC's own threads; inflated bodies in pieces) would then leave hundreds
 of megabytes of free pages counted in the server's resident memory for good. After a body of
@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 
-from tritonfast.runtime.allocator import glibc_function
+from tritonfast.memory.allocator import glibc_function
 
 # Trims are this far apart at least, and this long after the body that asked for one let go.
 PAUSE_S = 0.25

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tritonfast.runtime.shmsegment import SHM_DIR
+from tritonfast.memory.shmsegment import SHM_DIR
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonfast.data.datatypes import NUMPY_DTYPES
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.runtime.datatypes import NUMPY_DTYPES
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("tritonfast's tensor layout assumes a little-endian host")

@@ -22,10 +22,10 @@ from typing import Any, cast
 import numpy as np
 
 from tritonfast._core import RegionView, SharedMemoryRegistry
+from tritonfast.data import rawtensor
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError
-from tritonfast.runtime import rawtensor
-from tritonfast.runtime.cudamemory import CudaMemory, CudaWindow
-from tritonfast.runtime.types import InferRequest, InferResponse, OutputTensor
+from tritonfast.memory.cudamemory import CudaMemory, CudaWindow
 
 # The data of a tensor that lives in shared memory (inputs until mapped, outputs once written).
 NO_DATA = np.empty(0, np.uint8)
@@ -200,7 +200,7 @@ class SharedMemory:
         runs cannot pull the memory away).
 
         With ``on_device`` (a backend that takes device memory, e.g. TensorRT), an input in a
-        CUDA region keeps its :class:`~tritonfast.runtime.cudamemory.CudaWindow` as its data,
+        CUDA region keeps its :class:`~tritonfast.memory.cudamemory.CudaWindow` as its data,
         and the request's ``device_outputs`` name the CUDA windows its outputs go to: the
         backend copies device to device, and the host never sees the bytes.
 

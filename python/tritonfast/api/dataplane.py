@@ -1,7 +1,7 @@
 """The one protocol-neutral server API that both network frontends call.
 
 A frontend decodes its wire format into plain Python values and
-:class:`~tritonfast.runtime.types.InferRequest` objects, calls one method here, and encodes
+:class:`~tritonfast.data.types.InferRequest` objects, calls one method here, and encodes
 the result (or the :class:`~tritonfast.errors.TritonError` raised) back onto the wire. No
 HTTP or gRPC type crosses this boundary, and nothing here imports a frontend.
 """
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
 from tritonfast.config.jsonform import config_to_json
+from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import DECOUPLED_REFUSAL, InvalidArgumentError, UnsupportedError
 from tritonfast.logsettings import ServerLog
+from tritonfast.memory.sharedmemory import SharedMemory
 from tritonfast.runtime.classification import wants_classification
 from tritonfast.runtime.responses import Streamed
-from tritonfast.runtime.sharedmemory import SharedMemory
-from tritonfast.runtime.types import InferRequest, InferResponse
 from tritonfast.tracing import RequestTrace, Tracer
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ own scheduler, in-process.
 
 A request starts with the ensemble's inputs as the available tensors. Every step that the
 requested outputs depend on is sent as soon as its inputs all exist
-(:meth:`~tritonfast.runtime.handle.ServerHandle.infer_async`: the step model's validation,
+(:meth:`~tritonfast.api.serverhandle.ServerHandle.infer_async`: the step model's validation,
 scheduler, batching and statistics, the tensors passed as the arrays they are), so
 independent steps run concurrently; each step's outputs become available under
 their ensemble names as it answers. When every step has answered, the ensemble's outputs (the
@@ -23,17 +23,17 @@ from typing import Any
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.ensemble.plan import EnsemblePlan, Step, plan_of
-from tritonfast.errors import InternalError, TritonError, error_for
-from tritonfast.runtime import handle
-from tritonfast.runtime.responses import ResponseStream, settle
-from tritonfast.runtime.scheduler import Scheduler
-from tritonfast.runtime.types import (
+from tritonfast.data.types import (
     InferRequest,
     InferResponse,
     InputTensor,
     OutputTensor,
     RequestedOutput,
 )
+from tritonfast.errors import InternalError, TritonError, error_for
+from tritonfast.runtime import handle
+from tritonfast.runtime.responses import ResponseStream, settle
+from tritonfast.runtime.scheduler import Scheduler
 
 # A tensor as it flows between steps: (datatype, shape, data).
 Tensor = tuple[str, tuple[int, ...], Any]

@@ -1,0 +1,2 @@
+"""What a request carries: its envelope (:mod:`.types`), the datatypes (:mod:`.datatypes`) and
+tensors' raw byte layout (:mod:`.rawtensor`)."""
