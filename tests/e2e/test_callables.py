@@ -37,6 +37,7 @@ from tritonfast.pytriton.model_config import DynamicBatcher
 from tritonfast.pytriton.triton import Triton, TritonConfig
 
 from tests.conftest import TEST_MODELS, free_ports
+from tests.e2e.pytriton_config import loopback_config
 from tests.waiting import wait_for
 
 F32 = np.float32
@@ -117,15 +118,8 @@ async def async_double(requests: list[Any]) -> list[dict[str, np.ndarray]]:
 # -- servers ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pytriton_server() -> Iterator[tuple[Triton, int, int]]:
-    http, grpc, metrics = free_ports(3)
-    config = TritonConfig(
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        http_address="127.0.0.1",
-        grpc_address="127.0.0.1",
-        metrics_address="127.0.0.1",
-    )
+    config = loopback_config()
+    http, grpc = config.http_port, config.grpc_port
     triton = Triton(config=config)
     two = [vector("INPUT_1"), vector("INPUT_2")]
     triton.bind(

@@ -28,9 +28,9 @@ from tritonfast.pytriton.decorators import (
     triton_context,
 )
 from tritonfast.pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from tritonfast.pytriton.triton import Triton, TritonConfig
+from tritonfast.pytriton.triton import Triton
 
-from tests.conftest import free_ports
+from tests.e2e.pytriton_config import loopback_config
 
 F32 = np.float32
 X = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], F32)
@@ -227,15 +227,8 @@ def infer_func(case: Case, kind: str) -> Any:
 # -- the server ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def client() -> Iterator[httpclient.InferenceServerClient]:
-    http, grpc, metrics = free_ports(3)
-    config = TritonConfig(
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        http_address="127.0.0.1",
-        grpc_address="127.0.0.1",
-        metrics_address="127.0.0.1",
-    )
+    config = loopback_config()
+    http = config.http_port
     triton = Triton(config=config)
     for case in CASES:
         for kind in KINDS:
