@@ -63,6 +63,8 @@ pub enum Kind {
     Status,
     /// The caller (the server's code, not a client) passed a value the call cannot take.
     BadValue,
+    /// The caller passed a value of a type the call does not take.
+    BadType,
     /// The operating system refused a resource: a descriptor, a thread.
     System,
     /// The connection, or the stream over it, is closed.
@@ -90,6 +92,14 @@ impl CoreError {
     pub fn bad_value(message: impl Into<String>) -> Self {
         Self {
             kind: Kind::BadValue,
+            ..Self::invalid_arg(message)
+        }
+    }
+
+    /// A value of a type the call does not take (`InvalidArg`, [`Kind::BadType`]).
+    pub fn bad_type(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::BadType,
             ..Self::invalid_arg(message)
         }
     }

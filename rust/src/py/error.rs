@@ -7,10 +7,11 @@
 //! |---|---|
 //! | `Status` | `tritonfast.errors.error_for(Code[<code>], message)`: the `TritonError` subclass of the code |
 //! | `BadValue` | `ValueError(message)` |
+//! | `BadType` | `TypeError(message)` |
 //! | `System` | `OSError(message)` |
 //! | `Disconnected` | `ConnectionError(message)` |
 
-use pyo3::exceptions::{PyConnectionError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyConnectionError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
@@ -60,6 +61,7 @@ pub(crate) fn to_py_err(py: Python<'_>, err: &CoreError) -> PyErr {
             }
         },
         Kind::BadValue => PyValueError::new_err(err.message.clone()),
+        Kind::BadType => PyTypeError::new_err(err.message.clone()),
         Kind::System => PyOSError::new_err(err.message.clone()),
         Kind::Disconnected => PyConnectionError::new_err(err.message.clone()),
     }

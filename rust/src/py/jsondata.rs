@@ -1,10 +1,10 @@
 //! [`crate::jsondata`] for the HTTP frontend's large JSON requests, run without the GIL.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::gil::without_gil;
 use super::pool::{PyOwnedBytes, borrowed_bytes, contiguous_bytes};
+use crate::error::CoreError;
 use crate::jsondata::{NumberKind, Numbers, locate_input_data, parse_numbers};
 
 /// `[(k, start, end)]`: where each `inputs[k].data` array lies in `document` (a C-contiguous
@@ -39,16 +39,12 @@ pub(crate) fn json_numbers(
         "i64" => NumberKind::Signed,
         "u64" => NumberKind::Unsigned,
         _ => {
-            return Err(PyValueError::new_err(format!(
-                "unknown number kind '{kind}'"
-            )));
+            return Err(CoreError::bad_value(format!("unknown number kind '{kind}'")).into());
         }
     };
     let (address, len) = contiguous_bytes(document)?;
     if start > end || end > len {
-        return Err(PyValueError::new_err(
-            "the range is not within the document",
-        ));
+        return Err(CoreError::bad_value("the range is not within the document").into());
     }
     // As in `json_input_data`: alive and unwritten until this returns.
     let numbers = without_gil(py, move || {

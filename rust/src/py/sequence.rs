@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString};
 
@@ -261,5 +260,5 @@ fn correlation_id_of(value: &Bound<'_, PyAny>) -> PyResult<CorrelationId> {
     if value.is_instance_of::<PyInt>() {
         return Ok(CorrelationId::Number(value.extract::<u64>()?));
     }
-    Err(PyTypeError::new_err("a correlation ID is an int or a str"))
+    Err(CoreError::bad_type("a correlation ID is an int or a str").into())
 }
