@@ -118,8 +118,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC")
-    bool_arg = {"type": _flag_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
-    serve.add_argument(
+    for add_flags in (
+        _repositories_and_models,
+        _endpoints,
+        _cache_and_metrics,
+        _backends_and_headers,
+        _security,
+        _vertex_ai,
+        _lifecycle_and_logging,
+    ):
+        add_flags(serve)
+    ignored = serve.add_argument_group(
+        "tritonserver flags accepted without effect (tuning of Triton's C++ internals)"
+    )
+    for flag in IGNORED_FLAGS:
+        ignored.add_argument(flag, action=_Ignored, dest="ignored_flags", metavar="VALUE")
+    serve.set_defaults(ignored_flags=[])
+    return parser
+
+
+# Boolean flags take tritonserver's spellings (true/false/1/0/...), or nothing for true.
+_BOOL: dict[str, Any] = {"type": _flag_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
+
+
+def _repositories_and_models(serve: argparse.ArgumentParser) -> None:
+    """Where the models are, and how they load."""
+    group = serve.add_argument_group("models")
+    group.add_argument(
         "--model-repository",
         "--model-store",
         dest="model_repositories",
@@ -128,71 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="model repository path (repeatable); default: the bundled example repository",
     )
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--http-address", default="0.0.0.0")
-    serve.add_argument("--grpc-address", default="0.0.0.0")
-    serve.add_argument("--metrics-address", default="0.0.0.0")
-    serve.add_argument(
-        "--grpc-engine",
-        choices=("core", "aio"),
-        default="core",
-        help="tritonfast only. core: serve gRPC on grpcio's core with our own call handling"
-        " (the fast default); aio: grpc.aio's server",
-    )
-    serve.add_argument("--allow-http", default=True, **bool_arg)  # type: ignore[arg-type]
-    serve.add_argument("--allow-grpc", default=True, **bool_arg)  # type: ignore[arg-type]
-    serve.add_argument("--allow-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
-    serve.add_argument("--allow-cpu-metrics", default=True, **bool_arg)  # type: ignore[arg-type]
-    serve.add_argument(
-        "--cache-config",
-        action="append",
-        default=[],
-        metavar="local,size=BYTES",
-        help="a response cache of BYTES for the models whose config enables response_cache",
-    )
-    serve.add_argument(
-        "--response-cache-byte-size",
-        type=int,
-        default=None,
-        metavar="BYTES",
-        help="tritonserver's older spelling of --cache-config local,size=BYTES",
-    )
-    serve.add_argument(
-        "--metrics-config",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="summary_latencies=true adds latency summaries; summary_quantiles=0.5:0.05,..."
-        " chooses their quantiles (repeatable)",
-    )
-    serve.add_argument(
-        "--allow-gpu-metrics",
-        default=True,
-        help="export nv_gpu_* metrics when NVML (nvidia-ml-py) and a GPU are present",
-        **bool_arg,  # type: ignore[arg-type]
-    )
-    serve.add_argument(
+    group.add_argument(
         "--strict-model-config",
         default=False,
         help="require a complete config.pbtxt (no auto-complete)",
-        **bool_arg,  # type: ignore[arg-type]
+        **_BOOL,
     )
-    serve.add_argument(
+    group.add_argument(
         "--disable-auto-complete-config",
         dest="strict_model_config",
         action="store_true",
         help="same as --strict-model-config=true",
     )
-    serve.add_argument(
+    group.add_argument(
         "--model-control-mode",
         choices=("none", "poll", "explicit"),
         default="none",
         help="none: load everything at start-up; explicit: the repository API loads and"
         " unloads; poll: reload what changes on disk",
     )
-    serve.add_argument(
+    group.add_argument(
         "--load-model",
         action="append",
         default=[],
@@ -200,23 +180,83 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --model-control-mode=explicit: load this model at start-up (repeatable;"
         " '*' loads all)",
     )
-    serve.add_argument("--repository-poll-secs", type=float, default=15.0)
-    serve.add_argument(
+    group.add_argument("--repository-poll-secs", type=float, default=15.0)
+    group.add_argument(
         "--strict-readiness",
         default=True,
         help="ready only while every model meant to serve is ready (default true)",
-        **bool_arg,  # type: ignore[arg-type]
+        **_BOOL,
     )
-    serve.add_argument(
+    group.add_argument(
         "--exit-on-error",
         default=True,
         help="refuse to start when a model fails to load (default true)",
-        **bool_arg,  # type: ignore[arg-type]
+        **_BOOL,
     )
-    serve.add_argument("--exit-timeout-secs", type=int, default=30)
-    serve.add_argument("--log-verbose", type=int, default=0)
-    serve.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
-    serve.add_argument(
+
+
+def _endpoints(serve: argparse.ArgumentParser) -> None:
+    """The HTTP, gRPC and metrics endpoints."""
+    group = serve.add_argument_group("endpoints")
+    group.add_argument("--http-port", type=int, default=8000)
+    group.add_argument("--grpc-port", type=int, default=8001)
+    group.add_argument("--metrics-port", type=int, default=8002)
+    group.add_argument("--http-address", default="0.0.0.0")
+    group.add_argument("--grpc-address", default="0.0.0.0")
+    group.add_argument("--metrics-address", default="0.0.0.0")
+    group.add_argument(
+        "--grpc-engine",
+        choices=("core", "aio"),
+        default="core",
+        help="tritonfast only. core: serve gRPC on grpcio's core with our own call handling"
+        " (the fast default); aio: grpc.aio's server",
+    )
+    group.add_argument("--allow-http", default=True, **_BOOL)
+    group.add_argument("--allow-grpc", default=True, **_BOOL)
+    group.add_argument("--allow-metrics", default=True, **_BOOL)
+    group.add_argument("--allow-cpu-metrics", default=True, **_BOOL)
+
+
+def _cache_and_metrics(serve: argparse.ArgumentParser) -> None:
+    """The response cache and the metrics."""
+    group = serve.add_argument_group("response cache and metrics")
+    group.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="a response cache of BYTES for the models whose config enables response_cache",
+    )
+    group.add_argument(
+        "--response-cache-byte-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="tritonserver's older spelling of --cache-config local,size=BYTES",
+    )
+    group.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="summary_latencies=true adds latency summaries; summary_quantiles=0.5:0.05,..."
+        " chooses their quantiles (repeatable)",
+    )
+    group.add_argument(
+        "--allow-gpu-metrics",
+        default=True,
+        help="export nv_gpu_* metrics when NVML (nvidia-ml-py) and a GPU are present",
+        **_BOOL,
+    )
+
+
+def _lifecycle_and_logging(serve: argparse.ArgumentParser) -> None:
+    """Shutdown, logging and tracing."""
+    group = serve.add_argument_group("shutdown, logging, tracing")
+    group.add_argument("--exit-timeout-secs", type=int, default=30)
+    group.add_argument("--log-verbose", type=int, default=0)
+    group.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    group.add_argument(
         "--trace-config",
         action="append",
         default=[],
@@ -224,7 +264,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="request tracing: file=PATH, level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N,"
         " log-frequency=N (repeatable)",
     )
-    serve.add_argument(
+    group.add_argument("--log-file", default="", help="write the log here instead of stderr")
+    group.add_argument("--log-info", default=True, **_BOOL)
+    group.add_argument("--log-warning", default=True, **_BOOL)
+    group.add_argument("--log-error", default=True, **_BOOL)
+    group.add_argument("--id", dest="server_id", default="triton")
+
+
+def _backends_and_headers(serve: argparse.ArgumentParser) -> None:
+    """Backend settings, and headers passed on to requests."""
+    group = serve.add_argument_group("backends and forwarded headers")
+    group.add_argument(
         "--backend-config",
         action="append",
         default=[],
@@ -232,41 +282,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="a backend's setting, e.g. onnxruntime,default-max-batch-size=8 (without"
         " BACKEND: for every backend; repeatable)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--http-header-forward-pattern",
         default="",
         metavar="REGEX",
         help="HTTP headers whose names match become parameters of the inference request",
     )
-    serve.add_argument(
+    group.add_argument(
         "--grpc-header-forward-pattern",
         default="",
         metavar="REGEX",
         help="gRPC metadata whose keys match become parameters of the inference request",
     )
-    serve.add_argument(
+
+
+def _security(serve: argparse.ArgumentParser) -> None:
+    """TLS, restricted APIs and the request body budget."""
+    group = serve.add_argument_group("security")
+    group.add_argument(
         "--grpc-use-ssl",
         default=False,
         help="serve gRPC over TLS",
-        **bool_arg,  # type: ignore[arg-type]
+        **_BOOL,
     )
-    serve.add_argument(
+    group.add_argument(
         "--grpc-use-ssl-mutual",
         default=False,
         help="serve gRPC over TLS and require client certificates signed by --grpc-root-cert",
-        **bool_arg,  # type: ignore[arg-type]
+        **_BOOL,
     )
-    serve.add_argument("--grpc-server-cert", default="", metavar="PEM")
-    serve.add_argument("--grpc-server-key", default="", metavar="PEM")
-    serve.add_argument("--grpc-root-cert", default="", metavar="PEM")
-    serve.add_argument(
+    group.add_argument("--grpc-server-cert", default="", metavar="PEM")
+    group.add_argument("--grpc-server-key", default="", metavar="PEM")
+    group.add_argument("--grpc-root-cert", default="", metavar="PEM")
+    group.add_argument(
         "--http-tls-cert",
         default="",
         metavar="PEM",
         help="tritonfast only: serve HTTP as HTTPS with this certificate (and --http-tls-key)",
     )
-    serve.add_argument("--http-tls-key", default="", metavar="PEM")
-    serve.add_argument(
+    group.add_argument("--http-tls-key", default="", metavar="PEM")
+    group.add_argument(
         "--request-body-budget-bytes",
         type=int,
         default=1 << 32,
@@ -275,43 +330,36 @@ def build_parser() -> argparse.ArgumentParser:
         " received or in use may hold this much memory between them; a body past it gets"
         " HTTP 503 or gRPC UNAVAILABLE (default 4 GiB)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--http-restricted-api",
         action="append",
         default=[],
         metavar="API[,API...]:KEY=VALUE",
         help="answer these API groups only with header KEY: VALUE (repeatable)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--grpc-restricted-protocol",
         action="append",
         default=[],
         metavar="API[,API...]:KEY=VALUE",
         help="answer these API groups only with metadata triton-grpc-protocol-KEY: VALUE",
     )
-    serve.add_argument(
+
+
+def _vertex_ai(serve: argparse.ArgumentParser) -> None:
+    """Google Vertex AI's routes."""
+    group = serve.add_argument_group("Vertex AI")
+    group.add_argument(
         "--allow-vertex-ai",
         default=None,
         help="serve the Vertex AI routes (AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE) on their own port;"
         " default: true when AIP_MODE=PREDICTION",
-        **bool_arg,  # type: ignore[arg-type]
+        **_BOOL,
     )
-    serve.add_argument(
+    group.add_argument(
         "--vertex-ai-port", type=int, default=None, help="default: AIP_HTTP_PORT, else 8080"
     )
-    serve.add_argument("--vertex-ai-default-model", default="", metavar="MODEL")
-    serve.add_argument("--log-file", default="", help="write the log here instead of stderr")
-    serve.add_argument("--log-info", default=True, **bool_arg)  # type: ignore[arg-type]
-    serve.add_argument("--log-warning", default=True, **bool_arg)  # type: ignore[arg-type]
-    serve.add_argument("--log-error", default=True, **bool_arg)  # type: ignore[arg-type]
-    serve.add_argument("--id", dest="server_id", default="triton")
-    ignored = serve.add_argument_group(
-        "tritonserver flags accepted without effect (tuning of Triton's C++ internals)"
-    )
-    for flag in IGNORED_FLAGS:
-        ignored.add_argument(flag, action=_Ignored, dest="ignored_flags", metavar="VALUE")
-    serve.set_defaults(ignored_flags=[])
-    return parser
+    group.add_argument("--vertex-ai-default-model", default="", metavar="MODEL")
 
 
 def parse_serve_args(argv: list[str]) -> ServeOptions:
