@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import sys
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tritonfast import __version__
@@ -76,92 +77,28 @@ async def serve(
     options: ServeOptions, server_log: ServerLog | None = None, lifecycle: Lifecycle | None = None
 ) -> int:
     loop = asyncio.get_running_loop()
-    # From the start: a signal that arrives while models load or frontends start still means
-    # a clean shutdown (exit 0) once start-up is done, never the default kill.
-    stop_event = asyncio.Event()
-    if lifecycle is None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop_event.set)
-    else:
-        lifecycle.started(loop, stop_event)
-    if options.using_example_repository:
-        print(
-            f"No --model-repository given: serving the bundled example repository"
-            f" {options.model_repositories[0]}",
-            flush=True,
-        )
-    for flag in options.ignored_flags:
-        log.warning("%s has no effect in tritonfast (it tunes Triton's C++ internals)", flag)
+    stop_event = _stop_event(loop, lifecycle)
+    _announce(options)
     try:
-        metrics_config = parse_metrics_config(options.metrics_config)
-        tracer = Tracer(parse_trace_config(options.trace_config))
-        cache_size = parse_cache_config(options.cache_config)
-        if cache_size is None and options.response_cache_byte_size:
-            cache_size = options.response_cache_byte_size
-        backend_settings = BackendSettings(options.backend_config)
-        http_restrictions = restricted.parse(options.http_restricted_api, "--http-restricted-api")
-        grpc_restrictions = restricted.parse(
-            options.grpc_restricted_protocol, "--grpc-restricted-protocol"
-        )
+        settings = _Settings.of(options)
     except TritonError as exc:
         log.error("%s", exc.message)
         return 1
     # Segments and temporary directories of servers that were killed before they could.
     await asyncio.to_thread(leftovers.sweep)
-    repository = ModelRepository(
-        options.model_repositories,
-        loop,
-        strict_config=options.strict_model_config,
-        latency_summaries=metrics_config.summary_latencies,
-        histogram_latencies=metrics_config.histogram_latencies,
-        response_cache=None if not cache_size else ResponseCache(cache_size),
-        backend_settings=backend_settings,
-    )
-    control = ModelControl(
-        repository,
-        options.model_control_mode,
-        load_models=options.load_model,
-        poll_secs=options.repository_poll_secs,
-        exit_timeout=options.exit_timeout_secs,
-    )
-    dataplane = DataPlane(
-        control,
-        server_id=options.server_id,
-        strict_readiness=options.strict_readiness,
-        server_log=server_log,
-        tracer=tracer,
-        http_header_forward_pattern=options.http_header_forward_pattern,
-        grpc_header_forward_pattern=options.grpc_header_forward_pattern,
-    )
+    control, dataplane = _build(options, settings, loop, server_log)
+    repository = control.repository
     # Models may call the server (BLS) from their first request, even from initialize().
     handle.install(ServerHandle(dataplane, loop))
-    try:
-        entries = await asyncio.to_thread(control.startup)
-    except Exception as exc:
-        log.error("failed to load the model repository: %s", exc)
-        return 1
-    print(model_table(entries), flush=True)
-    failed = [e for e in entries if e.state != READY]
-    if failed and options.exit_on_error:
-        log.error(
-            "exiting: %d model(s) failed to load (use --exit-on-error=false to serve the rest)",
-            len(failed),
-        )
+    if not await _load_models(options, control):
         await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
         handle.install(None)
         return 1
-
     stoppers: list[Any] = []
     try:
-        await _start_frontends(
-            options, dataplane, metrics_config, stoppers, http_restrictions, grpc_restrictions
-        )
-    except TritonError as exc:
-        log.error("failed to start a frontend: %s", exc.message)
-        await _stop(stoppers, repository, options)
-        return 1
-    except OSError as exc:
-        log.error("failed to start a frontend: %s", exc)
+        await _start_frontends(options, settings, dataplane, stoppers)
+    except (TritonError, OSError) as exc:
+        log.error("failed to start a frontend: %s", getattr(exc, "message", exc))
         await _stop(stoppers, repository, options)
         return 1
     # Everything made while starting (modules, protobuf descriptors, models) lives as long as
@@ -183,94 +120,220 @@ async def serve(
     await _stop(stoppers, repository, options)
     control.remove_uploads()
     handle.install(None)
-    tracer.flush()
+    settings.tracer.flush()
     return 0
 
 
-async def _start_frontends(
+def _stop_event(loop: asyncio.AbstractEventLoop, lifecycle: Lifecycle | None) -> asyncio.Event:
+    """What stops the server: SIGINT and SIGTERM, or the embedding program's lifecycle. Set up
+    first: a signal that arrives while models load or frontends start still means a clean
+    shutdown (exit 0) once start-up is done, never the default kill."""
+    stop_event = asyncio.Event()
+    if lifecycle is None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop_event.set)
+    else:
+        lifecycle.started(loop, stop_event)
+    return stop_event
+
+
+def _announce(options: ServeOptions) -> None:
+    """What the command line means that the user should know before anything loads."""
+    if options.using_example_repository:
+        print(
+            f"No --model-repository given: serving the bundled example repository"
+            f" {options.model_repositories[0]}",
+            flush=True,
+        )
+    for flag in options.ignored_flags:
+        log.warning("%s has no effect in tritonfast (it tunes Triton's C++ internals)", flag)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The options that need parsing, parsed (a TritonError for one that does not parse)."""
+
+    metrics: MetricsConfig
+    tracer: Tracer
+    cache_size: int | None
+    backends: BackendSettings
+    http_restrictions: dict[str, restricted.Restriction]
+    grpc_restrictions: dict[str, restricted.Restriction]
+
+    @classmethod
+    def of(cls, options: ServeOptions) -> _Settings:
+        cache_size = parse_cache_config(options.cache_config)
+        if cache_size is None and options.response_cache_byte_size:
+            cache_size = options.response_cache_byte_size
+        return cls(
+            metrics=parse_metrics_config(options.metrics_config),
+            tracer=Tracer(parse_trace_config(options.trace_config)),
+            cache_size=cache_size,
+            backends=BackendSettings(options.backend_config),
+            http_restrictions=restricted.parse(
+                options.http_restricted_api, "--http-restricted-api"
+            ),
+            grpc_restrictions=restricted.parse(
+                options.grpc_restricted_protocol, "--grpc-restricted-protocol"
+            ),
+        )
+
+
+def _build(
     options: ServeOptions,
-    dataplane: DataPlane,
-    metrics_config: MetricsConfig,
-    stoppers: list[Any],
-    http_restrictions: dict[str, restricted.Restriction],
-    grpc_restrictions: dict[str, restricted.Restriction],
+    settings: _Settings,
+    loop: asyncio.AbstractEventLoop,
+    server_log: ServerLog | None,
+) -> tuple[ModelControl, DataPlane]:
+    """The repository, its model control and the data plane over them."""
+    repository = ModelRepository(
+        options.model_repositories,
+        loop,
+        strict_config=options.strict_model_config,
+        latency_summaries=settings.metrics.summary_latencies,
+        histogram_latencies=settings.metrics.histogram_latencies,
+        response_cache=None if not settings.cache_size else ResponseCache(settings.cache_size),
+        backend_settings=settings.backends,
+    )
+    control = ModelControl(
+        repository,
+        options.model_control_mode,
+        load_models=options.load_model,
+        poll_secs=options.repository_poll_secs,
+        exit_timeout=options.exit_timeout_secs,
+    )
+    dataplane = DataPlane(
+        control,
+        server_id=options.server_id,
+        strict_readiness=options.strict_readiness,
+        server_log=server_log,
+        tracer=settings.tracer,
+        http_header_forward_pattern=options.http_header_forward_pattern,
+        grpc_header_forward_pattern=options.grpc_header_forward_pattern,
+    )
+    return control, dataplane
+
+
+async def _load_models(options: ServeOptions, control: ModelControl) -> bool:
+    """Load the start-up models and print their table; False when the server must not start
+    (the repository cannot be read, or a model failed with --exit-on-error)."""
+    try:
+        entries = await asyncio.to_thread(control.startup)
+    except Exception as exc:
+        log.error("failed to load the model repository: %s", exc)
+        return False
+    print(model_table(entries), flush=True)
+    failed = [e for e in entries if e.state != READY]
+    if failed and options.exit_on_error:
+        log.error(
+            "exiting: %d model(s) failed to load (use --exit-on-error=false to serve the rest)",
+            len(failed),
+        )
+        return False
+    return True
+
+
+async def _start_frontends(
+    options: ServeOptions, settings: _Settings, dataplane: DataPlane, stoppers: list[Any]
 ) -> None:
+    """Start every frontend the options allow; each adds what stops it to ``stoppers``."""
     BUDGET.limit = options.request_body_budget_bytes
     memtrim.start()
     if options.allow_grpc:
-        from tritonfast.frontends.grpc.servicer import start_grpc_server
-
-        credentials = None
-        if options.grpc_use_ssl or options.grpc_use_ssl_mutual:
-            from tritonfast.frontends.grpc.servicer import tls_credentials
-
-            credentials = tls_credentials(
-                options.grpc_server_cert,
-                options.grpc_server_key,
-                options.grpc_root_cert,
-                options.grpc_use_ssl_mutual,
-            )
-        grpc_server = await start_grpc_server(
-            dataplane,
-            options.grpc_address,
-            options.grpc_port,
-            options.grpc_engine,
-            grpc_restrictions,
-            credentials,
-        )
-        stoppers.append(lambda: grpc_server.stop(options.exit_timeout_secs))
-        print(
-            f"Started GRPCInferenceService at {options.grpc_address}:{options.grpc_port}",
-            flush=True,
-        )
+        await _start_grpc(options, settings, dataplane, stoppers)
     if options.allow_http:
-        from tritonfast.frontends.http.app import start_http_server
-
-        tls = None
-        if options.http_tls_cert or options.http_tls_key:
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            try:
-                tls.load_cert_chain(options.http_tls_cert, options.http_tls_key or None)
-            except (OSError, ssl.SSLError) as error:
-                raise InvalidArgumentError(f"cannot use the HTTPS certificate: {error}") from None
-        http_server = await start_http_server(
-            dataplane, options.http_address, options.http_port, http_restrictions, tls
-        )
-        stoppers.append(http_server.close)
-        print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)
+        await _start_http(options, settings, dataplane, stoppers)
     allow_vertex_ai = options.allow_vertex_ai
     if allow_vertex_ai is None:
         allow_vertex_ai = os.environ.get("AIP_MODE") == "PREDICTION"
     if allow_vertex_ai:
-        from tritonfast.frontends.http import vertexai
-
-        port = options.vertex_ai_port or vertexai.default_port()
-        vertex_server, model = await vertexai.start_vertex_server(
-            dataplane, options.http_address, port, options.vertex_ai_default_model
-        )
-        stoppers.append(vertex_server.close)
-        print(
-            f"Started Vertex AI HTTPService at {options.http_address}:{port}"
-            f" (default model '{model}')",
-            flush=True,
-        )
+        await _start_vertex_ai(options, dataplane, stoppers)
     if options.allow_metrics:
-        from tritonfast.metrics import metrics_registry, start_metrics_server
+        await _start_metrics(options, settings, dataplane, stoppers)
 
-        registry = metrics_registry(
-            dataplane.repository,
-            cpu=options.allow_cpu_metrics,
-            gpu=options.allow_gpu_metrics,
-            config=metrics_config,
+
+async def _start_grpc(
+    options: ServeOptions, settings: _Settings, dataplane: DataPlane, stoppers: list[Any]
+) -> None:
+    from tritonfast.frontends.grpc.servicer import start_grpc_server, tls_credentials
+
+    credentials = None
+    if options.grpc_use_ssl or options.grpc_use_ssl_mutual:
+        credentials = tls_credentials(
+            options.grpc_server_cert,
+            options.grpc_server_key,
+            options.grpc_root_cert,
+            options.grpc_use_ssl_mutual,
         )
-        metrics_runner = await start_metrics_server(
-            registry, options.metrics_address, options.metrics_port
-        )
-        stoppers.append(metrics_runner.cleanup)
-        print(
-            f"Started Metrics Service at {options.metrics_address}:{options.metrics_port}",
-            flush=True,
-        )
+    grpc_server = await start_grpc_server(
+        dataplane,
+        options.grpc_address,
+        options.grpc_port,
+        options.grpc_engine,
+        settings.grpc_restrictions,
+        credentials,
+    )
+    stoppers.append(lambda: grpc_server.stop(options.exit_timeout_secs))
+    print(
+        f"Started GRPCInferenceService at {options.grpc_address}:{options.grpc_port}",
+        flush=True,
+    )
+
+
+async def _start_http(
+    options: ServeOptions, settings: _Settings, dataplane: DataPlane, stoppers: list[Any]
+) -> None:
+    from tritonfast.frontends.http.app import start_http_server
+
+    tls = None
+    if options.http_tls_cert or options.http_tls_key:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            tls.load_cert_chain(options.http_tls_cert, options.http_tls_key or None)
+        except (OSError, ssl.SSLError) as error:
+            raise InvalidArgumentError(f"cannot use the HTTPS certificate: {error}") from None
+    http_server = await start_http_server(
+        dataplane, options.http_address, options.http_port, settings.http_restrictions, tls
+    )
+    stoppers.append(http_server.close)
+    print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)
+
+
+async def _start_vertex_ai(
+    options: ServeOptions, dataplane: DataPlane, stoppers: list[Any]
+) -> None:
+    from tritonfast.frontends.http import vertexai
+
+    port = options.vertex_ai_port or vertexai.default_port()
+    vertex_server, model = await vertexai.start_vertex_server(
+        dataplane, options.http_address, port, options.vertex_ai_default_model
+    )
+    stoppers.append(vertex_server.close)
+    print(
+        f"Started Vertex AI HTTPService at {options.http_address}:{port} (default model '{model}')",
+        flush=True,
+    )
+
+
+async def _start_metrics(
+    options: ServeOptions, settings: _Settings, dataplane: DataPlane, stoppers: list[Any]
+) -> None:
+    from tritonfast.metrics import metrics_registry, start_metrics_server
+
+    registry = metrics_registry(
+        dataplane.repository,
+        cpu=options.allow_cpu_metrics,
+        gpu=options.allow_gpu_metrics,
+        config=settings.metrics,
+    )
+    metrics_runner = await start_metrics_server(
+        registry, options.metrics_address, options.metrics_port
+    )
+    stoppers.append(metrics_runner.cleanup)
+    print(
+        f"Started Metrics Service at {options.metrics_address}:{options.metrics_port}",
+        flush=True,
+    )
 
 
 async def _stop(stoppers: list[Any], repository: ModelRepository, options: ServeOptions) -> None:

@@ -832,14 +832,34 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process: load and initialize the model, then serve batches."""
     _as_tritons_stub()
-    from tritonfast.backends.python.instance import PythonInstance
-    from tritonfast.backends.python.loader import describe, load_model_class
-
     config = model_config_pb2.ModelConfig.FromString(config_bytes)
     # Responses of decoupled requests and model logs are sent from any thread: every send
     # takes its lock.
     streams = WorkerStreams(conn)
     workerlog.forward_model_logs(streams.send)
+    instance = _started_instance(
+        streams, config, model_file, instance_name, repository_path, version
+    )
+    if instance is None:
+        return
+    worker = _Worker(conn, streams, instance, config.name, instance_name, output_prefix)
+    worker.install_server_handle(metrics_source)
+    worker.serve()
+
+
+def _started_instance(
+    streams: WorkerStreams,
+    config: model_config_pb2.ModelConfig,
+    model_file: str,
+    instance_name: str,
+    repository_path: str,
+    version: int,
+) -> Any:
+    """The model's instance, imported and initialized, once the server is told it is ready;
+    None once the server is told why it could not start."""
+    from tritonfast.backends.python.instance import PythonInstance
+    from tritonfast.backends.python.loader import describe, load_model_class
+
     try:
         model_class = load_model_class(Path(model_file), config.name)
         instance = PythonInstance(
@@ -852,106 +872,172 @@ def worker_main(
         )
     except TritonError as exc:
         streams.send(("error", exc.message))
-        return
+        return None
     except Exception as exc:  # the model's constructor, or a bug: a message, not a dead worker
         streams.send(("error", describe(exc)))
-        return
+        return None
     streams.send(("ready", CUSTOM_METRICS.state_if_changed(), instance.may_wait))
+    return instance
 
-    pipe = _PipeReader(conn, streams)
-    server = workerbls.WorkerHandle(streams.send, pipe.next_answer)
-    handle.install(server)
-    in_batch = threading.Event()
 
-    def ask_server(name: str, labels: Labels, state: State) -> float | None:
-        # Between batches the server may not be reading this worker's pipe (an instance
-        # driven from its own thread): outside a batch, this worker's own value.
-        if not in_batch.is_set():
-            return None
-        return server.metric_value(metrics_source, name, labels, state)
+class _Worker:
+    """A worker's loop: read a batch (or finalize) from the pipe, run it, send its reply."""
 
-    CUSTOM_METRICS.ask_server = ask_server
-    inputs = SegmentReader()
-    cancel_flags = SegmentReader()
-    outputs = SegmentWriter(output_prefix)
-    objects = SharedObjects()
-    try:
-        while True:
-            message = pipe.next_work()
-            if message[0] == "finalize":
-                try:
-                    instance.finalize()
-                except TritonError as exc:  # to the server's log, in one line
-                    logging.getLogger(workerlog.MODEL_LOGGER).error(
-                        "finalize failed for instance %s: %s", instance_name, exc.message
-                    )
-                streams.send(("finalized",))
-                return
-            _, name, size, described, flags_name, flags_size, tokens = message
-            segment = inputs.map(name, size)
-            flags = cancel_flags.map(flags_name, flags_size).buffer
-            objects.start_batch()
-            requests: list[_WorkerRequest] = []
-            failed: dict[int, TritonError] = {}  # a client's object it could not map
-            for index, d in enumerate(described):
-                try:
-                    requests.append(
-                        _request(
-                            segment.buffer,
-                            config.name,
-                            d,
-                            flags,
-                            index,
-                            objects,
-                            copy=tokens is not None,
-                        )
-                    )
-                except TritonError as error:
-                    failed[index] = error
-            if tokens is not None:
-                for token, request in zip(tokens, requests, strict=True):
-                    request.sender = streams.sender(token, request)
-            in_batch.set()
-            try:
-                returned = (
-                    instance.execute(cast(list[InferRequest], requests), PhaseClock())
-                    if requests
-                    else []
-                )
-            finally:
-                in_batch.clear()
-            for request in requests:
-                request.detach()  # the cancellation bytes now belong to the next batch
-            release = _release_flags(requests, failed, len(described))
-            if tokens is not None:
-                if returned is not None:  # execute failed: what in-process streams end with
-                    for request, result in zip(requests, returned, strict=True):
-                        if result is not None and request.sender is not None:
-                            with contextlib.suppress(TritonError):  # already closed
-                                request.sender.send(result, final=True)
-                streams.send(("results", "", 0, [], CUSTOM_METRICS.state_if_changed(), release))
-                continue
-            answers: list[Result | None] = (
-                [None] * len(requests) if returned is None else list(returned)
+    def __init__(
+        self,
+        conn: Connection,
+        streams: WorkerStreams,
+        instance: Any,
+        model_name: str,
+        instance_name: str,
+        output_prefix: str,
+    ) -> None:
+        self._streams = streams
+        self._instance = instance
+        self._model_name = model_name
+        self._instance_name = instance_name
+        self._pipe = _PipeReader(conn, streams)
+        self._in_batch = threading.Event()
+        self._inputs = SegmentReader()
+        self._cancel_flags = SegmentReader()
+        self._outputs = SegmentWriter(output_prefix)
+        self._objects = SharedObjects()
+
+    def install_server_handle(self, metrics_source: str) -> None:
+        """The model's calls to the server (BLS, model control, a custom metric's value over
+        every process) go over the pipe."""
+        server = workerbls.WorkerHandle(self._streams.send, self._pipe.next_answer)
+        handle.install(server)
+        in_batch = self._in_batch
+
+        def ask_server(name: str, labels: Labels, state: State) -> float | None:
+            # Between batches the server may not be reading this worker's pipe (an instance
+            # driven from its own thread): outside a batch, this worker's own value.
+            if not in_batch.is_set():
+                return None
+            return server.metric_value(metrics_source, name, labels, state)
+
+        CUSTOM_METRICS.ask_server = ask_server
+
+    def serve(self) -> None:
+        try:
+            while True:
+                message = self._pipe.next_work()
+                if message[0] == "finalize":
+                    self._finalize()
+                    return
+                self._run_batch(message)
+        except EOFError:  # the server went away
+            return
+        finally:
+            self._objects.close()
+            self._outputs.close()
+            self._inputs.close()
+            self._cancel_flags.close()
+
+    def _finalize(self) -> None:
+        try:
+            self._instance.finalize()
+        except TritonError as exc:  # to the server's log, in one line
+            logging.getLogger(workerlog.MODEL_LOGGER).error(
+                "finalize failed for instance %s: %s", self._instance_name, exc.message
             )
-            results: list[Result | None] = [
-                None  # rescheduled: it runs again, and answers then
-                if result is None and request.release_flags & RELEASE_RESCHEDULE
-                else _answer_of(request, result, instance_name)
-                for request, result in zip(requests, answers, strict=True)
-            ]
-            for index in sorted(failed):
-                results.insert(index, failed[index])
-            places = [d[7] for d in described]
-            reply = _describe_results(outputs, results, places, objects)
-            streams.send((*reply, CUSTOM_METRICS.state_if_changed(), release))
-    except EOFError:  # the server went away
-        return
-    finally:
-        objects.close()
-        outputs.close()
-        inputs.close()
-        cancel_flags.close()
+        self._streams.send(("finalized",))
+
+    def _run_batch(self, message: tuple[Any, ...]) -> None:
+        _, name, size, described, flags_name, flags_size, tokens = message
+        requests, failed = self._requests(name, size, described, flags_name, flags_size, tokens)
+        self._in_batch.set()
+        try:
+            returned = (
+                self._instance.execute(cast(list[InferRequest], requests), PhaseClock())
+                if requests
+                else []
+            )
+        finally:
+            self._in_batch.clear()
+        for request in requests:
+            request.detach()  # the cancellation bytes now belong to the next batch
+        release = _release_flags(requests, failed, len(described))
+        if tokens is not None:
+            self._end_streams(requests, returned, release)
+        else:
+            self._reply(requests, returned, failed, described, release)
+
+    def _requests(
+        self,
+        name: str,
+        size: int,
+        described: list[tuple[Any, ...]],
+        flags_name: str,
+        flags_size: int,
+        tokens: list[int] | None,
+    ) -> tuple[list[_WorkerRequest], dict[int, TritonError]]:
+        """The batch's requests, over its input segment; and, by position, those that failed
+        already (a client's object it could not map)."""
+        segment = self._inputs.map(name, size)
+        flags = self._cancel_flags.map(flags_name, flags_size).buffer
+        self._objects.start_batch()
+        requests: list[_WorkerRequest] = []
+        failed: dict[int, TritonError] = {}
+        for index, d in enumerate(described):
+            try:
+                requests.append(
+                    _request(
+                        segment.buffer,
+                        self._model_name,
+                        d,
+                        flags,
+                        index,
+                        self._objects,
+                        copy=tokens is not None,
+                    )
+                )
+            except TritonError as error:
+                failed[index] = error
+        if tokens is not None:
+            for token, request in zip(tokens, requests, strict=True):
+                request.sender = self._streams.sender(token, request)
+        return requests, failed
+
+    def _end_streams(
+        self,
+        requests: list[_WorkerRequest],
+        returned: Sequence[Result | None] | None,
+        release: list[int] | None,
+    ) -> None:
+        """A decoupled batch: its responses went through the streams; what ``execute``
+        returned when it failed ends them, as in-process streams end."""
+        if returned is not None:
+            for request, result in zip(requests, returned, strict=True):
+                if result is not None and request.sender is not None:
+                    with contextlib.suppress(TritonError):  # already closed
+                        request.sender.send(result, final=True)
+        self._streams.send(("results", "", 0, [], CUSTOM_METRICS.state_if_changed(), release))
+
+    def _reply(
+        self,
+        requests: list[_WorkerRequest],
+        returned: Sequence[Result | None] | None,
+        failed: dict[int, TritonError],
+        described: list[tuple[Any, ...]],
+        release: list[int] | None,
+    ) -> None:
+        """A batch's results, written to the output segment and described to the server."""
+        answers: list[Result | None] = (
+            [None] * len(requests) if returned is None else list(returned)
+        )
+        results: list[Result | None] = [
+            None  # rescheduled: it runs again, and answers then
+            if result is None and request.release_flags & RELEASE_RESCHEDULE
+            else _answer_of(request, result, self._instance_name)
+            for request, result in zip(requests, answers, strict=True)
+        ]
+        for index in sorted(failed):
+            results.insert(index, failed[index])
+        places = [d[7] for d in described]
+        reply = _describe_results(self._outputs, results, places, self._objects)
+        self._streams.send((*reply, CUSTOM_METRICS.state_if_changed(), release))
 
 
 class _PipeReader:
