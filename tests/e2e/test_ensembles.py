@@ -133,6 +133,29 @@ def test_concurrent_requests_batch_in_their_steps(ens_server: RunningServer) -> 
     assert any(int(b["batch_size"]) > 1 for b in after["batch_stats"])
     own = ensemble_after["inference_stats"]["success"]["count"]
     assert own - ensemble_before["inference_stats"]["success"]["count"] == count
+    # As in Triton, the ensemble's queue and compute times are its steps' sums: here every
+    # add_one request was a step of these, so the compute phases match to the nanosecond.
+    for phase in ("compute_input", "compute_infer", "compute_output"):
+        steps = _grew(before, after, phase)
+        mine = _grew(ensemble_before, ensemble_after, phase)
+        assert mine == (count, steps[1]), (phase, mine, steps)
+    queued, steps_queued = (
+        _grew(ensemble_before, ensemble_after, "queue"),
+        _grew(before, after, "queue"),
+    )
+    assert queued[0] == count
+    assert 0 < queued[1] <= steps_queued[1] + 2 * count * 1_000_000  # ~1 ms a step's clock apart
+
+
+def _grew(before: dict[str, Any], after: dict[str, Any], phase: str) -> tuple[int, int]:
+    """How much a phase's (count, ns) grew between two statistics."""
+
+    def pair(stats: dict[str, Any]) -> tuple[int, int]:
+        tally = stats["inference_stats"][phase]
+        return int(tally.get("count", 0)), int(tally.get("ns", 0))
+
+    (count_before, ns_before), (count_after, ns_after) = pair(before), pair(after)
+    return count_after - count_before, ns_after - ns_before
 
 
 # name: (text in ens_batched's config, its replacement, Triton's message)

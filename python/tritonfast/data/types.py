@@ -49,6 +49,26 @@ RELEASE_RESCHEDULE = 2
 
 
 @dataclass(slots=True)
+class PhaseTimes:
+    """Where one request's time went, in nanoseconds, as a model's statistics count it: in its
+    queue, and in its batch's compute phases. Kept for the requests an ensemble sends to its
+    steps (``InferRequest.phases``), whose sums are the ensemble's own statistics, as in
+    Triton."""
+
+    queue: int = 0
+    compute_input: int = 0
+    compute_infer: int = 0
+    compute_output: int = 0
+    enqueued: int = 0  # perf_counter_ns() when it was queued (0: not yet)
+
+    def add(self, other: PhaseTimes) -> None:
+        self.queue += other.queue
+        self.compute_input += other.compute_input
+        self.compute_infer += other.compute_infer
+        self.compute_output += other.compute_output
+
+
+@dataclass(slots=True)
 class InferRequest:
     model_name: str
     model_version: str = ""  # "" selects the model's default version
@@ -89,6 +109,8 @@ class InferRequest:
     # What the model asked for the request as its execution ended (pb_utils
     # set_release_flags): RELEASE_RESCHEDULE runs it again, in an iterative sequence.
     release_flags: int = 0
+    # Filled with its queue and compute times when given (an ensemble's step: PhaseTimes).
+    phases: PhaseTimes | None = None
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 from tritonfast._core import Batch, Handoff, RequestQueue
-from tritonfast.data.types import RELEASE_RESCHEDULE, InferRequest
+from tritonfast.data.types import RELEASE_RESCHEDULE, InferRequest, PhaseTimes
 from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime import gcpause
 from tritonfast.runtime.modelinstance import ModelInstance, PhaseClock
@@ -296,6 +296,8 @@ class InstanceLoop:
         for request in requests:
             if request.trace is not None:
                 _stamp_compute(request.trace, clock, end)
+            if request.phases is not None:
+                _count_phases(request.phases, clock, end)
         try:
             # Responses sent through senders are the model's affair: the execution succeeded.
             batch.report([None] * len(requests) if results is None else results, *clock.split(end))
@@ -345,6 +347,16 @@ def _stamp_compute(trace: Any, clock: PhaseClock, end: int) -> None:
     """A traced request's compute timestamps: its batch's phase boundaries."""
     for name, ns in zip(_COMPUTE_STAMPS, clock.marks(end), strict=True):
         trace.stamp(name, ns)
+
+
+def _count_phases(phases: PhaseTimes, clock: PhaseClock, end: int) -> None:
+    """A request's queue time (until its batch started) and its batch's compute phases."""
+    if phases.enqueued:
+        phases.queue += max(0, clock.start - phases.enqueued)
+    compute_input, compute_infer, compute_output = clock.split(end)
+    phases.compute_input += compute_input
+    phases.compute_infer += compute_infer
+    phases.compute_output += compute_output
 
 
 def _refuse_reschedules(

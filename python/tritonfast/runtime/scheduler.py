@@ -317,6 +317,8 @@ class QueueScheduler(Scheduler):
         if request.trace is not None:
             request.trace.stamp("QUEUE_START", perf_counter_ns())
             request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
+        if request.phases is not None:
+            request.phases.enqueued = perf_counter_ns()
         request.sink = sink
         queue = self._queues[self.route(request)] if self.per_instance_queues else self._queues[0]
         try:

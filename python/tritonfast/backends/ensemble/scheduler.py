@@ -28,6 +28,7 @@ from tritonfast.data.types import (
     InferResponse,
     InputTensor,
     OutputTensor,
+    PhaseTimes,
     RequestedOutput,
 )
 from tritonfast.errors import InternalError, TritonError, error_for
@@ -55,13 +56,23 @@ class EnsembleScheduler(Scheduler):
 
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
         started = perf_counter_ns()
+        spent = PhaseTimes()
         try:
-            response = await self._run(request)
+            response = await self._run(request, spent)
         except TritonError:
             self._stats.failed(perf_counter_ns() - started)
             raise
-        self._stats.succeeded(perf_counter_ns() - started, max(batch_size, 1))
+        self._succeeded(request, perf_counter_ns() - started, batch_size, spent)
         return response
+
+    def _succeeded(
+        self, request: InferRequest, ns: int, batch_size: int, spent: PhaseTimes
+    ) -> None:
+        """Count a request that succeeded, with the time its steps spent queued and computing
+        (and, for an ensemble that is itself a step, for its caller's sums too)."""
+        self._stats.succeeded(ns, max(batch_size, 1), spent)
+        if request.phases is not None:
+            request.phases.add(spent)
 
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         stream = ResponseStream(self._loop)
@@ -93,8 +104,9 @@ class EnsembleScheduler(Scheduler):
         plan = self._plan
         wanted, started, tensors = _begin(plan, request)
         begun = perf_counter_ns()
+        spent = PhaseTimes()
         try:
-            async for complete in self._expand(request, tensors, started):
+            async for complete in self._expand(request, tensors, started, spent):
                 outputs = [
                     OutputTensor(name, *complete[name]) for name in wanted if name in complete
                 ]
@@ -106,13 +118,18 @@ class EnsembleScheduler(Scheduler):
             self._stats.failed(perf_counter_ns() - begun)
             settle(stream, error, True)
             return
-        self._stats.succeeded(perf_counter_ns() - begun, max(batch_size, 1))
+        self._succeeded(request, perf_counter_ns() - begun, batch_size, spent)
         settle(stream, None, True)
 
     async def _expand(
-        self, request: InferRequest, tensors: dict[str, Tensor], started: set[int]
+        self,
+        request: InferRequest,
+        tensors: dict[str, Tensor],
+        started: set[int],
+        spent: PhaseTimes,
     ) -> AsyncIterator[dict[str, Tensor]]:
-        """Every complete set of tensors the steps not yet ``started`` lead to."""
+        """Every complete set of tensors the steps not yet ``started`` lead to (``spent``
+        adds up the steps' queue and compute times)."""
         ready = self._plan.ready(set(tensors), started)
         if not ready:
             yield tensors
@@ -130,21 +147,25 @@ class EnsembleScheduler(Scheduler):
                     if item.result is not None:
                         following = dict(tensors)
                         _take_outputs(step, item.result, following, change)
-                        async for complete in self._expand(request, following, now_started):
+                        async for complete in self._expand(request, following, now_started, spent):
                             yield complete
+                _add_phases(spent, step_request)
                 return
             response = await server.infer_async(step_request)
         except TritonError as error:
             raise _step_failed(self._plan.name, error) from None
+        _add_phases(spent, step_request)
         following = dict(tensors)
         _take_outputs(step, response, following, change)
-        async for complete in self._expand(request, following, now_started):
+        async for complete in self._expand(request, following, now_started, spent):
             yield complete
 
-    async def _run(self, request: InferRequest) -> InferResponse:
+    async def _run(self, request: InferRequest, spent: PhaseTimes) -> InferResponse:
+        """Run the request's steps, each once its inputs exist (``spent`` adds up their
+        queue and compute times)."""
         plan = self._plan
         wanted, started, tensors = _begin(plan, request)
-        running: dict[asyncio.Future[InferResponse], Step] = {}
+        running: dict[asyncio.Future[InferResponse], tuple[Step, InferRequest]] = {}
         server = handle.current()
         try:
             while True:
@@ -159,6 +180,7 @@ class EnsembleScheduler(Scheduler):
                         response = await server.infer_async(step_request)
                     except TritonError as error:
                         raise _step_failed(plan.name, error) from None
+                    _add_phases(spent, step_request)
                     _take_outputs(step, response, tensors, change)
                     continue
                 for step in ready:
@@ -166,16 +188,20 @@ class EnsembleScheduler(Scheduler):
                     step_request = _step_request(
                         step, request, tensors, self._batch_change(server, step)
                     )
-                    running[asyncio.ensure_future(server.infer_async(step_request))] = step
+                    running[asyncio.ensure_future(server.infer_async(step_request))] = (
+                        step,
+                        step_request,
+                    )
                 if not running:
                     break
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    step = running.pop(task)
+                    step, step_request = running.pop(task)
                     try:
                         response = task.result()
                     except TritonError as error:
                         raise _step_failed(plan.name, error) from None
+                    _add_phases(spent, step_request)
                     _take_outputs(step, response, tensors, self._batch_change(server, step))
         finally:
             for task in running:
@@ -259,7 +285,13 @@ def _step_request(
         outputs=[RequestedOutput(model_output) for model_output, _ in step.outputs],
         parameters=request.parameters,
         parent_trace=request.trace,
+        phases=PhaseTimes(),
     )
+
+
+def _add_phases(spent: PhaseTimes, step_request: InferRequest) -> None:
+    if step_request.phases is not None:
+        spent.add(step_request.phases)
 
 
 def _rebatched(datatype: str, shape: tuple[int, ...], data: Any, change: int) -> Tensor:
@@ -281,18 +313,23 @@ class _Counters:
         self._fail = [0, 0]
         self._inferences = 0
         self._last_ms = 0
+        # The successful requests' steps' times, summed (counted once per request).
+        self._spent = PhaseTimes()
 
-    def succeeded(self, ns: int, batch_size: int) -> None:
+    def succeeded(self, ns: int, batch_size: int, spent: PhaseTimes) -> None:
         self._success[0] += 1
         self._success[1] += ns
         self._inferences += batch_size
         self._last_ms = int(time.time() * 1000)
+        self._spent.add(spent)
 
     def failed(self, ns: int) -> None:
         self._fail[0] += 1
         self._fail[1] += ns
 
     def snapshot(self) -> dict[str, Any]:
+        count, spent = self._success[0], self._spent
+
         def tally(pair: list[int] | None = None) -> dict[str, int]:
             count, ns = pair if pair is not None else (0, 0)
             return {"count": count, "ns": ns}
@@ -304,10 +341,11 @@ class _Counters:
             "inference_stats": {
                 "success": tally(self._success),
                 "fail": tally(self._fail),
-                "queue": tally(),
-                "compute_input": tally(),
-                "compute_infer": tally(),
-                "compute_output": tally(),
+                # As Triton reports an ensemble's: the sums of its steps' times.
+                "queue": tally([count, spent.queue]),
+                "compute_input": tally([count, spent.compute_input]),
+                "compute_infer": tally([count, spent.compute_infer]),
+                "compute_output": tally([count, spent.compute_output]),
                 "cache_hit": tally(),
                 "cache_miss": tally(),
             },
