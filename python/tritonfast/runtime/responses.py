@@ -37,6 +37,7 @@ import concurrent.futures
 import contextlib
 import functools
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -173,7 +174,8 @@ class LoopMailbox:
     __slots__ = ("_lock", "_loop", "_posted", "_scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weak: the loop's entry in _mailboxes goes with the loop (a server that stopped).
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._posted: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
         self._scheduled = False
@@ -184,8 +186,11 @@ class LoopMailbox:
             if self._scheduled:
                 return
             self._scheduled = True
+        loop = self._loop()
+        if loop is None:  # the server is gone, and so is whoever waited
+            return
         with contextlib.suppress(RuntimeError):  # a closed loop: the server is gone
-            self._loop.call_soon_threadsafe(self._run)
+            loop.call_soon_threadsafe(self._run)
 
     def _run(self) -> None:
         with self._lock:
@@ -195,7 +200,10 @@ class LoopMailbox:
             callback(*args)
 
 
-_mailboxes: dict[asyncio.AbstractEventLoop, LoopMailbox] = {}
+# One mailbox per event loop (each server has its own loop), dropped with its loop.
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopMailbox] = (
+    weakref.WeakKeyDictionary()
+)
 _mailboxes_lock = threading.Lock()
 
 
