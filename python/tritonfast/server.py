@@ -89,10 +89,27 @@ async def serve(
     control, dataplane = _build(options, settings, loop, server_log)
     repository = control.repository
     # Models may call the server (BLS) from their first request, even from initialize().
-    handle.install(ServerHandle(dataplane, loop))
+    server = ServerHandle(dataplane, loop)
+    repository.server = server
+    handle.install(server)
+    try:
+        return await _serve_models(options, lifecycle, stop_event, control, dataplane, settings)
+    finally:
+        handle.uninstall(server)
+
+
+async def _serve_models(
+    options: ServeOptions,
+    lifecycle: Lifecycle | None,
+    stop_event: asyncio.Event,
+    control: ModelControl,
+    dataplane: DataPlane,
+    settings: _Settings,
+) -> int:
+    """Load the models, start the frontends, serve until stopped, and stop; the exit code."""
+    repository = control.repository
     if not await _load_models(options, control):
         await asyncio.to_thread(repository.stop, options.exit_timeout_secs)
-        handle.install(None)
         return 1
     stoppers: list[Any] = []
     try:
@@ -119,7 +136,6 @@ async def serve(
     await control.drain()  # a load or unload in progress finishes before models stop
     await _stop(stoppers, repository, options)
     control.remove_uploads()
-    handle.install(None)
     settings.tracer.flush()
     return 0
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from tritonfast._proto import model_config_pb2
+from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.modelinstance import ModelInstance, PhaseClock
 from tritonfast.runtime.responses import Result
 from tritonfast.runtime.scheduler import Scheduler, create_scheduler
@@ -87,12 +88,16 @@ class Backend(abc.ABC):
         config: model_config_pb2.ModelConfig,
         instances: list[ModelInstance],
         loop: asyncio.AbstractEventLoop,
+        server: Handle | None = None,
         **options: bool,
     ) -> Scheduler:
         """The scheduler that takes a version's requests to its ``instances``: the one the
         config asks for (``runtime.scheduler.create_scheduler``) unless the backend runs its
-        requests its own way (ensembles). ``options``: the scheduler's keyword arguments."""
-        return create_scheduler(name, config, instances, loop, model_dir=self.model_dir, **options)
+        requests its own way (ensembles). ``server``: the server the model belongs to;
+        ``options``: the scheduler's keyword arguments."""
+        return create_scheduler(
+            name, config, instances, loop, model_dir=self.model_dir, server=server, **options
+        )
 
     @abc.abstractmethod
     def create_instance(

@@ -39,7 +39,9 @@ from tritonfast.errors import (
 from tritonfast.repository.dependencies import with_dependencies
 from tritonfast.repository.model import ModelVersion
 from tritonfast.repository.warmup import warm_up
+from tritonfast.runtime import handle
 from tritonfast.runtime.cache import ResponseCache
+from tritonfast.runtime.handle import Handle
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,9 @@ class ModelRepository:
         self._histogram_latencies = histogram_latencies
         self._strict_config = strict_config
         self._models: dict[str, ModelEntry] = {}
+        # The handle of the server these models belong to, which their code reaches (BLS,
+        # ensembles): set by the server once it has one, before any model loads.
+        self.server: Handle | None = None
 
     # -- loading ------------------------------------------------------------------------
     def discover(self) -> dict[str, Path]:
@@ -325,32 +330,15 @@ class ModelRepository:
     ) -> ModelVersion:
         instances: list[ModelInstance] = []
         try:
-            for group in config.instance_group:
-                kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
-                device_ids = list(group.gpus) or [0]
-                for index in range(group.count or 1):
-                    placement = InstancePlacement(
-                        name=f"{group.name}_{index}",
-                        version=version,
-                        kind=kind.removeprefix("KIND_"),
-                        device_id=device_ids[index % len(device_ids)],
-                        profiles=tuple(group.profile),
-                    )
-                    try:
-                        instances.append(backend.create_instance(config, placement))
-                    except TritonError as exc:
-                        log.error(
-                            "Failed to initialize model instance '%s': %s",
-                            placement.name,
-                            exc.message,
-                        )
-                        raise
-            warm_up(config, instances, backend.model_dir)
+            with handle.serving(self.server):  # initialize() and warm-up may call the server
+                self._create_instances(backend, config, version, instances)
+                warm_up(config, instances, backend.model_dir)
             scheduler = backend.create_scheduler(
                 f"{config.name}_{version}",
                 config,
                 instances,
                 self._loop,
+                server=self.server,
                 latency_summaries=self._latency_summaries,
                 histogram_latencies=self._histogram_latencies,
                 loop_execution=backend.runs_on_event_loop(config),
@@ -371,6 +359,36 @@ class ModelRepository:
             cache,
             takes_device_memory=backend.takes_device_memory,
         )
+
+    @staticmethod
+    def _create_instances(
+        backend: Backend,
+        config: model_config_pb2.ModelConfig,
+        version: int,
+        instances: list[ModelInstance],
+    ) -> None:
+        """Every instance of every group, into ``instances`` as each starts (so that a
+        failure can finalize those that did)."""
+        for group in config.instance_group:
+            kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+            device_ids = list(group.gpus) or [0]
+            for index in range(group.count or 1):
+                placement = InstancePlacement(
+                    name=f"{group.name}_{index}",
+                    version=version,
+                    kind=kind.removeprefix("KIND_"),
+                    device_id=device_ids[index % len(device_ids)],
+                    profiles=tuple(group.profile),
+                )
+                try:
+                    instances.append(backend.create_instance(config, placement))
+                except TritonError as exc:
+                    log.error(
+                        "Failed to initialize model instance '%s': %s",
+                        placement.name,
+                        exc.message,
+                    )
+                    raise
 
     # -- queries ------------------------------------------------------------------------
     def entries(self) -> list[ModelEntry]:

@@ -31,7 +31,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from time import perf_counter_ns, thread_time_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tritonfast._core import Batch, Handoff, RequestQueue
 from tritonfast.data.types import RELEASE_RESCHEDULE, InferRequest, PhaseTimes
@@ -39,6 +39,9 @@ from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime import gcpause
 from tritonfast.runtime.modelinstance import ModelInstance, PhaseClock
 from tritonfast.runtime.responses import Result, Sink
+
+if TYPE_CHECKING:  # (the handle finds the running instance: a name for annotations)
+    from tritonfast.runtime.handle import Handle
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +102,11 @@ class InstanceLoop:
         observe: Observe | None = None,
         on_server_call: Callable[[], None] | None = None,
         through_loop: tuple[asyncio.AbstractEventLoop, Settle] | None = None,
+        server: Handle | None = None,
     ) -> None:
         self.name = name
+        # The server whose models its model's code reaches (runtime.handle.current).
+        self.server = server
         self._queue = source
         self._instance = instance
         self._deliver = deliver

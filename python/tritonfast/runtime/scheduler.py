@@ -72,6 +72,7 @@ from tritonfast._proto import model_config_pb2
 from tritonfast.data.rawtensor import request_prefix
 from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import CancelledError, TritonError, UnavailableError
+from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.histogram import Histogram, first_response_buckets
 from tritonfast.runtime.instance import InstanceLoop, Settle
 from tritonfast.runtime.looprun import LoopExecution
@@ -198,6 +199,7 @@ class QueueScheduler(Scheduler):
         latency_summaries: bool = False,
         histogram_latencies: bool = False,
         loop_execution: bool = False,
+        server: Handle | None = None,
     ) -> None:
         self._loop = loop
         self._decoupled = config.model_transaction_policy.decoupled
@@ -244,6 +246,7 @@ class QueueScheduler(Scheduler):
                 observe=None if on_loop is None or instance.runs_elsewhere else on_loop.observe,
                 on_server_call=None if on_loop is None else on_loop.calls_server,
                 through_loop=(loop, settle),
+                server=server,
             )
             for index, instance in enumerate(instances)
         ]
@@ -498,6 +501,7 @@ class SequenceScheduler(QueueScheduler):
         loop: asyncio.AbstractEventLoop,
         *,
         model_dir: Path | None = None,
+        server: Handle | None = None,
         **options: bool,
     ) -> None:
         self._instance_count = len(instances)
@@ -527,7 +531,7 @@ class SequenceScheduler(QueueScheduler):
             or batching.oldest.max_queue_delay_microseconds
         ):
             self._loop_driven = False
-        super().__init__(name, config, wrapped, loop, **options)
+        super().__init__(name, config, wrapped, loop, server=server, **options)
 
     def _start_instances(self, settle: Settle) -> None:
         if not self._loop_driven:
@@ -642,19 +646,23 @@ def create_scheduler(
     loop: asyncio.AbstractEventLoop,
     *,
     model_dir: Path | None = None,
+    server: Handle | None = None,
     **options: bool,
 ) -> Scheduler:
     """The queue-backed scheduler ``config`` asks for, started with ``instances`` (``options``:
     the scheduler's keyword arguments: ``latency_summaries``, ``histogram_latencies`` and
     ``loop_execution``; ``model_dir`` holds what the config refers to, such as initial
-    states). What a backend with a scheduler of its own uses instead (ensembles) is its
-    backend's ``create_scheduler``."""
+    states; ``server``: the server whose models the instances' code reaches). What a backend
+    with a scheduler of its own uses instead (ensembles) is its backend's
+    ``create_scheduler``."""
     if config.HasField("sequence_batching"):
-        return SequenceScheduler(name, config, instances, loop, model_dir=model_dir, **options)
+        return SequenceScheduler(
+            name, config, instances, loop, model_dir=model_dir, server=server, **options
+        )
     kind: type[QueueScheduler] = DefaultScheduler
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         kind = DynamicBatchScheduler
-    return kind(name, config, instances, loop, **options)
+    return kind(name, config, instances, loop, server=server, **options)
 
 
 def _settle(seq: int, sinks: list[Sink], results: Sequence[Result | None] | None) -> None:

@@ -16,6 +16,7 @@ from tritonfast.backends.ensemble.plan import plan_of
 from tritonfast.backends.ensemble.scheduler import EnsembleScheduler
 from tritonfast.config.load import PollError
 from tritonfast.errors import InternalError, TritonError
+from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.scheduler import Scheduler
 
 
@@ -36,9 +37,12 @@ class EnsembleBackend(Backend):
         config: model_config_pb2.ModelConfig,
         instances: list[ModelInstance],
         loop: asyncio.AbstractEventLoop,
+        server: Handle | None = None,
         **options: bool,
     ) -> Scheduler:
-        return EnsembleScheduler(config, loop)
+        if server is None:
+            raise InternalError(f"ensemble '{config.name}' needs the server it runs in")
+        return EnsembleScheduler(config, loop, server)
 
     def create_instance(
         self, config: model_config_pb2.ModelConfig, placement: InstancePlacement

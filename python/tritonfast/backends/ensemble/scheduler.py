@@ -42,8 +42,13 @@ Tensor = tuple[str, tuple[int, ...], Any]
 
 class EnsembleScheduler(Scheduler):
     def __init__(
-        self, config: model_config_pb2.ModelConfig, loop: asyncio.AbstractEventLoop
+        self,
+        config: model_config_pb2.ModelConfig,
+        loop: asyncio.AbstractEventLoop,
+        server: handle.Handle,
     ) -> None:
+        # The server whose models run the steps.
+        self._server = server
         self._plan: EnsemblePlan = plan_of(config)
         # With a decoupled step (the repository marks the ensemble decoupled then), requests
         # are streamed: see _stream.
@@ -136,7 +141,7 @@ class EnsembleScheduler(Scheduler):
             return
         step = ready[0]
         now_started = started | {step.index}
-        server = handle.current()
+        server = self._server
         change = self._batch_change(server, step)
         step_request = _step_request(step, request, tensors, change)
         try:
@@ -166,7 +171,7 @@ class EnsembleScheduler(Scheduler):
         plan = self._plan
         wanted, started, tensors = _begin(plan, request)
         running: dict[asyncio.Future[InferResponse], tuple[Step, InferRequest]] = {}
-        server = handle.current()
+        server = self._server
         try:
             while True:
                 ready = plan.ready(set(tensors), started)
