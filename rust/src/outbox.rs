@@ -359,41 +359,87 @@ impl Drop for Outbox {
 /// The writer thread: flushes listed streams in order, polls the ones whose socket is full,
 /// and sleeps in `poll` on the wake-up eventfd when there is nothing to do.
 fn run_writer(shared: &Shared) {
-    let mut blocked: Vec<Arc<Stream>> = Vec::new();
-    let mut polls: Vec<libc::pollfd> = Vec::new();
-    let mut blocked_checked = Instant::now();
+    let mut writer = Writer::new(shared);
     loop {
-        let listed = std::mem::take(&mut *shared.listed.lock());
-        let worked = !listed.is_empty();
-        for stream in listed {
-            if stream.flush() {
-                blocked.push(stream);
-            }
-        }
+        let worked = writer.flush_listed();
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
         let finish_by = *shared.finish_by.lock();
-        if let Some(deadline) = finish_by {
-            let idle = !worked && blocked.is_empty() && shared.listed.lock().is_empty();
-            if idle || Instant::now() >= deadline {
-                return;
-            }
+        if finish_by.is_some_and(|deadline| writer.finished(worked, deadline)) {
+            return;
         }
         // Look for more before sleeping. While busy, sockets that were full are looked at
         // again only every BLOCKED_CHECK: each look costs a lock and a pollfd per such
         // socket, which must not be paid per answer when many clients have stopped reading.
-        if worked && (blocked.is_empty() || blocked_checked.elapsed() < BLOCKED_CHECK) {
+        if worked && !writer.blocked_check_due() {
             continue;
         }
-        blocked_checked = Instant::now();
-        // Sleep (or, with work just done, only look) until a listing or a blocked socket
-        // taking bytes again; when finishing, no later than the deadline.
-        let timeout = if worked {
+        writer.blocked_checked = Instant::now();
+        let timeout = writer.sleep_timeout(worked, finish_by);
+        if writer.poll(timeout) > 0 {
+            writer.flush_ready();
+        }
+    }
+}
+
+/// The writer thread's own state.
+struct Writer<'a> {
+    shared: &'a Shared,
+    /// Streams whose socket was full, waiting to take bytes again.
+    blocked: Vec<Arc<Stream>>,
+    /// The wake-up eventfd, then one entry per blocked stream (reused across polls).
+    polls: Vec<libc::pollfd>,
+    /// When the blocked streams were last polled.
+    blocked_checked: Instant,
+}
+
+impl<'a> Writer<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        Self {
+            shared,
+            blocked: Vec::new(),
+            polls: Vec::new(),
+            blocked_checked: Instant::now(),
+        }
+    }
+
+    /// Flushes the streams listed since the last look, in order; those whose socket fills up
+    /// become blocked. Returns whether there were any.
+    fn flush_listed(&mut self) -> bool {
+        let listed = std::mem::take(&mut *self.shared.listed.lock());
+        let worked = !listed.is_empty();
+        for stream in listed {
+            if stream.flush() {
+                self.blocked.push(stream);
+            }
+        }
+        worked
+    }
+
+    /// Whether sockets that were full are due to be looked at again: there are some, and
+    /// [`BLOCKED_CHECK`] has passed since the last look.
+    fn blocked_check_due(&self) -> bool {
+        !self.blocked.is_empty() && self.blocked_checked.elapsed() >= BLOCKED_CHECK
+    }
+
+    /// Whether a writer told to finish by `deadline` is done: nothing is left to send, or the
+    /// deadline has passed.
+    fn finished(&self, worked: bool, deadline: Instant) -> bool {
+        let idle = !worked && self.blocked.is_empty() && self.shared.listed.lock().is_empty();
+        idle || Instant::now() >= deadline
+    }
+
+    /// How long the next `poll` may sleep, in ms (-1: no limit). Sleep (or, with work just
+    /// done, only look) until a listing or a blocked socket taking bytes again; when
+    /// finishing, no later than the deadline. Before it may sleep, the writer says so: a
+    /// listing from then on wakes it.
+    fn sleep_timeout(&self, worked: bool, finish_by: Option<Instant>) -> libc::c_int {
+        if worked {
             0
         } else {
-            shared.sleeping.store(true, Ordering::SeqCst);
-            if !shared.listed.lock().is_empty() {
+            self.shared.sleeping.store(true, Ordering::SeqCst);
+            if !self.shared.listed.lock().is_empty() {
                 0
             } else if let Some(deadline) = finish_by {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -401,39 +447,49 @@ fn run_writer(shared: &Shared) {
             } else {
                 -1
             }
-        };
-        polls.clear();
-        polls.push(libc::pollfd {
-            fd: shared.wake.as_raw_fd(),
+        }
+    }
+
+    /// Polls the wake-up eventfd and the blocked streams' sockets for up to `timeout` ms
+    /// (dropping blocked streams whose descriptor is gone); returns `poll`'s count of ready
+    /// descriptors.
+    fn poll(&mut self, timeout: libc::c_int) -> libc::c_int {
+        self.polls.clear();
+        self.polls.push(libc::pollfd {
+            fd: self.shared.wake.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         });
-        blocked.retain(|stream| {
+        self.blocked.retain(|stream| {
             let Some(fd) = stream.raw_fd() else {
                 stream.pending.lock().listed = false;
                 return false;
             };
-            polls.push(libc::pollfd {
+            self.polls.push(libc::pollfd {
                 fd,
                 events: libc::POLLOUT,
                 revents: 0,
             });
             true
         });
+        let polls = &mut self.polls;
         // SAFETY: `polls` is a live array of `polls.len()` pollfds for the call. The blocked
         // streams' descriptors stay open meanwhile: they are listed, and only this thread
         // closes a listed stream's descriptor.
         let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, timeout) };
-        shared.sleeping.store(false, Ordering::SeqCst);
-        if ready <= 0 {
-            continue;
-        }
-        if polls[0].revents != 0 {
-            shared.drain_wake();
+        self.shared.sleeping.store(false, Ordering::SeqCst);
+        ready
+    }
+
+    /// After a `poll` that found descriptors ready: empties the eventfd if it woke us, and
+    /// flushes the blocked streams whose socket is ready; those that empty stop being blocked.
+    fn flush_ready(&mut self) {
+        if self.polls[0].revents != 0 {
+            self.shared.drain_wake();
         }
         let mut index = 1;
-        blocked.retain(|stream| {
-            let revents = polls[index].revents;
+        self.blocked.retain(|stream| {
+            let revents = self.polls[index].revents;
             index += 1;
             if revents == 0 {
                 return true;
