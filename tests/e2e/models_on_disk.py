@@ -15,6 +15,37 @@ def write_model(repository: Path, name: str, config: str, model: str) -> None:
     (repository / name / "1" / "model.py").write_text(model)
 
 
+def bls_caller(target: str) -> str:
+    """A model.py that answers each request with what model ``target`` answers its input X
+    (output Y) through a BLS call, or with that call's error."""
+    return _BLS_CALLER.replace("TARGET", target)
+
+
+_BLS_CALLER = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answers = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="TARGET",
+                requested_output_names=["Y"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "X")],
+            )
+            answer = call.exec()
+            if answer.has_error():
+                error = pb_utils.TritonError(answer.error().message())
+                answers.append(pb_utils.InferenceResponse(error=error))
+            else:
+                answers.append(
+                    pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "Y")])
+                )
+        return answers
+"""
+
+
 @dataclass
 class Marks:
     """A file where a model appends a line each time it runs."""

@@ -37,7 +37,7 @@ from tritonfast.pytriton.model_config import DynamicBatcher
 from tritonfast.pytriton.triton import Triton, TritonConfig
 
 from tests.conftest import TEST_MODELS, free_ports
-from tests.e2e.pytriton_config import loopback_config
+from tests.e2e.loopback import loopback_options
 from tests.waiting import wait_for
 
 F32 = np.float32
@@ -118,7 +118,7 @@ async def async_double(requests: list[Any]) -> list[dict[str, np.ndarray]]:
 # -- servers ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pytriton_server() -> Iterator[tuple[Triton, int, int]]:
-    config = loopback_config()
+    config = TritonConfig(**loopback_options())
     http, grpc = config.http_port, config.grpc_port
     triton = Triton(config=config)
     two = [vector("INPUT_1"), vector("INPUT_2")]
@@ -400,14 +400,10 @@ def test_an_unrecoverable_error_stops_the_server() -> None:
 
 
 def test_headers_matching_the_forward_patterns_become_parameters() -> None:
-    http, grpc, metrics = free_ports(3)
+    options = loopback_options()
+    http, grpc = options["http_port"], options["grpc_port"]
     with Server(
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        http_address="127.0.0.1",
-        grpc_address="127.0.0.1",
-        metrics_address="127.0.0.1",
+        **options,
         http_header_forward_pattern="^fac",
         grpc_header_forward_pattern="^fac",
     ) as server:

@@ -28,9 +28,9 @@ from tritonfast.pytriton.decorators import (
     triton_context,
 )
 from tritonfast.pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from tritonfast.pytriton.triton import Triton
+from tritonfast.pytriton.triton import Triton, TritonConfig
 
-from tests.e2e.pytriton_config import loopback_config
+from tests.e2e.loopback import loopback_options
 
 F32 = np.float32
 X = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], F32)
@@ -227,7 +227,7 @@ def infer_func(case: Case, kind: str) -> Any:
 # -- the server ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def client() -> Iterator[httpclient.InferenceServerClient]:
-    config = loopback_config()
+    config = TritonConfig(**loopback_options())
     http = config.http_port
     triton = Triton(config=config)
     for case in CASES:

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server
 from tests.e2e.faults import SCALE, Calls, census, report, server_sockets
-from tests.e2e.models_on_disk import write_model
+from tests.e2e.models_on_disk import bls_caller, write_model
 from tests.waiting import wait_for
 
 EXIT_TIMEOUT_S = 2
@@ -60,31 +60,6 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 instance_group [ { count: CALLERS kind: KIND_CPU } ]
 """
 
-# Calls "slow" and answers with its answer or its error.
-CALLER = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        answers = []
-        for request in requests:
-            call = pb_utils.InferenceRequest(
-                model_name="slow",
-                requested_output_names=["Y"],
-                inputs=[pb_utils.get_input_tensor_by_name(request, "X")],
-            )
-            answer = call.exec()
-            if answer.has_error():
-                error = pb_utils.TritonError(answer.error().message())
-                answers.append(pb_utils.InferenceResponse(error=error))
-            else:
-                answers.append(
-                    pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "Y")])
-                )
-        return answers
-"""
-
 ENSEMBLE_CONFIG = """
 platform: "ensemble"
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
@@ -99,7 +74,9 @@ ensemble_scheduling { step [ {
 def _repository(tmp_path, mode: str):
     repository = tmp_path / "models"
     write_model(repository, "slow", SLOW_CONFIG.replace("MODE", mode), SLOW)
-    write_model(repository, "caller", CALLER_CONFIG.replace("CALLERS", str(CALLERS)), CALLER)
+    write_model(
+        repository, "caller", CALLER_CONFIG.replace("CALLERS", str(CALLERS)), bls_caller("slow")
+    )
     (repository / "via_ensemble" / "1").mkdir(parents=True)
     (repository / "via_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     return repository

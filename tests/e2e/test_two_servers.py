@@ -11,8 +11,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonfast import Server
 
-from tests.conftest import free_ports
-from tests.e2e.models_on_disk import write_model
+from tests.e2e.loopback import loopback_options
+from tests.e2e.models_on_disk import bls_caller, write_model
 
 IO = """
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
@@ -35,31 +35,6 @@ class TritonPythonModel:
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             answers.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + self.offset)]))
-        return answers
-"""
-
-# Answers with what "step" answers (BLS).
-CALLER = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        answers = []
-        for request in requests:
-            call = pb_utils.InferenceRequest(
-                model_name="step",
-                requested_output_names=["Y"],
-                inputs=[pb_utils.get_input_tensor_by_name(request, "X")],
-            )
-            answer = call.exec()
-            if answer.has_error():
-                error = pb_utils.TritonError(answer.error().message())
-                answers.append(pb_utils.InferenceResponse(error=error))
-            else:
-                answers.append(
-                    pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "Y")])
-                )
         return answers
 """
 
@@ -90,7 +65,7 @@ def _repository(root: Path, offset: int) -> Path:
             'parameters { key: "TRITONFAST_INSTANCE_MODE"'
             f' value: {{ string_value: "{mode}" }} }}\n'
         )
-        write_model(repository, f"caller_{mode}", config, CALLER)
+        write_model(repository, f"caller_{mode}", config, bls_caller("step"))
     (repository / "ensemble" / "1").mkdir(parents=True)
     (repository / "ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     return repository
@@ -104,19 +79,11 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, str]
     urls = {}
     try:
         for offset in (1, 100):
-            http, grpc, metrics = free_ports(3)
-            server = Server(
-                _repository(root, offset),
-                http_port=http,
-                grpc_port=grpc,
-                metrics_port=metrics,
-                http_address="127.0.0.1",
-                grpc_address="127.0.0.1",
-                metrics_address="127.0.0.1",
-            )
+            options = loopback_options()
+            server = Server(_repository(root, offset), **options)
             server.run()
             running.append(server)
-            urls[offset] = f"127.0.0.1:{http}"
+            urls[offset] = f"127.0.0.1:{options['http_port']}"
         yield urls
     finally:
         for server in running:
