@@ -98,7 +98,9 @@ class StreamSession:
         try:
             async for data in self._requests:
                 # A client that does not take its replies gets no more of its requests read.
-                await self._out_room.wait()
+                # (Checked first: a wait() even on a set event makes a coroutine per message.)
+                if not self._out_room.is_set():
+                    await self._out_room.wait()
                 # A large message counts against the server's body budget until its request
                 # is over (up to STREAM_WINDOW of them may be in flight).
                 held = len(data) if len(data) >= COUNTED_BYTES else 0
@@ -204,7 +206,8 @@ class StreamSession:
         room = self._out_room
         async for reply in self._replies(message):
             self._put(reply)
-            await room.wait()
+            if not room.is_set():
+                await room.wait()
 
     async def _replies(
         self, message: pb.ModelInferRequest
