@@ -10,11 +10,12 @@ Semantics follow Triton's Python backend:
 - When the last ``MetricFamily`` object of a name is gone, the family leaves ``/metrics`` and
   its metrics refuse every operation.
 
-Everything here is thread-safe: model instances run on their own threads. Models in worker
-processes keep their own registry; each worker sends its state (:meth:`CustomMetrics.state`)
-with its replies, and :data:`REMOTE_METRICS` holds the latest one per worker for ``/metrics``,
-where series with the same family and labels add up (gauges: the newest value wins). A
-worker's ``value()`` asks the server for that merged value (:attr:`CustomMetrics.ask_server`).
+Everything here is thread-safe: model instances run on their own threads. Each server has its
+own (:class:`ServerCustomMetrics`, reached through its handle: ``runtime.handle.current()``):
+the registry its in-process models register in, and the latest state each of its models'
+worker processes sent (:meth:`CustomMetrics.state`, with the worker's replies). ``/metrics``
+shows them merged: series with the same family and labels add up (gauges: the newest value
+wins). A worker's registry asks the server for that merged value (its ``ask_server``).
 """
 
 from __future__ import annotations
@@ -97,16 +98,18 @@ class Family:
 
 
 class CustomMetrics:
-    """The process's custom metric families."""
+    """Custom metric families: a server's in-process models', or one worker process's."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, ask_server: Callable[[str, Labels, State], float | None] | None = None
+    ) -> None:
         self._families: dict[str, Family] = {}
         self._lock = threading.Lock()
         self._changes = 0  # bumped by every change, so a worker sends its state only then
         # In a worker process: asks the server for a metric's value over all its processes
         # (family name, labels, this registry's state); None (or its answer None: it cannot
         # ask now) means this registry's own value.
-        self.ask_server: Callable[[str, Labels, State], float | None] | None = None
+        self._ask_server = ask_server
         self._sent = -1
 
     def state_if_changed(self) -> State | None:
@@ -189,7 +192,7 @@ class CustomMetrics:
             self._check(family)
             if family.kind == HISTOGRAM:
                 raise MetricError("value() is not available for a histogram metric")
-            ask = self.ask_server
+            ask = self._ask_server
             own = series.value
         if ask is None:
             return own
@@ -295,17 +298,22 @@ def merge(states: list[State]) -> list[tuple[str, str, str, list[Series]]]:
     return [(name, doc, kind, list(series.values())) for name, doc, kind, series in merged.values()]
 
 
-def merged_value(name: str, labels: Labels, source: str, state: State) -> float:
-    """On the server: a metric's value over its own registry and its workers', worker
-    ``source``'s as it is now (``state``; 0 when no process has the metric yet)."""
-    states = [CUSTOM_METRICS.state(), *REMOTE_METRICS.states(but=source), state]
-    for family, _, _, series in merge(states):
-        if family == name:
-            return next((one.value for one in series if one.labels == labels), 0.0)
-    return 0.0
+class ServerCustomMetrics:
+    """One server's custom metrics: the families of its in-process models (``registry``) and
+    the states its models' worker processes last sent (``workers``)."""
 
+    def __init__(self, registry: CustomMetrics | None = None) -> None:
+        self.registry = registry or CustomMetrics()
+        self.workers = RemoteMetrics()
 
-# The one registry of the process (pb_utils.MetricFamily registers here), and what worker
-# processes' registries last reported.
-CUSTOM_METRICS = CustomMetrics()
-REMOTE_METRICS = RemoteMetrics()
+    def states(self) -> list[State]:
+        return [self.registry.state(), *self.workers.states()]
+
+    def merged_value(self, name: str, labels: Labels, source: str, state: State) -> float:
+        """A metric's value over the server's registry and its workers', worker ``source``'s
+        as it is now (``state``; 0 when no process has the metric yet)."""
+        states = [self.registry.state(), *self.workers.states(but=source), state]
+        for family, _, _, series in merge(states):
+            if family == name:
+                return next((one.value for one in series if one.labels == labels), 0.0)
+        return 0.0

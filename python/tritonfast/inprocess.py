@@ -28,14 +28,13 @@ import signal
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from google.protobuf import text_format
 
-from tritonfast.callables import backend as callable_backend
 from tritonfast.callables.backend import BACKEND_NAME, KEY_PARAMETER, Binding
 from tritonfast.callables.spec import ModelConfig, Tensor, model_config
 from tritonfast.cli import ServeOptions
@@ -49,7 +48,8 @@ START_TIMEOUT_S = 120.0
 class _Lifecycle:
     """Carries the server thread's loop and stop event to the program's threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, bound: Mapping[str, object]) -> None:
+        self.bound = bound  # the server's bound callables, by the key their configs name
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop_event: asyncio.Event | None = None
         self.is_ready = threading.Event()
@@ -89,9 +89,10 @@ class Server:
         self.options = ServeOptions(**options)
         self.options.model_repositories = [Path(r) for r in repositories]
         self._bindings: dict[str, tuple[str, Binding]] = {}
+        self._bound: dict[str, object] = {}  # what the server's repository finds by key
         self._workspace: Path | None = None
         self._thread: threading.Thread | None = None
-        self._lifecycle = _Lifecycle()
+        self._lifecycle = _Lifecycle(self._bound)
         self.unrecoverable_error: str | None = None
 
     # -- models ------------------------------------------------------------------------------
@@ -134,8 +135,7 @@ class Server:
             self._write_model(workspace, key, binding)
         return workspace
 
-    @staticmethod
-    def _write_model(workspace: Path, key: str, binding: Binding) -> None:
+    def _write_model(self, workspace: Path, key: str, binding: Binding) -> None:
         config = model_config(
             binding.name,
             binding.inputs,
@@ -147,7 +147,7 @@ class Server:
         config.parameters[KEY_PARAMETER].string_value = key
         (workspace / binding.name / "1").mkdir(parents=True)
         (workspace / binding.name / "config.pbtxt").write_text(text_format.MessageToString(config))
-        callable_backend.register(key, binding)
+        self._bound[key] = binding
 
     # -- running -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -160,7 +160,7 @@ class Server:
         self._workspace = self._write_workspace()
         options = dataclasses.replace(self.options)
         options.model_repositories = [*self.options.model_repositories, self._workspace]
-        lifecycle = self._lifecycle = _Lifecycle()
+        lifecycle = self._lifecycle = _Lifecycle(self._bound)
 
         def main() -> None:
             lifecycle.exit_code = server.run(options, lifecycle)
@@ -218,8 +218,7 @@ class Server:
         if self._thread is not None and self._thread.is_alive():
             return
         self._thread = None
-        for key, _ in self._bindings.values():
-            callable_backend.forget(key)
+        self._bound.clear()
         if self._workspace is not None:
             shutil.rmtree(self._workspace, ignore_errors=True)
             self._workspace = None

@@ -28,14 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from tritonfast.custommetrics import (
-    CUSTOM_METRICS,
-    HISTOGRAM,
-    REMOTE_METRICS,
-    CustomMetrics,
-    RemoteMetrics,
-    merge,
-)
+from tritonfast.custommetrics import HISTOGRAM, ServerCustomMetrics, merge
 from tritonfast.errors import InvalidArgumentError
 from tritonfast.runtime.histogram import FIRST_RESPONSE_FAMILY
 
@@ -463,16 +456,11 @@ _GPU_FAMILIES: tuple[tuple[str, str, str, _GpuRead], ...] = (
 class ModelMetrics(Collector):
     """The families models registered with ``pb_utils.MetricFamily``."""
 
-    def __init__(
-        self, metrics: CustomMetrics = CUSTOM_METRICS, remote: RemoteMetrics = REMOTE_METRICS
-    ) -> None:
+    def __init__(self, metrics: ServerCustomMetrics) -> None:
         self._metrics = metrics
-        self._remote = remote
 
     def collect(self) -> Iterator[Metric]:
-        for name, description, kind, series in merge(
-            [self._metrics.state(), *self._remote.states()]
-        ):
+        for name, description, kind, series in merge(self._metrics.states()):
             metric = Metric(name, description, kind)
             for one in series:
                 labels = dict(one.labels)
@@ -535,12 +523,13 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 def metrics_registry(
     repository: ModelRepository,
+    custom: ServerCustomMetrics,
     *,
     cpu: bool = True,
     gpu: bool = True,
     config: MetricsConfig | None = None,
 ) -> CollectorRegistry:
-    """A registry with Triton's metrics for ``repository`` and the models' own."""
+    """A registry with Triton's metrics for ``repository`` and the models' own (``custom``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceMetrics(repository, config))
     registry.register(PinnedMemoryMetrics())
@@ -548,7 +537,7 @@ def metrics_registry(
         registry.register(GpuMetrics())
     if cpu:
         registry.register(CpuMetrics())
-    registry.register(ModelMetrics())
+    registry.register(ModelMetrics(custom))
     return registry
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,10 +20,10 @@ from tritonfast.backends.registry import BackendSettings
 from tritonfast.cli import ServeOptions
 from tritonfast.errors import InvalidArgumentError, TritonError
 from tritonfast.frontends import restricted
-from tritonfast.frontends.bodybudget import BUDGET
 from tritonfast.logsettings import LogSettings, ServerLog
 from tritonfast.memory import leftovers, memtrim
 from tritonfast.memory.allocator import keep_large_buffers
+from tritonfast.memory.bodybudget import BodyBudget
 from tritonfast.metrics import MetricsConfig, parse_metrics_config
 from tritonfast.repository.control import POLL, ModelControl
 from tritonfast.repository.manager import READY, ModelEntry, ModelRepository
@@ -69,6 +70,9 @@ class Lifecycle(Protocol):
     """How a server run from a program (tritonfast.inprocess) is told to stop and tells when
     it is ready; a server run from the command line stops on SIGINT/SIGTERM instead."""
 
+    # Objects the program bound for its models, by the key their configs name (Backend.bound).
+    bound: Mapping[str, object]
+
     def started(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None: ...
     def ready(self, control: ModelControl) -> None: ...
 
@@ -86,7 +90,9 @@ async def serve(
         return 1
     # Segments and temporary directories of servers that were killed before they could.
     await asyncio.to_thread(leftovers.sweep)
-    control, dataplane = _build(options, settings, loop, server_log)
+    control, dataplane = _build(
+        options, settings, loop, server_log, lifecycle.bound if lifecycle else None
+    )
     repository = control.repository
     # Models may call the server (BLS) from their first request, even from initialize().
     server = ServerHandle(dataplane, loop)
@@ -135,6 +141,7 @@ async def _serve_models(
     dataplane.shutting_down()
     await control.drain()  # a load or unload in progress finishes before models stop
     await _stop(stoppers, repository, options)
+    dataplane.bulk_work.close()
     control.remove_uploads()
     settings.tracer.flush()
     return 0
@@ -200,6 +207,7 @@ def _build(
     settings: _Settings,
     loop: asyncio.AbstractEventLoop,
     server_log: ServerLog | None,
+    bound: Mapping[str, object] | None,
 ) -> tuple[ModelControl, DataPlane]:
     """The repository, its model control and the data plane over them."""
     repository = ModelRepository(
@@ -210,6 +218,7 @@ def _build(
         histogram_latencies=settings.metrics.histogram_latencies,
         response_cache=None if not settings.cache_size else ResponseCache(settings.cache_size),
         backend_settings=settings.backends,
+        bound=bound,
     )
     control = ModelControl(
         repository,
@@ -226,6 +235,7 @@ def _build(
         tracer=settings.tracer,
         http_header_forward_pattern=options.http_header_forward_pattern,
         grpc_header_forward_pattern=options.grpc_header_forward_pattern,
+        body_budget=BodyBudget(options.request_body_budget_bytes),
     )
     return control, dataplane
 
@@ -253,7 +263,6 @@ async def _start_frontends(
     options: ServeOptions, settings: _Settings, dataplane: DataPlane, stoppers: list[Any]
 ) -> None:
     """Start every frontend the options allow; each adds what stops it to ``stoppers``."""
-    BUDGET.limit = options.request_body_budget_bytes
     memtrim.start()
     if options.allow_grpc:
         await _start_grpc(options, settings, dataplane, stoppers)
@@ -338,6 +347,7 @@ async def _start_metrics(
 
     registry = metrics_registry(
         dataplane.repository,
+        dataplane.custom_metrics,
         cpu=options.allow_cpu_metrics,
         gpu=options.allow_gpu_metrics,
         config=settings.metrics,

@@ -1,8 +1,8 @@
 """Both gRPC engines (``--grpc-engine``): ``core`` (the default, calls driven on grpcio's core by
 ``frontends.grpc.core``) and ``aio`` (grpc.aio). The rest of the gRPC tests run on the default;
 these run the behaviours the engine itself owns on both: answers and errors, streams, unknown
-methods, compressed requests, calls cancelled while queued (stopping with calls in flight:
-test_lifecycle)."""
+methods, compressed requests, calls cancelled while queued, the body budget (stopping with
+calls in flight: test_lifecycle)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ from tests.e2e.models_on_disk import Marks, write_model
 from tests.e2e.test_cancellation import mode_input, seen
 from tests.e2e.test_metrics import scrape
 from tests.waiting import wait_for
+
+# The aio server's body budget: room for one 4 MiB message, not for two.
+AIO_BUDGET = 6 << 20
 
 
 @dataclass
@@ -55,7 +58,10 @@ def aio_server(
 ) -> Iterator[RunningServer]:
     log_path = tmp_path_factory.mktemp("aio") / "server.log"
     running = start_server(
-        [EXAMPLES, TEST_MODELS, waiters.repository], log_path, "--grpc-engine=aio"
+        [EXAMPLES, TEST_MODELS, waiters.repository],
+        log_path,
+        "--grpc-engine=aio",
+        f"--request-body-budget-bytes={AIO_BUDGET}",
     )
     yield running
     assert running.stop() == 0, running.log()
@@ -194,3 +200,46 @@ def test_a_request_given_up_while_queued_never_runs(
 def canceled_failures(server: RunningServer) -> float:
     labels = frozenset({("model", "waiter"), ("version", "1"), ("reason", "CANCELED")})
     return scrape(server)[1].get(("nv_inference_request_failure", labels), 0.0)
+
+
+def test_model_infer_messages_count_against_the_body_budget_on_aio(
+    aio_server: RunningServer,
+) -> None:
+    """grpc.aio hands ModelInfer its whole message: a large one counts against the body budget
+    while its request runs. With a 4 MiB message held by a request that waits (on the
+    ``waiter``, with a 4 MiB parameter it ignores), another 4 MiB one is refused UNAVAILABLE;
+    once the first is over, the same request is served."""
+    big = grpcclient.InferInput("INPUT0", [1, 1 << 20], "FP32")  # 4 MiB
+    big.set_data_from_numpy(np.ones((1, 1 << 20), np.float32))
+    holder = grpcclient.InferenceServerClient(aio_server.grpc_url)
+    held: queue.Queue[Any] = queue.Queue()
+    holder.async_infer(
+        "waiter",
+        [mode_input(0)],
+        parameters={"padding": "x" * (4 << 20)},
+        callback=lambda result, error: held.put((result, error)),
+        client_timeout=5,
+    )
+    client = grpcclient.InferenceServerClient(aio_server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as error:
+            wait_for(lambda: _refused(client, big), "the waiter's 4 MiB request to hold the budget")
+            client.infer("identity_fp32", [big])
+        assert error.value.status() == "StatusCode.UNAVAILABLE"
+        assert f"past its budget of {AIO_BUDGET} bytes" in error.value.message()
+        held.get(timeout=30)  # the waiting request ends with its client's deadline
+        wait_for(lambda: not _refused(client, big), "the budget to come back")
+        assert client.infer("identity_fp32", [big]).as_numpy("OUTPUT0").shape == (1, 1 << 20)
+    finally:
+        client.close()
+        holder.close()
+
+
+def _refused(client: grpcclient.InferenceServerClient, tensor: grpcclient.InferInput) -> bool:
+    try:
+        client.infer("identity_fp32", [tensor])
+    except InferenceServerException as error:
+        if error.status() != "StatusCode.UNAVAILABLE":
+            raise
+        return True
+    return False

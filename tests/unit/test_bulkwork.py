@@ -7,7 +7,7 @@ import os
 import threading
 
 import pytest
-from tritonfast.frontends import bulkwork
+from tritonfast.api import bulkwork
 
 
 def _own_priority() -> int:
@@ -20,10 +20,13 @@ def test_bulk_work_runs_at_a_lower_priority_than_its_caller() -> None:
     if caller >= bulkwork.NICE:
         pytest.skip(f"this process already runs at nice {caller}")
 
+    work = bulkwork.BulkWork()
+
     async def main() -> tuple[int, str]:
-        return await bulkwork.run(lambda: (_own_priority(), threading.current_thread().name))
+        return await work.run(lambda: (_own_priority(), threading.current_thread().name))
 
     priority, thread = asyncio.run(main())
+    work.close()
     assert priority == bulkwork.NICE
     assert thread.startswith("tritonfast-bulk")
     assert _own_priority() == caller  # the caller's own thread is left as it was

@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
 from tritonfast.backends.python import pb_utils
-from tritonfast.custommetrics import DELETED_FAMILY
+from tritonfast.custommetrics import DELETED_FAMILY, ServerCustomMetrics
 from tritonfast.metrics import ModelMetrics, exposition
+from tritonfast.runtime import handle
 
 Family = pb_utils.MetricFamily
+
+
+class _MetricsOfAServer:
+    """What ``pb_utils.MetricFamily`` reaches of the server a model runs for."""
+
+    def __init__(self) -> None:
+        self.custom_metrics = ServerCustomMetrics()
+
+
+@pytest.fixture(autouse=True)
+def server() -> Iterator[_MetricsOfAServer]:
+    """The families each test makes register in a server's metrics of their own."""
+    server = _MetricsOfAServer()
+    with handle.serving(server):  # type: ignore[arg-type]  # only its metrics are reached
+        yield server
 
 
 def unique(prefix: str) -> str:
@@ -18,8 +35,9 @@ def unique(prefix: str) -> str:
 
 
 def rendered() -> str:
+    metrics = handle.current().custom_metrics
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ModelMetrics())
+    registry.register(ModelMetrics(metrics))
     return exposition(registry).decode()
 
 
@@ -116,3 +134,8 @@ def test_a_gauge_of_several_workers_shows_the_newest_value() -> None:
     for states in ([[newer], [older]], [[older], [newer]]):
         ((_, _, _, (series,)),) = merge(states)
         assert series.value == 5.0
+
+
+def test_a_family_made_where_no_server_runs_is_refused() -> None:
+    with handle.serving(None), pytest.raises(pb_utils.TritonModelException, match="not serving"):
+        Family(unique("lonely"), "no server", Family.COUNTER)

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from tritonfast.frontends.grpc import core
 from tritonfast.frontends.grpc.core import CoreServer, Method
+from tritonfast.memory.bodybudget import BodyBudget
 
 from tests.waiting import wait_for
 
@@ -50,7 +51,7 @@ class _Served:
         self.server.start()
 
     async def _make(self, methods: dict[str, Method]) -> CoreServer:
-        return CoreServer(self.loop, methods, OPTIONS)
+        return CoreServer(self.loop, methods, OPTIONS, BodyBudget())
 
     def _call(self, function: Any, *args: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(function(*args), self.loop).result(timeout=60)

@@ -9,6 +9,7 @@ import time
 from tritonfast.frontends.http.answer import Answer
 from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import Request
+from tritonfast.memory.bodybudget import BodyBudget
 
 REQUEST = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -25,7 +26,7 @@ async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> by
 
 
 async def _scenario(idle_timeout_s: float) -> tuple[float, bool]:
-    server = HttpServer(_pong, idle_timeout_s=idle_timeout_s)
+    server = HttpServer(_pong, BodyBudget(), idle_timeout_s=idle_timeout_s)
     await server.start("127.0.0.1", 0)
     assert server._server is not None
     port = server._server.sockets[0].getsockname()[1]

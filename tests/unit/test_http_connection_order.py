@@ -18,6 +18,7 @@ import uvloop
 from tritonfast.frontends.http.answer import Answer
 from tritonfast.frontends.http.connection import JOIN_BYTES, MAX_UNSENT, HttpServer
 from tritonfast.frontends.http.request import Request
+from tritonfast.memory.bodybudget import BodyBudget
 
 from tests.waiting import wait_for_async
 
@@ -60,7 +61,7 @@ def _read_answers(sock: socket.socket, count: int) -> list[bytes]:
 
 
 async def _scenario() -> list[bytes]:
-    server = HttpServer(_answer)
+    server = HttpServer(_answer, BodyBudget())
     await server.start("127.0.0.1", 0)
     assert server._server is not None
     port = server._server.sockets[0].getsockname()[1]
@@ -107,7 +108,7 @@ def test_answers_by_both_ways_arrive_whole_and_in_order(run: Callable[[Any], Any
 async def _slow_reader_holdings() -> tuple[int, int]:
     """Most bytes the server held (in the writer thread and the transport) for a client
     that never reads, and the bytes of answers it asked for."""
-    server = HttpServer(_answer)
+    server = HttpServer(_answer, BodyBudget())
     await server.start("127.0.0.1", 0)
     assert server._server is not None
     port = server._server.sockets[0].getsockname()[1]

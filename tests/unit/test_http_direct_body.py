@@ -24,6 +24,7 @@ from tritonfast.frontends.http.answer import Answer
 from tritonfast.frontends.http.app import _read_body
 from tritonfast.frontends.http.connection import HttpConnection, HttpServer
 from tritonfast.frontends.http.request import DIRECT_BODY_BYTES, Request
+from tritonfast.memory.bodybudget import BodyBudget
 
 from tests.waiting import wait_for_async
 
@@ -63,7 +64,7 @@ async def _answer(reader: asyncio.StreamReader) -> str:
 @contextlib.asynccontextmanager
 async def _serving(handler: Any = _describe) -> AsyncIterator[tuple[HttpServer, int]]:
     """A server on a free port: ``(server, port)``."""
-    server = HttpServer(handler)
+    server = HttpServer(handler, BodyBudget())
     await server.start("127.0.0.1", 0)
     assert server._server is not None
     try:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.frontends.bodybudget import BodyBudget
 from tritonfast.frontends.http import app
+from tritonfast.memory.bodybudget import BodyBudget
 
 
 def zlib_reference(body: bytes) -> bytes:
@@ -26,8 +26,7 @@ def zlib_reference(body: bytes) -> bytes:
 
 
 def inflated(body: bytes) -> bytes:
-    out, counted = app._inflate(bytearray(body))
-    app.BUDGET.give(counted)
+    out, _ = app._inflate(bytearray(body), BodyBudget())
     return bytes(out)
 
 
@@ -51,23 +50,22 @@ def test_the_same_bytes_as_zlib(data, compress, cut, flip) -> None:
 
 
 def test_a_corrupt_body_is_empty_and_counts_nothing() -> None:
-    out, counted = app._inflate(bytearray(b"\x1f\x8b not really gzip"))
+    out, counted = app._inflate(bytearray(b"\x1f\x8b not really gzip"), BodyBudget())
     assert (len(out), counted) == (0, 0)
 
 
 def test_a_body_that_inflates_past_the_bound_is_refused(monkeypatch) -> None:
     monkeypatch.setattr(app, "MAX_BODY_BYTES", 1000)
     with pytest.raises(InvalidArgumentError, match="larger than 1000 bytes"):
-        app._inflate(bytearray(gzip.compress(b" " * 1001)))
-    out, _ = app._inflate(bytearray(gzip.compress(b" " * 1000)))
+        app._inflate(bytearray(gzip.compress(b" " * 1001)), BodyBudget())
+    out, _ = app._inflate(bytearray(gzip.compress(b" " * 1000)), BodyBudget())
     assert bytes(out) == b" " * 1000
 
 
-def test_large_bodies_are_counted_against_the_budget_and_refused_past_it(monkeypatch) -> None:
+def test_large_bodies_are_counted_against_the_budget_and_refused_past_it() -> None:
     budget = BodyBudget(1 << 20)
-    monkeypatch.setattr(app, "BUDGET", budget)
-    out, counted = app._inflate(bytearray(gzip.compress(b" " * (512 << 10))))
+    out, counted = app._inflate(bytearray(gzip.compress(b" " * (512 << 10))), budget)
     assert counted == len(out) == budget.held == 512 << 10
     with pytest.raises(Exception, match="past its budget"):
-        app._inflate(bytearray(gzip.compress(b" " * (1 << 20))))
+        app._inflate(bytearray(gzip.compress(b" " * (1 << 20))), budget)
     assert budget.held == 512 << 10  # the refused body gave back what it had counted

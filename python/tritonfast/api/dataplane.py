@@ -15,10 +15,13 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
+from tritonfast.api.bulkwork import BulkWork
 from tritonfast.config.jsonform import config_to_json
+from tritonfast.custommetrics import ServerCustomMetrics
 from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import DECOUPLED_REFUSAL, InvalidArgumentError, UnsupportedError
 from tritonfast.logsettings import ServerLog
+from tritonfast.memory.bodybudget import BodyBudget
 from tritonfast.memory.sharedmemory import SharedMemory
 from tritonfast.runtime.classification import wants_classification
 from tritonfast.runtime.responses import Streamed
@@ -60,8 +63,15 @@ class DataPlane:
         tracer: Tracer | None = None,
         http_header_forward_pattern: str = "",
         grpc_header_forward_pattern: str = "",
+        body_budget: BodyBudget | None = None,
     ) -> None:
         self._control = control
+        # What both frontends count large request bodies against, and the threads they
+        # decode and inflate the heaviest ones on: this server's own.
+        self.body_budget = body_budget or BodyBudget()
+        self.bulk_work = BulkWork()
+        # The metrics its models define (pb_utils.MetricFamily), for /metrics.
+        self.custom_metrics = ServerCustomMetrics()
         # Triton's --http/grpc-header-forward-pattern: matching headers (gRPC metadata)
         # become request parameters.
         self._forwarded_headers = {

@@ -27,6 +27,7 @@ from tritonfast.runtime.responses import Streamed
 
 if TYPE_CHECKING:
     from tritonfast.api.dataplane import DataPlane
+    from tritonfast.custommetrics import ServerCustomMetrics
 
 
 class ServerHandle:
@@ -39,6 +40,10 @@ class ServerHandle:
         self._dataplane = dataplane
         self._loop = loop
         self._loop_thread = threading.get_ident()
+
+    @property
+    def custom_metrics(self) -> ServerCustomMetrics:
+        return self._dataplane.custom_metrics
 
     def infer(self, request: InferRequest) -> InferResponse:
         """Send ``request`` and wait for its one response; raises its TritonError, or NotRun

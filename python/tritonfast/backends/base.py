@@ -62,6 +62,9 @@ class Backend(abc.ABC):
         self.model_dir = model_dir
         # This backend's --backend-config settings (key -> value), global ones included.
         self.settings: Mapping[str, str] = settings or {}
+        # Objects the program that runs the server bound for its models, by a key their
+        # configs name (an in-process Server's callables): set by the repository, per server.
+        self.bound: Mapping[str, object] = {}
 
     def model_file(self, config: model_config_pb2.ModelConfig, version: int) -> Path:
         """Where ``version``'s model file is."""

@@ -6,8 +6,9 @@ decorators of :mod:`.decorators` adapt other shapes of function to it). It may b
 ``async def`` (run on the instance's own event loop) or, for a decoupled model, a generator
 that yields such a list once per round of responses.
 
-A callable is found through the model's config: the repository serves bound models from a
-generated directory whose config.pbtxt names the callable by a key of :data:`BINDINGS`.
+A callable is found through the model's config: the in-process ``Server`` serves bound models
+from a generated repository (as PyTriton does) whose config.pbtxt names the callable by a key
+of that server's bindings (``Backend.bound``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,20 +56,6 @@ class Binding:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-BINDINGS: dict[str, Binding] = {}
-_lock = threading.Lock()
-
-
-def register(key: str, binding: Binding) -> None:
-    with _lock:
-        BINDINGS[key] = binding
-
-
-def forget(key: str) -> None:
-    with _lock:
-        BINDINGS.pop(key, None)
-
-
 class CallableBackend(Backend):
     name = BACKEND_NAME
 
@@ -78,8 +64,8 @@ class CallableBackend(Backend):
 
     def binding(self, config: model_config_pb2.ModelConfig) -> Binding:
         key = config.parameters[KEY_PARAMETER].string_value
-        found = BINDINGS.get(key)
-        if found is None:
+        found = self.bound.get(key)
+        if not isinstance(found, Binding):
             raise UnavailableError(f"model '{config.name}': its callable is no longer bound")
         return found
 

@@ -5,7 +5,7 @@ up to 256 MiB at the top of its heap, :mod:`tritonfast.memory.allocator`, so tha
 a few MiB reuse warm pages). A burst of very large requests (gRPC messages arrive in many
 pieces, allocated on gRPC's own threads; inflated bodies in pieces) would then leave hundreds
 of megabytes of free pages counted in the server's resident memory for good. After a body of
-:data:`~tritonfast.frontends.bodybudget.TRIM_AFTER_BYTES` or more is let go, :func:`soon`
+:data:`~tritonfast.memory.bodybudget.TRIM_AFTER_BYTES` or more is let go, :func:`soon`
 asks a background thread to run ``malloc_trim(0)``, which returns every arena's wholly free
 pages. It runs at most once per :data:`PAUSE_S`, off the event loop and without the GIL;
 without glibc it does nothing."""

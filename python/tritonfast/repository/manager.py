@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,8 +96,11 @@ class ModelRepository:
         histogram_latencies: bool = False,
         response_cache: ResponseCache | None = None,
         backend_settings: registry.BackendSettings | None = None,
+        bound: Mapping[str, object] | None = None,
     ) -> None:
         self._paths = paths
+        # What the program running this server bound for its models (Backend.bound).
+        self._bound: Mapping[str, object] = bound if bound is not None else {}
         self._backend_settings = backend_settings or registry.BackendSettings()
         self._response_cache = response_cache
         self._loop = loop
@@ -283,6 +286,7 @@ class ModelRepository:
                 raise config_load.PollError(exc.message) from exc
             raise _VersionsFailed(tuple(versions), exc) from exc
         backend = backend_class(model_dir, self._backend_settings.for_backend(backend_class.name))
+        backend.bound = self._bound
         if not self._strict_config:
             try:
                 backend.auto_complete(config, max(versions))

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
 from typing import Any, Protocol
 
+from tritonfast.custommetrics import ServerCustomMetrics
 from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.instance import running_instance
@@ -34,6 +35,11 @@ class Handle(Protocol):
     worker process, a handle that forwards to it."""
 
     streams_from_any_thread: bool
+
+    @property
+    def custom_metrics(self) -> ServerCustomMetrics:
+        """Where the model's pb_utils.MetricFamily objects register (a worker: its own)."""
+        ...
 
     def infer(self, request: InferRequest) -> InferResponse: ...
     async def infer_async(self, request: InferRequest) -> InferResponse: ...

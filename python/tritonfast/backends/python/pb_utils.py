@@ -69,7 +69,6 @@ from tritonfast.backends.python.pb_values import (
 from tritonfast.backends.python.pb_values import (
     triton_to_numpy_type as triton_to_numpy_type,
 )
-from tritonfast.custommetrics import CUSTOM_METRICS
 from tritonfast.errors import TritonError as ServerError
 from tritonfast.runtime import responses
 
@@ -535,27 +534,34 @@ def _metric_call(operation: Any, *args: Any) -> Any:
 class Metric:
     """One labelled metric of a :class:`MetricFamily` (made by ``MetricFamily.Metric``)."""
 
-    def __init__(self, family: custommetrics.Family, series: custommetrics.Series) -> None:
+    def __init__(
+        self,
+        registry: custommetrics.CustomMetrics,
+        family: custommetrics.Family,
+        series: custommetrics.Series,
+    ) -> None:
         # The internal family, not the MetricFamily object: deleting that object ends the
         # family, after which this metric refuses every operation (as in Triton).
+        self._registry = registry
         self._family = family
         self._series = series
 
     def increment(self, value: float) -> None:
-        _metric_call(CUSTOM_METRICS.increment, self._family, self._series, float(value))
+        _metric_call(self._registry.increment, self._family, self._series, float(value))
 
     def set(self, value: float) -> None:
-        _metric_call(CUSTOM_METRICS.set, self._family, self._series, float(value))
+        _metric_call(self._registry.set, self._family, self._series, float(value))
 
     def observe(self, value: float) -> None:
-        _metric_call(CUSTOM_METRICS.observe, self._family, self._series, float(value))
+        _metric_call(self._registry.observe, self._family, self._series, float(value))
 
     def value(self) -> float:
-        return float(_metric_call(CUSTOM_METRICS.value, self._family, self._series))
+        return float(_metric_call(self._registry.value, self._family, self._series))
 
 
 class MetricFamily:
-    """A custom metric family exported on the server's ``/metrics`` (Triton's API)."""
+    """A custom metric family exported on the ``/metrics`` of the server the model runs in
+    (Triton's API)."""
 
     COUNTER = 0
     GAUGE = 1
@@ -564,20 +570,26 @@ class MetricFamily:
     def __init__(self, name: str, description: str, kind: int) -> None:
         if kind not in _METRIC_KINDS:
             raise TritonModelException(f"unknown metric family kind {kind!r}")
+        from tritonfast.runtime import handle
+
+        try:
+            self._registry = handle.current().custom_metrics.registry
+        except ServerError as error:
+            raise TritonModelException(error.message) from None
         self._family = _metric_call(
-            CUSTOM_METRICS.acquire_family, name, description, _METRIC_KINDS[kind]
+            self._registry.acquire_family, name, description, _METRIC_KINDS[kind]
         )
 
     def Metric(  # Triton's name
         self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
     ) -> Metric:
-        series = _metric_call(CUSTOM_METRICS.series, self._family, labels or {}, buckets)
-        return Metric(self._family, series)
+        series = _metric_call(self._registry.series, self._family, labels or {}, buckets)
+        return Metric(self._registry, self._family, series)
 
     def __del__(self) -> None:
         family = getattr(self, "_family", None)
         if family is not None:
-            CUSTOM_METRICS.release_family(family)
+            self._registry.release_family(family)
 
 
 if not TYPE_CHECKING:  # (type checkers go on reporting misspelt names)

@@ -73,7 +73,7 @@ from tritonfast.backends.python import workerbls, workerlog
 from tritonfast.backends.python.looppipe import LoopPipe, flag_cancelled
 from tritonfast.backends.python.sharedobjects import Place, SharedObjects, as_tuple
 from tritonfast.backends.python.workerstream import ResponseRelay, WorkerStreams, rebuild
-from tritonfast.custommetrics import CUSTOM_METRICS, REMOTE_METRICS, Labels, State
+from tritonfast.custommetrics import CustomMetrics, Labels, State
 from tritonfast.data import rawtensor
 from tritonfast.data.types import (
     RELEASE_RESCHEDULE,
@@ -284,6 +284,9 @@ class ProcessInstance(ModelInstance):
         # Segment names carry a serial, not the instance name (which may hold any character).
         serial = next(_instance_serials)
         self._metrics_source = f"{self._model_name}:{version}:{instance_name}:{serial}"
+        # Where the worker's custom metrics go: its server's, shown on its /metrics (made
+        # while the server starts the model: handle.current() names that server).
+        self._server_metrics = handle.current().custom_metrics.workers
         self._start_args = (
             str(model_file),
             config.SerializeToString(),
@@ -656,7 +659,7 @@ class ProcessInstance(ModelInstance):
     def _take_metrics(self, state: State | None) -> None:
         """The worker's custom metrics, when they changed (exported on /metrics)."""
         if state is not None:
-            REMOTE_METRICS.update(self._metrics_source, state)
+            self._server_metrics.update(self._metrics_source, state)
 
     def _result(self, segment: Any, result: tuple[Any, ...]) -> Result:
         if result[0] == "none":  # rescheduled: answered when it runs again
@@ -718,7 +721,7 @@ class ProcessInstance(ModelInstance):
                 pass
         # What is left of the same wait for the worker to exit (then it is killed).
         self._stop_process(max(0.0, end - time.monotonic()))
-        REMOTE_METRICS.remove(self._metrics_source)
+        self._server_metrics.remove(self._metrics_source)
         self._inputs.close()
         self._outputs.close()
         self._cancel.close()
@@ -837,14 +840,39 @@ def worker_main(
     # takes its lock.
     streams = WorkerStreams(conn)
     workerlog.forward_model_logs(streams.send)
+    pipe = _PipeReader(conn, streams)
+    in_batch = threading.Event()
+    server = _install_server_handle(streams, pipe, in_batch, metrics_source)
+    metrics = server.custom_metrics.registry
     instance = _started_instance(
-        streams, config, model_file, instance_name, repository_path, version
+        streams, config, model_file, instance_name, repository_path, version, metrics
     )
     if instance is None:
         return
-    worker = _Worker(conn, streams, instance, config.name, instance_name, output_prefix)
-    worker.install_server_handle(metrics_source)
-    worker.serve()
+    server.open()
+    _Worker(
+        pipe, in_batch, streams, instance, config.name, instance_name, output_prefix, metrics
+    ).serve()
+
+
+def _install_server_handle(
+    streams: WorkerStreams, pipe: _PipeReader, in_batch: threading.Event, metrics_source: str
+) -> workerbls.WorkerHandle:
+    """The model's calls to the server (BLS, model control, a custom metric's value over
+    every process) go over the pipe, once the worker serves (:meth:`WorkerHandle.open`); its
+    metric families register in the worker's own registry from the start (``initialize``
+    often makes them)."""
+
+    def ask_server(name: str, labels: Labels, state: State) -> float | None:
+        # Between batches the server may not be reading this worker's pipe (an instance
+        # driven from its own thread): outside a batch, this worker's own value.
+        if not in_batch.is_set():
+            return None
+        return server.metric_value(metrics_source, name, labels, state)
+
+    server = workerbls.WorkerHandle(streams.send, pipe.next_answer, CustomMetrics(ask_server))
+    handle.install(server)
+    return server
 
 
 def _started_instance(
@@ -854,9 +882,11 @@ def _started_instance(
     instance_name: str,
     repository_path: str,
     version: int,
+    metrics: CustomMetrics,
 ) -> Any:
-    """The model's instance, imported and initialized, once the server is told it is ready;
-    None once the server is told why it could not start."""
+    """The model's instance, imported and initialized, once the server is told it is ready
+    (with the state of the ``metrics`` it made); None once the server is told why it could
+    not start."""
     from tritonfast.backends.python.instance import PythonInstance
     from tritonfast.backends.python.loader import describe, load_model_class
 
@@ -876,7 +906,7 @@ def _started_instance(
     except Exception as exc:  # the model's constructor, or a bug: a message, not a dead worker
         streams.send(("error", describe(exc)))
         return None
-    streams.send(("ready", CUSTOM_METRICS.state_if_changed(), instance.may_wait))
+    streams.send(("ready", metrics.state_if_changed(), instance.may_wait))
     return instance
 
 
@@ -885,39 +915,26 @@ class _Worker:
 
     def __init__(
         self,
-        conn: Connection,
+        pipe: _PipeReader,
+        in_batch: threading.Event,
         streams: WorkerStreams,
         instance: Any,
         model_name: str,
         instance_name: str,
         output_prefix: str,
+        metrics: CustomMetrics,
     ) -> None:
+        self._pipe = pipe
+        self._in_batch = in_batch  # set while a batch runs (the server reads the pipe then)
         self._streams = streams
         self._instance = instance
         self._model_name = model_name
         self._instance_name = instance_name
-        self._pipe = _PipeReader(conn, streams)
-        self._in_batch = threading.Event()
+        self._metrics = metrics  # the worker's custom metrics, sent with each reply
         self._inputs = SegmentReader()
         self._cancel_flags = SegmentReader()
         self._outputs = SegmentWriter(output_prefix)
         self._objects = SharedObjects()
-
-    def install_server_handle(self, metrics_source: str) -> None:
-        """The model's calls to the server (BLS, model control, a custom metric's value over
-        every process) go over the pipe."""
-        server = workerbls.WorkerHandle(self._streams.send, self._pipe.next_answer)
-        handle.install(server)
-        in_batch = self._in_batch
-
-        def ask_server(name: str, labels: Labels, state: State) -> float | None:
-            # Between batches the server may not be reading this worker's pipe (an instance
-            # driven from its own thread): outside a batch, this worker's own value.
-            if not in_batch.is_set():
-                return None
-            return server.metric_value(metrics_source, name, labels, state)
-
-        CUSTOM_METRICS.ask_server = ask_server
 
     def serve(self) -> None:
         try:
@@ -1013,7 +1030,7 @@ class _Worker:
                 if result is not None and request.sender is not None:
                     with contextlib.suppress(TritonError):  # already closed
                         request.sender.send(result, final=True)
-        self._streams.send(("results", "", 0, [], CUSTOM_METRICS.state_if_changed(), release))
+        self._streams.send(("results", "", 0, [], self._metrics.state_if_changed(), release))
 
     def _reply(
         self,
@@ -1037,7 +1054,7 @@ class _Worker:
             results.insert(index, failed[index])
         places = [d[7] for d in described]
         reply = _describe_results(self._outputs, results, places, self._objects)
-        self._streams.send((*reply, CUSTOM_METRICS.state_if_changed(), release))
+        self._streams.send((*reply, self._metrics.state_if_changed(), release))
 
 
 class _PipeReader:

@@ -20,9 +20,9 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from tritonfast.custommetrics import Labels, State, merged_value
+from tritonfast.custommetrics import CustomMetrics, Labels, ServerCustomMetrics, State
 from tritonfast.data.types import InferRequest, InferResponse
-from tritonfast.errors import Code, TritonError, UnsupportedError, error_for
+from tritonfast.errors import Code, TritonError, UnavailableError, UnsupportedError, error_for
 from tritonfast.runtime import handle
 from tritonfast.runtime.handle import NotRun
 from tritonfast.runtime.responses import Streamed
@@ -43,13 +43,28 @@ class WorkerHandle:
     # their own thread): a call's answers are taken before the model goes on.
     streams_from_any_thread = False
 
-    def __init__(self, send: Callable[[tuple[Any, ...]], None], recv: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        send: Callable[[tuple[Any, ...]], None],
+        recv: Callable[[], Any],
+        metrics: CustomMetrics,
+    ) -> None:
         self._send = send
         self._recv = recv
         self._lock = threading.Lock()
+        # The worker's own registry; /metrics merges it with the server's and other workers'.
+        self.custom_metrics = ServerCustomMetrics(metrics)
+        # The server reads the pipe only once the model has started (see open).
+        self._open = False
+
+    def open(self) -> None:
+        """The model has started: its calls go to the server from now on (during its
+        ``initialize`` they are refused, as when no server runs)."""
+        self._open = True
 
     def _call(self, message: tuple[Any, ...]) -> Any:
         """Send ``message`` and return its (first) answer."""
+        self._check_open()
         with self._lock:
             self._send(message)
             return self._recv()
@@ -82,6 +97,7 @@ class WorkerHandle:
         raise UnsupportedError("model configurations are not available in a worker process")
 
     def stream(self, request: InferRequest) -> Iterator[Streamed]:
+        self._check_open()
         _strip(request)
         items = []
         with self._lock:
@@ -106,6 +122,10 @@ class WorkerHandle:
 
     def model_ready(self, name: str, version: str) -> bool:
         return bool(self._control("model_ready", name, version))
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise UnavailableError(handle.NOT_SERVING_MESSAGE)
 
     def _control(self, operation: str, *arguments: Any) -> Any:
         _, kind, payload = self._call(("control", operation, arguments))
@@ -173,7 +193,8 @@ def serve(message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]) -> 
     came of it."""
     if message[0] == "metric_value":
         _, source, state, name, labels = message
-        send(("metric_answer", merged_value(name, labels, source, state)))
+        value = handle.current().custom_metrics.merged_value(name, labels, source, state)
+        send(("metric_answer", value))
         return
     if message[0] == "control":
         send(_control(message[1], message[2]))

@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 from grpc._cython import cygrpc
 
-from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
+from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget
 
 log = logging.getLogger("tritonfast.grpc")
 
@@ -174,12 +174,13 @@ class _Call:
         if data is not None and len(data) >= LARGE_MESSAGE:
             self.server.helper.wanted()
         if data is not None and len(data) >= COUNTED_BYTES:
-            if not BUDGET.take(len(data)):
+            if not self.server.body_budget.take(len(data)):
                 self.call.start_server_batch(
                     (
                         cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS),
                         _status_op(
-                            cygrpc.StatusCode.unavailable, BUDGET.refusal(len(data)).message
+                            cygrpc.StatusCode.unavailable,
+                            self.server.body_budget.refusal(len(data)).message,
                         ),
                     ),
                     _ignore,
@@ -209,7 +210,7 @@ class _Call:
     def over(self) -> None:
         """The RPC is over: run its done callbacks, once."""
         if self.budgeted:
-            BUDGET.give(self.budgeted)
+            self.server.body_budget.give(self.budgeted)
             self.budgeted = 0
         if self.counted:
             self.counted = False
@@ -456,11 +457,13 @@ class CoreServer:
         loop: asyncio.AbstractEventLoop,
         methods: Mapping[str, Method],
         options: list[tuple[str, Any]],
+        body_budget: BodyBudget,
         refused_while_draining: Mapping[str, str] | None = None,
     ) -> None:
         """``refused_while_draining``: the paths of the calls refused with ``UNAVAILABLE`` once
         the server drains (see :meth:`stop`), each with its words; the others are served."""
         self.loop = loop
+        self.body_budget = body_budget  # what large request messages count against
         self._methods = {path.encode(): method for path, method in methods.items()}
         self._refused = {
             path.encode(): text for path, text in (refused_while_draining or {}).items()

@@ -28,6 +28,7 @@ from tritonfast.frontends.restricted import (
     Restriction,
     grpc_refusal,
 )
+from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget
 
 if TYPE_CHECKING:
     from tritonfast.api.dataplane import DataPlane
@@ -45,13 +46,14 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 
 # How Triton names this RPC when it refuses a decoupled model.
 MODEL_INFER_ENDPOINT = "ModelInfer RPC"
+MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 # What Triton answers while it stops (UNAVAILABLE), by method; the other calls are served.
 _STOPPING_INFERENCE = (
     "[request id: <id_unknown>] Server is stopping, scheduler for model has stopped accepting"
     " new inference requests"
 )
 DRAINING_REFUSALS = {
-    "/inference.GRPCInferenceService/ModelInfer": _STOPPING_INFERENCE,
+    MODEL_INFER_PATH: _STOPPING_INFERENCE,
     "/inference.GRPCInferenceService/ModelStreamInfer": _STOPPING_INFERENCE,
     "/inference.GRPCInferenceService/ServerLive": "Server exiting",
     "/inference.GRPCInferenceService/ServerReady": "Server exiting",
@@ -359,6 +361,26 @@ def _guarded(handler: grpc.RpcMethodHandler, restriction: Restriction) -> grpc.R
     return handler._replace(unary_unary=unary_unary)
 
 
+def _budgeted(handler: grpc.RpcMethodHandler, budget: BodyBudget) -> grpc.RpcMethodHandler:
+    """(grpc.aio) ``handler`` (ModelInfer's) counting a large message against the server's
+    body budget while its request runs, UNAVAILABLE past it, as the core engine does when a
+    message arrives (:mod:`.core`). Streams count their messages themselves (:mod:`.stream`)."""
+    unary = handler.unary_unary
+
+    async def unary_unary(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+        size = len(data)
+        if size < COUNTED_BYTES:
+            return await unary(data, context)
+        if not budget.take(size):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, budget.refusal(size).message)
+        try:
+            return await unary(data, context)
+        finally:
+            budget.give(size)
+
+    return handler._replace(unary_unary=unary_unary)
+
+
 def _method_handlers(
     dataplane: DataPlane, restrictions: Mapping[str, Restriction] | None = None
 ) -> dict[str, grpc.RpcMethodHandler]:
@@ -408,13 +430,20 @@ async def start_grpc_server(
     handlers = _method_handlers(dataplane, restrictions)
     server: CoreServer | grpc.aio.Server
     if engine.choose(engine_name) == "aio":
+        handlers[MODEL_INFER_PATH] = _budgeted(handlers[MODEL_INFER_PATH], dataplane.body_budget)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         server.add_generic_rpc_handlers((_PathHandler(handlers),))
     else:
         from tritonfast.frontends.grpc.core import CoreServer, Method
 
         methods = {path: Method.of(handler) for path, handler in handlers.items()}
-        server = CoreServer(asyncio.get_running_loop(), methods, SERVER_OPTIONS, DRAINING_REFUSALS)
+        server = CoreServer(
+            asyncio.get_running_loop(),
+            methods,
+            SERVER_OPTIONS,
+            dataplane.body_budget,
+            DRAINING_REFUSALS,
+        )
     address = _address(host, port)
     try:
         if credentials is not None:

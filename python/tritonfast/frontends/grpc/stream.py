@@ -33,8 +33,8 @@ from google.protobuf.message import DecodeError
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.data.types import InferResponse
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
-from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
 from tritonfast.frontends.grpc import codec
+from tritonfast.memory.bodybudget import COUNTED_BYTES
 
 if TYPE_CHECKING:
     from tritonfast.api.dataplane import DataPlane
@@ -57,6 +57,7 @@ class StreamSession:
 
     def __init__(self, dataplane: DataPlane, requests: AsyncIterator[bytes]) -> None:
         self._dataplane = dataplane
+        self._budget = dataplane.body_budget
         self._requests = requests
         self._out: asyncio.Queue[Any] = asyncio.Queue()
         self._out_room = asyncio.Event()  # set while fewer than OUT_AHEAD replies wait
@@ -104,20 +105,20 @@ class StreamSession:
                 # A large message counts against the server's body budget until its request
                 # is over (up to STREAM_WINDOW of them may be in flight).
                 held = len(data) if len(data) >= COUNTED_BYTES else 0
-                if held and not BUDGET.take(held):
-                    self._refuse(BUDGET.refusal(held).message)
+                if held and not self._budget.take(held):
+                    self._refuse(self._budget.refusal(held).message)
                     continue
                 try:
                     message = pb.ModelInferRequest.FromString(data)
                     del data
                     await self._window.acquire()
                 except DecodeError as error:
-                    BUDGET.give(held)
+                    self._budget.give(held)
                     # Only this message fails; the stream goes on with the next one.
                     self._refuse(f"failed to parse the request message: {error}")
                     continue
                 except BaseException:  # cancelled while waiting for room, or worse
-                    BUDGET.give(held)
+                    self._budget.give(held)
                     raise
                 self._start(message, held)
         except asyncio.CancelledError:
@@ -161,7 +162,7 @@ class StreamSession:
 
     def _finished(self, held: int, task: asyncio.Task[Any]) -> None:
         if held:
-            BUDGET.give(held)
+            self._budget.give(held)
         self._running.discard(task)
         self._window.release()
         self._maybe_end()

@@ -31,14 +31,13 @@ import numpy as np
 from tritonfast._core import Inflater
 from tritonfast.data.types import InferRequest
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
-from tritonfast.frontends import bulkwork
-from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES
 from tritonfast.frontends.http import codec, generate, rawrequest
 from tritonfast.frontends.http.answer import JSON, Answer, json_answer
 from tritonfast.frontends.http.connection import HttpServer
 from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.frontends.restricted import Restriction, http_refusal
+from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget
 from tritonfast.memory.bufferpool import pooled_memory
 from tritonfast.runtime.responses import Result
 
@@ -260,7 +259,7 @@ async def infer(
             body = await _read_body(request)
             received = ("HTTP", received_start, perf_counter_ns()) if tracing else None
             if encoding and encoding != "identity":
-                body, inflated = await _inflated(body)
+                body, inflated = await _inflated(body, dataplane)
             declared = request.headers.get(codec.HEADER_LENGTH)
             length = codec.header_length(declared, len(body))
             if length == 0 and declared is not None:  # raw: the body is the model's one input
@@ -269,8 +268,8 @@ async def infer(
                 binary_default = True
             elif length >= LARGE_JSON_BYTES:
                 # Parsing (or refusing) megabytes of JSON takes long: on a low-priority thread
-                # (frontends.bulkwork) the loop keeps answering other clients.
-                infer_request, binary_default = await bulkwork.run(
+                # (api.bulkwork) the loop keeps answering other clients.
+                infer_request, binary_default = await dataplane.bulk_work.run(
                     codec.decode_infer_request, body, length, model_name, model_version
                 )
             else:
@@ -293,7 +292,7 @@ async def infer(
         return json_answer(codec.error_body(str(exc)), 500)
     finally:
         if inflated:
-            BUDGET.give(inflated)
+            dataplane.body_budget.give(inflated)
     return _traced(dataplane, infer_request, _respond(request, header, buffers))
 
 
@@ -434,7 +433,7 @@ async def _drop_rest(request: Request, size: int) -> NoReturn:
     rest of it, so that the client, still sending, gets its answer rather than a reset
     connection; then refuse it with 503. A body without a length is dropped only up to the
     largest one accepted."""
-    refusal = BUDGET.refusal(size)
+    refusal = request.budget.refusal(size)
     request.release()
     dropped = 0
     while chunk := await request.content.readany():
@@ -444,10 +443,10 @@ async def _drop_rest(request: Request, size: int) -> NoReturn:
     raise refusal
 
 
-def _inflate(body: Body) -> tuple[Body, int]:
+def _inflate(body: Body, budget: BodyBudget) -> tuple[Body, int]:
     """A compressed body inflated, up to MAX_BODY_BYTES (a body that inflates past that is
     refused: a small bomb must not take gigabytes), and the bytes counted for it against the
-    server's body budget (given back by the caller once the request is done; a body that
+    server's ``budget`` (given back by the caller once the request is done; a body that
     inflates past the budget is refused with 503). Runs on a worker thread (see
     :func:`_inflated`); each step runs in the Rust core without the GIL (zlib's own steps
     would take the GIL back thousands of times for a large body, each time stalling the loop)."""
@@ -463,36 +462,37 @@ def _inflate(body: Body) -> tuple[Body, int]:
                     f"decompressed request body is larger than {MAX_BODY_BYTES} bytes"
                 )
             if size >= COUNTED_BYTES:
-                if not BUDGET.take(size - counted):
-                    raise BUDGET.refusal(size)
+                if not budget.take(size - counted):
+                    raise budget.refusal(size)
                 counted = size
         if inflater.state == "corrupt":
             # Triton keeps what inflated before the error, which leaves unparsable JSON.
-            BUDGET.give(counted)
+            budget.give(counted)
             return bytearray(), 0
         # Ended, or the input stopped early: what inflated is kept, as Triton does.
         return np.asarray(inflater.take()).data, counted
     except BaseException:
-        BUDGET.give(counted)
+        budget.give(counted)
         raise
 
 
-async def _inflated(body: Body) -> tuple[Body, int]:
-    """:func:`_inflate` on a low-priority thread (:mod:`tritonfast.frontends.bulkwork`; it
+async def _inflated(body: Body, dataplane: DataPlane) -> tuple[Body, int]:
+    """:func:`_inflate` on a low-priority thread (:mod:`tritonfast.api.bulkwork`; it
     inflates without the GIL: other clients go on). If the request is cancelled
     meanwhile (its client left), the thread still finishes, and what it counted against the
     budget is given back then."""
-    inflating = asyncio.ensure_future(bulkwork.run(_inflate, body))
+    budget = dataplane.body_budget
+    inflating = asyncio.ensure_future(dataplane.bulk_work.run(_inflate, body, budget))
     try:
         return await asyncio.shield(inflating)
     except asyncio.CancelledError:
-        inflating.add_done_callback(_give_back_inflated)
+        inflating.add_done_callback(functools.partial(_give_back_inflated, budget))
         raise
 
 
-def _give_back_inflated(inflating: asyncio.Future[tuple[Body, int]]) -> None:
+def _give_back_inflated(budget: BodyBudget, inflating: asyncio.Future[tuple[Body, int]]) -> None:
     if not inflating.cancelled() and inflating.exception() is None:
-        BUDGET.give(inflating.result()[1])
+        budget.give(inflating.result()[1])
 
 
 def _response_encoding(accept: str | None) -> str | None:
@@ -578,6 +578,6 @@ async def start_http_server(
 ) -> HttpServer:
     """Start serving on ``host:port`` (HTTPS with ``tls``); listening when this returns.
     Stop with ``close()``."""
-    server = HttpServer(dispatcher(dataplane, restrictions))
+    server = HttpServer(dispatcher(dataplane, restrictions), dataplane.body_budget)
     await server.start(host, port, tls)
     return server

@@ -55,6 +55,7 @@ from tritonfast.frontends.http.request import (
     DirectBody,
     Request,
 )
+from tritonfast.memory.bodybudget import BodyBudget
 
 log = logging.getLogger("tritonfast.http")
 
@@ -268,7 +269,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         try:
             messages, _, _ = parser.feed_data(data)
             for message, payload in messages:
-                request = Request(message, payload)
+                request = Request(message, payload, self._server.body_budget)
                 self._waiting.append(request)
         except HttpProcessingError as err:
             self._parser = None  # nothing after a broken message can be trusted
@@ -305,7 +306,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         ):
             return
         try:
-            body = DirectBody(length, request.content.read_nowait(), self._loop)
+            body = DirectBody(length, request.content.read_nowait(), self._loop, request.budget)
         except (MemoryError, ValueError, TritonError):  # no buffer that large: the stream reads it
             return
         request.body = body
@@ -471,8 +472,11 @@ class HttpConnection(asyncio.BufferedProtocol):
 class HttpServer:
     """A listening socket and its connections; :meth:`close` lets answers in progress finish."""
 
-    def __init__(self, handle: Handler, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+    def __init__(
+        self, handle: Handler, body_budget: BodyBudget, idle_timeout_s: float = IDLE_TIMEOUT_S
+    ) -> None:
         self.connections: set[HttpConnection] = set()
+        self.body_budget = body_budget  # what large request bodies count against
         self.closing = False
         self.serving = 0  # requests between their handler's start and their answer's write
         self._handle = handle

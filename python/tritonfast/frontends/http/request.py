@@ -7,13 +7,13 @@ import asyncio
 from typing import Any
 
 from tritonfast.errors import UnavailableError
-from tritonfast.frontends.bodybudget import BUDGET, COUNTED_BYTES, BodyCount
+from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget, BodyCount
 from tritonfast.memory.bufferpool import pooled_memory
 
 # Triton reads content lengths as int32; bodies up to that size are accepted.
 MAX_BODY_BYTES = (1 << 31) - 1
 # Bodies from this size on (with a Content-Length) are received straight into a pool buffer
-# (and counted against the server's body budget, frontends.bodybudget). Below it, the parser's
+# (and counted against the server's body budget, memory.bodybudget). Below it, the parser's
 # own chunks cost less than setting one up.
 DIRECT_BODY_BYTES = COUNTED_BYTES
 # The body budget is taken as bytes arrive: at first this much (at most the body), then twice
@@ -41,9 +41,11 @@ class DirectBody:
 
     __slots__ = ("buffer", "counted", "done", "failure", "filled", "length", "released")
 
-    def __init__(self, length: int, start: bytes, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, length: int, start: bytes, loop: asyncio.AbstractEventLoop, budget: BodyBudget
+    ) -> None:
         self.length = length
-        self.counted = BodyCount(length)
+        self.counted = BodyCount(budget, length)
         self.released = False
         self.failure: UnavailableError | None = None
         self.done: asyncio.Future[None] = loop.create_future()
@@ -60,7 +62,7 @@ class DirectBody:
         """Count ``nbytes`` of the body (or more, never past its length) against the budget;
         past it the body fails with 503, and False."""
         if not self.counted.cover(min(nbytes, self.length)):
-            self.failure = BUDGET.refusal(self.length)
+            self.failure = self.counted.budget.refusal(self.length)
             return False
         return True
 
@@ -116,9 +118,19 @@ class Request:
     """What a handler sees of one request. ``content`` is aiohttp's ``StreamReader`` of the
     body, filled as it arrives, unless ``body`` (a :class:`DirectBody`) receives it."""
 
-    __slots__ = ("body", "content", "counted", "headers", "keep_alive", "method", "path", "version")
+    __slots__ = (
+        "body",
+        "budget",
+        "content",
+        "counted",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "version",
+    )
 
-    def __init__(self, message: Any, content: Any) -> None:
+    def __init__(self, message: Any, content: Any, budget: BodyBudget) -> None:
         self.method: str = message.method
         path: str = message.path  # the target as sent
         if "%" in path or "?" in path:  # rare: decode escapes, drop the query
@@ -129,6 +141,7 @@ class Request:
         self.version: tuple[int, int] = message.version
         self.keep_alive: bool = not message.should_close
         self.body: DirectBody | None = None
+        self.budget = budget  # the server's, that large bodies count against
         # What a large body read from ``content`` counts against the budget (see count_body).
         self.counted: BodyCount | None = None
 
@@ -138,7 +151,7 @@ class Request:
         if held < COUNTED_BYTES:
             return True
         if self.counted is None:
-            self.counted = BodyCount(self.content_length)
+            self.counted = BodyCount(self.budget, self.content_length)
         return self.counted.cover(held)
 
     def release(self) -> None:

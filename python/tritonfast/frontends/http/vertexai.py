@@ -98,6 +98,6 @@ async def start_vertex_server(
     """Serve the Vertex AI routes on ``host:port``; returns the server and the default model."""
     predict, health = routes_from_environment()
     model = default_model(dataplane, default)
-    server = HttpServer(vertex_dispatcher(dataplane, predict, health, model))
+    server = HttpServer(vertex_dispatcher(dataplane, predict, health, model), dataplane.body_budget)
     await server.start(host, port)
     return server, model

@@ -1,4 +1,4 @@
-"""The server-wide budget of request-body bytes held in memory (``--request-body-budget-bytes``).
+"""A server's budget of request-body bytes held in memory (``--request-body-budget-bytes``).
 
 Both frontends count what large request bodies hold: HTTP the bytes received so far of bodies
 received straight into pool memory (256 KiB and up) or read from aiohttp's stream (chunked
@@ -6,7 +6,7 @@ ones), and what compressed bodies inflated to; gRPC the messages of that size (o
 and of ``ModelStreamInfer`` streams), from their arrival until their request is over. A
 body that would take the total past the budget is refused (HTTP 503, gRPC UNAVAILABLE) with
 :func:`refusal`'s words, and nothing of it is kept. Letting go of a large body trims the heap
-(:mod:`tritonfast.memory.memtrim`).
+(:mod:`tritonfast.memory.memtrim`). Each server has its own (``DataPlane.body_budget``).
 """
 
 from __future__ import annotations
@@ -56,17 +56,15 @@ class BodyBudget:
         )
 
 
-BUDGET = BodyBudget()
-
-
 class BodyCount:
-    """What one body counts against :data:`BUDGET`: grown as the body does, in doubling steps
+    """What one body counts against ``budget``: grown as the body does, in doubling steps
     (few calls to the budget per body) never past its ``length`` when known; given back once
     the request is over."""
 
-    __slots__ = ("bytes", "length")
+    __slots__ = ("budget", "bytes", "length")
 
-    def __init__(self, length: int | None = None) -> None:
+    def __init__(self, budget: BodyBudget, length: int | None = None) -> None:
+        self.budget = budget
         self.bytes = 0
         self.length = length
 
@@ -77,12 +75,12 @@ class BodyCount:
         wanted = max(held, 2 * self.bytes)
         if self.length is not None:
             wanted = max(held, min(wanted, self.length))
-        if not BUDGET.take(wanted - self.bytes):
+        if not self.budget.take(wanted - self.bytes):
             return False
         self.bytes = wanted
         return True
 
     def give_back(self) -> None:
         if self.bytes:
-            BUDGET.give(self.bytes)
+            self.budget.give(self.bytes)
             self.bytes = 0
