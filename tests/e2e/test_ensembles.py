@@ -2,7 +2,8 @@
 
 ``tests/models_ensemble``: ``ens_mixed`` runs ``add_one`` (INT32, dynamic batching) and then,
 independently, ``to_text`` (INT32 → BYTES) and ``halve`` (INT32 → FP32) on its output;
-``ens_batched`` runs ``add_one`` twice in a row. Broken ensembles are written to a temporary
+``ens_batched`` runs ``add_one`` twice in a row; ``ens_stream`` and ``ens_meet`` have a decoupled
+step (``count_up``). Broken ensembles are written to a temporary
 repository and loaded in explicit mode.
 """
 
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import queue
 import shutil
+import tempfile
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -313,6 +317,36 @@ def test_a_decoupled_step_makes_the_ensemble_stream(ens_server: RunningServer) -
         assert "decoupled" in error.value.message()
     finally:
         http.close()
+
+
+def test_a_decoupled_ensemble_runs_its_branches_at_once(ens_server: RunningServer) -> None:
+    """As in Triton, a decoupled ensemble's steps run as soon as their inputs exist: a step
+    independent of the decoupled one runs beside it, and the steps after each of its responses
+    run while the others are under way (ens_meet's three ``meet`` executions finish only
+    together)."""
+    client = grpcclient.InferenceServerClient(ens_server.grpc_url)
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    request_id = f"meet-{uuid.uuid4().hex}"
+    try:
+        client.start_stream(callback=lambda result, error: replies.put((result, error)))
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([2], dtype=np.int32))
+        client.async_stream_infer(
+            "ens_meet", [tensor], request_id=request_id, enable_empty_final_response=True
+        )
+        received = [replies.get(timeout=WAIT_S) for _ in range(3)]
+        client.stop_stream()
+    finally:
+        client.close()
+        for mark in (Path(tempfile.gettempdir()) / "tritonfast-meet").glob(f"{request_id}.*"):
+            mark.unlink()
+    assert all(error is None for _, error in received), [str(e) for _, e in received]
+    triples = sorted(
+        (r.as_numpy("N").tolist(), r.as_numpy("A").tolist(), r.as_numpy("B").tolist())
+        for r, _ in received[:2]
+    )
+    assert triples == [([1], [1], [2]), ([2], [2], [2])]
+    assert received[2][0].get_response().parameters["triton_final_response"].bool_param
 
 
 def test_a_batch_dimension_of_one_is_bridged_between_steps(ens_server: RunningServer) -> None:

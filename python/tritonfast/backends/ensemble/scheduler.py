@@ -16,10 +16,11 @@ their whole durations); each step counts in its own model's statistics.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Coroutine
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, TypeVar
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.ensemble.plan import EnsemblePlan, Step, plan_of
@@ -38,6 +39,11 @@ from tritonfast.runtime.scheduler import Scheduler
 
 # A tensor as it flows between steps: (datatype, shape, data).
 Tensor = tuple[str, tuple[int, ...], Any]
+# What a decoupled step running in an ensemble's branch says, with its position among the
+# decoupled steps the branch runs: one response's outputs, None once it has answered, or its
+# error.
+_StepAnswer = tuple[int, dict[str, Tensor] | TritonError | None]
+_T = TypeVar("_T")
 
 
 class EnsembleScheduler(Scheduler):
@@ -104,21 +110,21 @@ class EnsembleScheduler(Scheduler):
     async def _stream(self, request: InferRequest, batch_size: int, stream: ResponseStream) -> None:
         """A decoupled ensemble's request, as Triton runs one: each response of a decoupled
         step carries the graph on with its outputs (the steps after it run once per
-        response), and each complete set of the ensemble's outputs is a response; then the
-        final flag. Steps run one after another here."""
-        plan = self._plan
-        wanted, started, tensors = _begin(plan, request)
+        response), and each complete set of the ensemble's outputs is a response, sent as it
+        completes; then the final flag. Every branch runs at once (see :meth:`_branch`)."""
+        wanted, started, tensors = _begin(self._plan, request)
         begun = perf_counter_ns()
         spent = PhaseTimes()
+
+        def complete(tensors: dict[str, Tensor]) -> None:
+            outputs = [OutputTensor(name, *tensors[name]) for name in wanted if name in tensors]
+            response = InferResponse(request.model_name, request.model_version, request.id, outputs)
+            settle(stream, response, False)
+
+        branches = _Branches()
+        branches.start(self._branch(request, tensors, started, {}, spent, branches, complete))
         try:
-            async for complete in self._expand(request, tensors, started, spent):
-                outputs = [
-                    OutputTensor(name, *complete[name]) for name in wanted if name in complete
-                ]
-                response = InferResponse(
-                    request.model_name, request.model_version, request.id, outputs
-                )
-                settle(stream, response, False)
+            await branches.finished()
         except TritonError as error:
             self._stats.failed(perf_counter_ns() - begun)
             settle(stream, error, True)
@@ -126,44 +132,123 @@ class EnsembleScheduler(Scheduler):
         self._succeeded(request, perf_counter_ns() - begun, batch_size, spent)
         settle(stream, None, True)
 
-    async def _expand(
+    async def _branch(
         self,
         request: InferRequest,
         tensors: dict[str, Tensor],
         started: set[int],
+        pending: dict[int, asyncio.Task[dict[str, Tensor]]],
         spent: PhaseTimes,
-    ) -> AsyncIterator[dict[str, Tensor]]:
-        """Every complete set of tensors the steps not yet ``started`` lead to (``spent``
-        adds up the steps' queue and compute times)."""
-        ready = self._plan.ready(set(tensors), started)
-        if not ready:
-            yield tensors
-            return
-        step = ready[0]
-        now_started = started | {step.index}
+        branches: _Branches,
+        complete: Callable[[dict[str, Tensor]], None],
+    ) -> None:
+        """One branch of a decoupled ensemble's request, with ``tensors``: every step not yet
+        ``started`` whose inputs exist starts at once. A step with one response (``pending``,
+        shared with the branches this one starts) adds its outputs here when a step needs
+        them, or when nothing else is left to run. A decoupled step's responses each start a
+        branch of their own with its outputs (with several decoupled steps, each combination of
+        one response of each); this branch ends when their streams do. A branch with nothing
+        left to run or wait for is a complete set. ``spent`` adds up the steps' queue and
+        compute times."""
+        tensors, pending = dict(tensors), dict(pending)
+        server = self._server
+        while True:
+            ready = self._plan.ready(set(tensors), started)
+            if not ready and not pending:
+                complete(tensors)
+                return
+            if not ready:  # what runs next needs the outputs of a step under way
+                await asyncio.wait(pending.values(), return_when=asyncio.FIRST_COMPLETED)
+                for index, task in list(pending.items()):
+                    if task.done():
+                        tensors.update(task.result())
+                        del pending[index]
+                continue
+            started = started | {step.index for step in ready}
+            streamed = [s for s in ready if server.is_decoupled(s.model_name, s.model_version)]
+            for step in ready:
+                if step not in streamed:
+                    pending[step.index] = branches.start(
+                        self._step_answer(step, request, tensors, spent)
+                    )
+            if streamed:
+                break
+        answers: asyncio.Queue[_StepAnswer] = asyncio.Queue()
+        runs = [
+            asyncio.ensure_future(self._step_stream(at, step, request, tensors, spent, answers))
+            for at, step in enumerate(streamed)
+        ]
+        received: list[list[dict[str, Tensor]]] = [[] for _ in streamed]
+        running = len(runs)
+        try:
+            while running:
+                position, outputs = await answers.get()
+                if isinstance(outputs, TritonError):
+                    raise outputs
+                if outputs is None:  # that step has answered for good
+                    running -= 1
+                    continue
+                others = [received[i] for i in range(len(streamed)) if i != position]
+                received[position].append(outputs)
+                for combination in itertools.product(*others):
+                    following = dict(tensors)
+                    following.update(outputs)
+                    for more in combination:
+                        following.update(more)
+                    branches.start(
+                        self._branch(
+                            request, following, started, pending, spent, branches, complete
+                        )
+                    )
+        finally:
+            for run in runs:
+                run.cancel()
+
+    async def _step_answer(
+        self, step: Step, request: InferRequest, tensors: dict[str, Tensor], spent: PhaseTimes
+    ) -> dict[str, Tensor]:
+        """The outputs, under their ensemble names, of ``step`` (not decoupled) run with
+        ``tensors``."""
         server = self._server
         change = self._batch_change(server, step)
         step_request = _step_request(step, request, tensors, change)
         try:
-            if server.is_decoupled(step.model_name, step.model_version):
-                async for item in server.stream_async(step_request):
-                    if isinstance(item.result, TritonError):
-                        raise item.result
-                    if item.result is not None:
-                        following = dict(tensors)
-                        _take_outputs(step, item.result, following, change)
-                        async for complete in self._expand(request, following, now_started, spent):
-                            yield complete
-                _add_phases(spent, step_request)
-                return
             response = await server.infer_async(step_request)
         except TritonError as error:
             raise _step_failed(self._plan.name, error) from None
         _add_phases(spent, step_request)
-        following = dict(tensors)
-        _take_outputs(step, response, following, change)
-        async for complete in self._expand(request, following, now_started, spent):
-            yield complete
+        outputs: dict[str, Tensor] = {}
+        _take_outputs(step, response, outputs, change)
+        return outputs
+
+    async def _step_stream(
+        self,
+        position: int,
+        step: Step,
+        request: InferRequest,
+        tensors: dict[str, Tensor],
+        spent: PhaseTimes,
+        answers: asyncio.Queue[_StepAnswer],
+    ) -> None:
+        """Run decoupled ``step`` with ``tensors``: each response's outputs, under their
+        ensemble names, into ``answers`` as ``(position, outputs)``, then ``(position,
+        None)``; or its error as ``(position, error)``."""
+        server = self._server
+        change = self._batch_change(server, step)
+        step_request = _step_request(step, request, tensors, change)
+        try:
+            async for item in server.stream_async(step_request):
+                if isinstance(item.result, TritonError):
+                    raise item.result
+                if item.result is not None:
+                    outputs: dict[str, Tensor] = {}
+                    _take_outputs(step, item.result, outputs, change)
+                    answers.put_nowait((position, outputs))
+        except TritonError as error:
+            answers.put_nowait((position, _step_failed(self._plan.name, error)))
+            return
+        _add_phases(spent, step_request)
+        answers.put_nowait((position, None))
 
     async def _run(self, request: InferRequest, spent: PhaseTimes) -> InferResponse:
         """Run the request's steps, each once its inputs exist (``spent`` adds up their
@@ -357,3 +442,43 @@ class _Counters:
             "batch_stats": [],
             "failure_reasons": {"REJECTED": 0, "CANCELED": 0, "BACKEND": self._fail[0], "OTHER": 0},
         }
+
+
+class _Branches:
+    """The tasks of one decoupled ensemble request (its branches, and the steps with one
+    response they share): :meth:`finished` returns once all have ended, or raises the first
+    error (the others are cancelled then)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._over = asyncio.Event()
+        self._error: BaseException | None = None
+
+    def start(self, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+        """Run ``work`` (a branch, or a step whose outputs branches wait for) as one of
+        the request's tasks."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._error is None:
+            self._error = task.exception()
+            self._cancel()
+        if not self._tasks:
+            self._over.set()
+
+    def _cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def finished(self) -> None:
+        try:
+            await self._over.wait()
+        except asyncio.CancelledError:  # the request was cancelled: so are its branches
+            self._cancel()
+            raise
+        if self._error is not None:
+            raise self._error
