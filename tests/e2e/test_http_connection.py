@@ -97,6 +97,26 @@ def test_pipelined_requests_are_answered_in_order(raw):
     assert answers[3][2] == b""
 
 
+@pytest.mark.parametrize(
+    "malformed", [b"GET /v2 HTTP/1.1\r\nNo colon here\r\n\r\n", b"\x00\x01\r\n\r\n"]
+)
+def test_a_malformed_request_pipelined_after_whole_ones_leaves_them_answered(raw, malformed):
+    """As Triton: requests sent whole before a malformed one, in the same write, are answered
+    in order; then the malformed one gets 400 and the connection closes."""
+    raw.send(
+        add_sub_request([1, 1, 1, 1])
+        + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+        + add_sub_request([2, 2, 2, 2])
+        + malformed
+    )
+    first, live, second, refused = (raw.answer() for _ in range(4))
+    assert (first[0], sums(first[2])) == ("HTTP/1.1 200 OK", [2, 2, 2, 2])
+    assert live[0] == "HTTP/1.1 200 OK"
+    assert (second[0], sums(second[2])) == ("HTTP/1.1 200 OK", [3, 3, 3, 3])
+    assert refused[0] == "HTTP/1.1 400 Bad Request", refused
+    assert raw.closed_by_server()
+
+
 def test_expect_continue_gets_100_before_the_body_is_sent(raw):
     request = add_sub_request([1, 2, 3, 4], "Expect: 100-continue\r\n")
     head, _, body = request.partition(b"\r\n\r\n")

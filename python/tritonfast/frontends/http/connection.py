@@ -85,6 +85,25 @@ _INTERNAL_ERROR = json_answer(b'{"error":"Internal Server Error"}', 500)
 Handler = Callable[[Request], Awaitable[Answer]]
 
 
+def _pieces(data: bytes) -> list[bytes] | tuple[bytes]:
+    """``data`` cut after each head's end but the last (when more follows it) or left whole:
+    the parser then returns the requests of one piece before it reads the next, so a
+    malformed message loses none of the requests sent whole before it in the same read (the
+    parser gives up on all it was fed at once). A single request, or one whose body ends the
+    read, stays whole: no second head end follows the first."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0 or data.find(b"\r\n\r\n", end + 4) < 0:
+        return (data,)
+    pieces = []
+    start = 0
+    while end >= 0 and end + 4 < len(data):
+        pieces.append(data[start : end + 4])
+        start = end + 4
+        end = data.find(b"\r\n\r\n", start)
+    pieces.append(data[start:])
+    return pieces
+
+
 def _refusal(err: HttpProcessingError) -> Answer:
     """The answer to a message the parser rejected (the connection closes after it)."""
     body = f"{err.code}, message: {err.message}".encode("utf-8", "replace")
@@ -267,10 +286,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         self.last_data = self._loop.time()
         request = None
         try:
-            messages, _, _ = parser.feed_data(data)
-            for message, payload in messages:
-                request = Request(message, payload, self._server.body_budget)
-                self._waiting.append(request)
+            for piece in _pieces(data):
+                messages, _, _ = parser.feed_data(piece)
+                for message, payload in messages:
+                    request = Request(message, payload, self._server.body_budget)
+                    self._waiting.append(request)
         except HttpProcessingError as err:
             self._parser = None  # nothing after a broken message can be trusted
             self._waiting.append(_refusal(err))
