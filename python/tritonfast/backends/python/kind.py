@@ -18,9 +18,9 @@ from tritonfast.backends.python.process import (
     MODE_SETTING,
     MODES,
     ProcessInstance,
-    auto_complete_in_worker,
     instance_mode,
 )
+from tritonfast.backends.python.workerprocess import auto_complete_in_worker
 from tritonfast.errors import InvalidArgumentError
 
 
