@@ -74,12 +74,7 @@ from tritonfast.backends.python.workerprocess import (
 )
 from tritonfast.backends.python.workerstream import ResponseRelay, rebuild
 from tritonfast.custommetrics import State
-from tritonfast.data.types import (
-    RELEASE_RESCHEDULE,
-    InferRequest,
-    InferResponse,
-    OutputTensor,
-)
+from tritonfast.data.types import RELEASE_RESCHEDULE, InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import (
     Code,
     InternalError,
@@ -89,12 +84,7 @@ from tritonfast.errors import (
     error_for,
 )
 from tritonfast.memory.sharedmemory import NO_DATA
-from tritonfast.memory.shmsegment import (
-    Segment,
-    SegmentReader,
-    SegmentWriter,
-    remove_segments,
-)
+from tritonfast.memory.shmsegment import Segment, SegmentReader, SegmentWriter, remove_segments
 from tritonfast.runtime import handle
 from tritonfast.runtime.instance import InstanceLoop, calls_made_by, running_instance
 from tritonfast.runtime.responses import Result

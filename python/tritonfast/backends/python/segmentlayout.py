@@ -14,10 +14,7 @@ from tritonfast._core import copy_into
 from tritonfast.backends.python.sharedobjects import Place, SharedObjects
 from tritonfast.data import rawtensor
 from tritonfast.memory.bufferpool import POOL
-from tritonfast.memory.shmsegment import (
-    SegmentWriter,
-    aligned,
-)
+from tritonfast.memory.shmsegment import SegmentWriter, aligned
 
 # Tensors from this size on are copied into and out of the segments with the GIL released;
 # smaller ones (quicker than handing the GIL to and fro) with it held.

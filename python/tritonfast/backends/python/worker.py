@@ -34,14 +34,8 @@ from tritonfast.data.types import (
     OutputTensor,
     RequestedOutput,
 )
-from tritonfast.errors import (
-    InternalError,
-    TritonError,
-)
-from tritonfast.memory.shmsegment import (
-    SegmentReader,
-    SegmentWriter,
-)
+from tritonfast.errors import InternalError, TritonError
+from tritonfast.memory.shmsegment import SegmentReader, SegmentWriter
 from tritonfast.runtime import handle
 from tritonfast.runtime.responses import Result
 

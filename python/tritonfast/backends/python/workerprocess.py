@@ -14,11 +14,7 @@ from typing import Any
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.python import workerlog
 from tritonfast.backends.python.worker import auto_complete_main
-from tritonfast.errors import (
-    Code,
-    InternalError,
-    error_for,
-)
+from tritonfast.errors import Code, InternalError, error_for
 
 # How long a worker may take to start (import the model, run initialize) or to finalize.
 START_TIMEOUT_S = 120.0
@@ -29,10 +25,9 @@ _context: Any = None
 
 def worker_context() -> Any:
     """Where workers come from: a fork server that imported the worker's module (and numpy,
-    protobuf)
-    once, so a worker starts in milliseconds plus its model's own imports, instead of a fresh
-    interpreter importing everything for each (``spawn``, the fallback where there is no
-    fork server). The fork server is single-threaded, so forking it is safe."""
+    protobuf) once, so a worker starts in milliseconds plus its model's own imports, instead
+    of a fresh interpreter importing everything for each (``spawn``, the fallback where there
+    is no fork server). The fork server is single-threaded, so forking it is safe."""
     global _context
     if _context is None:
         if "forkserver" in multiprocessing.get_all_start_methods():
