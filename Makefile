@@ -1,13 +1,14 @@
 # The one interface that people and CI both call.
 #   make install   create .venv and install tritonfast with its test extras (builds the Rust core)
 #   make test      cargo test + pytest + the quick microbenchmarks (figures printed, not judged)
-#   make ci        install, then check generated protos, lint (stubtest included) and test: what
-#                  .ci/run runs
+#   make wheel     the manylinux abi3 wheel (CPython 3.10 and later) and the sdist, into dist/
+#   make ci        install, then check generated protos, lint (stubtest included), build the wheel
+#                  and test (the wheel's install test included): what .ci/run runs
 VENV    ?= .venv
 PYTHON  ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv install build test test-rust test-python bench-quick bench lint lint-fast stubtest fmt protos protos-check ci serve
+.PHONY: venv install build wheel test test-rust test-python bench-quick bench lint lint-fast stubtest fmt protos protos-check ci serve
 
 venv:
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -21,6 +22,16 @@ install: venv
 
 build: venv
 	$(PYTHON) -m pip install -q --no-deps --force-reinstall .
+
+# One wheel for every CPython from 3.10 (abi3), linked by zig against glibc 2.17 so that it
+# carries a manylinux2014 tag and installs on any Linux of the last decade; no Rust needed
+# where it is installed. tests/e2e/test_wheel.py installs it into a fresh environment.
+wheel: venv
+	$(PYTHON) -m pip install -q 'maturin>=1.5,<2' 'ziglang>=0.13'
+	rm -rf dist
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build --release --zig \
+		--compatibility manylinux2014 --out dist
+	$(VENV)/bin/maturin sdist --out dist
 
 test-rust:
 	cargo test --quiet
@@ -65,7 +76,7 @@ protos:
 protos-check:
 	$(PYTHON) scripts/gen_protos.py --check
 
-ci: install protos-check lint-fast test
+ci: install protos-check lint-fast wheel test
 
 serve: install
 	$(PYTHON) -m tritonfast serve
