@@ -5,27 +5,24 @@ from __future__ import annotations
 
 import sys
 
-from tritonfast.cli import parse_serve_args
+from tritonfast.cli import build_parser, parse_serve_args, subcommand
 from tritonfast.server import run
-
-SELFCHECKS = ("tensorrt",)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["selfcheck"]:
-        return selfcheck(args[1:])
+        backend = subcommand(build_parser(), "selfcheck").parse_args(args[1:]).backend
+        return selfcheck(backend)
     options = parse_serve_args(args)
     return run(options)
 
 
-def selfcheck(args: list[str]) -> int:
+def selfcheck(backend: str) -> int:
     """``selfcheck tensorrt``: see tritonfast.backends.tensorrt.selfcheck."""
-    if args != ["tensorrt"]:
-        print(f"usage: python -m tritonfast selfcheck {{{','.join(SELFCHECKS)}}}", file=sys.stderr)
-        return 2
     from tritonfast.backends.tensorrt import selfcheck as tensorrt_check
 
+    assert backend == "tensorrt"  # the parser allows no other
     return tensorrt_check.run()
 
 

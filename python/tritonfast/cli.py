@@ -1,4 +1,5 @@
-"""Command line: ``tritonfast serve`` with ``tritonserver``'s flags where they apply."""
+"""Command line: ``tritonfast serve`` with ``tritonserver``'s flags where they apply, and
+``tritonfast selfcheck``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tritonfast import __version__
 
 EXAMPLE_REPOSITORY = Path(__file__).parent / "examples" / "models"
 
@@ -111,13 +114,50 @@ class ServeOptions:
     server_id: str = "triton"
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each flag's help ends with its default, when it has one worth showing and the help
+    does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            text
+            and "default" not in text
+            and default not in (None, "", [], argparse.SUPPRESS)
+            and action.option_strings
+        ):
+            shown = str(default).lower() if isinstance(default, bool) else "%(default)s"
+            text += f" (default: {shown})"
+        return text
+
+
+SELFCHECKS = ("tensorrt",)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonfast",
-        description="A Triton-compatible inference server. Flags follow tritonserver's.",
+        description="A Triton-compatible inference server. Flags follow tritonserver's;"
+        " `tritonfast serve --help` lists them.",
+        formatter_class=_HelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model repository over HTTP and gRPC")
+    parser.add_argument("--version", action="version", version=f"tritonfast {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model repository over HTTP and gRPC (the command when none is given)",
+        description="Serve a model repository over HTTP, gRPC and a metrics endpoint."
+        " Flags follow tritonserver's.",
+        formatter_class=_HelpFormatter,
+    )
+    serve.add_argument("--version", action="version", version=f"tritonfast {__version__}")
+    selfcheck = sub.add_parser(
+        "selfcheck",
+        help="check that an optional backend works on this machine (tensorrt: needs a GPU)",
+        description="Build a small model for the backend, serve it and check its answers.",
+    )
+    selfcheck.add_argument("backend", choices=SELFCHECKS)
     for add_flags in (
         _repositories_and_models,
         _endpoints,
@@ -180,7 +220,13 @@ def _repositories_and_models(serve: argparse.ArgumentParser) -> None:
         help="with --model-control-mode=explicit: load this model at start-up (repeatable;"
         " '*' loads all)",
     )
-    group.add_argument("--repository-poll-secs", type=float, default=15.0)
+    group.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="with --model-control-mode=poll: how often the repository is scanned for changes",
+    )
     group.add_argument(
         "--strict-readiness",
         default=True,
@@ -198,12 +244,21 @@ def _repositories_and_models(serve: argparse.ArgumentParser) -> None:
 def _endpoints(serve: argparse.ArgumentParser) -> None:
     """The HTTP, gRPC and metrics endpoints."""
     group = serve.add_argument_group("endpoints")
-    group.add_argument("--http-port", type=int, default=8000)
-    group.add_argument("--grpc-port", type=int, default=8001)
-    group.add_argument("--metrics-port", type=int, default=8002)
-    group.add_argument("--http-address", default="0.0.0.0")
-    group.add_argument("--grpc-address", default="0.0.0.0")
-    group.add_argument("--metrics-address", default="0.0.0.0")
+    for name, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        service = "HTTP" if name == "http" else "gRPC" if name == "grpc" else "metrics"
+        group.add_argument(
+            f"--{name}-port",
+            type=int,
+            default=port,
+            metavar="PORT",
+            help=f"the {service} endpoint's port",
+        )
+        group.add_argument(
+            f"--{name}-address",
+            default="0.0.0.0",
+            metavar="ADDRESS",
+            help=f"the address the {service} endpoint listens on",
+        )
     group.add_argument(
         "--grpc-engine",
         choices=("core", "aio"),
@@ -211,10 +266,14 @@ def _endpoints(serve: argparse.ArgumentParser) -> None:
         help="tritonfast only. core: serve gRPC on grpcio's core with our own call handling"
         " (the fast default); aio: grpc.aio's server",
     )
-    group.add_argument("--allow-http", default=True, **_BOOL)
-    group.add_argument("--allow-grpc", default=True, **_BOOL)
-    group.add_argument("--allow-metrics", default=True, **_BOOL)
-    group.add_argument("--allow-cpu-metrics", default=True, **_BOOL)
+    group.add_argument("--allow-http", default=True, help="serve HTTP", **_BOOL)
+    group.add_argument("--allow-grpc", default=True, help="serve gRPC", **_BOOL)
+    group.add_argument(
+        "--allow-metrics", default=True, help="serve /metrics on the metrics port", **_BOOL
+    )
+    group.add_argument(
+        "--allow-cpu-metrics", default=True, help="export the nv_cpu_* gauges", **_BOOL
+    )
 
 
 def _cache_and_metrics(serve: argparse.ArgumentParser) -> None:
@@ -253,9 +312,27 @@ def _cache_and_metrics(serve: argparse.ArgumentParser) -> None:
 def _lifecycle_and_logging(serve: argparse.ArgumentParser) -> None:
     """Shutdown, logging and tracing."""
     group = serve.add_argument_group("shutdown, logging, tracing")
-    group.add_argument("--exit-timeout-secs", type=int, default=30)
-    group.add_argument("--log-verbose", type=int, default=0)
-    group.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    group.add_argument(
+        "--exit-timeout-secs",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="on shutdown (or unload), how long requests in flight may take before they are"
+        " answered UNAVAILABLE",
+    )
+    group.add_argument(
+        "--log-verbose",
+        type=int,
+        default=0,
+        metavar="LEVEL",
+        help="verbose log messages: 0 none, 1 and up more of them",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=("default", "ISO8601"),
+        default="default",
+        help="the log lines' timestamp format",
+    )
     group.add_argument(
         "--trace-config",
         action="append",
@@ -264,11 +341,19 @@ def _lifecycle_and_logging(serve: argparse.ArgumentParser) -> None:
         help="request tracing: file=PATH, level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N,"
         " log-frequency=N (repeatable)",
     )
-    group.add_argument("--log-file", default="", help="write the log here instead of stderr")
-    group.add_argument("--log-info", default=True, **_BOOL)
-    group.add_argument("--log-warning", default=True, **_BOOL)
-    group.add_argument("--log-error", default=True, **_BOOL)
-    group.add_argument("--id", dest="server_id", default="triton")
+    group.add_argument(
+        "--log-file", default="", metavar="PATH", help="write the log here instead of stderr"
+    )
+    group.add_argument("--log-info", default=True, help="log INFO messages", **_BOOL)
+    group.add_argument("--log-warning", default=True, help="log WARNING messages", **_BOOL)
+    group.add_argument("--log-error", default=True, help="log ERROR messages", **_BOOL)
+    group.add_argument(
+        "--id",
+        dest="server_id",
+        default="triton",
+        metavar="NAME",
+        help="the server's name in its metadata (GET /v2)",
+    )
 
 
 def _backends_and_headers(serve: argparse.ArgumentParser) -> None:
@@ -311,16 +396,27 @@ def _security(serve: argparse.ArgumentParser) -> None:
         help="serve gRPC over TLS and require client certificates signed by --grpc-root-cert",
         **_BOOL,
     )
-    group.add_argument("--grpc-server-cert", default="", metavar="PEM")
-    group.add_argument("--grpc-server-key", default="", metavar="PEM")
-    group.add_argument("--grpc-root-cert", default="", metavar="PEM")
+    group.add_argument(
+        "--grpc-server-cert", default="", metavar="PEM", help="the gRPC server's certificate"
+    )
+    group.add_argument(
+        "--grpc-server-key", default="", metavar="PEM", help="that certificate's private key"
+    )
+    group.add_argument(
+        "--grpc-root-cert",
+        default="",
+        metavar="PEM",
+        help="the certificate authority client certificates must be signed by",
+    )
     group.add_argument(
         "--http-tls-cert",
         default="",
         metavar="PEM",
         help="tritonfast only: serve HTTP as HTTPS with this certificate (and --http-tls-key)",
     )
-    group.add_argument("--http-tls-key", default="", metavar="PEM")
+    group.add_argument(
+        "--http-tls-key", default="", metavar="PEM", help="--http-tls-cert's private key"
+    )
     group.add_argument(
         "--request-body-budget-bytes",
         type=int,
@@ -357,18 +453,39 @@ def _vertex_ai(serve: argparse.ArgumentParser) -> None:
         **_BOOL,
     )
     group.add_argument(
-        "--vertex-ai-port", type=int, default=None, help="default: AIP_HTTP_PORT, else 8080"
+        "--vertex-ai-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="default: AIP_HTTP_PORT, else 8080",
     )
-    group.add_argument("--vertex-ai-default-model", default="", metavar="MODEL")
+    group.add_argument(
+        "--vertex-ai-default-model",
+        default="",
+        metavar="MODEL",
+        help="the model the predict route serves (needed when the repository holds several)",
+    )
+
+
+def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    raise KeyError(name)
 
 
 def parse_serve_args(argv: list[str]) -> ServeOptions:
-    """Parse a command line. ``serve`` may be left out, as with ``tritonserver``."""
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
-        argv = ["serve", *argv]
-    args = build_parser().parse_args(argv)
+    """Parse a command line. ``serve`` may be left out, as with ``tritonserver``. A flag
+    ``serve`` does not know is reported with ``serve``'s usage."""
+    parser = build_parser()
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    elif (argv and not argv[0].startswith("-")) or argv[:1] in (["-h"], ["--help"]):
+        parser.parse_args(argv)  # another command, or the overview: argparse answers
+    args = subcommand(parser, "serve").parse_args(argv)
     values = vars(args)
-    values.pop("command")
     repositories = values.pop("model_repositories") or []
     options = ServeOptions(**values)
     if repositories:

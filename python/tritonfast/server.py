@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tritonfast import __version__
+from tritonfast import __version__, preflight
 from tritonfast.api.dataplane import DataPlane
 from tritonfast.api.serverhandle import ServerHandle
 from tritonfast.backends.registry import BackendSettings
@@ -49,12 +49,15 @@ def server_log(options: ServeOptions) -> ServerLog:
 
 
 def model_table(entries: list[ModelEntry]) -> str:
-    """The start-up table of models, in tritonserver's layout."""
+    """The start-up table of models, in tritonserver's layout: a row per version (those that
+    failed too), its status on one line (the first of a multi-line error, such as a Python
+    traceback; the log holds all of it)."""
     rows = []
     for entry in entries:
-        versions: list[int | None] = [*sorted(entry.versions)] or [None]
+        versions: list[int | None] = [*sorted(entry.versions or entry.listed_versions)] or [None]
+        reason = entry.reason.strip().splitlines()[0] if entry.reason.strip() else ""
+        status = f"{entry.state}: {reason}" if reason else entry.state
         for version in versions:
-            status = f"{entry.state}: {entry.reason}" if entry.reason else entry.state
             rows.append((entry.name, "" if version is None else str(version), status))
     header = ("Model", "Version", "Status")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
@@ -85,6 +88,7 @@ async def serve(
     _announce(options)
     try:
         settings = _Settings.of(options)
+        preflight.check(options)
     except TritonError as exc:
         log.error("%s", exc.message)
         return 1
@@ -129,7 +133,14 @@ async def _serve_models(
     # instead of ~30, and no longer stalls the event loop long enough to look like a slow model.
     gc.collect()
     gc.freeze()
-    print(f"tritonfast {__version__} ready", flush=True)
+    if dataplane.ready():
+        print(f"tritonfast {__version__} ready", flush=True)
+    else:  # --exit-on-error=false with models that failed, or --strict-readiness
+        print(
+            f"tritonfast {__version__} serving, but not ready: not every model loaded (see the"
+            " table above); /v2/health/ready answers 400 until they do",
+            flush=True,
+        )
     if lifecycle is not None:
         lifecycle.ready(control)
     poller = asyncio.ensure_future(control.poll_forever()) if control.mode == POLL else None
@@ -163,9 +174,19 @@ def _stop_event(loop: asyncio.AbstractEventLoop, lifecycle: Lifecycle | None) ->
 def _announce(options: ServeOptions) -> None:
     """What the command line means that the user should know before anything loads."""
     if options.using_example_repository:
+        endpoints = ", ".join(
+            f"{service} on {address}:{port}"
+            for service, allowed, address, port in (
+                ("HTTP", options.allow_http, options.http_address, options.http_port),
+                ("gRPC", options.allow_grpc, options.grpc_address, options.grpc_port),
+                ("metrics", options.allow_metrics, options.metrics_address, options.metrics_port),
+            )
+            if allowed
+        )
         print(
             f"No --model-repository given: serving the bundled example repository"
-            f" {options.model_repositories[0]}",
+            f" {options.model_repositories[0]} ({endpoints}; `tritonfast serve --help` lists"
+            " the options)",
             flush=True,
         )
     for flag in options.ignored_flags:
@@ -248,6 +269,7 @@ async def _load_models(options: ServeOptions, control: ModelControl) -> bool:
     except Exception as exc:
         log.error("failed to load the model repository: %s", exc)
         return False
+    entries = [e for e in entries if not e.missing_step]  # its ensemble's row says why
     print(model_table(entries), flush=True)
     failed = [e for e in entries if e.state != READY]
     if failed and options.exit_on_error:
@@ -299,8 +321,9 @@ async def _start_grpc(
         credentials,
     )
     stoppers.append(lambda: grpc_server.stop(options.exit_timeout_secs))
+    over = " (TLS)" if credentials is not None else ""
     print(
-        f"Started GRPCInferenceService at {options.grpc_address}:{options.grpc_port}",
+        f"Started GRPCInferenceService at {options.grpc_address}:{options.grpc_port}{over}",
         flush=True,
     )
 
@@ -316,12 +339,15 @@ async def _start_http(
         try:
             tls.load_cert_chain(options.http_tls_cert, options.http_tls_key or None)
         except (OSError, ssl.SSLError) as error:
-            raise InvalidArgumentError(f"cannot use the HTTPS certificate: {error}") from None
+            raise InvalidArgumentError(
+                f"cannot use --http-tls-cert '{options.http_tls_cert}': {error}"
+            ) from None
     http_server = await start_http_server(
         dataplane, options.http_address, options.http_port, settings.http_restrictions, tls
     )
     stoppers.append(http_server.close)
-    print(f"Started HTTPService at {options.http_address}:{options.http_port}", flush=True)
+    over = " (HTTPS)" if tls is not None else ""
+    print(f"Started HTTPService at {options.http_address}:{options.http_port}{over}", flush=True)
 
 
 async def _start_vertex_ai(

@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "tritonfast.server",
             "tritonfast.cli",
+            "tritonfast.preflight",
             "tritonfast.inprocess",
             "tritonfast.pytriton",
             "tritonfast.__main__",

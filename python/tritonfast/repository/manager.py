@@ -79,6 +79,9 @@ class ModelEntry:
     poll_failed: bool = False
     # False where Triton's index leaves the model out (no version to load).
     listed: bool = True
+    # Named by an ensemble's step but not in the repository (a misspelt name, say): kept for
+    # the ensemble's error, which quotes it; not a model of its own in the start-up table.
+    missing_step: bool = False
 
     @property
     def default_version(self) -> ModelVersion | None:
@@ -132,9 +135,10 @@ class ModelRepository:
         """Load every model found (or only ``names``, with the models their ensembles are
         made of) at start-up, each ensemble after its step models; returns all entries."""
         found = self.discover()
+        asked = set(found if names is None else names)
         for name in with_dependencies(found if names is None else names, found):
             if name not in found:
-                entry = ModelEntry(name=name, path=Path(name))
+                entry = ModelEntry(name=name, path=Path(name), missing_step=name not in asked)
                 entry.reason = f"failed to load '{name}', no version is available"
                 self._models[name] = entry
                 continue
@@ -319,6 +323,7 @@ class ModelRepository:
             config.platform = config.platform or backend.platforms[0]
         entry.config = config
         for version in versions:
+            log.info("loading: %s:%d", config.name, version)  # as Triton says it
             try:
                 entry.versions[version] = self._start_version(backend, config, version, versions)
             except TritonError as exc:
