@@ -1,9 +1,10 @@
 """Exporting request traces to OpenTelemetry (``--trace-config mode=opentelemetry``).
 
 Needs the ``opentelemetry-sdk`` and ``opentelemetry-exporter-otlp-proto-http`` packages
-(``pip install 'tritonfast[opentelemetry]'``). Each traced request becomes one span named
-``InferRequest`` from its first to its last timestamp, with the model's name and version and
-the request id as attributes and every timestamp (``REQUEST_START``, ``QUEUE_START``,
+(the ``opentelemetry`` extra: ``pip install '.[opentelemetry]'`` from a checkout). Each
+traced request becomes one span named ``InferRequest`` from its first to its last timestamp,
+with the model's name and version and the request id as attributes and every timestamp
+(``REQUEST_START``, ``QUEUE_START``,
 ``COMPUTE_START``…) as a span event; spans go in batches, over OTLP/HTTP, to ``url``
 (``--trace-config opentelemetry,url=…``, default ``http://localhost:4318/v1/traces``).
 """

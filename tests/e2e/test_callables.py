@@ -23,6 +23,7 @@ from tritonfast.pytriton.client import (
 from tritonfast.pytriton.client.exceptions import (
     PyTritonClientInferenceServerError,
     PyTritonClientModelDoesntSupportBatchingError,
+    PyTritonClientTimeoutError,
 )
 from tritonfast.pytriton.decorators import (
     fill_optionals,
@@ -245,6 +246,16 @@ def test_strings_and_a_model_without_batching(pytriton_server: Any) -> None:
         assert result["loud"].tolist() == [b"ABC!", b"XY!"]
         with pytest.raises(PyTritonClientModelDoesntSupportBatchingError):
             client.infer_batch(text=np.array([[b"a"]], dtype=object))
+
+
+def test_a_model_that_never_gets_ready_times_out_in_pytritons_words(pytriton_server) -> None:
+    _, http, _ = pytriton_server
+    with (
+        ModelClient(f"127.0.0.1:{http}", "Nope", init_timeout_s=0.5) as client,
+        pytest.raises(PyTritonClientTimeoutError) as error,
+    ):
+        client.infer_sample(x=np.ones(1, F32))
+    assert str(error.value) == "Waiting for model Nope/<latest> to be ready timed out."
 
 
 def test_request_parameters_reach_the_callable(pytriton_server: Any) -> None:

@@ -68,7 +68,7 @@ def test_without_tensorrt_a_plan_is_unavailable_with_how_to_install_it(
     state, reason = reasons(plan_server)["engine"]
     assert state == "UNAVAILABLE"
     assert reason.startswith("Unavailable: the tensorrt backend needs the 'tensorrt' package")
-    assert reason.endswith("install it with: pip install 'tritonfast[tensorrt]'")
+    assert reason.endswith("install it with: pip install 'tensorrt>=10,<11' 'cuda-python>=12,<13'")
 
 
 @pytest.mark.skipif(not (HAS_TENSORRT and HAS_GPU), reason="needs a GPU and TensorRT")

@@ -15,7 +15,7 @@ from tritonfast.errors import InvalidArgumentError, UnavailableError
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "install it with: pip install 'tritonfast[onnx]'"
+INSTALL_HINT = "install it with: pip install onnxruntime"
 
 
 def import_onnxruntime() -> Any:

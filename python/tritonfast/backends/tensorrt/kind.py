@@ -21,7 +21,7 @@ from tritonfast.memory.cudamemory import cuda_check
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "install it with: pip install 'tritonfast[tensorrt]'"
+INSTALL_HINT = "install it with: pip install 'tensorrt>=10,<11' 'cuda-python>=12,<13'"
 _KIND = model_config_pb2.ModelInstanceGroup
 
 

@@ -26,7 +26,6 @@ from tritonfast.pytriton.client.exceptions import (
     PyTritonClientInferenceServerError,
     PyTritonClientInvalidUrlError,
     PyTritonClientModelDoesntSupportBatchingError,
-    PyTritonClientModelUnavailableError,
     PyTritonClientTimeoutError,
     PyTritonClientValueError,
 )
@@ -172,17 +171,25 @@ class ModelClient:
         if self._client is None:
             raise PyTritonClientClosedError("ModelClient is closed")
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        server_ready = False
+        while True:
             try:
-                if self._client.is_server_ready() and self._client.is_model_ready(
+                server_ready = server_ready or bool(self._client.is_server_ready())
+                if server_ready and self._client.is_model_ready(
                     self._model_name, self._model_version
                 ):
                     return
             except (InferenceServerException, OSError):
                 pass
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.05)
+        # PyTriton's words
+        if not server_ready:
+            raise PyTritonClientTimeoutError("Waiting for server to be ready timed out.")
+        version = self._model_version or "<latest>"
         raise PyTritonClientTimeoutError(
-            f"Timeout while waiting for model {self._model_name} to be ready for {timeout_s}s"
+            f"Waiting for model {self._model_name}/{version} to be ready timed out."
         )
 
     def _init(self) -> None:
@@ -190,10 +197,7 @@ class ModelClient:
             raise PyTritonClientClosedError("ModelClient is closed")
         if self._ready and self._config is not None:
             return
-        try:
-            self.wait_for_model(self._init_timeout_s)
-        except PyTritonClientTimeoutError as exc:
-            raise PyTritonClientModelUnavailableError(exc.message) from None
+        self.wait_for_model(self._init_timeout_s)  # PyTritonClientTimeoutError, as PyTriton
         config = self._client.get_model_config(self._model_name, self._model_version)
         if self._scheme == "grpc":
             from google.protobuf import json_format
