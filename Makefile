@@ -2,13 +2,14 @@
 #   make install   create .venv and install tritonfast with its test extras (builds the Rust core)
 #   make test      cargo test + pytest + the quick microbenchmarks (figures printed, not judged)
 #   make wheel     the manylinux abi3 wheel (CPython 3.10 and later) and the sdist, into dist/
+#   make test-matrix  the test suite on each CPython 3.10-3.13 found here, from the wheel
 #   make ci        install, then check generated protos, lint (stubtest included), build the wheel
 #                  and test (the wheel's install test included): what .ci/run runs
 VENV    ?= .venv
 PYTHON  ?= $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv install build wheel test test-rust test-python bench-quick bench lint lint-fast stubtest fmt protos protos-check ci serve
+.PHONY: venv install build wheel test-matrix test test-rust test-python bench-quick bench lint lint-fast stubtest fmt protos protos-check ci serve
 
 venv:
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -32,6 +33,9 @@ wheel: venv
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build --release --zig \
 		--compatibility manylinux2014 --out dist
 	$(VENV)/bin/maturin sdist --out dist
+
+test-matrix: wheel
+	scripts/test_matrix.sh
 
 test-rust:
 	cargo test --quiet

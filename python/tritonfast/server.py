@@ -9,7 +9,7 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +48,45 @@ def server_log(options: ServeOptions) -> ServerLog:
     )
 
 
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    """Rows in tritonserver's boxed layout."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def fmt(row: tuple[str, ...]) -> str:
+        return "|" + "|".join(f" {cell:<{w}} " for cell, w in zip(row, widths, strict=True)) + "|"
+
+    return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])
+
+
+def options_table(options: ServeOptions, settings: _Settings) -> str:
+    """What the server runs with, printed before any model loads (as tritonserver prints its
+    options): the repositories, how models load and run, the cache and the endpoints."""
+    from tritonfast.backends.python.process import DEFAULT_MODE, MODE_SETTING
+
+    rows = [("server_id", options.server_id), ("server_version", __version__)]
+    rows += [
+        (f"model_repository_path[{index}]", str(path))
+        for index, path in enumerate(options.model_repositories)
+    ]
+    python_mode = settings.backends.for_backend("python").get(MODE_SETTING, DEFAULT_MODE)
+    rows += [
+        ("model_control_mode", f"MODE_{options.model_control_mode.upper()}"),
+        ("strict_model_config", str(int(options.strict_model_config))),
+        ("strict_readiness", str(int(options.strict_readiness))),
+        ("exit_timeout", str(options.exit_timeout_secs)),
+        ("python_instance_mode", python_mode),
+        ("cache_enabled", str(int(bool(settings.cache_size)))),
+    ]
+    for service, allowed, address, port in (
+        ("http", options.allow_http, options.http_address, options.http_port),
+        ("grpc", options.allow_grpc, options.grpc_address, options.grpc_port),
+        ("metrics", options.allow_metrics, options.metrics_address, options.metrics_port),
+    ):
+        rows.append((f"{service}_endpoint", f"{address}:{port}" if allowed else "off"))
+    return table(("Option", "Value"), rows)
+
+
 def model_table(entries: list[ModelEntry]) -> str:
     """The start-up table of models, in tritonserver's layout: a row per version (those that
     failed too), its status on one line (the first of a multi-line error, such as a Python
@@ -59,14 +98,7 @@ def model_table(entries: list[ModelEntry]) -> str:
         status = f"{entry.state}: {reason}" if reason else entry.state
         for version in versions:
             rows.append((entry.name, "" if version is None else str(version), status))
-    header = ("Model", "Version", "Status")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
-    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-
-    def fmt(row: tuple[str, str, str]) -> str:
-        return "|" + "|".join(f" {cell:<{w}} " for cell, w in zip(row, widths, strict=True)) + "|"
-
-    return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])
+    return table(("Model", "Version", "Status"), rows)
 
 
 class Lifecycle(Protocol):
@@ -92,6 +124,7 @@ async def serve(
     except TritonError as exc:
         log.error("%s", exc.message)
         return 1
+    print(options_table(options, settings), flush=True)
     # Segments and temporary directories of servers that were killed before they could.
     await asyncio.to_thread(leftovers.sweep)
     control, dataplane = _build(

@@ -90,12 +90,28 @@ def test_without_a_repository_it_says_what_it_serves_and_where(tmp_path) -> None
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0, log.read_text()
-    first = log.read_text().splitlines()[0]
+    printed = log.read_text().splitlines()
+    first = printed[0]
     assert first.startswith("No --model-repository given: serving the bundled example"), first
     assert (
         f"(HTTP on 127.0.0.1:{http}, gRPC on 0.0.0.0:{grpc}, metrics on 0.0.0.0:{metrics};"
         " `tritonfast serve --help` lists the options)"
     ) in first
+    # Then the options in effect, before any model loads; then the models; then the services.
+    rows = {
+        cells[0]: cells[1]
+        for line in printed
+        if line.startswith("| ")
+        and len(cells := [cell.strip() for cell in line.strip("|").split("|")]) == 2
+    }
+    assert rows["model_control_mode"] == "MODE_NONE"
+    assert rows["python_instance_mode"] == "process"
+    assert rows["http_endpoint"] == f"127.0.0.1:{http}"
+    order = [
+        next(i for i, line in enumerate(printed) if line.startswith(prefix))
+        for prefix in ("| Option", "| Model", "Started HTTPService")
+    ]
+    assert order == sorted(order), printed
 
 
 def test_failed_models_keep_the_table_readable_and_the_banner_honest(tmp_path) -> None:
@@ -128,7 +144,7 @@ def test_failed_models_keep_the_table_readable_and_the_banner_honest(tmp_path) -
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
     lines = log.read_text().splitlines()
-    table = [line for line in lines if line.startswith(("+-", "| "))]
+    table = _model_table(lines)
     assert len({len(line) for line in table}) == 1, "\n".join(table)
     assert any(
         [cell.strip() for cell in line.split("|")[1:3]] == ["init_fail", "1"]
@@ -136,6 +152,13 @@ def test_failed_models_keep_the_table_readable_and_the_banner_honest(tmp_path) -
         for line in table
     ), "\n".join(table)
     assert not any(line.endswith(f"tritonfast {__version__} ready") for line in lines)
+
+
+def _model_table(lines: list[str]) -> list[str]:
+    """The lines of the model status table (its borders too) in the server's output."""
+    header = next(i for i, line in enumerate(lines) if line.startswith("| Model "))
+    end = next(i for i in range(header + 2, len(lines)) if lines[i].startswith("+-"))
+    return lines[header - 1 : end + 1]
 
 
 def _refused_start(*flags: str, check_loaded: bool = True) -> str:
@@ -206,7 +229,7 @@ def test_a_misspelt_ensemble_step_is_one_failed_model(tmp_path) -> None:
     (repository / "ens" / "1").mkdir(parents=True)
     (repository / "ens" / "config.pbtxt").write_text(MISSPELT_ENSEMBLE)
     printed = _refused_start(f"--model-repository={repository}", check_loaded=False)
-    table = [line for line in printed.splitlines() if line.startswith("| ")]
+    table = [line for line in _model_table(printed.splitlines()) if line.startswith("| ")]
     names = [line.split("|")[1].strip() for line in table]
     assert names == ["Model", "add_one", "ens"], "\n".join(table)
     assert "depends on 'add_onee'" in table[2]
