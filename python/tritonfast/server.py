@@ -426,7 +426,7 @@ async def _stop(stoppers: list[Any], repository: ModelRepository, options: Serve
     async def stop_one(stop: Any) -> None:
         try:
             await asyncio.wait_for(stop(), timeout=options.exit_timeout_secs)
-        except TimeoutError:  # a hung model: one clear line, not a traceback
+        except asyncio.TimeoutError:  # a hung model: one clear line, not a traceback
             log.warning(
                 "requests were still running when the exit timeout (%d s) ran out; their"
                 " connections are closed",

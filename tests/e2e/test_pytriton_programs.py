@@ -69,9 +69,10 @@ def run_pair(
             if helper is not None:
                 helper.send_signal(signal.SIGINT)
                 try:
-                    helper.wait(60)
+                    helper_code = helper.wait(60)
                 except subprocess.TimeoutExpired:
                     helper.kill()
+                    helper_code = helper.wait()
             process.send_signal(signal.SIGINT)  # Ctrl-C, which both servers take as stop
             try:
                 code = process.wait(60)
@@ -83,6 +84,8 @@ def run_pair(
     )
     if clean_exit:
         assert code == 0, f"server exited with {code}:\n{log.read_text()}"
+        if helper is not None:
+            assert helper_code == 0, f"the remote exited with {helper_code}:\n{log.read_text()}"
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -37,7 +37,7 @@ def test_a_cancelled_async_wait_takes_nothing() -> None:
     async def read() -> list[str]:
         items = aiter(responses)
         first = await anext(items)
-        with pytest.raises(TimeoutError):  # the second is late: this wait is cancelled
+        with pytest.raises(asyncio.TimeoutError):  # the second is late: this wait is cancelled
             await asyncio.wait_for(anext(items), 0.05)
         go.set()
         rest = [response async for response in responses]

@@ -511,7 +511,7 @@ class CoreServer:
             # shutdown: refusing goes on for DRAIN_GRACE_S at least.
             grace_over = asyncio.ensure_future(asyncio.sleep(DRAIN_GRACE_S))
             waits = [grace_over] if self._unary_idle is None else [grace_over, self._unary_idle]
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # (TimeoutError from 3.11)
                 await asyncio.wait_for(asyncio.shield(asyncio.gather(*waits)), grace)
         if grace is not None:
             grace = max(0.0, grace - (self.loop.time() - started))
@@ -520,7 +520,7 @@ class CoreServer:
             self._server.shutdown(self._queue, self._on_shutdown)
         try:
             await asyncio.wait_for(asyncio.shield(self._stopped), grace)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             self._server.cancel_all_calls()
             await self._stopped
         await asyncio.to_thread(self._thread.join)

@@ -567,7 +567,7 @@ class HttpServer:
         if self.connections:
             # Closing an idle connection at once would reset a request already on its way
             # (the client cannot know the server was about to close): wait for them first.
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # (TimeoutError from 3.11)
                 await asyncio.wait_for(asyncio.shield(self._all_closed.wait()), DRAIN_GRACE_S)
             for connection in list(self.connections):
                 connection.close_when_idle()
