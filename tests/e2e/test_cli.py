@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from tritonfast import __version__
 
@@ -23,6 +24,42 @@ def tritonfast(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+def _command(*flags: str, ports: list[int]) -> list[str]:
+    """``python -m tritonfast [serve] FLAGS...`` on ``ports`` (HTTP, gRPC, metrics), which
+    ``flags`` may override (the last of a flag given twice wins)."""
+    http, grpc, metrics = ports
+    command = flags[:1] if flags[:1] == ("serve",) else ()
+    return [
+        sys.executable,
+        "-m",
+        "tritonfast",
+        *command,
+        f"--http-port={http}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
+        *flags[len(command) :],
+    ]
+
+
+def _serve_until(text: str, tmp_path: Path, *flags: str) -> tuple[list[str], list[int]]:
+    """Start the server with ``flags`` on free ports, stop it (SIGTERM, exit 0) once it has
+    printed ``text``; the lines it printed, and its ports."""
+    ports = free_ports(3)
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            _command(*flags, ports=ports), stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for(lambda: text in log.read_text() or server.poll() is not None, repr(text), 60)
+        assert server.poll() is None, log.read_text()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+    assert code == 0, log.read_text()
+    return log.read_text().splitlines(), ports
 
 
 def test_help_lists_every_command() -> None:
@@ -68,29 +105,9 @@ def test_selfcheck_names_what_it_checks() -> None:
 
 
 def test_without_a_repository_it_says_what_it_serves_and_where(tmp_path) -> None:
-    http, grpc, metrics = free_ports(3)
-    log = tmp_path / "server.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tritonfast",
-                f"--http-port={http}",
-                f"--grpc-port={grpc}",
-                f"--metrics-port={metrics}",
-                "--http-address=127.0.0.1",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    try:
-        wait_for(lambda: "ready" in log.read_text() or server.poll() is not None, "start-up")
-    finally:
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=60) == 0, log.read_text()
-    printed = log.read_text().splitlines()
+    printed, (http, grpc, metrics) = _serve_until(
+        f"tritonfast {__version__} ready", tmp_path, "--http-address=127.0.0.1"
+    )
     first = printed[0]
     assert first.startswith("No --model-repository given: serving the bundled example"), first
     assert (
@@ -118,32 +135,13 @@ def test_failed_models_keep_the_table_readable_and_the_banner_honest(tmp_path) -
     """With --exit-on-error=false and models that fail (a Python traceback among them): every
     row of the status table is one line, a failed version shows its number, and the banner
     says the server is not ready (its /v2/health/ready answers 400)."""
-    http, grpc, metrics = free_ports(3)
-    log = tmp_path / "server.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tritonfast",
-                "serve",
-                f"--model-repository={ROOT / 'tests' / 'models_broken'}",
-                "--exit-on-error=false",
-                f"--http-port={http}",
-                f"--grpc-port={grpc}",
-                f"--metrics-port={metrics}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    try:
-        wait_for(lambda: "serving, but not ready" in log.read_text(), "the banner", timeout=60)
-        assert server.poll() is None, log.read_text()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
-    lines = log.read_text().splitlines()
+    lines, _ = _serve_until(
+        "serving, but not ready",
+        tmp_path,
+        "serve",
+        f"--model-repository={ROOT / 'tests' / 'models_broken'}",
+        "--exit-on-error=false",
+    )
     table = _model_table(lines)
     assert len({len(line) for line in table}) == 1, "\n".join(table)
     assert any(
@@ -164,18 +162,8 @@ def _model_table(lines: list[str]) -> list[str]:
 def _refused_start(*flags: str, check_loaded: bool = True) -> str:
     """Start the server (on the bundled examples, unless ``flags`` name a repository): it must
     exit 1, before any model loads unless not ``check_loaded``; what it printed."""
-    http, grpc, metrics = free_ports(3)
     started = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tritonfast",
-            "serve",
-            f"--http-port={http}",
-            f"--grpc-port={grpc}",
-            f"--metrics-port={metrics}",
-            *flags,
-        ],
+        _command("serve", *flags, ports=free_ports(3)),
         capture_output=True,
         text=True,
         timeout=60,
