@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -307,14 +308,22 @@ class RemoteTriton:
         self._load_pending()
 
     def serve(self, monitoring_period_s: float = 10.0) -> None:
-        """Run until stopped (or interrupted)."""
+        """Run until stopped, or until SIGINT or SIGTERM (from the main thread: handled here,
+        so that a process started with SIGINT ignored, as a shell's background job is, still
+        stops on it)."""
         self.run()
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda *_: self._stopped.set())
         try:
             while not self._stopped.wait(0.5):
                 pass
         except KeyboardInterrupt:
             pass
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self.stop()
 
     def stop(self) -> bool:
