@@ -93,6 +93,7 @@ class Server:
         self._workspace: Path | None = None
         self._thread: threading.Thread | None = None
         self._lifecycle = _Lifecycle(self._bound)
+        self._stop_requested = False  # by a signal during serve()
         self.unrecoverable_error: str | None = None
 
     # -- models ------------------------------------------------------------------------------
@@ -177,23 +178,38 @@ class Server:
             )
 
     def serve(self) -> None:
-        """Run until SIGINT or SIGTERM (from the main thread), or until :meth:`stop`."""
-        if self._thread is None:
-            self.run()
-        thread = self._thread
-        assert thread is not None
+        """Run until SIGINT or SIGTERM (from the main thread), or until :meth:`stop`. The
+        signals are taken from before the server starts: one that comes while it starts stops
+        it cleanly once it has."""
         in_main = threading.current_thread() is threading.main_thread()
         previous = {}
+        self._stop_requested = False
         if in_main:
             for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, lambda *_: self._lifecycle.stop())
+                previous[sig] = signal.signal(sig, lambda *_: self._stop_soon())
         try:
+            if self._thread is None:
+                try:
+                    self.run()
+                except UnavailableError:
+                    if self._stop_requested:  # stopped by a signal while it started
+                        return
+                    raise
+            if self._stop_requested:  # a signal came before the server could take it
+                self._lifecycle.stop()
+            thread = self._thread
+            assert thread is not None
             while thread.is_alive():
                 thread.join(0.5)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._cleanup()
+
+    def _stop_soon(self) -> None:
+        """SIGINT or SIGTERM during :meth:`serve`: stop (now, or once the server can)."""
+        self._stop_requested = True
+        self._lifecycle.stop()
 
     def stop(self) -> None:
         """Stop serving and wait for the server to finish (requests in flight complete)."""

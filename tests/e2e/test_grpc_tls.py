@@ -25,11 +25,20 @@ def openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA, and a server and a client certificate it signed (the server's for 127.0.0.1)."""
+    """A CA, and a server and a client certificate it signed (the server's for 127.0.0.1),
+    with the extensions strict verification wants (Python 3.13's default)."""
     folder = tmp_path_factory.mktemp("tls")
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
             "-keyout", "ca.key", "-out", "ca.pem", cwd=folder)  # fmt: skip
-    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    (folder / "san.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "basicConstraints=CA:FALSE\n"
+        "authorityKeyIdentifier=keyid,issuer\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"
+    )
     for name in ("server", "client"):
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)  # fmt: skip
