@@ -113,6 +113,28 @@ class ServeOptions:
     log_error: bool = True
     server_id: str = "triton"
 
+    def endpoints(self) -> list[Endpoint]:
+        """The endpoints the server listens on: HTTP, gRPC and metrics, those allowed."""
+        every = (
+            (self.allow_http, Endpoint("HTTP", self.http_address, self.http_port, "--http-port")),
+            (self.allow_grpc, Endpoint("gRPC", self.grpc_address, self.grpc_port, "--grpc-port")),
+            (
+                self.allow_metrics,
+                Endpoint("metrics", self.metrics_address, self.metrics_port, "--metrics-port"),
+            ),
+        )
+        return [endpoint for allowed, endpoint in every if allowed]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One listening endpoint of the server, as the command line sets it."""
+
+    service: str  # "HTTP", "gRPC" or "metrics"
+    address: str
+    port: int
+    flag: str  # the flag that sets its port
+
 
 class _HelpFormatter(argparse.HelpFormatter):
     """Each flag's help ends with its default, when it has one worth showing and the help
@@ -154,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--version", action="version", version=f"tritonfast {__version__}")
     selfcheck = sub.add_parser(
         "selfcheck",
-        help="check that an optional backend works on this machine (tensorrt: needs a GPU)",
+        help="check that an optional backend works where the server runs (tensorrt: needs a GPU)",
         description="Build a small model for the backend, serve it and check its answers.",
     )
     selfcheck.add_argument("backend", choices=SELFCHECKS)

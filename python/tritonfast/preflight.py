@@ -20,31 +20,19 @@ def check(options: ServeOptions) -> None:
 
 
 def _check_ports(options: ServeOptions) -> None:
-    endpoints = [
-        ("HTTP", options.allow_http, options.http_address, options.http_port, "--http-port"),
-        ("gRPC", options.allow_grpc, options.grpc_address, options.grpc_port, "--grpc-port"),
-        (
-            "metrics",
-            options.allow_metrics,
-            options.metrics_address,
-            options.metrics_port,
-            "--metrics-port",
-        ),
-    ]
     taken: dict[int, str] = {}
-    for service, allowed, address, port, flag in endpoints:
-        if not allowed:
-            continue
-        if port in taken and port != 0:
+    for e in options.endpoints():
+        if e.port in taken and e.port != 0:
             raise InvalidArgumentError(
-                f"the {service} endpoint cannot listen on port {port} ({flag}): the"
-                f" {taken[port]} endpoint is given it too"
+                f"the {e.service} endpoint cannot listen on port {e.port} ({e.flag}): the"
+                f" {taken[e.port]} endpoint is given it too"
             )
-        taken[port] = service
-        problem = _cannot_listen(address, port)
+        taken[e.port] = e.service
+        problem = _cannot_listen(e.address, e.port)
         if problem is not None:
             raise InvalidArgumentError(
-                f"the {service} endpoint cannot listen on {address}:{port} ({flag}): {problem}"
+                f"the {e.service} endpoint cannot listen on {e.address}:{e.port} ({e.flag}):"
+                f" {problem}"
             )
 
 

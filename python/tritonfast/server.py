@@ -78,12 +78,9 @@ def options_table(options: ServeOptions, settings: _Settings) -> str:
         ("python_instance_mode", python_mode),
         ("cache_enabled", str(int(bool(settings.cache_size)))),
     ]
-    for service, allowed, address, port in (
-        ("http", options.allow_http, options.http_address, options.http_port),
-        ("grpc", options.allow_grpc, options.grpc_address, options.grpc_port),
-        ("metrics", options.allow_metrics, options.metrics_address, options.metrics_port),
-    ):
-        rows.append((f"{service}_endpoint", f"{address}:{port}" if allowed else "off"))
+    allowed = {e.service: f"{e.address}:{e.port}" for e in options.endpoints()}
+    for service in ("HTTP", "gRPC", "metrics"):
+        rows.append((f"{service.lower()}_endpoint", allowed.get(service, "off")))
     return table(("Option", "Value"), rows)
 
 
@@ -207,15 +204,7 @@ def _stop_event(loop: asyncio.AbstractEventLoop, lifecycle: Lifecycle | None) ->
 def _announce(options: ServeOptions) -> None:
     """What the command line means that the user should know before anything loads."""
     if options.using_example_repository:
-        endpoints = ", ".join(
-            f"{service} on {address}:{port}"
-            for service, allowed, address, port in (
-                ("HTTP", options.allow_http, options.http_address, options.http_port),
-                ("gRPC", options.allow_grpc, options.grpc_address, options.grpc_port),
-                ("metrics", options.allow_metrics, options.metrics_address, options.metrics_port),
-            )
-            if allowed
-        )
+        endpoints = ", ".join(f"{e.service} on {e.address}:{e.port}" for e in options.endpoints())
         print(
             f"No --model-repository given: serving the bundled example repository"
             f" {options.model_repositories[0]} ({endpoints}; `tritonfast serve --help` lists"

@@ -20,7 +20,7 @@ page is rendered):
   after it; a trailing ``# TEXT`` comment on a shell command or a Python ``print`` line must
   be found in what the block printed, in order.
 
-The ports the pages use (8000, 8001, 8002) become free ports of this machine.
+The ports the pages use (8000, 8001, 8002) become free ports.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 CPython from 3.10 to 3.13 found here (``python3.X`` on PATH, or a pyenv version), whose PATH
 holds no Rust toolchain, and the server it installs serves the bundled examples to the real
 tritonclient. CI builds the wheel before the tests; elsewhere, without one in dist/, the test
-says so and skips, as it does for a Python version this machine lacks."""
+says so and skips, as it does for a Python version that is not installed."""
 
 from __future__ import annotations
 
