@@ -11,6 +11,7 @@ __all__ = [
     "Batch",
     "Handoff",
     "HandoffDone",
+    "InferSignature",
     "Inflater",
     "OutStream",
     "Outbox",
@@ -232,6 +233,42 @@ class PooledBuffer:
     @property
     def __array_interface__(self) -> dict[str, Any]: ...
     def __len__(self) -> int: ...
+
+@final
+class InferSignature:
+    """A model's inputs and outputs, mirrored from its configuration when it loads, which the
+    core checks decoded requests against (with Triton's messages)."""
+
+    def __new__(
+        cls,
+        model: str,
+        max_batch_size: int,
+        inputs: Sequence[tuple[str, str, Sequence[int], bool]],
+        outputs: Sequence[str],
+    ) -> Self:
+        """``inputs``: ``(name, datatype, dims, optional)`` each (the datatype's wire name,
+        the dimensions without the batch dimension)."""
+
+    def decode_http(
+        self, body: bytes, json_length: int
+    ) -> (
+        tuple[
+            str,
+            list[tuple[str, str, tuple[int, ...], bytes]],
+            list[tuple[str, bool]] | None,
+            bool,
+            int | None,
+            int | None,
+            int,
+        ]
+        | None
+    ):
+        """An HTTP inference request body (its JSON header ``json_length`` bytes long) decoded
+        and checked without the GIL: ``(id, inputs, outputs, binary_default, priority,
+        timeout, batch_size)``, inputs as ``(name, datatype, shape, raw bytes)`` and outputs as
+        ``(name, binary)`` (None: every output); None when the request is not one the core
+        takes on (the reference path decides). Raises Triton's error for a request its model
+        refuses."""
 
 @final
 class Inflater:

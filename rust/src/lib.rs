@@ -14,6 +14,7 @@ pub mod batcher;
 pub mod copy;
 pub mod error;
 pub mod handoff;
+pub mod infer;
 pub mod inflate;
 pub mod jsondata;
 pub mod jsonscan;

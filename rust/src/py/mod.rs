@@ -7,6 +7,7 @@ mod copy;
 mod error;
 mod gil;
 mod handoff;
+mod infer;
 mod inflate;
 mod jsondata;
 mod jsonscan;
@@ -33,6 +34,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sequence::PySequenceTicket>()?;
     m.add_class::<handoff::PyHandoff>()?;
     m.add_class::<handoff::HandoffDone>()?;
+    m.add_class::<infer::PyInferSignature>()?;
     m.add_class::<inflate::PyInflater>()?;
     m.add_class::<outbox::PyOutbox>()?;
     m.add_class::<outbox::PyOutStream>()?;

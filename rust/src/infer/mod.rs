@@ -1,0 +1,35 @@
+//! The request side of the core: an inference request decoded from its bytes and checked
+//! against its model's [`Signature`], without Python.
+//!
+//! The core's decoders take on the requests clients send every day (named tensors as binary
+//! data or as JSON numbers, the outputs they want, a priority or timeout) and answer each with
+//! a [`Decoded`]: the request, ready for the model's queue; Triton's error for a request that
+//! does not fit its model (worded as Triton words it); or [`Decoded::Reference`], for anything
+//! else (a document Triton's parser would refuse, shared-memory references, classification,
+//! custom parameters, escapes in names, ...). Those take the server's reference path, the
+//! Python codec and validator, which reads and answers every request as Triton does. A
+//! differential test holds the two to the same answers wherever the core answers.
+
+mod datatype;
+mod http;
+mod json;
+mod request;
+mod signature;
+
+pub use datatype::DataType;
+pub use http::decode_http;
+pub use request::{CoreInput, CoreOutput, CoreRequest, TensorData};
+pub use signature::{Signature, TensorSpec, request_prefix};
+
+use crate::error::CoreError;
+
+/// What the core made of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decoded {
+    /// A request its model takes; its batch size.
+    Request(CoreRequest, u64),
+    /// A request its model refuses, with Triton's error.
+    Refused(CoreError),
+    /// Not one the core takes on: the reference path decides.
+    Reference,
+}

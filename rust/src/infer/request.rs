@@ -1,0 +1,59 @@
+//! An inference request as the core holds it once decoded: protocol-neutral, its tensors'
+//! bytes either left where they arrived (a range of the request's body) or parsed into a
+//! buffer of their own (numbers written as JSON).
+
+use std::ops::Range;
+
+use super::datatype::DataType;
+
+/// Where an input's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorData {
+    /// A range of the request's body (binary data, raw contents): not copied.
+    Body(Range<usize>),
+    /// Parsed from the request into a buffer of its own, in the wire's layout.
+    Owned(Vec<u8>),
+}
+
+impl TensorData {
+    /// The tensor's bytes, given the body they may lie in.
+    pub fn bytes<'a>(&'a self, body: &'a [u8]) -> &'a [u8] {
+        match self {
+            TensorData::Body(range) => &body[range.clone()],
+            TensorData::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// One input tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreInput {
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<u64>,
+    pub data: TensorData,
+}
+
+/// An output the request names, and whether it comes back as binary data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreOutput {
+    pub name: String,
+    pub binary: bool,
+}
+
+/// A decoded inference request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CoreRequest {
+    /// The client's id; empty when it gave none.
+    pub id: String,
+    pub inputs: Vec<CoreInput>,
+    /// The outputs it names; None: every output of the model.
+    pub outputs: Option<Vec<CoreOutput>>,
+    /// Whether outputs it does not name come back as binary data (HTTP's
+    /// `binary_data_output`).
+    pub binary_default: bool,
+    /// Its `priority` parameter, when it set one.
+    pub priority: Option<u64>,
+    /// Its `timeout` parameter (microseconds), when it set one.
+    pub timeout_us: Option<u64>,
+}

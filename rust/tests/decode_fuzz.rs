@@ -1,0 +1,94 @@
+//! The core's request decoder under arbitrary input: whatever bytes arrive, decoding ends in a
+//! request, Triton's error or the reference path, never in a panic, and a request's tensors lie
+//! within the body they came in.
+
+use proptest::prelude::*;
+use tritonfast_core::infer::{Decoded, Signature, TensorData, TensorSpec, decode_http};
+
+fn signature() -> Signature {
+    let spec = |name: &str, datatype: &str| TensorSpec {
+        name: name.into(),
+        datatype: datatype.into(),
+        dims: vec![-1],
+        optional: false,
+    };
+    Signature::new(
+        "model",
+        8,
+        vec![spec("INPUT0", "FP32"), spec("INPUT1", "BYTES")],
+        vec!["OUTPUT0".into()],
+    )
+}
+
+/// Pieces real headers are made of, so that mutations reach deep into the decoder.
+const PIECES: &[&str] = &[
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "\"inputs\"",
+    "\"outputs\"",
+    "\"name\"",
+    "\"INPUT0\"",
+    "\"INPUT1\"",
+    "\"datatype\"",
+    "\"FP32\"",
+    "\"BYTES\"",
+    "\"shape\"",
+    "\"data\"",
+    "\"parameters\"",
+    "\"binary_data_size\"",
+    "\"binary_data\"",
+    "\"id\"",
+    "true",
+    "1",
+    "4",
+    "-1",
+    "2.5",
+    "1e400",
+    "18446744073709551616",
+    "\"\\u0041\"",
+    " ",
+];
+
+fn header() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(prop::sample::select(PIECES), 0..60)
+        .prop_map(|pieces| pieces.concat().into_bytes())
+}
+
+fn check(body: &[u8], json_length: usize) {
+    if let Decoded::Request(request, _) = decode_http(body, json_length, &signature()) {
+        for input in &request.inputs {
+            if let TensorData::Body(range) = &input.data {
+                assert!(range.start >= json_length && range.end <= body.len());
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..300), cut in 0usize..320) {
+        check(&body, cut.min(body.len()));
+    }
+
+    #[test]
+    fn headers_made_of_real_pieces(head in header(), tail in prop::collection::vec(any::<u8>(), 0..40)) {
+        let mut body = head.clone();
+        body.extend_from_slice(&tail);
+        check(&body, head.len());
+    }
+}
+
+#[test]
+fn a_deeply_nested_header_is_left_alone() {
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    assert_eq!(
+        decode_http(deep.as_bytes(), deep.len(), &signature()),
+        Decoded::Reference
+    );
+}
