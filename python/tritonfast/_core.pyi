@@ -13,6 +13,10 @@ __all__ = [
     "HandoffDone",
     "InferSignature",
     "Inflater",
+    "Lane",
+    "LaneCompletions",
+    "LaneWorkerChannel",
+    "LaneWorkerLink",
     "OutStream",
     "Outbox",
     "OwnedBytes",
@@ -269,6 +273,118 @@ class InferSignature:
         ``(name, binary)`` (None: every output); None when the request is not one the core
         takes on (the reference path decides). Raises Triton's error for a request its model
         refuses."""
+
+@final
+class LaneCompletions:
+    """Which HTTP requests the core answered by itself (one per server): an ``eventfd`` to
+    watch, and the answered requests' tokens."""
+
+    def __new__(cls) -> Self: ...
+    def fileno(self) -> int:
+        """The descriptor to watch for readability."""
+
+    def take(self) -> list[int]:
+        """The tokens of the requests answered since the last call."""
+
+@final
+class LaneWorkerLink:
+    """The server's end of one worker's channel from the core, and the segments its batches
+    travel in."""
+
+    def __new__(cls, fd: int, input_prefix: str) -> Self:
+        """``fd``: the server's end of the channel (duplicated); inputs go into segments
+        named from ``input_prefix``."""
+
+@final
+class LaneWorkerChannel:
+    """The worker's end of its channel from the core."""
+
+    def __new__(cls, fd: int) -> Self: ...
+    def next(
+        self, pipe_fd: int
+    ) -> (
+        tuple[
+            str,
+            int,
+            list[
+                tuple[
+                    str,
+                    str,
+                    str,
+                    str,
+                    list[str] | None,
+                    list[tuple[str, str, tuple[int, ...], int, int, None]],
+                ]
+            ],
+        ]
+        | None
+    ):
+        """Waits (GIL released) for the next batch: ``(segment, segment_len, requests)``,
+        each request ``(model_name, model_version, id, parameters_json, output_names,
+        slots)``; None when ``pipe_fd`` became readable first."""
+
+    def reply(self, segment: str, segment_len: int, results: list[Any], extra: bytes) -> None:
+        """Sends a batch's reply: ``("ok", model_name, model_version, id, parameters_json,
+        slots)`` or ``("error", code, message)`` per request."""
+
+@final
+class Lane:
+    """A model version's request path in the core: its queue, its batches run on its
+    workers by driver threads, HTTP answers written by the core."""
+
+    def __new__(
+        cls,
+        signature: InferSignature,
+        model_version: str,
+        queue: RequestQueue,
+        completions: LaneCompletions,
+        deliver: Any,
+        *,
+        dynamic: bool,
+        keyed_inputs: list[str],
+        keyed_by_names: bool,
+    ) -> Self:
+        """``queue``: a queue with the rules to follow (its configuration is copied);
+        ``deliver(items, extra, marks)`` answers requests submitted from Python."""
+
+    def submit_http(
+        self,
+        body: bytes,
+        json_length: int,
+        stream: OutStream,
+        minor: int,
+        keep_alive: bool,
+        token: int,
+    ) -> Ticket | None:
+        """An HTTP request queued (a ``Ticket``); None for the reference path; raises
+        Triton's error for a refused one."""
+
+    def submit(
+        self,
+        request_id: str,
+        inputs: list[tuple[str, str, list[int], Any]],
+        outputs: list[str] | None,
+        parameters: str,
+        priority: int,
+        timeout_us: int,
+        batch_size: int,
+        sink: Any,
+    ) -> Ticket:
+        """A request decoded and checked by Python, answered through ``deliver``."""
+
+    def cancel(self, ticket: Ticket) -> bool: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def drive(self, instance: int, link: LaneWorkerLink) -> str:
+        """Runs the instance's batches until ``"closed"`` or ``"died"`` (GIL released)."""
+
+    def fail_held(self, instance: int, code: str, message: str) -> None: ...
+    def fail_next(self, code: str, message: str, timeout_s: float) -> bool | None: ...
+    def abandon(self, code: str, message: str) -> None: ...
+    def statistics(self) -> dict[str, Any]: ...
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None: ...
+    def __len__(self) -> int: ...
 
 @final
 class Inflater:

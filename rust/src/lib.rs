@@ -18,6 +18,7 @@ pub mod infer;
 pub mod inflate;
 pub mod jsondata;
 pub mod jsonscan;
+pub mod lane;
 pub mod latency;
 pub mod outbox;
 pub mod pool;

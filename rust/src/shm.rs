@@ -320,6 +320,46 @@ impl Drop for OwnedSegment {
     }
 }
 
+/// A segment another process of the server created (a worker's outputs), mapped by name.
+#[derive(Debug)]
+pub struct AttachedSegment {
+    name: String,
+    mapping: Mapping,
+    len: usize,
+}
+
+impl AttachedSegment {
+    /// Maps the first `len` bytes of the object `name`.
+    ///
+    /// # Errors
+    /// `INTERNAL` when it cannot be opened; `INVALID_ARG` when it is shorter than `len`.
+    pub fn attach(name: &str, len: usize) -> Result<Self, CoreError> {
+        let mapping = Mapping::open(name, name, 0, len as u64)?;
+        Ok(Self {
+            name: name.to_owned(),
+            mapping,
+            len,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The first byte; `len()` bytes from here are mapped while `self` lives.
+    pub fn start(&self) -> *const u8 {
+        self.mapping.start()
+    }
+}
+
 /// One registered region: a mapped window of a client's shared-memory object.
 #[derive(Debug)]
 pub struct Region {

@@ -15,11 +15,17 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
+from tritonfast._core import Lane, LaneCompletions
 from tritonfast.api.bulkwork import BulkWork
 from tritonfast.config.jsonform import config_to_json
 from tritonfast.custommetrics import ServerCustomMetrics
 from tritonfast.data.types import InferRequest, InferResponse
-from tritonfast.errors import DECOUPLED_REFUSAL, InvalidArgumentError, UnsupportedError
+from tritonfast.errors import (
+    DECOUPLED_REFUSAL,
+    InvalidArgumentError,
+    TritonError,
+    UnsupportedError,
+)
 from tritonfast.logsettings import ServerLog
 from tritonfast.memory.bodybudget import BodyBudget
 from tritonfast.memory.sharedmemory import SharedMemory
@@ -72,6 +78,8 @@ class DataPlane:
         self.bulk_work = BulkWork()
         # The metrics its models define (pb_utils.MetricFamily), for /metrics.
         self.custom_metrics = ServerCustomMetrics()
+        # Which HTTP requests the core answered by itself (runtime.lane), for the frontend.
+        self.lane_completions = LaneCompletions()
         # Triton's --http/grpc-header-forward-pattern: matching headers (gRPC metadata)
         # become request parameters.
         self._forwarded_headers = {
@@ -125,6 +133,16 @@ class DataPlane:
         if endpoint is not None and model.decoupled:
             raise UnsupportedError(f"{endpoint} {DECOUPLED_REFUSAL}")
         return model
+
+    def lane_for(self, name: str, version: str = "") -> Lane | None:
+        """The core's lane of the version serving ``name`` (``version``), when HTTP requests
+        to it may be handed to the core whole: None for an unknown model, one answered from
+        the response cache, and any the core does not drive."""
+        try:
+            model = self._repository.get(name, version)
+        except TritonError:
+            return None
+        return model.http_lane
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may send any number of responses per request."""

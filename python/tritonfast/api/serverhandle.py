@@ -27,6 +27,7 @@ from tritonfast.runtime.responses import Streamed
 
 if TYPE_CHECKING:
     from tritonfast.api.dataplane import DataPlane
+    from tritonfast._core import LaneCompletions
     from tritonfast.custommetrics import ServerCustomMetrics
 
 
@@ -44,6 +45,10 @@ class ServerHandle:
     @property
     def custom_metrics(self) -> ServerCustomMetrics:
         return self._dataplane.custom_metrics
+
+    @property
+    def lane_completions(self) -> LaneCompletions:
+        return self._dataplane.lane_completions
 
     def infer(self, request: InferRequest) -> InferResponse:
         """Send ``request`` and wait for its one response; raises its TritonError, or NotRun

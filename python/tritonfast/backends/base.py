@@ -92,12 +92,14 @@ class Backend(abc.ABC):
         instances: list[ModelInstance],
         loop: asyncio.AbstractEventLoop,
         server: Handle | None = None,
+        *,
+        version: int = 0,
         **options: bool,
     ) -> Scheduler:
         """The scheduler that takes a version's requests to its ``instances``: the one the
         config asks for (``runtime.scheduler.create_scheduler``) unless the backend runs its
         requests its own way (ensembles). ``server``: the server the model belongs to;
-        ``options``: the scheduler's keyword arguments."""
+        ``version``: the version served; ``options``: the scheduler's keyword arguments."""
         return create_scheduler(
             name, config, instances, loop, model_dir=self.model_dir, server=server, **options
         )

@@ -348,6 +348,7 @@ class ModelRepository:
                 instances,
                 self._loop,
                 server=self.server,
+                version=version,
                 latency_summaries=self._latency_summaries,
                 histogram_latencies=self._histogram_latencies,
                 loop_execution=backend.runs_on_event_loop(config),

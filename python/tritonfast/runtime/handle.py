@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
 from typing import Any, Protocol
 
+from tritonfast._core import LaneCompletions
 from tritonfast.custommetrics import ServerCustomMetrics
 from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import TritonError, UnavailableError
@@ -39,6 +40,12 @@ class Handle(Protocol):
     @property
     def custom_metrics(self) -> ServerCustomMetrics:
         """Where the model's pb_utils.MetricFamily objects register (a worker: its own)."""
+        ...
+
+    @property
+    def lane_completions(self) -> LaneCompletions | None:
+        """Where the core tells the server's HTTP frontend which requests it answered (see
+        runtime.lane); None in a worker process."""
         ...
 
     def infer(self, request: InferRequest) -> InferResponse: ...

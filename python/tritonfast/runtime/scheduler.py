@@ -442,32 +442,19 @@ class DynamicBatchScheduler(QueueScheduler):
 
     def _configure(self, config: model_config_pb2.ModelConfig) -> None:
         # Inputs whose shape (True: and content) must match within a batch.
-        self._keyed = _shape_checked_inputs(config)
+        self._keyed = shape_checked_inputs(config)
         self._optional_inputs = any(tensor.optional for tensor in config.input)
         self._needs_shape_key = bool(self._keyed) or self._optional_inputs
 
     def _new_queue(self, config: model_config_pb2.ModelConfig, **options: Any) -> RequestQueue:
-        batching = config.dynamic_batching
-        return RequestQueue(
-            config.max_batch_size,
-            batching.max_queue_delay_microseconds,
-            list(batching.preferred_batch_size),
-            priority_levels=batching.priority_levels,
-            default_priority_level=batching.default_priority_level,
-            default_queue_policy=_queue_policy(batching.default_queue_policy),
-            priority_queue_policy={
-                level: _queue_policy(policy)
-                for level, policy in batching.priority_queue_policy.items()
-            },
-            **options,
-        )
+        return dynamic_queue(config, **options)
 
     def _push(
         self, queue: RequestQueue, request: InferRequest, sink: Sink, batch_size: int
     ) -> Ticket:
         params = request.parameters
-        priority = _unsigned(params.get("priority", 0), _U32) if params else 0
-        timeout = _unsigned(params.get("timeout", 0), _U64) if params else 0
+        priority = unsigned_parameter(params.get("priority", 0), _U32) if params else 0
+        timeout = unsigned_parameter(params.get("timeout", 0), _U64) if params else 0
         shape_key = self._shape_key(request) if self._needs_shape_key else 0
         return queue.push_cancellable((request, sink), batch_size, priority, timeout, shape_key)
 
@@ -577,7 +564,7 @@ class SequenceScheduler(QueueScheduler):
             bool(params.get("sequence_start")),
             bool(params.get("sequence_end")),
             batch_size,
-            _unsigned(params.get("timeout", 0), _U64),
+            unsigned_parameter(params.get("timeout", 0), _U64),
         )
         if self._driver is not None:
             self._driver.poke()
@@ -701,7 +688,25 @@ def _queue_policy(policy: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:
     )
 
 
-def _shape_checked_inputs(config: model_config_pb2.ModelConfig) -> dict[str, bool]:
+def dynamic_queue(config: model_config_pb2.ModelConfig, **options: Any) -> RequestQueue:
+    """A queue with the rules of ``config``'s dynamic batcher (``options``: the queue's own,
+    such as ``latency_summaries``)."""
+    batching = config.dynamic_batching
+    return RequestQueue(
+        config.max_batch_size,
+        batching.max_queue_delay_microseconds,
+        list(batching.preferred_batch_size),
+        priority_levels=batching.priority_levels,
+        default_priority_level=batching.default_priority_level,
+        default_queue_policy=_queue_policy(batching.default_queue_policy),
+        priority_queue_policy={
+            level: _queue_policy(policy) for level, policy in batching.priority_queue_policy.items()
+        },
+        **options,
+    )
+
+
+def shape_checked_inputs(config: model_config_pb2.ModelConfig) -> dict[str, bool]:
     """Inputs whose shapes must be equal to batch together, as Triton decides: shape tensors
     (their contents too) and variable-size inputs that do not allow ragged batches."""
     checked: dict[str, bool] = {}
@@ -713,7 +718,7 @@ def _shape_checked_inputs(config: model_config_pb2.ModelConfig) -> dict[str, boo
     return checked
 
 
-def _unsigned(value: object, limit: int) -> int:
+def unsigned_parameter(value: object, limit: int) -> int:
     """A request parameter as an unsigned integer within ``limit`` (anything else: 0)."""
     if not isinstance(value, int) or value <= 0:
         return 0

@@ -10,7 +10,7 @@ use crate::infer::{Decoded, Signature, TensorSpec, decode_http};
 /// A model's inputs and outputs, mirrored from its configuration at load.
 #[pyclass(name = "InferSignature", module = "tritonfast._core", frozen)]
 pub(crate) struct PyInferSignature {
-    inner: Signature,
+    pub(super) inner: Signature,
 }
 
 /// `(id, inputs, outputs, binary_default, priority, timeout, batch_size)` of a decoded request:

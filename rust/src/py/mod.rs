@@ -11,6 +11,7 @@ mod infer;
 mod inflate;
 mod jsondata;
 mod jsonscan;
+mod lane;
 mod outbox;
 mod pool;
 mod queue;
@@ -36,6 +37,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handoff::HandoffDone>()?;
     m.add_class::<infer::PyInferSignature>()?;
     m.add_class::<inflate::PyInflater>()?;
+    m.add_class::<lane::PyLane>()?;
+    m.add_class::<lane::PyLaneCompletions>()?;
+    m.add_class::<lane::PyLaneWorkerLink>()?;
+    m.add_class::<lane::PyLaneWorkerChannel>()?;
     m.add_class::<outbox::PyOutbox>()?;
     m.add_class::<outbox::PyOutStream>()?;
     m.add_class::<pool::PyTensorPool>()?;

@@ -48,7 +48,7 @@ impl PyOutbox {
 
 /// One connection's outgoing bytes, sent in the order written.
 #[pyclass(name = "OutStream", module = "tritonfast._core", frozen)]
-pub(crate) struct PyOutStream(Arc<Stream>);
+pub(crate) struct PyOutStream(pub(super) Arc<Stream>);
 
 #[pymethods]
 impl PyOutStream {

@@ -112,7 +112,7 @@ fn py_bool(value: bool) -> &'static str {
 /// The handle of a request pushed with `RequestQueue.push_cancellable`.
 #[pyclass(name = "Ticket", module = "tritonfast._core", frozen, freelist = 256)]
 pub(crate) struct PyTicket {
-    inner: Ticket,
+    pub(super) inner: Ticket,
 }
 
 #[pymethods]

@@ -38,6 +38,8 @@ class EnsembleBackend(Backend):
         instances: list[ModelInstance],
         loop: asyncio.AbstractEventLoop,
         server: Handle | None = None,
+        *,
+        version: int = 0,
         **options: bool,
     ) -> Scheduler:
         if server is None:

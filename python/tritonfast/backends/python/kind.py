@@ -1,10 +1,13 @@
 """The ``python`` backend's hooks: import ``model.py`` per version, let the model complete its
 configuration, and start each instance in a worker process (the default) or in-process (the
 model's ``TRITONFAST_INSTANCE_MODE`` parameter, or ``--backend-config=python,instance-mode=``
-for every model that names none; see :mod:`.process`)."""
+for every model that names none; see :mod:`.process`). With
+``--backend-config=python,core-path=on``, versions whose workers the core can drive take the
+core's request path (:mod:`tritonfast.runtime.lane`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,14 @@ from tritonfast.backends.python.process import (
     instance_mode,
 )
 from tritonfast.backends.python.workerprocess import auto_complete_in_worker
-from tritonfast.errors import InvalidArgumentError
+from tritonfast.errors import InternalError, InvalidArgumentError
+from tritonfast.runtime.handle import Handle
+from tritonfast.runtime.lane import LaneScheduler, lane_eligible
+from tritonfast.runtime.scheduler import Scheduler
+
+# --backend-config=python,core-path=on|off: whether versions the core can drive take its path.
+CORE_PATH_SETTING = "core-path"
+CORE_PATH_VALUES = ("on", "off")
 
 
 class PythonBackend(Backend):
@@ -32,6 +42,7 @@ class PythonBackend(Backend):
         super().__init__(model_dir, settings)
         self._classes: dict[int, type] = {}  # each version's TritonPythonModel, imported once
         self._default_mode = self.settings.get(MODE_SETTING, DEFAULT_MODE)
+        self._core_path = self.settings.get(CORE_PATH_SETTING, "off")
 
     def model_class(self, config: model_config_pb2.ModelConfig, version: int) -> type:
         model_class = self._classes.get(version)
@@ -57,6 +68,39 @@ class PythonBackend(Backend):
                 f" not '{self._default_mode}'"
             )
         self.mode(config)  # raises for an unknown mode
+        if self._core_path not in CORE_PATH_VALUES:
+            raise InvalidArgumentError(
+                f"--backend-config=python,{CORE_PATH_SETTING} must be one of"
+                f" {', '.join(CORE_PATH_VALUES)}, not '{self._core_path}'"
+            )
+
+    def create_scheduler(
+        self,
+        name: str,
+        config: model_config_pb2.ModelConfig,
+        instances: list[ModelInstance],
+        loop: asyncio.AbstractEventLoop,
+        server: Handle | None = None,
+        *,
+        version: int = 0,
+        **options: bool,
+    ) -> Scheduler:
+        if self._core_path == "on" and lane_eligible(config, instances):
+            if server is None or server.lane_completions is None:
+                raise InternalError(f"model '{config.name}' needs the server it runs in")
+            return LaneScheduler(
+                name,
+                config,
+                instances,
+                loop,
+                version=str(version),
+                server=server,
+                completions=server.lane_completions,
+                latency_summaries=bool(options.get("latency_summaries")),
+            )
+        return super().create_scheduler(
+            name, config, instances, loop, server, version=version, **options
+        )
 
     def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
         # Process instances: the loop passes batches to their workers (none runs on it),

@@ -107,6 +107,11 @@ class LoopPipe:
         self.closed = False  # the worker finalized or died: this pipe is done
         self._watch()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop that reads the pipe."""
+        return self._loop
+
     def _watch(self) -> None:
         # uvloop makes the descriptor non-blocking; writes (and the connection's own reads,
         # once this pipe is done) expect whole messages, so it goes back to blocking, before

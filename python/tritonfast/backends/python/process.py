@@ -32,9 +32,13 @@ A client that goes away while its request runs is seen by the model through
 ``request.is_cancelled()``: the server raises that request's byte in a small shared
 cancellation segment (one byte per request of the batch), which the worker's requests read.
 
-Batches are driven from the event loop: the loop writes each batch for the worker and reads
-everything the worker sends (:mod:`.looppipe`, through ``execute_later``), with no instance
-thread or GIL hand-over in between. Models whose code may wait on the server (BLS) run from the
+Batches of models the server's core takes all the way (:mod:`tritonfast.runtime.lane`) go to
+the worker over a channel of the core's (typed messages, written and read without the GIL on
+the lane's driver threads): :attr:`ProcessInstance.core_driven`. The pipe then carries the
+rest (logs, metric values, finalize), read on the event loop. Other batches are driven from the
+event loop: the loop writes each batch for the worker and reads everything the worker sends
+(:mod:`.looppipe`, through ``execute_later``), with no instance thread or GIL hand-over in
+between. Models whose code may wait on the server (BLS) run from the
 instance's thread instead (``execute``; a decoupled one's responses are read by a
 :class:`~.workerstream.ResponseRelay` thread). Workers are forked from a fork server that
 imported the worker's module once (:func:`~.workerprocess.worker_context`).
@@ -48,6 +52,7 @@ model sends it after ``execute`` returned).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -59,6 +64,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from tritonfast._core import LaneWorkerLink
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import ModelInstance, PhaseClock
 from tritonfast.backends.python import workerbls, workerlog
@@ -169,6 +175,9 @@ class ProcessInstance(ModelInstance):
         self._stopping = threading.Lock()  # see _stop_process
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
+        # The server's end of the worker's channel from the core (see core_driven).
+        self._lane_conn: Connection | None = None
+        self._lane_prefix = f"tritonfast-lane-{serial}"
         # The loop's end of the worker's pipe (made by the first execute_later).
         self._pipe: LoopPipe | None = None
         self._unloading = False  # its pipes no longer hold back for slow clients
@@ -185,16 +194,19 @@ class ProcessInstance(ModelInstance):
     def _start(self) -> None:
         context = worker_context()
         ours, theirs = context.Pipe()
+        lane_ours, lane_theirs = context.Pipe()
         output_prefix = f"{self._output_prefix}-{next(self._generations)}"
         process = context.Process(
             target=worker_main,
-            args=(theirs, output_prefix, *self._start_args),
+            args=(theirs, lane_theirs, output_prefix, *self._start_args),
             name=f"tritonfast-instance:{self._instance_name}",
             daemon=True,
         )
         process.start()
         theirs.close()
+        lane_theirs.close()
         self._process, self._conn, self._pipe = process, ours, None
+        self._lane_conn = lane_ours
         if not ours.poll(START_TIMEOUT_S):
             self._stop_process()
             raise InternalError(f"instance '{self._instance_name}' did not start in time")
@@ -216,6 +228,71 @@ class ProcessInstance(ModelInstance):
             self.runs_elsewhere = False
         if self._decoupled and not self.runs_elsewhere:
             self._relay = ResponseRelay(ours, self._instance_name, self._serve_call)
+
+    # -- driven by the core (runtime.lane) ----------------------------------------------------
+    @property
+    def core_driven(self) -> bool:
+        """Whether the worker takes its batches over the core's channel: it never waits on
+        the server and streams nothing (the worker decides alike, see worker_main)."""
+        return self.runs_elsewhere and not self._decoupled
+
+    def core_link(self, loop: asyncio.AbstractEventLoop) -> LaneWorkerLink:
+        """The core's link to the current worker; its pipe (logs, metric values, finalize) is
+        read on ``loop`` from now on."""
+        conn = self._lane_conn
+        if conn is None:
+            raise InternalError(f"instance '{self._instance_name}' has no worker")
+        self._watch_pipe(loop)
+        return LaneWorkerLink(conn.fileno(), self._lane_prefix)
+
+    def _watch_pipe(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Have ``loop`` read the worker's pipe (made there, as every LoopPipe is)."""
+        done = threading.Event()
+
+        def watch() -> None:
+            if self._pipe is None and self._conn is not None:
+                self._pipe = LoopPipe(
+                    self._conn,
+                    loop,
+                    self._instance_name,
+                    self._cancel.buffer,
+                    self._serve_call,
+                    unbounded=self._unloading,
+                )
+            done.set()
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            watch()
+            return
+        loop.call_soon_threadsafe(watch)
+        done.wait(START_TIMEOUT_S)
+
+    def core_died(self) -> TritonError:
+        """The worker went away in a batch: the loop stops reading its pipe, the process is
+        seen out; the error the batch gets."""
+        pipe = self._pipe
+        if pipe is not None and not pipe.closed:
+            stopped = threading.Event()
+
+            def stop() -> None:
+                pipe.died()
+                stopped.set()
+
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                pipe.loop.call_soon_threadsafe(stop)
+                stopped.wait(START_TIMEOUT_S)
+        return self._died()
+
+    def core_restart(self) -> TritonError | None:
+        """A new worker after the last one died; the error its batches get when it cannot
+        start (or the instance is going away)."""
+        if self._finalized:
+            return InternalError("the model is unloading")
+        return self._restart()
 
     def _serve_call(
         self, message: tuple[Any, ...], send: Callable[[tuple[Any, ...]], None]
@@ -592,6 +669,9 @@ class ProcessInstance(ModelInstance):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._lane_conn is not None:
+                self._lane_conn.close()
+                self._lane_conn = None
             if self._relay is not None:
                 self._relay.join(wait)
                 self._relay = None

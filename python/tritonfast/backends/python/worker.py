@@ -1,7 +1,9 @@
 """The worker process's side of a Python model instance run in its own process
 (:mod:`.process` is the server's): :func:`worker_main` imports and initializes the model,
-then serves the batches the server sends over the pipe, reading their inputs from the
-server's segment and writing outputs into its own (:mod:`.segmentlayout`);
+then serves the batches the server sends, reading their inputs from the server's segment and
+writing outputs into its own (:mod:`.segmentlayout`): over the core's channel (typed
+messages, :class:`~tritonfast._core.LaneWorkerChannel`) when the server's core drives the
+instance, else over the pipe;
 :func:`auto_complete_main` runs a model's ``auto_complete_config``. The model's calls to the
 server (BLS, model control, metric values) go over the same pipe (:mod:`.workerbls`), its
 logs and a decoupled model's responses too (:mod:`.workerlog`, :mod:`.workerstream`)."""
@@ -12,6 +14,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import pickle
 import signal
 import sys
 import threading
@@ -20,6 +23,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
 
+import orjson
+
+from tritonfast._core import LaneWorkerChannel
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import PhaseClock
 from tritonfast.backends.python import workerbls, workerlog
@@ -67,6 +73,7 @@ def auto_complete_main(conn: Connection, model_file: str, config_bytes: bytes) -
 
 def worker_main(
     conn: Connection,
+    lane_conn: Connection,
     output_prefix: str,
     model_file: str,
     config_bytes: bytes,
@@ -92,9 +99,14 @@ def worker_main(
     if instance is None:
         return
     server.open()
+    # The server's core drives the instance over the channel unless the model may wait on the
+    # server or streams its responses (see process.ProcessInstance.core_driven).
+    channel = None
+    if not instance.may_wait and not config.model_transaction_policy.decoupled:
+        channel = LaneWorkerChannel(lane_conn.fileno())
     _Worker(
         pipe, in_batch, streams, instance, config.name, instance_name, output_prefix, metrics
-    ).serve()
+    ).serve(channel, conn.fileno(), metrics_source)
 
 
 def _install_server_handle(
@@ -178,15 +190,25 @@ class _Worker:
         self._outputs = SegmentWriter(output_prefix)
         self._objects = SharedObjects()
 
-    def serve(self) -> None:
+    def serve(
+        self, channel: LaneWorkerChannel | None, pipe_fd: int, metrics_source: str
+    ) -> None:
+        """Runs batches until the server says finalize or goes away: from the core's
+        ``channel`` when there is one (the pipe then brings only finalize), else from the
+        pipe."""
         try:
             while True:
+                if channel is not None:
+                    batch = channel.next(pipe_fd)
+                    if batch is not None:
+                        self._run_channel_batch(channel, batch, metrics_source)
+                        continue
                 message = self._pipe.next_work()
                 if message[0] == "finalize":
                     self._finalize()
                     return
                 self._run_batch(message)
-        except EOFError:  # the server went away
+        except (EOFError, ConnectionError):  # the server went away
             return
         finally:
             self._objects.close()
@@ -205,7 +227,8 @@ class _Worker:
 
     def _run_batch(self, message: tuple[Any, ...]) -> None:
         _, name, size, described, flags_name, flags_size, tokens = message
-        requests, failed = self._requests(name, size, described, flags_name, flags_size, tokens)
+        flags = self._cancel_flags.map(flags_name, flags_size).buffer
+        requests, failed = self._requests(name, size, described, flags, tokens)
         self._in_batch.set()
         try:
             returned = (
@@ -223,19 +246,62 @@ class _Worker:
         else:
             self._reply(requests, returned, failed, described, release)
 
+    def _run_channel_batch(
+        self, channel: LaneWorkerChannel, batch: tuple[Any, ...], metrics_source: str
+    ) -> None:
+        """A batch from the core: its requests described in the channel's message, its reply
+        written back there (parameters as JSON text, errors by code name)."""
+        name, size, described = batch
+        requests, failed = self._requests(
+            name,
+            size,
+            [(m, v, i, orjson.loads(p) if p else {}, o, s, None, None) for m, v, i, p, o, s in described],
+            None,
+            None,
+        )
+        self._in_batch.set()
+        try:
+            returned = (
+                self._instance.execute(cast(list[InferRequest], requests), PhaseClock())
+                if requests
+                else []
+            )
+        finally:
+            self._in_batch.clear()
+        for request in requests:
+            request.detach()
+        answers: list[Result | None] = (
+            [None] * len(requests) if returned is None else list(returned)
+        )
+        results: list[Result | None] = [
+            _answer_of(request, result, self._instance_name)
+            for request, result in zip(requests, answers, strict=True)
+        ]
+        for index in sorted(failed):
+            results.insert(index, failed[index])
+        _, out_name, out_size, laid = _describe_results(
+            self._outputs, results, [None] * len(results), self._objects
+        )
+        state = self._metrics.state_if_changed()
+        channel.reply(
+            out_name,
+            out_size,
+            [_channel_result(entry) for entry in laid],
+            b"" if state is None else pickle.dumps((metrics_source, state)),
+        )
+
     def _requests(
         self,
         name: str,
         size: int,
         described: list[tuple[Any, ...]],
-        flags_name: str,
-        flags_size: int,
+        flags: Any,
         tokens: list[int] | None,
     ) -> tuple[list[_WorkerRequest], dict[int, TritonError]]:
         """The batch's requests, over its input segment; and, by position, those that failed
-        already (a client's object it could not map)."""
+        already (a client's object it could not map). ``flags``: the batch's cancellation
+        bytes (None: its requests are never seen cancelled)."""
         segment = self._inputs.map(name, size)
-        flags = self._cancel_flags.map(flags_name, flags_size).buffer
         self._objects.start_batch()
         requests: list[_WorkerRequest] = []
         failed: dict[int, TritonError] = {}
@@ -390,6 +456,17 @@ class _WorkerRequest(InferRequest):
     def detach(self) -> None:
         """Its batch returned: from now on only the server's cancel messages count."""
         self._flags = None
+
+
+def _channel_result(described: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A result of :func:`_describe_results` as the core's channel carries it."""
+    if described[0] == "ok":
+        _, model_name, model_version, response_id, parameters, slots = described
+        text = orjson.dumps(parameters, default=str).decode() if parameters else ""
+        return ("ok", model_name, str(model_version), response_id or "", text, slots)
+    if described[0] == "error":
+        return described
+    return ("error", "INTERNAL", "a request that is not decoupled was rescheduled")
 
 
 def _release_flags(

@@ -54,6 +54,7 @@ class WorkerHandle:
         self._lock = threading.Lock()
         # The worker's own registry; /metrics merges it with the server's and other workers'.
         self.custom_metrics = ServerCustomMetrics(metrics)
+        self.lane_completions = None  # the server's HTTP frontend is not here
         # The server reads the pipe only once the model has started (see open).
         self._open = False
 

@@ -63,3 +63,21 @@ def head(answer: Answer, length: int | None, version: tuple[int, int], keep_aliv
 def chunk(data: bytes) -> bytes:
     """``data`` as one chunk of a chunked body (empty data ends the body)."""
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def response_encoding(accept: str | None) -> str | None:
+    """Triton's choice among identity, gzip and deflate: the highest q-value wins, ties first."""
+    if not accept:
+        return None
+    best, weight = "identity", 0.0
+    for item in accept.split(","):
+        name, _, q = item.strip().partition(";q=")
+        if not name:
+            continue
+        try:
+            value = float(q) if q else 1.0
+        except ValueError:
+            continue
+        if name in ("identity", "gzip", "deflate") and value > weight:
+            best, weight = name, value
+    return None if best == "identity" else best

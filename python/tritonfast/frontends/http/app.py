@@ -32,8 +32,9 @@ from tritonfast._core import Inflater
 from tritonfast.data.types import InferRequest
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec, generate, rawrequest
-from tritonfast.frontends.http.answer import JSON, Answer, json_answer
+from tritonfast.frontends.http.answer import JSON, Answer, json_answer, response_encoding
 from tritonfast.frontends.http.connection import HttpServer
+from tritonfast.frontends.http.corepath import CorePath
 from tritonfast.frontends.http.request import MAX_BODY_BYTES, Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.frontends.restricted import Restriction, http_refusal
@@ -384,7 +385,7 @@ def _respond(request: Request, header: bytes, buffers: list[Any]) -> Answer:
         content_type, extra = JSON, ""
     else:
         content_type, extra = _BINARY, f"{codec.HEADER_LENGTH}: {len(header)}\r\n"
-    encoding = _response_encoding(request.headers.get("Accept-Encoding"))
+    encoding = response_encoding(request.headers.get("Accept-Encoding"))
     if encoding is None:
         return Answer(200, [header, *buffers], content_type, extra)
     compressor = zlib.compressobj(6, zlib.DEFLATED, _COMPRESSORS[encoding])
@@ -495,22 +496,6 @@ def _give_back_inflated(budget: BodyBudget, inflating: asyncio.Future[tuple[Body
         budget.give(inflating.result()[1])
 
 
-def _response_encoding(accept: str | None) -> str | None:
-    """Triton's choice among identity, gzip and deflate: the highest q-value wins, ties first."""
-    if not accept:
-        return None
-    best, weight = "identity", 0.0
-    for item in accept.split(","):
-        name, _, q = item.strip().partition(";q=")
-        if not name:
-            continue
-        try:
-            value = float(q) if q else 1.0
-        except ValueError:
-            continue
-        if name in ("identity", "gzip", "deflate") and value > weight:
-            best, weight = name, value
-    return None if best == "identity" else best
 
 
 # -- wiring -----------------------------------------------------------------------------------
@@ -578,6 +563,13 @@ async def start_http_server(
 ) -> HttpServer:
     """Start serving on ``host:port`` (HTTPS with ``tls``); listening when this returns.
     Stop with ``close()``."""
-    server = HttpServer(dispatcher(dataplane, restrictions), dataplane.body_budget)
+    # Inference requests go to the core whole unless an API restriction must be checked
+    # on them first.
+    core_path = None
+    if not restrictions or "inference" not in restrictions:
+        core_path = CorePath(dataplane)
+    server = HttpServer(
+        dispatcher(dataplane, restrictions), dataplane.body_budget, core_path=core_path
+    )
     await server.start(host, port, tls)
     return server

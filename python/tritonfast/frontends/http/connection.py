@@ -23,6 +23,11 @@ What the protocol keeps of HTTP/1.1:
 - a large request body with a ``Content-Length`` is received straight into one pooled buffer
   (:class:`DirectBody`): the kernel copies it there, with no bytes objects in between.
 
+An inference request to a model the core drives whole is handed to the core
+(:mod:`.corepath`) instead of a handler task: the core writes its answer on the connection's
+stream and names it in the server's completions, whose descriptor the loop watches; the
+connection then serves its next request.
+
 Where it can, a connection hands its answers to the core's writer thread
 (:class:`tritonfast._core.Outbox`) instead of writing them on the event loop: a ``send`` on
 loopback costs the loop thread about a fifth of its time at concurrency 16, and the writer
@@ -41,11 +46,11 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp.http import HttpProcessingError, HttpRequestParser
 
-from tritonfast._core import Outbox, OutStream
+from tritonfast._core import Lane, Outbox, OutStream, Ticket
 from tritonfast.errors import TritonError
 from tritonfast.frontends.http.answer import Answer, chunk, head, json_answer
 from tritonfast.frontends.http.request import (
@@ -56,6 +61,9 @@ from tritonfast.frontends.http.request import (
     Request,
 )
 from tritonfast.memory.bodybudget import BodyBudget
+
+if TYPE_CHECKING:
+    from tritonfast.frontends.http.corepath import CorePath
 
 log = logging.getLogger("tritonfast.http")
 
@@ -147,7 +155,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._server = server
         # Requests to answer in order; an Answer in their place refuses a broken message.
         self._waiting: deque[Request | Answer] = deque()
-        self._task: asyncio.Task[None] | None = None
+        # What answers the request being served: a handler task, or the core.
+        self._task: asyncio.Task[None] | _InCore | None = None
         self._serving: Request | None = None  # the request the task answers
         self._ended = False  # the client half-closed: it sends nothing more
         self._held = False  # reading stopped because too many requests wait
@@ -349,7 +358,50 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._held = False
             if not self._reading_paused:
                 self.transport.resume_reading()
+        if isinstance(item, Request) and self._to_core(item):
+            return
         self._task = self._loop.create_task(self._serve(item))
+
+    def _to_core(self, request: Request) -> bool:
+        """Hand ``request`` to the core, when its model's lane takes it (see corepath)."""
+        server = self._server
+        core = server.core_path
+        out = self._out
+        transport = self.transport
+        if (
+            core is None
+            or out is None
+            or transport is None
+            or server.closing
+            or transport.get_write_buffer_size()  # the answers before it must go first
+        ):
+            return False
+        taken = core.submit(request, out)
+        if taken is None:
+            return False
+        lane, ticket, token = taken
+        self._task = _InCore(self, lane, ticket, token)
+        server.serving += 1
+        server.in_core[token] = self
+        return True
+
+    def core_answered(self) -> None:
+        """The core wrote the answer of the request it was handed: serve the next one."""
+        server = self._server
+        server.serving -= 1
+        self._task = None
+        request, self._serving = self._serving, None
+        if request is not None:
+            request.release()
+        transport = self.transport
+        if transport is None:
+            return
+        if server.closing:  # each answer closes its connection once the server stops
+            transport.close()
+        elif self._waiting:
+            self._serve_next()
+        elif self._ended:  # the client sends nothing more: every answer is out
+            transport.close()
 
     async def _serve(self, item: Request | Answer) -> None:
         transport = self.transport
@@ -489,13 +541,40 @@ class HttpConnection(asyncio.BufferedProtocol):
             self.transport.abort()
 
 
+class _InCore:
+    """A request the core is answering, in place of a handler task: cancelling it (the
+    connection was lost) takes the request out of its queue if it has not run."""
+
+    __slots__ = ("_connection", "_lane", "_ticket", "_token")
+
+    def __init__(self, connection: HttpConnection, lane: Lane, ticket: Ticket, token: int) -> None:
+        self._connection = connection
+        self._lane = lane
+        self._ticket = ticket
+        self._token = token
+
+    def cancel(self) -> None:
+        server = self._connection._server
+        if server.in_core.pop(self._token, None) is not None:
+            server.serving -= 1
+        self._lane.cancel(self._ticket)
+
+
 class HttpServer:
     """A listening socket and its connections; :meth:`close` lets answers in progress finish."""
 
     def __init__(
-        self, handle: Handler, body_budget: BodyBudget, idle_timeout_s: float = IDLE_TIMEOUT_S
+        self,
+        handle: Handler,
+        body_budget: BodyBudget,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        core_path: CorePath | None = None,
     ) -> None:
         self.connections: set[HttpConnection] = set()
+        # Inference requests handed to the core whole, and the connections awaiting their
+        # answers by token (see corepath).
+        self.core_path = core_path
+        self.in_core: dict[int, HttpConnection] = {}
         self.body_budget = body_budget  # what large request bodies count against
         self.closing = False
         self.serving = 0  # requests between their handler's start and their answer's write
@@ -542,6 +621,20 @@ class HttpServer:
             ssl=tls,
         )
         self._sweeper = loop.create_task(self._close_idle_connections())
+        if self.core_path is not None:
+            if self._outbox is None:  # (TLS: answers go through the transports)
+                self.core_path = None
+            else:
+                loop.add_reader(self.core_path.completions.fileno(), self._answered_by_core)
+
+    def _answered_by_core(self) -> None:
+        """The core answered requests: their connections serve their next ones."""
+        assert self.core_path is not None
+        in_core = self.in_core
+        for token in self.core_path.completions.take():
+            connection = in_core.pop(token, None)
+            if connection is not None:  # (else: its connection was lost meanwhile)
+                connection.core_answered()
 
     async def _close_idle_connections(self) -> None:
         """Every few seconds, close keep-alive connections quiet for the idle timeout (one
@@ -576,6 +669,8 @@ class HttpServer:
             finally:
                 for connection in list(self.connections):
                     connection.abort()
+        if self.core_path is not None:
+            asyncio.get_running_loop().remove_reader(self.core_path.completions.fileno())
         if self._outbox is not None:
             # An answer handed over just before its connection closed may not be sent yet.
             await asyncio.to_thread(self._outbox.finish, FINISH_S)

@@ -1,0 +1,90 @@
+"""HTTP inference requests handed to the Rust core whole.
+
+For a model whose requests the core takes all the way (:mod:`tritonfast.runtime.lane`), an
+inference request whose body has arrived goes to the model's lane in one call: the core
+decodes and checks it, queues it, runs its batch on the worker and writes its response on the
+connection's :class:`~tritonfast._core.OutStream`, then names it in the server's
+:class:`~tritonfast._core.LaneCompletions`, which the event loop watches to serve the
+connection's next request. No Python runs for the request between the call and that.
+
+A request takes the reference path (``app.infer``), which answers every request as Triton
+does, whenever anything about it is not the everyday case: tracing, header forwarding or an
+API restriction on, a compressed body or answer, ``Expect``, a body still arriving (or large
+enough to be received into a buffer of its own), a raw binary body, a connection that closes
+after the answer, a response cache, or a request the core's decoder leaves to the reference
+path (shared memory, classification, parameters it does not know, invalid requests: their
+errors are worded there).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from tritonfast._core import Lane, LaneCompletions, OutStream, Ticket
+from tritonfast.api.dataplane import DataPlane
+from tritonfast.errors import TritonError
+from tritonfast.frontends.http import codec
+from tritonfast.frontends.http.answer import response_encoding
+from tritonfast.frontends.http.request import Request
+from tritonfast.frontends.http.routes import Endpoint, resolve
+
+_IDENTITY = (None, "identity")
+
+
+class CorePath:
+    """Hands a server's HTTP inference requests to its models' lanes."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+        self.completions: LaneCompletions = dataplane.lane_completions
+        self._tokens = itertools.count(1)
+
+    def submit(self, request: Request, out: OutStream) -> tuple[Lane, Ticket, int] | None:
+        """Queue ``request`` in its model's lane: the lane, its ticket and the token the
+        completions will name; None when the reference path must answer it."""
+        if request.method != "POST" or request.version[0] != 1 or not request.keep_alive:
+            return None
+        route = resolve(request.path)
+        if route is None or route.endpoint is not Endpoint.INFER:
+            return None
+        headers = request.headers
+        if (
+            headers.get("Content-Encoding") not in _IDENTITY
+            or "Expect" in headers
+            or response_encoding(headers.get("Accept-Encoding")) is not None
+        ):
+            return None
+        dataplane = self._dataplane
+        if dataplane.tracer.enabled or dataplane.forwards_headers("HTTP"):
+            return None
+        body = _arrived_body(request)
+        if body is None:
+            return None
+        lane = dataplane.lane_for(route.name, route.version)
+        if lane is None:
+            return None
+        try:
+            length = codec.header_length(headers.get(codec.HEADER_LENGTH), len(body))
+        except TritonError:
+            return None
+        if length == 0:  # a raw binary body
+            return None
+        token = next(self._tokens)
+        try:
+            ticket = lane.submit_http(body, length, out, request.version[1], True, token)
+        except TritonError:  # refused: the reference path words it
+            return None
+        return None if ticket is None else (lane, ticket, token)
+
+
+def _arrived_body(request: Request) -> bytes | None:
+    """The whole body, when it has all arrived in the parser's buffer (not one received into
+    a buffer of its own), without taking it from there."""
+    if request.body is not None or not request.content.is_eof():
+        return None
+    length = request.content_length
+    chunks = request.content._buffer  # aiohttp's StreamReader: the body's pieces, in order
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if length is None or len(body) != length:
+        return None
+    return bytes(body)

@@ -1,0 +1,342 @@
+"""The scheduler of models whose requests the Rust core takes all the way: their lane
+(:class:`tritonfast._core.Lane`) holds the version's queue, forms its batches on one driver
+thread per instance, hands them to the instances' worker processes through shared memory and
+the core's channel, and answers HTTP requests itself, writing their responses on their
+connections. This module gives the lane what only Python has: requests that arrive through
+Python (gRPC, the HTTP reference path, models' calls, ensembles) go into the same queue
+(:meth:`LaneScheduler.infer`, :meth:`~LaneScheduler.submit`,
+:meth:`~LaneScheduler.open_stream`), are answered from the driver threads once per batch
+(:meth:`LaneScheduler._deliver`), and the workers are started again when they die.
+
+A version takes this path (:func:`lane_eligible`) when every instance is a worker the core
+can drive (:class:`CoreDriven`: not decoupled, never waiting on the server) and its
+scheduler is the default or the dynamic batcher without shape tensors; everything else keeps
+the queue schedulers of :mod:`.scheduler`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import pickle
+import threading
+import time
+from concurrent.futures import Future
+from time import perf_counter_ns
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from tritonfast._core import (
+    InferSignature,
+    Lane,
+    LaneCompletions,
+    LaneWorkerLink,
+    RequestQueue,
+    Ticket,
+)
+from tritonfast._proto import model_config_pb2
+from tritonfast.data import rawtensor
+from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
+from tritonfast.errors import Code, TritonError, error_for
+from tritonfast.runtime.handle import Handle
+from tritonfast.runtime.histogram import Histogram
+from tritonfast.runtime.modelinstance import ModelInstance
+from tritonfast.runtime.responses import ResponseStream, Result, Sink, settle
+from tritonfast.runtime.scheduler import (
+    UNLOADED_MESSAGE,
+    Scheduler,
+    dynamic_queue,
+    shape_checked_inputs,
+    unsigned_parameter,
+)
+from tritonfast.runtime.validate import RequestValidator
+
+log = logging.getLogger(__name__)
+
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+# How long a driver waits for a batch to fail while its worker cannot be started again,
+# before it tries once more to start one.
+_RETRY_WAIT_S = 0.2
+_COMPUTE_STAMPS = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
+
+
+@runtime_checkable
+class CoreDriven(Protocol):
+    """An instance whose worker the core can drive (``backends/python/process.py``)."""
+
+    @property
+    def core_driven(self) -> bool:
+        """Whether its worker takes batches over the core's channel."""
+        ...
+
+    def core_link(self, loop: asyncio.AbstractEventLoop) -> LaneWorkerLink:
+        """The core's link to the current worker (its pipe watched on ``loop`` meanwhile)."""
+        ...
+
+    def core_died(self) -> TritonError:
+        """The worker went away in a batch: see it out; the error that batch gets."""
+        ...
+
+    def core_restart(self) -> TritonError | None:
+        """Start a worker again; the error its batches get when it cannot."""
+        ...
+
+
+def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelInstance]) -> bool:
+    """Whether the core can take ``config``'s requests all the way to ``instances``."""
+    if not instances or config.model_transaction_policy.decoupled:
+        return False
+    if config.HasField("sequence_batching") or config.HasField("ensemble_scheduling"):
+        return False
+    if any(shape_checked_inputs(config).values()):  # shape tensors: batched by content
+        return False
+    if config.dynamic_batching.preserve_ordering and len(instances) > 1:
+        return False
+    return all(isinstance(i, CoreDriven) and i.core_driven for i in instances)
+
+
+def _signature(config: model_config_pb2.ModelConfig) -> InferSignature:
+    validator = RequestValidator(config)
+    return InferSignature(
+        config.name,
+        config.max_batch_size,
+        [(s.name, s.datatype, list(s.dims), s.optional) for s in validator.inputs.values()],
+        list(validator.outputs),
+    )
+
+
+class LaneScheduler(Scheduler):
+    """A version's requests through its :class:`~tritonfast._core.Lane` (module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: model_config_pb2.ModelConfig,
+        instances: list[ModelInstance],
+        loop: asyncio.AbstractEventLoop,
+        *,
+        version: str,
+        server: Handle,
+        completions: LaneCompletions,
+        latency_summaries: bool = False,
+    ) -> None:
+        self._loop = loop
+        self._name = name
+        self._instances = instances
+        self._metrics = server.custom_metrics.workers
+        dynamic = config.HasField("dynamic_batching") and config.max_batch_size > 0
+        # The queue rules of the scheduler this one stands in for.
+        template = (
+            dynamic_queue(config, latency_summaries=latency_summaries)
+            if dynamic
+            else RequestQueue(latency_summaries=latency_summaries)
+        )
+        self.lane = Lane(
+            _signature(config),
+            version,
+            template,
+            completions,
+            self._deliver,
+            dynamic=dynamic,
+            keyed_inputs=list(shape_checked_inputs(config)),
+            keyed_by_names=any(tensor.optional for tensor in config.input),
+        )
+        self._dynamic = dynamic
+        self._threads = [
+            threading.Thread(
+                target=self._drive, args=(index, instance), name=f"{name}_{index}", daemon=True
+            )
+            for index, instance in enumerate(instances)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- the drivers ------------------------------------------------------------------------
+    def _drive(self, index: int, instance: Any) -> None:
+        """Instance ``index``'s batches, run by the core on its worker until the lane closes;
+        a worker that dies fails its batch and is started again."""
+        try:
+            link = instance.core_link(self._loop)
+            while self.lane.drive(index, link) == "died":
+                error = instance.core_died()
+                self.lane.fail_held(index, error.code.value, error.message)
+                if not self._restart(instance):
+                    return
+                link = instance.core_link(self._loop)
+        except Exception:  # a bug: the version's requests would wait forever
+            log.exception("the driver of %s_%d failed", self._name, index)
+            self.lane.abandon(Code.INTERNAL.value, f"the driver of {self._name} failed")
+
+    def _restart(self, instance: Any) -> bool:
+        """Start the worker again; while it cannot, each batch fails with why. False once the
+        lane is closed and empty."""
+        while True:
+            failed = instance.core_restart()
+            if failed is None:
+                return True
+            while True:
+                answered = self.lane.fail_next(failed.code.value, failed.message, _RETRY_WAIT_S)
+                if answered is None:
+                    return False
+                if answered:
+                    break  # the next batch tries to start it again
+
+    def _deliver(self, items: list[tuple[Any, tuple[Any, ...]]], extra: bytes, marks: Any) -> None:
+        """On a driver thread: a batch's answers to requests that came through Python, and the
+        worker's custom metrics when they changed."""
+        if extra:
+            source, state = pickle.loads(extra)
+            self._metrics.update(source, state)
+        on_loop = []
+        for sink, described in items:
+            result = self._result(described)
+            if marks[0]:
+                _count(sink.request, marks)
+            if type(sink.target) is Future:  # a caller waiting on another thread
+                settle(sink.target, result, True)
+            else:
+                on_loop.append((sink, result))
+        if on_loop:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: so are the callers
+                self._loop.call_soon_threadsafe(_settle_all, on_loop)
+
+    def _result(self, described: tuple[Any, ...]) -> Result:
+        if described[0] == "error":
+            return error_for(Code(described[1]), described[2])
+        _, model_name, model_version, response_id, parameters, outputs = described
+        return InferResponse(
+            model_name,
+            model_version,
+            response_id,
+            [
+                OutputTensor(
+                    name, datatype, shape, rawtensor.from_raw(datatype, shape, raw, name, model_name)
+                )
+                for name, datatype, shape, raw in outputs
+            ],
+            json.loads(parameters) if parameters else {},
+        )
+
+    # -- taking requests --------------------------------------------------------------------
+    def _enqueue(self, request: InferRequest, sink: Sink, batch_size: int) -> Ticket:
+        if request.trace is not None:
+            request.trace.stamp("QUEUE_START", perf_counter_ns())
+            request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
+        if request.phases is not None:
+            request.phases.enqueued = perf_counter_ns()
+        request.sink = sink
+        params = request.parameters
+        priority = timeout = 0
+        if self._dynamic and params:
+            priority = unsigned_parameter(params.get("priority", 0), _U32)
+            timeout = unsigned_parameter(params.get("timeout", 0), _U64)
+        inputs = [
+            (t.name, t.datatype, list(t.shape), _wire_bytes(t.datatype, t.data))
+            for t in request.inputs
+        ]
+        outputs = None if request.outputs is None else [o.name for o in request.outputs]
+        text = json.dumps(params, default=str) if params else ""
+        return self.lane.submit(
+            request.id, inputs, outputs, text, priority, timeout, batch_size, _Sink(sink, request)
+        )
+
+    async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
+        future: asyncio.Future[Any] = self._loop.create_future()
+        ticket = self._enqueue(request, future, batch_size)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not self.lane.cancel(ticket):
+                request.cancelled = True
+            raise
+
+    def submit(self, request: InferRequest, batch_size: int, sink: Future[Any]) -> bool:
+        self._enqueue(request, sink, batch_size)
+        return True
+
+    def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        stream = ResponseStream(self._loop)
+        ticket = self._enqueue(request, stream, batch_size)
+        lane = self.lane
+
+        def cancel() -> None:
+            lane.cancel(ticket)
+
+        stream.on_cancel(cancel)
+        return stream
+
+    # -- state ------------------------------------------------------------------------------
+    def statistics(self) -> dict[str, Any]:
+        return self.lane.statistics()
+
+    def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None:
+        return self.lane.latency_summaries(quantiles)
+
+    def pending(self) -> int:
+        return len(self.lane)
+
+    def first_response_histogram(self) -> Histogram | None:
+        return None
+
+    def stop(self, timeout: float) -> None:
+        self.lane.close()
+        for instance in self._instances:
+            instance.unloading()
+        deadline = time.monotonic() + timeout
+        for instance in self._instances:
+            instance.stop_by(deadline)
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        # Time is up: what is still queued is answered, the workers finalize (one still
+        # running a batch is stopped, which fails that batch), the drivers end.
+        self.lane.abandon(Code.UNAVAILABLE.value, UNLOADED_MESSAGE)
+        for instance in self._instances:
+            instance.finalize()
+        for thread in self._threads:
+            thread.join(5.0)
+        self.lane.abandon(Code.UNAVAILABLE.value, UNLOADED_MESSAGE)
+
+
+class _Sink:
+    """What the lane hands back with a Python request's result: where it goes, and the
+    request (for its trace and phase counts)."""
+
+    __slots__ = ("request", "target")
+
+    def __init__(self, target: Sink, request: InferRequest) -> None:
+        self.target = target
+        self.request = request
+
+
+def _settle_all(items: list[tuple[_Sink, Result]]) -> None:
+    """On the event loop: a batch's answers."""
+    for sink, result in items:
+        settle(sink.target, result, True)
+
+
+def _count(request: InferRequest, marks: Any) -> None:
+    """A request's trace stamps and phase counts from its batch's compute marks."""
+    start, input_end, output_start, end = marks
+    if request.trace is not None:
+        for name, ns in zip(_COMPUTE_STAMPS, marks, strict=True):
+            request.trace.stamp(name, ns)
+    phases = request.phases
+    if phases is not None:
+        if phases.enqueued:
+            phases.queue += max(0, start - phases.enqueued)
+        phases.compute_input += input_end - start
+        phases.compute_infer += output_start - input_end
+        phases.compute_output += end - output_start
+
+
+def _wire_bytes(datatype: str, data: Any) -> np.ndarray:
+    """A tensor's wire bytes as a C-contiguous uint8 array."""
+    raw = rawtensor.to_raw(datatype, data)
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return np.frombuffer(raw, np.uint8)
+    return np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+

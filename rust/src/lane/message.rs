@@ -1,0 +1,406 @@
+//! The messages between the server and a model's worker process, defined once here and
+//! written in a compact binary form (little end first; strings and byte strings with their
+//! length before them), not pickled.
+//!
+//! A [`BatchMessage`] names the segment the batch's inputs lie in and describes each request;
+//! a [`ReplyMessage`] names the segment the worker wrote the outputs into and gives each
+//! request's result. Tensors are described by [`Slot`]s: where in the segment their bytes are.
+
+use crate::error::{Code, CoreError};
+
+/// Where a tensor's bytes lie in a message's segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// One request of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRequest {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: String,
+    /// Its parameters as a JSON object's text; empty for none.
+    pub parameters: String,
+    /// The outputs it names; None: every output.
+    pub outputs: Option<Vec<String>>,
+    pub inputs: Vec<Slot>,
+}
+
+/// A batch for the worker to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchMessage {
+    pub segment: String,
+    pub segment_len: u64,
+    pub requests: Vec<BatchRequest>,
+}
+
+/// One request's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Response {
+        model_name: String,
+        model_version: String,
+        id: String,
+        /// The response's parameters as a JSON object's text; empty for none.
+        parameters: String,
+        outputs: Vec<Slot>,
+    },
+    Error(Code, String),
+}
+
+/// The worker's answer to a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyMessage {
+    /// The segment the outputs lie in (empty when no result has any).
+    pub segment: String,
+    pub segment_len: u64,
+    pub results: Vec<Outcome>,
+    /// What the worker has for the server's Python besides (its custom metrics, when they
+    /// changed), opaque here; empty for nothing.
+    pub extra: Vec<u8>,
+}
+
+/// Appends values in the messages' layout.
+#[derive(Debug, Default)]
+pub struct Writer {
+    pub buf: Vec<u8>,
+}
+
+impl Writer {
+    pub fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn i64(&mut self, v: i64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn bytes(&mut self, v: &[u8]) {
+        self.u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
+        self.buf
+            .extend_from_slice(&v[..v.len().min(u32::MAX as usize)]);
+    }
+    pub fn str(&mut self, v: &str) {
+        self.bytes(v.as_bytes());
+    }
+    fn count(&mut self, n: usize) {
+        self.u32(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    pub fn slot(&mut self, slot: &Slot) {
+        self.str(&slot.name);
+        self.str(&slot.datatype);
+        self.count(slot.shape.len());
+        for &d in &slot.shape {
+            self.i64(d);
+        }
+        self.u64(slot.offset);
+        self.u64(slot.len);
+    }
+}
+
+/// Reads values in the messages' layout; every read checks what is left.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    b: &'a [u8],
+}
+
+fn malformed() -> CoreError {
+    CoreError::internal("malformed message between the server and a worker process")
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(b: &'a [u8]) -> Self {
+        Reader { b }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CoreError> {
+        if self.b.len() < n {
+            return Err(malformed());
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+    pub fn u8(&mut self) -> Result<u8, CoreError> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32, CoreError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().map_err(|_| malformed())?,
+        ))
+    }
+    pub fn u64(&mut self) -> Result<u64, CoreError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().map_err(|_| malformed())?,
+        ))
+    }
+    pub fn i64(&mut self) -> Result<i64, CoreError> {
+        Ok(i64::from_le_bytes(
+            self.take(8)?.try_into().map_err(|_| malformed())?,
+        ))
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8], CoreError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    pub fn str(&mut self) -> Result<String, CoreError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| malformed())
+    }
+    /// A count of items, each at least `least` bytes: never more than what is left could hold.
+    fn count(&mut self, least: usize) -> Result<usize, CoreError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(least) > self.b.len() {
+            return Err(malformed());
+        }
+        Ok(n)
+    }
+    pub fn slot(&mut self) -> Result<Slot, CoreError> {
+        let name = self.str()?;
+        let datatype = self.str()?;
+        let dims = self.count(8)?;
+        let shape = (0..dims).map(|_| self.i64()).collect::<Result<_, _>>()?;
+        Ok(Slot {
+            name,
+            datatype,
+            shape,
+            offset: self.u64()?,
+            len: self.u64()?,
+        })
+    }
+    pub fn done(&self) -> Result<(), CoreError> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(malformed())
+        }
+    }
+}
+
+impl BatchMessage {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.str(&self.segment);
+        w.u64(self.segment_len);
+        w.count(self.requests.len());
+        for r in &self.requests {
+            w.str(&r.model_name);
+            w.str(&r.model_version);
+            w.str(&r.id);
+            w.str(&r.parameters);
+            match &r.outputs {
+                None => w.u8(0),
+                Some(names) => {
+                    w.u8(1);
+                    w.count(names.len());
+                    for n in names {
+                        w.str(n);
+                    }
+                }
+            }
+            w.count(r.inputs.len());
+            for s in &r.inputs {
+                w.slot(s);
+            }
+        }
+        w.buf
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, CoreError> {
+        let mut r = Reader::new(b);
+        let segment = r.str()?;
+        let segment_len = r.u64()?;
+        let count = r.count(4)?;
+        let mut requests = Vec::with_capacity(count);
+        for _ in 0..count {
+            let model_name = r.str()?;
+            let model_version = r.str()?;
+            let id = r.str()?;
+            let parameters = r.str()?;
+            let outputs = if r.u8()? == 0 {
+                None
+            } else {
+                let n = r.count(4)?;
+                Some((0..n).map(|_| r.str()).collect::<Result<_, _>>()?)
+            };
+            let n = r.count(4)?;
+            let inputs = (0..n).map(|_| r.slot()).collect::<Result<_, _>>()?;
+            requests.push(BatchRequest {
+                model_name,
+                model_version,
+                id,
+                parameters,
+                outputs,
+                inputs,
+            });
+        }
+        r.done()?;
+        Ok(BatchMessage {
+            segment,
+            segment_len,
+            requests,
+        })
+    }
+}
+
+impl ReplyMessage {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.str(&self.segment);
+        w.u64(self.segment_len);
+        w.count(self.results.len());
+        for result in &self.results {
+            match result {
+                Outcome::Response {
+                    model_name,
+                    model_version,
+                    id,
+                    parameters,
+                    outputs,
+                } => {
+                    w.u8(0);
+                    w.str(model_name);
+                    w.str(model_version);
+                    w.str(id);
+                    w.str(parameters);
+                    w.count(outputs.len());
+                    for s in outputs {
+                        w.slot(s);
+                    }
+                }
+                Outcome::Error(code, message) => {
+                    w.u8(1);
+                    w.str(code.name());
+                    w.str(message);
+                }
+            }
+        }
+        w.bytes(&self.extra);
+        w.buf
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, CoreError> {
+        let mut r = Reader::new(b);
+        let segment = r.str()?;
+        let segment_len = r.u64()?;
+        let count = r.count(1)?;
+        let mut results = Vec::with_capacity(count);
+        for _ in 0..count {
+            results.push(if r.u8()? == 0 {
+                let model_name = r.str()?;
+                let model_version = r.str()?;
+                let id = r.str()?;
+                let parameters = r.str()?;
+                let n = r.count(4)?;
+                let outputs = (0..n).map(|_| r.slot()).collect::<Result<_, _>>()?;
+                Outcome::Response {
+                    model_name,
+                    model_version,
+                    id,
+                    parameters,
+                    outputs,
+                }
+            } else {
+                let code = r.str()?;
+                let code = Code::ALL
+                    .into_iter()
+                    .find(|c| c.name() == code)
+                    .unwrap_or(Code::Internal);
+                Outcome::Error(code, r.str()?)
+            });
+        }
+        let extra = r.bytes()?.to_vec();
+        r.done()?;
+        Ok(ReplyMessage {
+            segment,
+            segment_len,
+            results,
+            extra,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(name: &str) -> Slot {
+        Slot {
+            name: name.into(),
+            datatype: "FP32".into(),
+            shape: vec![1, -1],
+            offset: 64,
+            len: 8,
+        }
+    }
+
+    #[test]
+    fn batches_and_replies_round_trip() {
+        let batch = BatchMessage {
+            segment: "tritonfast-in-1".into(),
+            segment_len: 1 << 20,
+            requests: vec![
+                BatchRequest {
+                    model_name: "m".into(),
+                    model_version: "1".into(),
+                    id: "é".into(),
+                    parameters: r#"{"a":1}"#.into(),
+                    outputs: Some(vec!["OUT".into()]),
+                    inputs: vec![slot("IN")],
+                },
+                BatchRequest {
+                    model_name: "m".into(),
+                    model_version: "1".into(),
+                    id: String::new(),
+                    parameters: String::new(),
+                    outputs: None,
+                    inputs: vec![],
+                },
+            ],
+        };
+        assert_eq!(BatchMessage::decode(&batch.encode()), Ok(batch));
+        let reply = ReplyMessage {
+            segment: "out".into(),
+            segment_len: 4096,
+            results: vec![
+                Outcome::Response {
+                    model_name: "m".into(),
+                    model_version: "1".into(),
+                    id: "x".into(),
+                    parameters: String::new(),
+                    outputs: vec![slot("OUT")],
+                },
+                Outcome::Error(Code::InvalidArg, "no".into()),
+            ],
+            extra: vec![1, 2, 3],
+        };
+        assert_eq!(ReplyMessage::decode(&reply.encode()), Ok(reply));
+    }
+
+    #[test]
+    fn a_cut_or_padded_message_is_refused() {
+        let reply = ReplyMessage {
+            segment: String::new(),
+            segment_len: 0,
+            results: vec![],
+            extra: vec![],
+        };
+        let bytes = reply.encode();
+        assert!(ReplyMessage::decode(&bytes[..bytes.len() - 1]).is_err());
+        let mut padded = bytes.clone();
+        padded.push(0);
+        assert!(ReplyMessage::decode(&padded).is_err());
+        // A count larger than the bytes could hold is refused before anything is allocated.
+        assert!(
+            BatchMessage::decode(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255])
+                .is_err()
+        );
+    }
+}

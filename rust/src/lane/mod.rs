@@ -1,0 +1,660 @@
+//! The request path of a model whose instances run in worker processes, in the core: requests
+//! go into the model's queue already decoded ([`Lane::submit_http`] takes an HTTP request's
+//! bytes), each instance's driver thread forms batches, hands them to its worker through
+//! shared memory and a socket ([`message`], [`channel`], [`segment`]), and answers each
+//! request from the worker's reply: an HTTP request by writing its response on its connection
+//! ([`response`]) and telling the event loop ([`completions`]), any other through the
+//! [`Deliver`] the lane was made with (the server's Python, once per batch).
+//!
+//! Nothing here runs Python per request. The server's Python runs once per batch at most (to
+//! answer requests that came from Python), and the worker's runs the model's `execute` once
+//! per batch.
+
+pub mod channel;
+pub mod completions;
+pub mod message;
+pub mod response;
+pub mod segment;
+
+use std::hash::{Hash, Hasher};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::error::{Code, CoreError};
+use crate::infer::{CoreRequest, Decoded, Signature, decode_http, request_prefix};
+use crate::outbox::Stream;
+use crate::queue::{
+    PopResult, QUEUE_FULL_MESSAGE, QueueConfig, Queued, RequestMeta, RequestQueue, Ticket,
+};
+use crate::stats::{ComputeTimes, RequestTiming};
+use channel::Channel;
+use completions::Completions;
+use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
+use response::{Framing, ResponseParts, error_answer, response_answer, slot_bytes};
+use segment::{InputSegment, OutputSegment, aligned};
+
+/// Triton's answer to a request whose queue timeout expired under the REJECT action.
+pub const REQUEST_TIMEOUT_MESSAGE: &str = "Request timeout expired";
+/// Triton's answer to a request that arrives while the model's scheduler is stopping.
+pub const STOPPING_MESSAGE: &str =
+    "Server is stopping, scheduler for model has stopped accepting new inference requests";
+
+/// Where an HTTP request's answer goes.
+#[derive(Debug)]
+pub struct HttpReply {
+    pub stream: Arc<Stream>,
+    pub framing: Framing,
+    /// Handed to the event loop once the answer is written.
+    pub token: u64,
+}
+
+/// Who is waiting for a request's answer.
+#[derive(Debug)]
+pub enum Sink<E> {
+    Http(HttpReply),
+    /// The server's Python (another frontend, a model's call): answered through [`Deliver`].
+    External(E),
+}
+
+/// A request in a lane's queue.
+#[derive(Debug)]
+pub struct LaneItem<E> {
+    pub request: CoreRequest,
+    /// The bytes its inputs' `Body` ranges lie in.
+    pub body: Vec<u8>,
+    /// Its parameters for the model, as a JSON object's text (empty for none).
+    pub parameters: String,
+    pub sink: Sink<E>,
+}
+
+/// An output tensor copied out of the worker's segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedOutput {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+    pub data: Vec<u8>,
+}
+
+/// A response for an external sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedResponse {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: String,
+    pub parameters: String,
+    pub outputs: Vec<OwnedOutput>,
+}
+
+/// Answers the requests that came from the server's Python.
+pub trait Deliver<E>: Send + Sync {
+    /// One batch's results for external sinks, what the worker sent besides (opaque, may be
+    /// empty), and the batch's compute marks (see [`Marks`]). Called on a driver thread,
+    /// before the batch's HTTP answers are written.
+    fn deliver(
+        &self,
+        results: Vec<(E, Result<OwnedResponse, CoreError>)>,
+        extra: Vec<u8>,
+        marks: Marks,
+    );
+}
+
+/// When a batch's computation started, its inputs were handed over, its outputs began to come
+/// back, and it ended: `CLOCK_MONOTONIC` nanoseconds (Python's `perf_counter_ns` on Linux),
+/// all zero for requests answered without running.
+pub type Marks = [u64; 4];
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec into `now`, which is live and of the right type.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
+}
+
+/// How requests join batches: the dynamic batcher's rules, or one request per execution.
+#[derive(Debug, Clone, Default)]
+pub struct Batching {
+    /// Priorities, timeouts and shape keys apply (the dynamic batcher); else FIFO.
+    pub dynamic: bool,
+    /// Inputs whose shapes (past the batch dimension) must agree within a batch.
+    pub keyed_inputs: Vec<String>,
+    /// Whether the set of inputs sent must agree too (some inputs are optional).
+    pub keyed_by_names: bool,
+}
+
+/// A worker process as a driver reaches it.
+#[derive(Debug)]
+pub struct WorkerLink {
+    channel: Channel,
+    inputs: InputSegment,
+    outputs: OutputSegment,
+}
+
+impl WorkerLink {
+    /// `fd`: the server's end of the worker's channel; its inputs go into segments named from
+    /// `input_prefix`.
+    pub fn new(fd: OwnedFd, input_prefix: &str) -> Self {
+        WorkerLink {
+            channel: Channel::new(fd),
+            inputs: InputSegment::new(input_prefix),
+            outputs: OutputSegment::default(),
+        }
+    }
+}
+
+/// Why [`Lane::drive`] returned.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DriveEnd {
+    /// The queue is closed and empty.
+    Closed,
+    /// The worker went away during a batch, which is held for [`Lane::fail_held`].
+    Died,
+}
+
+/// What [`Lane::submit_http`] did with a request.
+#[derive(Debug)]
+pub enum Submitted {
+    Queued(Ticket),
+    Refused(CoreError),
+    /// Not one the core takes on: the reference path decides.
+    Reference,
+}
+
+/// A batch whose worker went away while running it.
+type Held<E> = Vec<Queued<LaneItem<E>>>;
+
+/// One model version's lane.
+pub struct Lane<E> {
+    model_name: String,
+    model_version: String,
+    signature: Signature,
+    batching: Batching,
+    queue: RequestQueue<LaneItem<E>>,
+    completions: Arc<Completions>,
+    deliver: Box<dyn Deliver<E>>,
+    /// Per instance: the batch its worker died in, until answered.
+    held: Mutex<Vec<Option<Held<E>>>>,
+}
+
+impl<E> std::fmt::Debug for Lane<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("model", &self.model_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Send> Lane<E> {
+    pub fn new(
+        model_version: String,
+        signature: Signature,
+        batching: Batching,
+        queue: QueueConfig,
+        completions: Arc<Completions>,
+        deliver: Box<dyn Deliver<E>>,
+    ) -> Result<Self, CoreError> {
+        Ok(Lane {
+            model_name: signature.model().to_owned(),
+            model_version,
+            signature,
+            batching,
+            queue: RequestQueue::with_config(queue)?,
+            completions,
+            deliver,
+            held: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn queue(&self) -> &RequestQueue<LaneItem<E>> {
+        &self.queue
+    }
+
+    pub fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    /// Decodes an HTTP request's body (its JSON header `json_length` bytes) and queues it.
+    pub fn submit_http(&self, body: Vec<u8>, json_length: usize, reply: HttpReply) -> Submitted {
+        match decode_http(&body, json_length, &self.signature) {
+            Decoded::Reference => Submitted::Reference,
+            Decoded::Refused(error) => Submitted::Refused(error),
+            Decoded::Request(request, batch_size) => {
+                let mut parameters = String::new();
+                if request.priority.is_some() || request.timeout_us.is_some() {
+                    parameters = reference_parameters(&request);
+                }
+                let item = LaneItem {
+                    request,
+                    body,
+                    parameters,
+                    sink: Sink::Http(reply),
+                };
+                match self.push(item, batch_size) {
+                    Ok(ticket) => Submitted::Queued(ticket),
+                    Err(error) => Submitted::Refused(error),
+                }
+            }
+        }
+    }
+
+    /// Queues a request the server's Python decoded and checked.
+    pub fn submit(&self, item: LaneItem<E>, batch_size: u64) -> Result<Ticket, CoreError> {
+        self.push(item, batch_size)
+    }
+
+    fn push(&self, item: LaneItem<E>, batch_size: u64) -> Result<Ticket, CoreError> {
+        let request = &item.request;
+        let mut meta = RequestMeta {
+            batch_size: u32::try_from(batch_size.max(1)).unwrap_or(u32::MAX),
+            ..RequestMeta::default()
+        };
+        if self.batching.dynamic {
+            meta.priority = request
+                .priority
+                .map_or(0, |p| u32::try_from(p).unwrap_or(u32::MAX));
+            meta.timeout = Duration::from_micros(request.timeout_us.unwrap_or(0));
+            meta.shape_key = self.shape_key(request);
+        }
+        let id = request.id.clone();
+        self.queue.push_cancellable(item, meta).map_err(|error| {
+            // Triton prefixes these with the request id.
+            if error.code != Code::Unavailable {
+                return error;
+            }
+            let message = if error.message == QUEUE_FULL_MESSAGE {
+                QUEUE_FULL_MESSAGE
+            } else if self.queue.is_closed() {
+                STOPPING_MESSAGE
+            } else {
+                return error;
+            };
+            CoreError::unavailable(format!("{}{message}", request_prefix(&id)))
+        })
+    }
+
+    /// What must agree for requests to share a batch, hashed (0: nothing).
+    fn shape_key(&self, request: &CoreRequest) -> u64 {
+        let batching = &self.batching;
+        if batching.keyed_inputs.is_empty() && !batching.keyed_by_names {
+            return 0;
+        }
+        let mut parts: Vec<(&str, &[u64])> = Vec::new();
+        for input in &request.inputs {
+            if batching.keyed_inputs.contains(&input.name) {
+                parts.push((&input.name, input.shape.get(1..).unwrap_or(&[])));
+            } else if batching.keyed_by_names {
+                parts.push((&input.name, &[]));
+            }
+        }
+        parts.sort_unstable();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        parts.hash(&mut hasher);
+        hasher.finish() | 1
+    }
+
+    /// Removes a queued request; true if it had not been taken yet.
+    pub fn cancel(&self, ticket: &Ticket) -> Result<bool, CoreError> {
+        self.queue.cancel(ticket)
+    }
+
+    /// Closes the queue: submits fail from now on; drivers run what is queued, then return.
+    pub fn close(&self) {
+        self.queue.close();
+    }
+
+    /// Runs instance `instance`'s batches on the worker behind `link` until the queue is
+    /// closed and empty, or the worker goes away.
+    pub fn drive(&self, instance: usize, link: &mut WorkerLink) -> DriveEnd {
+        loop {
+            match self.queue.pop_batch_queued(Duration::from_millis(200)) {
+                PopResult::Closed => return DriveEnd::Closed,
+                PopResult::TimedOut => {}
+                PopResult::Rejected(items) => {
+                    let error = CoreError::unavailable(REQUEST_TIMEOUT_MESSAGE);
+                    self.answer_all(items, &error, false);
+                }
+                PopResult::Batch(batch) => {
+                    if let Err(items) = self.run(batch.items, link) {
+                        let mut held = self.held.lock();
+                        if held.len() <= instance {
+                            held.resize_with(instance + 1, || None);
+                        }
+                        held[instance] = Some(items);
+                        return DriveEnd::Died;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers the batch instance `instance`'s worker died in with `error`.
+    pub fn fail_held(&self, instance: usize, error: &CoreError) {
+        let items = self.held.lock().get_mut(instance).and_then(Option::take);
+        if let Some(items) = items {
+            self.answer_all(items, error, true);
+        }
+    }
+
+    /// Waits up to `timeout` for a batch and answers it with `error` (no worker to run it);
+    /// false once the queue is closed and empty.
+    pub fn fail_next(&self, error: &CoreError, timeout: Duration) -> bool {
+        match self.queue.pop_batch_queued(timeout) {
+            PopResult::Closed => false,
+            PopResult::TimedOut => true,
+            PopResult::Rejected(items) => {
+                self.answer_all(
+                    items,
+                    &CoreError::unavailable(REQUEST_TIMEOUT_MESSAGE),
+                    false,
+                );
+                true
+            }
+            PopResult::Batch(batch) => {
+                self.answer_all(batch.items, error, true);
+                true
+            }
+        }
+    }
+
+    /// Closes the queue and answers everything still in it, and every held batch, with
+    /// `error`.
+    pub fn abandon(&self, error: &CoreError) {
+        let left = self.queue.abandon();
+        let held: Vec<_> = self
+            .held
+            .lock()
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        let mut externals = Vec::new();
+        let mut tokens = Vec::new();
+        for item in left
+            .into_iter()
+            .chain(held.into_iter().flatten().map(|q| q.item))
+        {
+            answer_error(item.sink, error, &mut externals, &mut tokens);
+        }
+        self.finish_answers(externals, Vec::new(), &tokens);
+    }
+
+    /// Answers `items` with `error`; `executed`: they count as a failed execution.
+    fn answer_all(&self, items: Vec<Queued<LaneItem<E>>>, error: &CoreError, executed: bool) {
+        if executed {
+            let now = Instant::now();
+            let timings = items.iter().map(|q| (timing(q), false)).collect::<Vec<_>>();
+            self.queue
+                .stats()
+                .record_execution(timings, now, ComputeTimes::default());
+        }
+        let mut externals = Vec::new();
+        let mut tokens = Vec::new();
+        for queued in items {
+            answer_error(queued.item.sink, error, &mut externals, &mut tokens);
+        }
+        self.finish_answers(externals, Vec::new(), &tokens);
+    }
+
+    fn finish_answers(
+        &self,
+        externals: Vec<(E, Result<OwnedResponse, CoreError>)>,
+        extra: Vec<u8>,
+        tokens: &[u64],
+    ) {
+        if !externals.is_empty() || !extra.is_empty() {
+            self.deliver.deliver(externals, extra, [0; 4]);
+        }
+        self.completions.add(tokens);
+    }
+
+    /// Runs one batch on the worker and answers it; the batch back when the worker is gone.
+    fn run(
+        &self,
+        items: Vec<Queued<LaneItem<E>>>,
+        link: &mut WorkerLink,
+    ) -> Result<(), Vec<Queued<LaneItem<E>>>> {
+        let dequeued_at = Instant::now();
+        let started_ns = monotonic_ns();
+        let message = match self.write_inputs(&items, link) {
+            Ok(message) => message,
+            Err(error) => {
+                self.answer_all(items, &error, true);
+                return Ok(());
+            }
+        };
+        if link.channel.send(&message.encode()).is_err() {
+            return Err(items);
+        }
+        let sent_at = Instant::now();
+        let sent_ns = monotonic_ns();
+        let Ok(reply) = link.channel.recv() else {
+            return Err(items);
+        };
+        let replied_at = Instant::now();
+        let replied_ns = monotonic_ns();
+        let reply = match ReplyMessage::decode(&reply) {
+            Ok(reply) if reply.results.len() == items.len() => reply,
+            Ok(_) | Err(_) => {
+                let error = CoreError::internal(format!(
+                    "the worker of model '{}' answered a batch wrongly",
+                    self.model_name
+                ));
+                self.answer_all(items, &error, true);
+                return Ok(());
+            }
+        };
+        let segment: &[u8] = if reply.segment.is_empty() {
+            &[]
+        } else {
+            let len = usize::try_from(reply.segment_len).unwrap_or(usize::MAX);
+            match link.outputs.bytes(&reply.segment, len) {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    self.answer_all(items, &error, true);
+                    return Ok(());
+                }
+            }
+        };
+        let mut successes = Vec::with_capacity(items.len());
+        let mut externals = Vec::new();
+        let mut answers: Vec<(HttpReply, Vec<u8>)> = Vec::new();
+        for (queued, outcome) in items.into_iter().zip(&reply.results) {
+            let ok = matches!(outcome, Outcome::Response { .. });
+            successes.push((timing(&queued), ok));
+            let LaneItem { request, sink, .. } = queued.item;
+            match sink {
+                Sink::Http(reply) => {
+                    let answer = match outcome {
+                        Outcome::Response {
+                            model_name,
+                            model_version,
+                            id,
+                            parameters,
+                            outputs,
+                        } => {
+                            let parts = ResponseParts {
+                                model_name,
+                                model_version,
+                                id,
+                                parameters,
+                                outputs,
+                                segment,
+                            };
+                            response_answer(&request, &parts, reply.framing)
+                                .unwrap_or_else(|error| error_answer(&error, reply.framing))
+                        }
+                        Outcome::Error(code, message) => {
+                            error_answer(&CoreError::new(*code, message.clone()), reply.framing)
+                        }
+                    };
+                    answers.push((reply, answer));
+                }
+                Sink::External(sink) => externals.push((sink, owned_outcome(outcome, segment))),
+            }
+        }
+        let marks = [started_ns, sent_ns, replied_ns, monotonic_ns()];
+        self.deliver_and_write(externals, reply.extra, answers, marks);
+        let compute = ComputeTimes {
+            input: sent_at - dequeued_at,
+            infer: replied_at - sent_at,
+            output: replied_at.elapsed(),
+        };
+        self.queue
+            .stats()
+            .record_execution(successes, dequeued_at, compute);
+        Ok(())
+    }
+
+    fn deliver_and_write(
+        &self,
+        externals: Vec<(E, Result<OwnedResponse, CoreError>)>,
+        extra: Vec<u8>,
+        answers: Vec<(HttpReply, Vec<u8>)>,
+        marks: Marks,
+    ) {
+        if !externals.is_empty() || !extra.is_empty() {
+            self.deliver.deliver(externals, extra, marks);
+        }
+        let tokens: Vec<u64> = answers
+            .into_iter()
+            .map(|(reply, answer)| {
+                // A connection gone meanwhile takes nothing: its client left.
+                let _ = reply.stream.write_now(&answer);
+                reply.token
+            })
+            .collect();
+        self.completions.add(&tokens);
+    }
+
+    /// Writes the batch's inputs into the link's input segment and describes the batch.
+    fn write_inputs(
+        &self,
+        items: &[Queued<LaneItem<E>>],
+        link: &mut WorkerLink,
+    ) -> Result<BatchMessage, CoreError> {
+        let mut total = 0;
+        for queued in items {
+            for input in &queued.item.request.inputs {
+                total = aligned(total + input.data.bytes(&queued.item.body).len());
+            }
+        }
+        let (segment, name) = link.inputs.reserve(total)?;
+        let base = segment.start();
+        let mut offset = 0;
+        let mut requests = Vec::with_capacity(items.len());
+        for queued in items {
+            let item = &queued.item;
+            let mut inputs = Vec::with_capacity(item.request.inputs.len());
+            for input in &item.request.inputs {
+                let bytes = input.data.bytes(&item.body);
+                // SAFETY: `offset + bytes.len()` <= `total` <= the segment's length; the worker
+                // reads the segment only after the batch is sent, and one batch is in flight.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(offset), bytes.len());
+                };
+                inputs.push(Slot {
+                    name: input.name.clone(),
+                    datatype: input.datatype.name().to_owned(),
+                    shape: input
+                        .shape
+                        .iter()
+                        .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
+                        .collect(),
+                    offset: offset as u64,
+                    len: bytes.len() as u64,
+                });
+                offset = aligned(offset + bytes.len());
+            }
+            requests.push(BatchRequest {
+                model_name: self.model_name.clone(),
+                model_version: self.model_version.clone(),
+                id: item.request.id.clone(),
+                parameters: item.parameters.clone(),
+                outputs: item
+                    .request
+                    .outputs
+                    .as_ref()
+                    .map(|outputs| outputs.iter().map(|o| o.name.clone()).collect()),
+                inputs,
+            });
+        }
+        Ok(BatchMessage {
+            segment: name.to_owned(),
+            segment_len: segment.len() as u64,
+            requests,
+        })
+    }
+}
+
+fn timing<E>(queued: &Queued<LaneItem<E>>) -> RequestTiming {
+    RequestTiming {
+        batch_size: queued.batch_size,
+        enqueued_at: queued.enqueued_at(),
+    }
+}
+
+/// The parameters the reference path hands the model for a request that set `priority` or
+/// `timeout` (the only parameters the core's decoder takes on).
+fn reference_parameters(request: &CoreRequest) -> String {
+    let mut fields = Vec::new();
+    if let Some(priority) = request.priority {
+        fields.push(format!("\"priority\":{priority}"));
+    }
+    if let Some(timeout) = request.timeout_us {
+        fields.push(format!("\"timeout\":{timeout}"));
+    }
+    format!("{{{}}}", fields.join(","))
+}
+
+fn answer_error<E>(
+    sink: Sink<E>,
+    error: &CoreError,
+    externals: &mut Vec<(E, Result<OwnedResponse, CoreError>)>,
+    tokens: &mut Vec<u64>,
+) {
+    match sink {
+        Sink::Http(reply) => {
+            let _ = reply.stream.write_now(&error_answer(error, reply.framing));
+            tokens.push(reply.token);
+        }
+        Sink::External(sink) => externals.push((sink, Err(error.clone()))),
+    }
+}
+
+fn owned_outcome(outcome: &Outcome, segment: &[u8]) -> Result<OwnedResponse, CoreError> {
+    match outcome {
+        Outcome::Error(code, message) => Err(CoreError::new(*code, message.clone())),
+        Outcome::Response {
+            model_name,
+            model_version,
+            id,
+            parameters,
+            outputs,
+        } => {
+            let outputs = outputs
+                .iter()
+                .map(|slot| {
+                    Ok(OwnedOutput {
+                        name: slot.name.clone(),
+                        datatype: slot.datatype.clone(),
+                        shape: slot.shape.clone(),
+                        data: slot_bytes(segment, slot)?.to_vec(),
+                    })
+                })
+                .collect::<Result<_, CoreError>>()?;
+            Ok(OwnedResponse {
+                model_name: model_name.clone(),
+                model_version: model_version.clone(),
+                id: id.clone(),
+                parameters: parameters.clone(),
+                outputs,
+            })
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! HTTP answers to inference requests, written by the core: the response's JSON header
+//! (`KServe` v2, as the server's reference encoder writes it, key order and number format
+//! included) and the outputs asked for as binary data after it, with the status line and
+//! headers; or an error's JSON body with Triton's HTTP status.
+
+use std::fmt::Write as _;
+
+use super::message::Slot;
+use crate::error::{Code, CoreError};
+use crate::infer::{CoreRequest, DataType};
+
+/// How the connection reads the answer: HTTP/1.`minor`, and whether it stays open after.
+#[derive(Debug, Clone, Copy)]
+pub struct Framing {
+    pub minor: u8,
+    pub keep_alive: bool,
+}
+
+/// A response's fields and where its outputs' bytes are.
+#[derive(Debug)]
+pub struct ResponseParts<'a> {
+    pub model_name: &'a str,
+    pub model_version: &'a str,
+    pub id: &'a str,
+    /// A JSON object's text, or empty.
+    pub parameters: &'a str,
+    pub outputs: &'a [Slot],
+    /// The bytes the slots' offsets are within.
+    pub segment: &'a [u8],
+}
+
+/// Triton's `HttpCodeFromError`.
+pub fn http_status(code: Code) -> u16 {
+    match code {
+        Code::Internal => 500,
+        Code::NotFound => 404,
+        Code::Unavailable => 503,
+        Code::Unsupported => 501,
+        Code::Unknown | Code::InvalidArg | Code::AlreadyExists | Code::Cancelled => 400,
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+fn head(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    length: usize,
+    extra: &str,
+    framing: Framing,
+) {
+    let connection = match (framing.keep_alive, framing.minor) {
+        (true, 0) => "Connection: keep-alive\r\n",
+        (false, m) if m >= 1 => "Connection: close\r\n",
+        _ => "",
+    };
+    let mut text = String::with_capacity(128);
+    let _ = write!(
+        text,
+        "HTTP/1.{} {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n\
+         {extra}{connection}\r\n",
+        framing.minor,
+        reason(status)
+    );
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// The answer to a failed request: `{"error": message}` with the code's status.
+pub fn error_answer(error: &CoreError, framing: Framing) -> Vec<u8> {
+    let mut body = Vec::with_capacity(error.message.len() + 16);
+    body.extend_from_slice(b"{\"error\":");
+    json_string(&mut body, error.message.as_bytes());
+    body.push(b'}');
+    let mut out = Vec::with_capacity(body.len() + 128);
+    head(
+        &mut out,
+        http_status(error.code),
+        "application/json",
+        body.len(),
+        "",
+        framing,
+    );
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The answer to `request` with `response`; an error when an output's bytes are not where its
+/// slot says (a worker's fault, answered as INTERNAL).
+pub fn response_answer(
+    request: &CoreRequest,
+    response: &ResponseParts<'_>,
+    framing: Framing,
+) -> Result<Vec<u8>, CoreError> {
+    let mut json = Vec::with_capacity(256);
+    let mut binary: Vec<&[u8]> = Vec::new();
+    json.push(b'{');
+    let id = if response.id.is_empty() {
+        request.id.as_str()
+    } else {
+        response.id
+    };
+    if !id.is_empty() {
+        json.extend_from_slice(b"\"id\":");
+        json_string(&mut json, id.as_bytes());
+        json.push(b',');
+    }
+    json.extend_from_slice(b"\"model_name\":");
+    json_string(&mut json, response.model_name.as_bytes());
+    json.extend_from_slice(b",\"model_version\":");
+    json_string(&mut json, response.model_version.as_bytes());
+    if !response.parameters.is_empty() && response.parameters != "{}" {
+        json.extend_from_slice(b",\"parameters\":");
+        json.extend_from_slice(response.parameters.as_bytes());
+    }
+    json.extend_from_slice(b",\"outputs\":[");
+    let mut first = true;
+    for slot in response.outputs {
+        let binary_wanted = match &request.outputs {
+            None => request.binary_default,
+            Some(wanted) => match wanted.iter().find(|o| o.name == slot.name) {
+                Some(output) => output.binary,
+                None => continue,
+            },
+        };
+        let bytes = slot_bytes(response.segment, slot)?;
+        if !first {
+            json.push(b',');
+        }
+        first = false;
+        json.extend_from_slice(b"{\"name\":");
+        json_string(&mut json, slot.name.as_bytes());
+        json.extend_from_slice(b",\"datatype\":");
+        json_string(&mut json, slot.datatype.as_bytes());
+        json.extend_from_slice(b",\"shape\":[");
+        for (k, d) in slot.shape.iter().enumerate() {
+            if k > 0 {
+                json.push(b',');
+            }
+            let _ = write_int(&mut json, *d);
+        }
+        json.push(b']');
+        if binary_wanted {
+            let _ = write!(
+                Text(&mut json),
+                ",\"parameters\":{{\"binary_data_size\":{}}}",
+                bytes.len()
+            );
+            if !bytes.is_empty() {
+                binary.push(bytes);
+            }
+        } else {
+            json.extend_from_slice(b",\"data\":");
+            json_data(&mut json, &slot.datatype, bytes)?;
+        }
+        json.push(b'}');
+    }
+    json.extend_from_slice(b"]}");
+    let body_length = json.len() + binary.iter().map(|b| b.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(body_length + 160);
+    if binary.is_empty() {
+        head(&mut out, 200, "application/json", body_length, "", framing);
+    } else {
+        let extra = format!("Inference-Header-Content-Length: {}\r\n", json.len());
+        head(
+            &mut out,
+            200,
+            "application/octet-stream",
+            body_length,
+            &extra,
+            framing,
+        );
+    }
+    out.extend_from_slice(&json);
+    for part in binary {
+        out.extend_from_slice(part);
+    }
+    Ok(out)
+}
+
+/// The bytes of `slot` within `segment`.
+pub fn slot_bytes<'a>(segment: &'a [u8], slot: &Slot) -> Result<&'a [u8], CoreError> {
+    usize::try_from(slot.offset)
+        .ok()
+        .zip(usize::try_from(slot.len).ok())
+        .and_then(|(start, len)| segment.get(start..start.checked_add(len)?))
+        .ok_or_else(|| {
+            CoreError::internal(format!("output '{}' lies outside its segment", slot.name))
+        })
+}
+
+struct Text<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Text<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+fn write_int(out: &mut Vec<u8>, v: impl std::fmt::Display) -> std::fmt::Result {
+    write!(Text(out), "{v}")
+}
+
+/// A double as the reference encoder writes it (shortest round-trip form; `null` for what
+/// JSON cannot hold).
+fn write_double(out: &mut Vec<u8>, v: f64) {
+    if v.is_finite() {
+        let mut buffer = ryu::Buffer::new();
+        out.extend_from_slice(buffer.format_finite(v).as_bytes());
+    } else {
+        out.extend_from_slice(b"null");
+    }
+}
+
+/// A half-precision float's value (exact in single precision).
+fn half_to_f32(bits: u16) -> f32 {
+    let exponent = i32::from((bits >> 10) & 0x1f);
+    let fraction = f32::from(bits & 0x3ff);
+    let magnitude = match exponent {
+        0 => fraction * 2f32.powi(-24),
+        0x1f if fraction == 0.0 => f32::INFINITY,
+        0x1f => f32::NAN,
+        _ => (1.0 + fraction / 1024.0) * 2f32.powi(exponent - 15),
+    };
+    if bits >> 15 == 1 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// An output's elements as a flat JSON array.
+fn json_data(out: &mut Vec<u8>, datatype: &str, bytes: &[u8]) -> Result<(), CoreError> {
+    let datatype = DataType::from_name(datatype)
+        .ok_or_else(|| CoreError::internal(format!("unknown datatype '{datatype}'")))?;
+    out.push(b'[');
+    let mut first = true;
+    let mut sep = |out: &mut Vec<u8>| {
+        if !std::mem::replace(&mut first, false) {
+            out.push(b',');
+        }
+    };
+    macro_rules! each {
+        ($t:ty, $n:expr, $write:expr) => {
+            for chunk in bytes.chunks_exact($n) {
+                sep(out);
+                let v = <$t>::from_le_bytes(chunk.try_into().unwrap_or([0; $n]));
+                $write(out, v);
+            }
+        };
+    }
+    match datatype {
+        DataType::Bool => {
+            for &b in bytes {
+                sep(out);
+                out.extend_from_slice(if b != 0 { b"true" } else { b"false" });
+            }
+        }
+        DataType::Uint8 => each!(u8, 1, |o, v| {
+            let _ = write_int(o, v);
+        }),
+        DataType::Uint16 => each!(u16, 2, |o, v| {
+            let _ = write_int(o, v);
+        }),
+        DataType::Uint32 => each!(u32, 4, |o, v| {
+            let _ = write_int(o, v);
+        }),
+        DataType::Uint64 => each!(u64, 8, |o, v| {
+            let _ = write_int(o, v);
+        }),
+        DataType::Int8 => each!(i8, 1, |o, v| {
+            let _ = write_int(o, v);
+        }),
+        DataType::Int16 => each!(i16, 2, |o, v| {
+            let _ = write_int(o, v);
+        }),
+        DataType::Int32 => each!(i32, 4, |o, v| {
+            let _ = write_int(o, v);
+        }),
+        DataType::Int64 => each!(i64, 8, |o, v| {
+            let _ = write_int(o, v);
+        }),
+        DataType::Fp16 => each!(u16, 2, |o, v| write_double(o, f64::from(half_to_f32(v)))),
+        DataType::Bf16 => each!(u16, 2, |o, v: u16| write_double(
+            o,
+            f64::from(f32::from_bits(u32::from(v) << 16))
+        )),
+        DataType::Fp32 => each!(f32, 4, |o, v: f32| write_double(o, f64::from(v))),
+        DataType::Fp64 => each!(f64, 8, write_double),
+        DataType::Bytes => {
+            let mut rest = bytes;
+            while !rest.is_empty() {
+                let (length, tail) = rest
+                    .split_first_chunk::<4>()
+                    .ok_or_else(|| CoreError::internal("a BYTES output is framed wrongly"))?;
+                let length = u32::from_le_bytes(*length) as usize;
+                let element = tail
+                    .get(..length)
+                    .ok_or_else(|| CoreError::internal("a BYTES output is framed wrongly"))?;
+                sep(out);
+                json_string(out, String::from_utf8_lossy(element).as_bytes());
+                rest = &tail[length..];
+            }
+        }
+    }
+    out.push(b']');
+    Ok(())
+}
+
+/// A JSON string, escaped as the reference encoder escapes (quote, backslash and control
+/// characters; everything else as its UTF-8).
+pub fn json_string(out: &mut Vec<u8>, text: &[u8]) {
+    out.push(b'"');
+    let mut start = 0;
+    for (k, &c) in text.iter().enumerate() {
+        let escape: &[u8] = match c {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&text[start..k]);
+        if escape.is_empty() {
+            let _ = write!(Text(out), "\\u{c:04x}");
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = k + 1;
+    }
+    out.extend_from_slice(&text[start..]);
+    out.push(b'"');
+}

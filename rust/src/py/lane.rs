@@ -1,0 +1,488 @@
+//! [`crate::lane`] for the server's Python: a model version's lane, the links to its workers,
+//! the completions the HTTP frontend watches, and the worker's end of the channel.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use super::error::to_py_err;
+use super::gil::without_gil;
+use super::infer::PyInferSignature;
+use super::outbox::PyOutStream;
+use super::pool::{borrowed_bytes, contiguous_bytes};
+use super::queue::{PyRequestQueue, PyTicket, summaries_dict};
+use super::stats::snapshot_dict;
+use crate::error::{Code, CoreError};
+use crate::infer::{CoreInput, CoreOutput, CoreRequest, DataType, TensorData};
+use crate::lane::channel::Channel;
+use crate::lane::completions::Completions;
+use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
+use crate::lane::response::Framing;
+use crate::lane::{
+    Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, OwnedResponse, Sink, Submitted,
+    WorkerLink,
+};
+
+/// A duplicate of `fd`, owned by the core.
+fn duplicate(fd: i32) -> PyResult<OwnedFd> {
+    // SAFETY: dup takes any integer and returns a new descriptor or -1.
+    let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if copy < 0 {
+        return Err(CoreError::system(&std::io::Error::last_os_error()).into());
+    }
+    // SAFETY: `copy` was just returned by fcntl and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(copy) })
+}
+
+fn code_named(name: &str) -> PyResult<Code> {
+    Code::ALL
+        .into_iter()
+        .find(|code| code.name() == name)
+        .ok_or_else(|| CoreError::bad_value(format!("unknown code '{name}'")).into())
+}
+
+/// The HTTP frontend's view of answered requests (one per server).
+#[pyclass(name = "LaneCompletions", module = "tritonfast._core", frozen)]
+pub(crate) struct PyLaneCompletions(Arc<Completions>);
+
+#[pymethods]
+impl PyLaneCompletions {
+    #[new]
+    fn new() -> PyResult<Self> {
+        Ok(Self(Arc::new(
+            Completions::new().map_err(|e| CoreError::system(&e))?,
+        )))
+    }
+
+    /// The descriptor to watch for readability.
+    fn fileno(&self) -> i32 {
+        self.0.fd()
+    }
+
+    /// The tokens of the requests answered since the last call.
+    fn take(&self) -> Vec<u64> {
+        self.0.take()
+    }
+}
+
+/// Answers external requests by calling the server's Python.
+struct PyDeliver(Py<PyAny>);
+
+impl Deliver<Py<PyAny>> for PyDeliver {
+    fn deliver(
+        &self,
+        results: Vec<(Py<PyAny>, Result<OwnedResponse, CoreError>)>,
+        extra: Vec<u8>,
+        marks: Marks,
+    ) {
+        Python::attach(|py| {
+            let call = || -> PyResult<()> {
+                let items = PyList::empty(py);
+                for (sink, result) in results {
+                    let described = match result {
+                        Ok(response) => {
+                            let outputs = response
+                                .outputs
+                                .into_iter()
+                                .map(|o| {
+                                    Ok((
+                                        o.name,
+                                        o.datatype,
+                                        PyTuple::new(py, o.shape)?,
+                                        PyBytes::new(py, &o.data),
+                                    ))
+                                })
+                                .collect::<PyResult<Vec<_>>>()?;
+                            (
+                                "ok",
+                                response.model_name,
+                                response.model_version,
+                                response.id,
+                                response.parameters,
+                                outputs,
+                            )
+                                .into_pyobject(py)?
+                                .into_any()
+                        }
+                        Err(error) => ("error", error.code.name(), error.message)
+                            .into_pyobject(py)?
+                            .into_any(),
+                    };
+                    items.append((sink, described))?;
+                }
+                self.0.call1(py, (items, PyBytes::new(py, &extra), marks))?;
+                Ok(())
+            };
+            if let Err(err) = call() {
+                err.write_unraisable(py, None);
+            }
+        });
+    }
+}
+
+/// A model version's lane: its queue, batches formed for its workers, answers written by the
+/// core.
+#[pyclass(name = "Lane", module = "tritonfast._core", frozen)]
+pub(crate) struct PyLane {
+    inner: Arc<Lane<Py<PyAny>>>,
+}
+
+/// An input handed over from Python: `(name, datatype, shape, data)`, `data` a C-contiguous
+/// numpy array of the tensor's wire bytes.
+type PyInput<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
+
+#[pymethods]
+impl PyLane {
+    /// `queue`: a queue made with the rules this lane's queue follows (its configuration is
+    /// copied); `deliver(items, extra, marks)` answers requests submitted from Python, called
+    /// with a batch's `[(sink, result)]`, what its worker sent besides, and its compute marks
+    /// (`perf_counter_ns` values: start, inputs handed over, outputs back, end).
+    #[new]
+    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names))]
+    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
+    fn new(
+        signature: &Bound<'_, PyInferSignature>,
+        model_version: String,
+        queue: &Bound<'_, PyRequestQueue>,
+        completions: &Bound<'_, PyLaneCompletions>,
+        deliver: Py<PyAny>,
+        dynamic: bool,
+        keyed_inputs: Vec<String>,
+        keyed_by_names: bool,
+    ) -> PyResult<Self> {
+        let lane = Lane::new(
+            model_version,
+            signature.get().inner.clone(),
+            Batching {
+                dynamic,
+                keyed_inputs,
+                keyed_by_names,
+            },
+            queue.get().inner.config().clone(),
+            Arc::clone(&completions.get().0),
+            Box::new(PyDeliver(deliver)),
+        )?;
+        Ok(Self {
+            inner: Arc::new(lane),
+        })
+    }
+
+    /// An HTTP request for this model: decoded, checked and queued without the GIL; its answer
+    /// is written on `stream` and `token` handed to the completions. A `Ticket` once queued;
+    /// None when the reference path must take it; raises Triton's error for a refused one.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_http(
+        &self,
+        py: Python<'_>,
+        body: &Bound<'_, PyBytes>,
+        json_length: usize,
+        stream: &Bound<'_, PyOutStream>,
+        minor: u8,
+        keep_alive: bool,
+        token: u64,
+    ) -> PyResult<Option<PyTicket>> {
+        let body = body.as_bytes().to_vec();
+        let reply = HttpReply {
+            stream: Arc::clone(&stream.get().0),
+            framing: Framing { minor, keep_alive },
+            token,
+        };
+        let lane = &self.inner;
+        match py.detach(|| lane.submit_http(body, json_length, reply)) {
+            Submitted::Queued(ticket) => Ok(Some(PyTicket { inner: ticket })),
+            Submitted::Reference => Ok(None),
+            Submitted::Refused(error) => Err(to_py_err(py, &error)),
+        }
+    }
+
+    /// A request the server's Python decoded and checked; `sink` is handed back to `deliver`
+    /// with its result.
+    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
+    #[pyo3(signature = (request_id, inputs, outputs, parameters, priority, timeout_us, batch_size, sink))]
+    fn submit(
+        &self,
+        request_id: String,
+        inputs: Vec<PyInput<'_>>,
+        outputs: Option<Vec<String>>,
+        parameters: String,
+        priority: u64,
+        timeout_us: u64,
+        batch_size: u64,
+        sink: Py<PyAny>,
+    ) -> PyResult<PyTicket> {
+        let inputs = inputs
+            .into_iter()
+            .map(|(name, datatype, shape, data)| {
+                let (address, len) = contiguous_bytes(&data)?;
+                // SAFETY: `data` is alive and not written while it is copied here (the GIL is
+                // held).
+                let bytes = unsafe { borrowed_bytes(address, len) }.to_vec();
+                let datatype = DataType::from_name(&datatype).ok_or_else(|| {
+                    CoreError::bad_value(format!("unknown datatype '{datatype}'"))
+                })?;
+                Ok(CoreInput {
+                    name,
+                    datatype,
+                    shape,
+                    data: TensorData::Owned(bytes),
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let request = CoreRequest {
+            id: request_id,
+            inputs,
+            outputs: outputs.map(|names| {
+                names
+                    .into_iter()
+                    .map(|name| CoreOutput {
+                        name,
+                        binary: false,
+                    })
+                    .collect()
+            }),
+            binary_default: false,
+            priority: Some(priority),
+            timeout_us: Some(timeout_us),
+        };
+        let item = LaneItem {
+            request,
+            body: Vec::new(),
+            parameters,
+            sink: Sink::External(sink),
+        };
+        Ok(PyTicket {
+            inner: self.inner.submit(item, batch_size)?,
+        })
+    }
+
+    /// Removes a queued request; True if it had not been taken yet.
+    fn cancel(&self, ticket: &Bound<'_, PyTicket>) -> PyResult<bool> {
+        Ok(self.inner.cancel(&ticket.get().inner)?)
+    }
+
+    /// Submits fail from now on; drivers run what is queued, then return.
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.queue().is_closed()
+    }
+
+    /// Runs instance `instance`'s batches on the worker behind `link` (GIL released) until
+    /// the queue is closed and empty (`"closed"`), or the worker goes away during a batch
+    /// (`"died"`: answer that batch with `fail_held`).
+    fn drive(
+        &self,
+        py: Python<'_>,
+        instance: usize,
+        link: &Bound<'_, PyLaneWorkerLink>,
+    ) -> &'static str {
+        let lane = &self.inner;
+        let link = &link.get().0;
+        let end = py.detach(|| lane.drive(instance, &mut link.lock()));
+        match end {
+            DriveEnd::Closed => "closed",
+            DriveEnd::Died => "died",
+        }
+    }
+
+    /// Answers the batch instance `instance`'s worker died in.
+    fn fail_held(
+        &self,
+        py: Python<'_>,
+        instance: usize,
+        code: &str,
+        message: String,
+    ) -> PyResult<()> {
+        let error = CoreError::new(code_named(code)?, message);
+        let lane = &self.inner;
+        py.detach(|| lane.fail_held(instance, &error));
+        Ok(())
+    }
+
+    /// Waits up to `timeout_s` for a batch and answers it with the error; False once the
+    /// queue is closed and empty.
+    fn fail_next(
+        &self,
+        py: Python<'_>,
+        code: &str,
+        message: String,
+        timeout_s: f64,
+    ) -> PyResult<bool> {
+        let error = CoreError::new(code_named(code)?, message);
+        let lane = &self.inner;
+        let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+        Ok(py.detach(|| lane.fail_next(&error, timeout)))
+    }
+
+    /// Closes the queue and answers what is in it, and every held batch, with the error.
+    fn abandon(&self, py: Python<'_>, code: &str, message: String) -> PyResult<()> {
+        let error = CoreError::new(code_named(code)?, message);
+        let lane = &self.inner;
+        py.detach(|| lane.abandon(&error));
+        Ok(())
+    }
+
+    /// The statistics, as `RequestQueue.statistics()`.
+    fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        snapshot_dict(py, &self.inner.queue().stats().snapshot())
+    }
+
+    #[allow(clippy::needless_pass_by_value)]
+    fn latency_summaries<'py>(
+        &self,
+        py: Python<'py>,
+        quantiles: Vec<f64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        summaries_dict(py, self.inner.queue().stats(), &quantiles)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.queue().len()
+    }
+}
+
+/// The server's end of one worker's channel, and the segments its batches travel in.
+#[pyclass(name = "LaneWorkerLink", module = "tritonfast._core", frozen)]
+pub(crate) struct PyLaneWorkerLink(Mutex<WorkerLink>);
+
+#[pymethods]
+impl PyLaneWorkerLink {
+    /// `fd`: the server's end of the channel (duplicated); inputs go into segments named from
+    /// `input_prefix`.
+    #[new]
+    fn new(fd: i32, input_prefix: &str) -> PyResult<Self> {
+        Ok(Self(Mutex::new(WorkerLink::new(
+            duplicate(fd)?,
+            input_prefix,
+        ))))
+    }
+}
+
+/// The worker's end of its channel.
+#[pyclass(name = "LaneWorkerChannel", module = "tritonfast._core", frozen)]
+pub(crate) struct PyLaneWorkerChannel(Channel);
+
+/// A slot as the worker's Python reads it: `(name, datatype, shape, offset, nbytes, None)`.
+type PySlot<'py> = (String, String, Bound<'py, PyTuple>, u64, u64, Option<()>);
+
+fn py_slot(py: Python<'_>, slot: Slot) -> PyResult<PySlot<'_>> {
+    Ok((
+        slot.name,
+        slot.datatype,
+        PyTuple::new(py, slot.shape)?,
+        slot.offset,
+        slot.len,
+        None,
+    ))
+}
+
+#[pymethods]
+impl PyLaneWorkerChannel {
+    #[new]
+    fn new(fd: i32) -> PyResult<Self> {
+        Ok(Self(Channel::new(duplicate(fd)?)))
+    }
+
+    /// Waits (GIL released) for the next batch: `(segment, segment_len, requests)`, each request
+    /// `(model_name, model_version, id, parameters_json, output_names, slots)`; None when
+    /// `pipe_fd` became readable first (something other than a batch came).
+    fn next<'py>(&self, py: Python<'py>, pipe_fd: i32) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let channel = &self.0;
+        let message = without_gil(py, || {
+            if !channel.wait(pipe_fd)? {
+                return Ok(None);
+            }
+            Ok(Some(BatchMessage::decode(&channel.recv()?)?))
+        })?;
+        let Some(message) = message else {
+            return Ok(None);
+        };
+        let requests = message
+            .requests
+            .into_iter()
+            .map(|r| {
+                let slots = r
+                    .inputs
+                    .into_iter()
+                    .map(|s| py_slot(py, s))
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok((
+                    r.model_name,
+                    r.model_version,
+                    r.id,
+                    r.parameters,
+                    r.outputs,
+                    slots,
+                ))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Some(
+            (message.segment, message.segment_len, requests).into_pyobject(py)?,
+        ))
+    }
+
+    /// Sends a batch's reply: `results` holds `("ok", model_name, model_version, id,
+    /// parameters_json, slots)` or `("error", code, message)` per request, slots as
+    /// `(name, datatype, shape, offset, nbytes, ...)`.
+    fn reply(
+        &self,
+        py: Python<'_>,
+        segment: String,
+        segment_len: u64,
+        results: &Bound<'_, PyList>,
+        extra: &[u8],
+    ) -> PyResult<()> {
+        let mut outcomes = Vec::with_capacity(results.len());
+        for result in results.iter() {
+            let kind: String = result.get_item(0)?.extract()?;
+            outcomes.push(if kind == "ok" {
+                let (_, model_name, model_version, id, parameters, slots): (
+                    String,
+                    String,
+                    String,
+                    String,
+                    String,
+                    Vec<Bound<'_, PyAny>>,
+                ) = result.extract()?;
+                let outputs = slots
+                    .iter()
+                    .map(|slot| {
+                        Ok(Slot {
+                            name: slot.get_item(0)?.extract()?,
+                            datatype: slot.get_item(1)?.extract()?,
+                            shape: slot.get_item(2)?.extract()?,
+                            offset: slot.get_item(3)?.extract()?,
+                            len: slot.get_item(4)?.extract()?,
+                        })
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                Outcome::Response {
+                    model_name,
+                    model_version,
+                    id,
+                    parameters,
+                    outputs,
+                }
+            } else {
+                let (_, code, message): (String, String, String) = result.extract()?;
+                Outcome::Error(code_named(&code)?, message)
+            });
+        }
+        let message = ReplyMessage {
+            segment,
+            segment_len,
+            results: outcomes,
+            extra: extra.to_vec(),
+        }
+        .encode();
+        let channel = &self.0;
+        without_gil(py, || channel.send(&message))
+    }
+}
