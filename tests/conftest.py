@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -132,6 +133,8 @@ def _launch(
         "--http-address=127.0.0.1",
         "--grpc-address=127.0.0.1",
         "--metrics-address=127.0.0.1",
+        # Options for every server the suite starts (e.g. to run it on another request path).
+        *shlex.split(os.environ.get("TRITONFAST_TEST_SERVER_OPTIONS", "")),
         *extra,
     ]
     env = os.environ.copy()

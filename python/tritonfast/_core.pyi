@@ -291,9 +291,9 @@ class LaneWorkerLink:
     """The server's end of one worker's channel from the core, and the segments its batches
     travel in."""
 
-    def __new__(cls, fd: int, input_prefix: str) -> Self:
-        """``fd``: the server's end of the channel (duplicated); inputs go into segments
-        named from ``input_prefix``."""
+    def __new__(cls, fd: int, tag: str) -> Self:
+        """``fd``: the server's end of the channel (duplicated); the segments of its batches
+        carry ``tag`` in their names."""
 
 @final
 class LaneWorkerChannel:
@@ -304,6 +304,8 @@ class LaneWorkerChannel:
         self, pipe_fd: int
     ) -> (
         tuple[
+            str,
+            int,
             str,
             int,
             list[
@@ -319,8 +321,8 @@ class LaneWorkerChannel:
         ]
         | None
     ):
-        """Waits (GIL released) for the next batch: ``(segment, segment_len, requests)``,
-        each request ``(model_name, model_version, id, parameters_json, output_names,
+        """Waits (GIL released) for the next batch: ``(segment, segment_len, cancel_segment,
+        cancel_len, requests)``, each request ``(model_name, model_version, id, parameters_json, output_names,
         slots)``; None when ``pipe_fd`` became readable first."""
 
     def reply(self, segment: str, segment_len: int, results: list[Any], extra: bytes) -> None:
@@ -378,6 +380,9 @@ class Lane:
     def closed(self) -> bool: ...
     def drive(self, instance: int, link: LaneWorkerLink) -> str:
         """Runs the instance's batches until ``"closed"`` or ``"died"`` (GIL released)."""
+
+    def running(self, instance: int) -> bool:
+        """Whether the instance runs a batch now."""
 
     def fail_held(self, instance: int, code: str, message: str) -> None: ...
     def fail_next(self, code: str, message: str, timeout_s: float) -> bool | None: ...

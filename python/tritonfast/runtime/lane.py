@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import pickle
@@ -25,7 +26,8 @@ import threading
 import time
 from concurrent.futures import Future
 from time import perf_counter_ns
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -84,6 +86,9 @@ class CoreDriven(Protocol):
     def core_restart(self) -> TritonError | None:
         """Start a worker again; the error its batches get when it cannot."""
         ...
+
+    core_running: Callable[[], bool] | None
+    """Set by the scheduler: whether the core runs a batch on the instance now."""
 
 
 def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelInstance]) -> bool:
@@ -146,6 +151,8 @@ class LaneScheduler(Scheduler):
             keyed_by_names=any(tensor.optional for tensor in config.input),
         )
         self._dynamic = dynamic
+        for index, instance in enumerate(instances):
+            cast(CoreDriven, instance).core_running = functools.partial(self.lane.running, index)
         self._threads = [
             threading.Thread(
                 target=self._drive, args=(index, instance), name=f"{name}_{index}", daemon=True

@@ -36,6 +36,9 @@ pub struct BatchRequest {
 pub struct BatchMessage {
     pub segment: String,
     pub segment_len: u64,
+    /// The segment of the batch's cancellation flags (one byte per request).
+    pub cancel_segment: String,
+    pub cancel_len: u64,
     pub requests: Vec<BatchRequest>,
 }
 
@@ -189,6 +192,8 @@ impl BatchMessage {
         let mut w = Writer::default();
         w.str(&self.segment);
         w.u64(self.segment_len);
+        w.str(&self.cancel_segment);
+        w.u64(self.cancel_len);
         w.count(self.requests.len());
         for r in &self.requests {
             w.str(&r.model_name);
@@ -217,6 +222,8 @@ impl BatchMessage {
         let mut r = Reader::new(b);
         let segment = r.str()?;
         let segment_len = r.u64()?;
+        let cancel_segment = r.str()?;
+        let cancel_len = r.u64()?;
         let count = r.count(4)?;
         let mut requests = Vec::with_capacity(count);
         for _ in 0..count {
@@ -245,6 +252,8 @@ impl BatchMessage {
         Ok(BatchMessage {
             segment,
             segment_len,
+            cancel_segment,
+            cancel_len,
             requests,
         })
     }
@@ -346,6 +355,8 @@ mod tests {
         let batch = BatchMessage {
             segment: "tritonfast-in-1".into(),
             segment_len: 1 << 20,
+            cancel_segment: "tritonfast-cancel-1".into(),
+            cancel_len: 4096,
             requests: vec![
                 BatchRequest {
                     model_name: "m".into(),
@@ -398,9 +409,9 @@ mod tests {
         padded.push(0);
         assert!(ReplyMessage::decode(&padded).is_err());
         // A count larger than the bytes could hold is refused before anything is allocated.
-        assert!(
-            BatchMessage::decode(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255])
-                .is_err()
-        );
+        // (Two empty names and two lengths, then a count of 2^32 - 1 requests.)
+        let mut huge = vec![0; 24];
+        huge.extend_from_slice(&[255; 4]);
+        assert!(BatchMessage::decode(&huge).is_err());
     }
 }

@@ -28,13 +28,14 @@ use crate::infer::{CoreRequest, Decoded, Signature, decode_http, request_prefix}
 use crate::outbox::Stream;
 use crate::queue::{
     PopResult, QUEUE_FULL_MESSAGE, QueueConfig, Queued, RequestMeta, RequestQueue, Ticket,
+    TicketState,
 };
 use crate::stats::{ComputeTimes, RequestTiming};
 use channel::Channel;
 use completions::Completions;
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
 use response::{Framing, ResponseParts, error_answer, response_answer, slot_bytes};
-use segment::{InputSegment, OutputSegment, aligned};
+use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
 
 /// Triton's answer to a request whose queue timeout expired under the REJECT action.
 pub const REQUEST_TIMEOUT_MESSAGE: &str = "Request timeout expired";
@@ -135,18 +136,28 @@ pub struct WorkerLink {
     channel: Channel,
     inputs: InputSegment,
     outputs: OutputSegment,
+    cancel: Arc<CancelFlags>,
 }
 
 impl WorkerLink {
-    /// `fd`: the server's end of the worker's channel; its inputs go into segments named from
-    /// `input_prefix`.
-    pub fn new(fd: OwnedFd, input_prefix: &str) -> Self {
-        WorkerLink {
+    /// `fd`: the server's end of the worker's channel; its inputs and its batches'
+    /// cancellation flags go into segments whose names carry `tag` (`tritonfast-in-<tag>-...`,
+    /// `tritonfast-cancel-<tag>-...`).
+    pub fn new(fd: OwnedFd, tag: &str) -> Result<Self, CoreError> {
+        Ok(WorkerLink {
             channel: Channel::new(fd),
-            inputs: InputSegment::new(input_prefix),
+            inputs: InputSegment::new(&format!("tritonfast-in-{tag}")),
             outputs: OutputSegment::default(),
-        }
+            cancel: Arc::new(CancelFlags::new(&format!("tritonfast-cancel-{tag}"))?),
+        })
     }
+}
+
+/// The batch an instance runs: its requests' tickets, by position, and its flags.
+#[derive(Debug)]
+struct Running {
+    tickets: Vec<Option<Arc<TicketState>>>,
+    flags: Arc<CancelFlags>,
 }
 
 /// Why [`Lane::drive`] returned.
@@ -181,6 +192,8 @@ pub struct Lane<E> {
     deliver: Box<dyn Deliver<E>>,
     /// Per instance: the batch its worker died in, until answered.
     held: Mutex<Vec<Option<Held<E>>>>,
+    /// Per instance: the batch it runs, for cancellations to reach.
+    running: Mutex<Vec<Option<Running>>>,
 }
 
 impl<E> std::fmt::Debug for Lane<E> {
@@ -209,6 +222,7 @@ impl<E: Send> Lane<E> {
             completions,
             deliver,
             held: Mutex::new(Vec::new()),
+            running: Mutex::new(Vec::new()),
         })
     }
 
@@ -299,9 +313,22 @@ impl<E: Send> Lane<E> {
         hasher.finish() | 1
     }
 
-    /// Removes a queued request; true if it had not been taken yet.
+    /// Removes a queued request (true); or, for one that runs, raises its cancellation flag
+    /// (the model sees `request.is_cancelled()`).
     pub fn cancel(&self, ticket: &Ticket) -> Result<bool, CoreError> {
-        self.queue.cancel(ticket)
+        if self.queue.cancel(ticket)? {
+            return Ok(true);
+        }
+        for running in self.running.lock().iter().flatten() {
+            let position = running
+                .tickets
+                .iter()
+                .position(|t| t.as_ref().is_some_and(|t| ticket.is(t)));
+            if let Some(index) = position {
+                running.flags.raise(index);
+            }
+        }
+        Ok(false)
     }
 
     /// Closes the queue: submits fail from now on; drivers run what is queued, then return.
@@ -312,6 +339,7 @@ impl<E: Send> Lane<E> {
     /// Runs instance `instance`'s batches on the worker behind `link` until the queue is
     /// closed and empty, or the worker goes away.
     pub fn drive(&self, instance: usize, link: &mut WorkerLink) -> DriveEnd {
+        name_this_thread(c"tritonfast-lane");
         loop {
             match self.queue.pop_batch_queued(Duration::from_millis(200)) {
                 PopResult::Closed => return DriveEnd::Closed,
@@ -321,7 +349,7 @@ impl<E: Send> Lane<E> {
                     self.answer_all(items, &error, false);
                 }
                 PopResult::Batch(batch) => {
-                    if let Err(items) = self.run(batch.items, link) {
+                    if let Err(items) = self.run(instance, batch.items, link) {
                         let mut held = self.held.lock();
                         if held.len() <= instance {
                             held.resize_with(instance + 1, || None);
@@ -342,23 +370,20 @@ impl<E: Send> Lane<E> {
         }
     }
 
-    /// Waits up to `timeout` for a batch and answers it with `error` (no worker to run it);
-    /// false once the queue is closed and empty.
-    pub fn fail_next(&self, error: &CoreError, timeout: Duration) -> bool {
+    /// Waits up to `timeout` for a batch and answers it with `error` (no worker to run it):
+    /// whether a batch was answered so; None once the queue is closed and empty.
+    pub fn fail_next(&self, error: &CoreError, timeout: Duration) -> Option<bool> {
         match self.queue.pop_batch_queued(timeout) {
-            PopResult::Closed => false,
-            PopResult::TimedOut => true,
+            PopResult::Closed => None,
+            PopResult::TimedOut => Some(false),
             PopResult::Rejected(items) => {
-                self.answer_all(
-                    items,
-                    &CoreError::unavailable(REQUEST_TIMEOUT_MESSAGE),
-                    false,
-                );
-                true
+                let timed_out = CoreError::unavailable(REQUEST_TIMEOUT_MESSAGE);
+                self.answer_all(items, &timed_out, false);
+                Some(false)
             }
             PopResult::Batch(batch) => {
                 self.answer_all(batch.items, error, true);
-                true
+                Some(true)
             }
         }
     }
@@ -416,6 +441,7 @@ impl<E: Send> Lane<E> {
     /// Runs one batch on the worker and answers it; the batch back when the worker is gone.
     fn run(
         &self,
+        instance: usize,
         items: Vec<Queued<LaneItem<E>>>,
         link: &mut WorkerLink,
     ) -> Result<(), Vec<Queued<LaneItem<E>>>> {
@@ -428,15 +454,23 @@ impl<E: Send> Lane<E> {
                 return Ok(());
             }
         };
-        if link.channel.send(&message.encode()).is_err() {
-            return Err(items);
-        }
-        let sent_at = Instant::now();
-        let sent_ns = monotonic_ns();
-        let Ok(reply) = link.channel.recv() else {
+        link.cancel.clear(items.len());
+        self.set_running(
+            instance,
+            Some(Running {
+                tickets: items.iter().map(|q| q.ticket.clone()).collect(),
+                flags: Arc::clone(&link.cancel),
+            }),
+        );
+        let exchanged = link
+            .channel
+            .send(&message.encode())
+            .map(|()| monotonic_ns())
+            .and_then(|sent| Ok((sent, link.channel.recv()?)));
+        self.set_running(instance, None);
+        let Ok((sent_ns, reply)) = exchanged else {
             return Err(items);
         };
-        let replied_at = Instant::now();
         let replied_ns = monotonic_ns();
         let reply = match ReplyMessage::decode(&reply) {
             Ok(reply) if reply.results.len() == items.len() => reply,
@@ -498,17 +532,36 @@ impl<E: Send> Lane<E> {
                 Sink::External(sink) => externals.push((sink, owned_outcome(outcome, segment))),
             }
         }
+        // The statistics and the phases of requests made by others (an ensemble's steps)
+        // count the same nanoseconds.
         let marks = [started_ns, sent_ns, replied_ns, monotonic_ns()];
-        self.deliver_and_write(externals, reply.extra, answers, marks);
+        let between = |a: u64, b: u64| Duration::from_nanos(b.saturating_sub(a));
         let compute = ComputeTimes {
-            input: sent_at - dequeued_at,
-            infer: replied_at - sent_at,
-            output: replied_at.elapsed(),
+            input: between(marks[0], marks[1]),
+            infer: between(marks[1], marks[2]),
+            output: between(marks[2], marks[3]),
         };
+        self.deliver_and_write(externals, reply.extra, answers, marks);
         self.queue
             .stats()
             .record_execution(successes, dequeued_at, compute);
         Ok(())
+    }
+
+    /// Whether instance `instance` runs a batch now.
+    pub fn running(&self, instance: usize) -> bool {
+        self.running
+            .lock()
+            .get(instance)
+            .is_some_and(Option::is_some)
+    }
+
+    fn set_running(&self, instance: usize, running: Option<Running>) {
+        let mut all = self.running.lock();
+        if all.len() <= instance {
+            all.resize_with(instance + 1, || None);
+        }
+        all[instance] = running;
     }
 
     fn deliver_and_write(
@@ -587,9 +640,17 @@ impl<E: Send> Lane<E> {
         Ok(BatchMessage {
             segment: name.to_owned(),
             segment_len: segment.len() as u64,
+            cancel_segment: link.cancel.name().to_owned(),
+            cancel_len: link.cancel.len() as u64,
             requests,
         })
     }
+}
+
+/// Names the calling thread (as `top` and `/proc` show it).
+fn name_this_thread(name: &std::ffi::CStr) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes, which `name` is.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
 }
 
 fn timing<E>(queued: &Queued<LaneItem<E>>) -> RequestTiming {

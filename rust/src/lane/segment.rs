@@ -5,8 +5,20 @@
 //! message names it. One batch is in flight per worker, so a segment is never written while
 //! the other side reads it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::error::CoreError;
 use crate::shm::{AttachedSegment, OwnedSegment};
+
+/// Numbers the segments this process creates, so that no two share a name.
+static SERIALS: AtomicU64 = AtomicU64::new(1);
+
+/// `<prefix>-<pid>-<n>`: the creator's pid next to last, as the sweep of what a killed server
+/// left behind reads it (`memory/leftovers.py`).
+fn segment_name(prefix: &str) -> String {
+    let n = SERIALS.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{n}", std::process::id())
+}
 
 /// Tensors start on 64-byte boundaries (cache lines), as the worker's writer places them.
 pub const ALIGNMENT: usize = 64;
@@ -21,16 +33,14 @@ pub fn aligned(offset: usize) -> usize {
 #[derive(Debug)]
 pub struct InputSegment {
     prefix: String,
-    serial: u64,
     current: Option<OwnedSegment>,
 }
 
 impl InputSegment {
-    /// Segments named `<prefix>-<pid>-<serial>` (removed when replaced or dropped).
+    /// Segments named `<prefix>-<pid>-<n>` (removed when replaced or dropped).
     pub fn new(prefix: &str) -> Self {
         InputSegment {
-            prefix: format!("{prefix}-{}", std::process::id()),
-            serial: 0,
+            prefix: prefix.to_owned(),
             current: None,
         }
     }
@@ -41,9 +51,7 @@ impl InputSegment {
         if self.current.as_ref().is_none_or(|s| s.len() < len) {
             let size = len.max(FIRST_BYTES).next_power_of_two();
             self.current = None; // unlinked first: at most one segment per worker
-            self.serial += 1;
-            let name = format!("{}-{}", self.prefix, self.serial);
-            self.current = Some(OwnedSegment::create(&name, size)?);
+            self.current = Some(OwnedSegment::create(&segment_name(&self.prefix), size)?);
         }
         let segment = self
             .current
@@ -78,5 +86,53 @@ impl OutputSegment {
         // next batch, which is sent only after the server is done reading them; the mapping
         // lives as long as `self.current`, which the returned borrow keeps.
         Ok(unsafe { std::slice::from_raw_parts(segment.start(), segment.len()) })
+    }
+}
+
+/// One byte per request of the batch a worker runs, raised when that request's caller went
+/// away: the worker's requests read theirs (`request.is_cancelled()` in the model).
+#[derive(Debug)]
+pub struct CancelFlags {
+    segment: OwnedSegment,
+}
+
+/// Requests of a batch past this many are never seen cancelled while they run.
+pub const CANCEL_FLAGS: usize = 4096;
+
+impl CancelFlags {
+    /// A segment named `<prefix>-<pid>-<n>`.
+    pub fn new(prefix: &str) -> Result<Self, CoreError> {
+        Ok(CancelFlags {
+            segment: OwnedSegment::create(&segment_name(prefix), CANCEL_FLAGS)?,
+        })
+    }
+
+    /// Its bare name (what the worker opens) and length.
+    pub fn name(&self) -> &str {
+        self.segment.name().trim_start_matches('/')
+    }
+
+    pub fn len(&self) -> usize {
+        self.segment.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.segment.is_empty()
+    }
+
+    /// Lowers the first `count` flags, before a batch of `count` requests is sent.
+    pub fn clear(&self, count: usize) {
+        // SAFETY: at most the segment's length is written; the worker reads these bytes only
+        // while running the batch sent after this.
+        unsafe { std::ptr::write_bytes(self.segment.start(), 0, count.min(CANCEL_FLAGS)) };
+    }
+
+    /// Raises request `index`'s flag.
+    pub fn raise(&self, index: usize) {
+        if index < CANCEL_FLAGS {
+            // SAFETY: within the segment; a byte the worker only reads (a racy read of a byte
+            // that goes from 0 to 1 once, as the flags of the pipe's path are).
+            unsafe { self.segment.start().add(index).write_volatile(1) };
+        }
     }
 }

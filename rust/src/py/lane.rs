@@ -292,6 +292,11 @@ impl PyLane {
         }
     }
 
+    /// Whether instance `instance` runs a batch now.
+    fn running(&self, instance: usize) -> bool {
+        self.inner.running(instance)
+    }
+
     /// Answers the batch instance `instance`'s worker died in.
     fn fail_held(
         &self,
@@ -306,15 +311,15 @@ impl PyLane {
         Ok(())
     }
 
-    /// Waits up to `timeout_s` for a batch and answers it with the error; False once the
-    /// queue is closed and empty.
+    /// Waits up to `timeout_s` for a batch and answers it with the error: whether one was;
+    /// None once the queue is closed and empty.
     fn fail_next(
         &self,
         py: Python<'_>,
         code: &str,
         message: String,
         timeout_s: f64,
-    ) -> PyResult<bool> {
+    ) -> PyResult<Option<bool>> {
         let error = CoreError::new(code_named(code)?, message);
         let lane = &self.inner;
         let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
@@ -361,7 +366,7 @@ impl PyLaneWorkerLink {
         Ok(Self(Mutex::new(WorkerLink::new(
             duplicate(fd)?,
             input_prefix,
-        ))))
+        )?)))
     }
 }
 
@@ -390,7 +395,8 @@ impl PyLaneWorkerChannel {
         Ok(Self(Channel::new(duplicate(fd)?)))
     }
 
-    /// Waits (GIL released) for the next batch: `(segment, segment_len, requests)`, each request
+    /// Waits (GIL released) for the next batch: `(segment, segment_len, cancel_segment,
+    /// cancel_len, requests)`, each request
     /// `(model_name, model_version, id, parameters_json, output_names, slots)`; None when
     /// `pipe_fd` became readable first (something other than a batch came).
     fn next<'py>(&self, py: Python<'py>, pipe_fd: i32) -> PyResult<Option<Bound<'py, PyTuple>>> {
@@ -423,9 +429,14 @@ impl PyLaneWorkerChannel {
                 ))
             })
             .collect::<PyResult<Vec<_>>>()?;
-        Ok(Some(
-            (message.segment, message.segment_len, requests).into_pyobject(py)?,
-        ))
+        let fields = (
+            message.segment,
+            message.segment_len,
+            message.cancel_segment,
+            message.cancel_len,
+            requests,
+        );
+        Ok(Some(fields.into_pyobject(py)?))
     }
 
     /// Sends a batch's reply: `results` holds `("ok", model_name, model_version, id,

@@ -55,6 +55,11 @@ impl Ticket {
     pub fn enqueued_at(&self) -> Instant {
         self.0.enqueued_at
     }
+
+    /// Whether this is the ticket of the request whose ticket state is `state`.
+    pub(crate) fn is(&self, state: &Arc<TicketState>) -> bool {
+        Arc::ptr_eq(&self.0, state)
+    }
 }
 
 impl<T> RequestQueue<T> {

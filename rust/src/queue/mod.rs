@@ -66,6 +66,7 @@ use crate::error::CoreError;
 use crate::stats::ModelStats;
 
 pub use batch::{Batch, PopResult};
+pub(crate) use cancel::TicketState;
 pub use cancel::{Ticket, TicketStatus};
 pub use config::{
     BatchPolicy, MAX_PRIORITY_LEVELS, QueueConfig, QueuePolicy, RequestMeta, TimeoutAction,

@@ -177,7 +177,9 @@ class ProcessInstance(ModelInstance):
         self._conn: Connection | None = None
         # The server's end of the worker's channel from the core (see core_driven).
         self._lane_conn: Connection | None = None
-        self._lane_prefix = f"tritonfast-lane-{serial}"
+        # Set by the core's scheduler: whether the core runs a batch on this worker now.
+        self.core_running: Callable[[], bool] | None = None
+        self._lane_tag = f"lane{serial}"
         # The loop's end of the worker's pipe (made by the first execute_later).
         self._pipe: LoopPipe | None = None
         self._unloading = False  # its pipes no longer hold back for slow clients
@@ -243,7 +245,7 @@ class ProcessInstance(ModelInstance):
         if conn is None:
             raise InternalError(f"instance '{self._instance_name}' has no worker")
         self._watch_pipe(loop)
-        return LaneWorkerLink(conn.fileno(), self._lane_prefix)
+        return LaneWorkerLink(conn.fileno(), self._lane_tag)
 
     def _watch_pipe(self, loop: asyncio.AbstractEventLoop) -> None:
         """Have ``loop`` read the worker's pipe (made there, as every LoopPipe is)."""
@@ -553,8 +555,9 @@ class ProcessInstance(ModelInstance):
         code = None
         process = self._process  # finalize may be seeing it out at the same time
         if process is not None:
-            process.join(5)  # the pipe closes a moment before the exit is reported
-            code = process.exitcode
+            with contextlib.suppress(ValueError):  # finalize closed it meanwhile
+                process.join(5)  # the pipe closes a moment before the exit is reported
+                code = process.exitcode
         self._stop_process()
         if self._finalized:
             return UnavailableError(
@@ -634,7 +637,8 @@ class ProcessInstance(ModelInstance):
             return FINALIZE_TIMEOUT_S
         left = self._stop_deadline - time.monotonic()
         pipe = self._pipe
-        if left <= 0 and pipe is not None and pipe.busy():
+        busy = pipe is not None and pipe.busy()
+        if left <= 0 and (busy or (self.core_running is not None and self.core_running())):
             return 0.0
         return min(FINALIZE_TIMEOUT_S, max(left, FINALIZE_FLOOR_S))
 

@@ -251,12 +251,12 @@ class _Worker:
     ) -> None:
         """A batch from the core: its requests described in the channel's message, its reply
         written back there (parameters as JSON text, errors by code name)."""
-        name, size, described = batch
+        name, size, flags_name, flags_size, described = batch
         requests, failed = self._requests(
             name,
             size,
             [(m, v, i, orjson.loads(p) if p else {}, o, s, None, None) for m, v, i, p, o, s in described],
-            None,
+            self._cancel_flags.map(flags_name, flags_size).buffer,
             None,
         )
         self._in_batch.set()
@@ -274,7 +274,9 @@ class _Worker:
             [None] * len(requests) if returned is None else list(returned)
         )
         results: list[Result | None] = [
-            _answer_of(request, result, self._instance_name)
+            _no_reschedule(request, self._instance_name)
+            if request.release_flags & RELEASE_RESCHEDULE
+            else _answer_of(request, result, self._instance_name)
             for request, result in zip(requests, answers, strict=True)
         ]
         for index in sorted(failed):
@@ -456,6 +458,16 @@ class _WorkerRequest(InferRequest):
     def detach(self) -> None:
         """Its batch returned: from now on only the server's cancel messages count."""
         self._flags = None
+
+
+def _no_reschedule(request: _WorkerRequest, instance_name: str) -> TritonError:
+    """A request the model rescheduled, though the core drives only models that cannot be
+    (no iterative sequence): it ends with Triton's error."""
+    return InternalError(
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model"
+        f" instance '{instance_name}' does not support rescheduling: it takes"
+        " sequence_batching { iterative_sequence: true }"
+    )
 
 
 def _channel_result(described: tuple[Any, ...]) -> tuple[Any, ...]:

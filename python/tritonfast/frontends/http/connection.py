@@ -396,9 +396,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None:
             return
-        if server.closing:  # each answer closes its connection once the server stops
-            transport.close()
-        elif self._waiting:
+        # Its answer kept the connection open (it was handed over before the server began
+        # to stop): the next request is answered, with the connection's close, as any is.
+        if self._waiting:
             self._serve_next()
         elif self._ended:  # the client sends nothing more: every answer is out
             transport.close()

@@ -80,11 +80,12 @@ class CorePath:
 def _arrived_body(request: Request) -> bytes | None:
     """The whole body, when it has all arrived in the parser's buffer (not one received into
     a buffer of its own), without taking it from there."""
-    if request.body is not None or not request.content.is_eof():
-        return None
     length = request.content_length
-    chunks = request.content._buffer  # aiohttp's StreamReader: the body's pieces, in order
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    if length is None or len(body) != length:
+    if not length or request.body is not None or not request.content.is_eof():
         return None
-    return bytes(body)
+    # aiohttp's StreamReader: the body's pieces, in order.
+    chunks = getattr(request.content, "_buffer", None)
+    if not chunks:
+        return None
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return bytes(body) if len(body) == length else None
