@@ -322,8 +322,9 @@ class LaneWorkerChannel:
         | None
     ):
         """Waits (GIL released) for the next batch: ``(segment, segment_len, cancel_segment,
-        cancel_len, requests)``, each request ``(model_name, model_version, id, parameters_json, output_names,
-        slots)``; None when ``pipe_fd`` became readable first."""
+        cancel_len, requests)``, each request ``(model_name, model_version, id,
+        parameters_json, output_names, slots)``; None when ``pipe_fd`` became readable
+        first."""
 
     def reply(self, segment: str, segment_len: int, results: list[Any], extra: bytes) -> None:
         """Sends a batch's reply: ``("ok", model_name, model_version, id, parameters_json,

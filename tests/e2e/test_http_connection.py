@@ -268,8 +268,8 @@ def test_small_and_large_answers_keep_their_order_on_one_connection(raw):
 
 def test_answers_to_concurrent_clients_are_sent_off_the_event_loop(server, raw):
     # By the writer thread; or, for requests the core answers whole, by the model's driver
-    # threads (both named by the core). Their CPU time grows with the answers they send. A lone request's answer is sent by the loop itself, so several
-    # clients ask at once.
+    # threads (both named by the core). Their CPU time grows with the answers they send. A
+    # lone request's answer is sent by the loop itself, so several clients ask at once.
     def writer_ticks() -> int:
         ticks = 0
         for task in Path(f"/proc/{server.proc.pid}/task").iterdir():

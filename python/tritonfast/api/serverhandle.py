@@ -26,8 +26,8 @@ from tritonfast.runtime.instance import InstanceLoop, running_instance
 from tritonfast.runtime.responses import Streamed
 
 if TYPE_CHECKING:
-    from tritonfast.api.dataplane import DataPlane
     from tritonfast._core import LaneCompletions
+    from tritonfast.api.dataplane import DataPlane
     from tritonfast.custommetrics import ServerCustomMetrics
 
 

@@ -24,9 +24,9 @@ import logging
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from time import perf_counter_ns
-from collections.abc import Callable
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -221,7 +221,10 @@ class LaneScheduler(Scheduler):
             response_id,
             [
                 OutputTensor(
-                    name, datatype, shape, rawtensor.from_raw(datatype, shape, raw, name, model_name)
+                    name,
+                    datatype,
+                    shape,
+                    rawtensor.from_raw(datatype, shape, raw, name, model_name),
                 )
                 for name, datatype, shape, raw in outputs
             ],
@@ -346,4 +349,3 @@ def _wire_bytes(datatype: str, data: Any) -> np.ndarray:
     if isinstance(raw, bytes | bytearray | memoryview):
         return np.frombuffer(raw, np.uint8)
     return np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-

@@ -190,9 +190,7 @@ class _Worker:
         self._outputs = SegmentWriter(output_prefix)
         self._objects = SharedObjects()
 
-    def serve(
-        self, channel: LaneWorkerChannel | None, pipe_fd: int, metrics_source: str
-    ) -> None:
+    def serve(self, channel: LaneWorkerChannel | None, pipe_fd: int, metrics_source: str) -> None:
         """Runs batches until the server says finalize or goes away: from the core's
         ``channel`` when there is one (the pipe then brings only finalize), else from the
         pipe."""
@@ -255,7 +253,10 @@ class _Worker:
         requests, failed = self._requests(
             name,
             size,
-            [(m, v, i, orjson.loads(p) if p else {}, o, s, None, None) for m, v, i, p, o, s in described],
+            [
+                (m, v, i, orjson.loads(p) if p else {}, o, s, None, None)
+                for m, v, i, p, o, s in described
+            ],
             self._cancel_flags.map(flags_name, flags_size).buffer,
             None,
         )

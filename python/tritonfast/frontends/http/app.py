@@ -496,8 +496,6 @@ def _give_back_inflated(budget: BodyBudget, inflating: asyncio.Future[tuple[Body
         budget.give(inflating.result()[1])
 
 
-
-
 # -- wiring -----------------------------------------------------------------------------------
 Handler = Callable[[Request, "DataPlane", str, str], Awaitable[Answer]]
 HANDLERS: dict[Endpoint, Handler] = {
