@@ -359,14 +359,11 @@ pub(crate) struct PyLaneWorkerLink(Mutex<WorkerLink>);
 
 #[pymethods]
 impl PyLaneWorkerLink {
-    /// `fd`: the server's end of the channel (duplicated); inputs go into segments named from
-    /// `input_prefix`.
+    /// `fd`: the server's end of the channel (duplicated); the segments of its batches carry
+    /// `tag` in their names.
     #[new]
-    fn new(fd: i32, input_prefix: &str) -> PyResult<Self> {
-        Ok(Self(Mutex::new(WorkerLink::new(
-            duplicate(fd)?,
-            input_prefix,
-        )?)))
+    fn new(fd: i32, tag: &str) -> PyResult<Self> {
+        Ok(Self(Mutex::new(WorkerLink::new(duplicate(fd)?, tag)?)))
     }
 }
 
