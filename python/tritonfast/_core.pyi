@@ -315,7 +315,8 @@ class LaneWorkerChannel:
                     str,
                     str,
                     list[str] | None,
-                    list[tuple[str, str, tuple[int, ...], int, int, None]],
+                    list[tuple[str, str, tuple[int, ...], int, int, Any]],
+                    dict[str, tuple[str, int, int, int, int]] | None,
                 ]
             ],
         ]
@@ -365,8 +366,9 @@ class Lane:
     def submit(
         self,
         request_id: str,
-        inputs: list[tuple[str, str, list[int], Any]],
+        inputs: list[tuple[str, str, list[int], Any, tuple[str, int, int, int, int] | None]],
         outputs: list[str] | None,
+        output_places: list[tuple[str, tuple[str, int, int, int, int]]] | None,
         parameters: str,
         priority: int,
         timeout_us: int,

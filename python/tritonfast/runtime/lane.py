@@ -41,8 +41,9 @@ from tritonfast._core import (
 )
 from tritonfast._proto import model_config_pb2
 from tritonfast.data import rawtensor
-from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
+from tritonfast.data.types import InferRequest, InferResponse, InputTensor, OutputTensor
 from tritonfast.errors import Code, TritonError, error_for
+from tritonfast.memory.sharedmemory import NO_DATA
 from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.histogram import Histogram
 from tritonfast.runtime.modelinstance import ModelInstance
@@ -220,13 +221,15 @@ class LaneScheduler(Scheduler):
             model_version,
             response_id,
             [
-                OutputTensor(
+                OutputTensor(name, datatype, shape, NO_DATA, in_shared_memory=True)
+                if in_place  # the worker wrote it into the client's shared memory
+                else OutputTensor(
                     name,
                     datatype,
                     shape,
                     rawtensor.from_raw(datatype, shape, raw, name, model_name),
                 )
-                for name, datatype, shape, raw in outputs
+                for name, datatype, shape, raw, in_place in outputs
             ],
             json.loads(parameters) if parameters else {},
         )
@@ -244,14 +247,25 @@ class LaneScheduler(Scheduler):
         if self._dynamic and params:
             priority = unsigned_parameter(params.get("priority", 0), _U32)
             timeout = unsigned_parameter(params.get("timeout", 0), _U64)
+        places = request.input_places
         inputs = [
-            (t.name, t.datatype, list(t.shape), _wire_bytes(t.datatype, t.data))
-            for t in request.inputs
+            (t.name, t.datatype, list(t.shape), *_input_data(t, places)) for t in request.inputs
         ]
         outputs = None if request.outputs is None else [o.name for o in request.outputs]
+        output_places = None
+        if request.output_places:
+            output_places = [(n, _place(p)) for n, p in request.output_places.items()]
         text = json.dumps(params, default=str) if params else ""
         return self.lane.submit(
-            request.id, inputs, outputs, text, priority, timeout, batch_size, _Sink(sink, request)
+            request.id,
+            inputs,
+            outputs,
+            output_places,
+            text,
+            priority,
+            timeout,
+            batch_size,
+            _Sink(sink, request),
         )
 
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
@@ -341,6 +355,20 @@ def _count(request: InferRequest, marks: Any) -> None:
         phases.compute_input += input_end - start
         phases.compute_infer += output_start - input_end
         phases.compute_output += end - output_start
+
+
+def _input_data(tensor: InputTensor, places: dict[str, Any] | None) -> tuple[np.ndarray, Any]:
+    """An input's wire bytes, and where the worker finds it in a client's shared memory when
+    it can read it there (else None: the bytes are copied for it)."""
+    place = places.get(tensor.name) if places is not None else None
+    if place is not None and place.still_registered():
+        return np.ascontiguousarray(tensor.data).reshape(-1).view(np.uint8), _place(place)
+    return _wire_bytes(tensor.datatype, tensor.data), None
+
+
+def _place(place: Any) -> tuple[str, int, int, int, int]:
+    """An ObjectPlace as the core takes it."""
+    return (place.path, place.device, place.inode, place.offset, place.byte_size)
 
 
 def _wire_bytes(datatype: str, data: Any) -> np.ndarray:

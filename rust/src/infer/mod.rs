@@ -18,7 +18,7 @@ mod signature;
 
 pub use datatype::DataType;
 pub use http::decode_http;
-pub use request::{CoreInput, CoreOutput, CoreRequest, TensorData};
+pub use request::{CoreInput, CoreOutput, CoreRequest, ObjectPlace, TensorData};
 pub use signature::{Signature, TensorSpec, request_prefix};
 
 use crate::error::CoreError;

@@ -6,6 +6,18 @@ use std::ops::Range;
 
 use super::datatype::DataType;
 
+/// Where a tensor lies in a client's system shared-memory object: the object's path and
+/// identity (device, inode: a worker maps it only if it is still the same object) and the
+/// window of it the tensor occupies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectPlace {
+    pub path: String,
+    pub device: u64,
+    pub inode: u64,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
 /// Where an input's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TensorData {
@@ -13,14 +25,17 @@ pub enum TensorData {
     Body(Range<usize>),
     /// Parsed from the request into a buffer of its own, in the wire's layout.
     Owned(Vec<u8>),
+    /// In a client's shared-memory object, `len` bytes: the worker reads it there.
+    Placed(ObjectPlace, u64),
 }
 
 impl TensorData {
-    /// The tensor's bytes, given the body they may lie in.
+    /// The tensor's bytes, given the body they may lie in (none for a placed one).
     pub fn bytes<'a>(&'a self, body: &'a [u8]) -> &'a [u8] {
         match self {
             TensorData::Body(range) => &body[range.clone()],
             TensorData::Owned(bytes) => bytes,
+            TensorData::Placed(..) => &[],
         }
     }
 }
@@ -56,4 +71,6 @@ pub struct CoreRequest {
     pub priority: Option<u64>,
     /// Its `timeout` parameter (microseconds), when it set one.
     pub timeout_us: Option<u64>,
+    /// Outputs the model's worker writes straight into a client's shared-memory object.
+    pub output_places: Vec<(String, ObjectPlace)>,
 }

@@ -7,8 +7,9 @@
 //! request's result. Tensors are described by [`Slot`]s: where in the segment their bytes are.
 
 use crate::error::{Code, CoreError};
+use crate::infer::ObjectPlace;
 
-/// Where a tensor's bytes lie in a message's segment.
+/// Where a tensor's bytes lie: in a message's segment, or in a client's object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slot {
     pub name: String,
@@ -16,6 +17,8 @@ pub struct Slot {
     pub shape: Vec<i64>,
     pub offset: u64,
     pub len: u64,
+    /// Set when the bytes lie in a client's shared-memory object instead (`offset` unused).
+    pub place: Option<ObjectPlace>,
 }
 
 /// One request of a batch.
@@ -29,6 +32,8 @@ pub struct BatchRequest {
     /// The outputs it names; None: every output.
     pub outputs: Option<Vec<String>>,
     pub inputs: Vec<Slot>,
+    /// Outputs to write straight into a client's object.
+    pub output_places: Vec<(String, ObjectPlace)>,
 }
 
 /// A batch for the worker to run.
@@ -107,6 +112,20 @@ impl Writer {
         }
         self.u64(slot.offset);
         self.u64(slot.len);
+        match &slot.place {
+            None => self.u8(0),
+            Some(place) => {
+                self.u8(1);
+                self.place(place);
+            }
+        }
+    }
+    pub fn place(&mut self, place: &ObjectPlace) {
+        self.str(&place.path);
+        self.u64(place.device);
+        self.u64(place.inode);
+        self.u64(place.offset);
+        self.u64(place.byte_size);
     }
 }
 
@@ -170,12 +189,29 @@ impl<'a> Reader<'a> {
         let datatype = self.str()?;
         let dims = self.count(8)?;
         let shape = (0..dims).map(|_| self.i64()).collect::<Result<_, _>>()?;
+        let offset = self.u64()?;
+        let len = self.u64()?;
+        let place = if self.u8()? == 0 {
+            None
+        } else {
+            Some(self.place()?)
+        };
         Ok(Slot {
             name,
             datatype,
             shape,
+            offset,
+            len,
+            place,
+        })
+    }
+    pub fn place(&mut self) -> Result<ObjectPlace, CoreError> {
+        Ok(ObjectPlace {
+            path: self.str()?,
+            device: self.u64()?,
+            inode: self.u64()?,
             offset: self.u64()?,
-            len: self.u64()?,
+            byte_size: self.u64()?,
         })
     }
     pub fn done(&self) -> Result<(), CoreError> {
@@ -214,6 +250,11 @@ impl BatchMessage {
             for s in &r.inputs {
                 w.slot(s);
             }
+            w.count(r.output_places.len());
+            for (name, place) in &r.output_places {
+                w.str(name);
+                w.place(place);
+            }
         }
         w.buf
     }
@@ -239,6 +280,10 @@ impl BatchMessage {
             };
             let n = r.count(4)?;
             let inputs = (0..n).map(|_| r.slot()).collect::<Result<_, _>>()?;
+            let n = r.count(4)?;
+            let output_places = (0..n)
+                .map(|_| Ok((r.str()?, r.place()?)))
+                .collect::<Result<_, CoreError>>()?;
             requests.push(BatchRequest {
                 model_name,
                 model_version,
@@ -246,6 +291,7 @@ impl BatchMessage {
                 parameters,
                 outputs,
                 inputs,
+                output_places,
             });
         }
         r.done()?;
@@ -347,6 +393,17 @@ mod tests {
             shape: vec![1, -1],
             offset: 64,
             len: 8,
+            place: None,
+        }
+    }
+
+    fn place() -> ObjectPlace {
+        ObjectPlace {
+            path: "/dev/shm/client".into(),
+            device: 1,
+            inode: 2,
+            offset: 3,
+            byte_size: 4,
         }
     }
 
@@ -364,7 +421,14 @@ mod tests {
                     id: "é".into(),
                     parameters: r#"{"a":1}"#.into(),
                     outputs: Some(vec!["OUT".into()]),
-                    inputs: vec![slot("IN")],
+                    inputs: vec![
+                        slot("IN"),
+                        Slot {
+                            place: Some(place()),
+                            ..slot("IN2")
+                        },
+                    ],
+                    output_places: vec![("OUT".into(), place())],
                 },
                 BatchRequest {
                     model_name: "m".into(),
@@ -373,6 +437,7 @@ mod tests {
                     parameters: String::new(),
                     outputs: None,
                     inputs: vec![],
+                    output_places: vec![],
                 },
             ],
         };

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::{Code, CoreError};
-use crate::infer::{CoreRequest, Decoded, Signature, decode_http, request_prefix};
+use crate::infer::{CoreRequest, Decoded, Signature, TensorData, decode_http, request_prefix};
 use crate::outbox::Stream;
 use crate::queue::{
     PopResult, QUEUE_FULL_MESSAGE, QueueConfig, Queued, RequestMeta, RequestQueue, Ticket,
@@ -77,7 +77,9 @@ pub struct OwnedOutput {
     pub name: String,
     pub datatype: String,
     pub shape: Vec<i64>,
+    /// Its bytes; none when the worker wrote them into a client's object (`in_place`).
     pub data: Vec<u8>,
+    pub in_place: bool,
 }
 
 /// A response for an external sink.
@@ -611,6 +613,10 @@ impl<E: Send> Lane<E> {
                 unsafe {
                     std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(offset), bytes.len());
                 };
+                let (len, place) = match &input.data {
+                    TensorData::Placed(place, len) => (*len, Some(place.clone())),
+                    _ => (bytes.len() as u64, None),
+                };
                 inputs.push(Slot {
                     name: input.name.clone(),
                     datatype: input.datatype.name().to_owned(),
@@ -620,7 +626,8 @@ impl<E: Send> Lane<E> {
                         .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
                         .collect(),
                     offset: offset as u64,
-                    len: bytes.len() as u64,
+                    len,
+                    place,
                 });
                 offset = aligned(offset + bytes.len());
             }
@@ -635,6 +642,7 @@ impl<E: Send> Lane<E> {
                     .as_ref()
                     .map(|outputs| outputs.iter().map(|o| o.name.clone()).collect()),
                 inputs,
+                output_places: item.request.output_places.clone(),
             });
         }
         Ok(BatchMessage {
@@ -701,11 +709,17 @@ fn owned_outcome(outcome: &Outcome, segment: &[u8]) -> Result<OwnedResponse, Cor
             let outputs = outputs
                 .iter()
                 .map(|slot| {
+                    let in_place = slot.place.is_some();
                     Ok(OwnedOutput {
                         name: slot.name.clone(),
                         datatype: slot.datatype.clone(),
                         shape: slot.shape.clone(),
-                        data: slot_bytes(segment, slot)?.to_vec(),
+                        data: if in_place {
+                            Vec::new()
+                        } else {
+                            slot_bytes(segment, slot)?.to_vec()
+                        },
+                        in_place,
                     })
                 })
                 .collect::<Result<_, CoreError>>()?;

@@ -133,7 +133,12 @@ pub fn response_answer(
                 None => continue,
             },
         };
-        let bytes = slot_bytes(response.segment, slot)?;
+        // (Outputs written into a client's object come back only to requests from Python.)
+        let bytes = if slot.place.is_some() {
+            &[]
+        } else {
+            slot_bytes(response.segment, slot)?
+        };
         if !first {
             json.push(b',');
         }

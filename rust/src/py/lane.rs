@@ -1,6 +1,7 @@
 //! [`crate::lane`] for the server's Python: a model version's lane, the links to its workers,
 //! the completions the HTTP frontend watches, and the worker's end of the channel.
 
+use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use super::pool::{borrowed_bytes, contiguous_bytes};
 use super::queue::{PyRequestQueue, PyTicket, summaries_dict};
 use super::stats::snapshot_dict;
 use crate::error::{Code, CoreError};
-use crate::infer::{CoreInput, CoreOutput, CoreRequest, DataType, TensorData};
+use crate::infer::{CoreInput, CoreOutput, CoreRequest, DataType, ObjectPlace, TensorData};
 use crate::lane::channel::Channel;
 use crate::lane::completions::Completions;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
@@ -89,12 +90,9 @@ impl Deliver<Py<PyAny>> for PyDeliver {
                                 .outputs
                                 .into_iter()
                                 .map(|o| {
-                                    Ok((
-                                        o.name,
-                                        o.datatype,
-                                        PyTuple::new(py, o.shape)?,
-                                        PyBytes::new(py, &o.data),
-                                    ))
+                                    let shape = PyTuple::new(py, o.shape)?;
+                                    let data = PyBytes::new(py, &o.data);
+                                    Ok((o.name, o.datatype, shape, data, o.in_place))
                                 })
                                 .collect::<PyResult<Vec<_>>>()?;
                             (
@@ -133,7 +131,30 @@ pub(crate) struct PyLane {
 
 /// An input handed over from Python: `(name, datatype, shape, data)`, `data` a C-contiguous
 /// numpy array of the tensor's wire bytes.
-type PyInput<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
+type PyInput<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>, Option<PyPlace>);
+
+/// A client's object place as Python describes it: `(path, device, inode, offset, byte_size)`.
+type PyPlace = (String, u64, u64, u64, u64);
+
+fn object_place((path, device, inode, offset, byte_size): PyPlace) -> ObjectPlace {
+    ObjectPlace {
+        path,
+        device,
+        inode,
+        offset,
+        byte_size,
+    }
+}
+
+fn py_place(place: ObjectPlace) -> PyPlace {
+    (
+        place.path,
+        place.device,
+        place.inode,
+        place.offset,
+        place.byte_size,
+    )
+}
 
 #[pymethods]
 impl PyLane {
@@ -202,12 +223,13 @@ impl PyLane {
     /// A request the server's Python decoded and checked; `sink` is handed back to `deliver`
     /// with its result.
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
-    #[pyo3(signature = (request_id, inputs, outputs, parameters, priority, timeout_us, batch_size, sink))]
+    #[pyo3(signature = (request_id, inputs, outputs, output_places, parameters, priority, timeout_us, batch_size, sink))]
     fn submit(
         &self,
         request_id: String,
         inputs: Vec<PyInput<'_>>,
         outputs: Option<Vec<String>>,
+        output_places: Option<Vec<(String, PyPlace)>>,
         parameters: String,
         priority: u64,
         timeout_us: u64,
@@ -216,11 +238,15 @@ impl PyLane {
     ) -> PyResult<PyTicket> {
         let inputs = inputs
             .into_iter()
-            .map(|(name, datatype, shape, data)| {
+            .map(|(name, datatype, shape, data, place)| {
                 let (address, len) = contiguous_bytes(&data)?;
-                // SAFETY: `data` is alive and not written while it is copied here (the GIL is
-                // held).
-                let bytes = unsafe { borrowed_bytes(address, len) }.to_vec();
+                let data = match place {
+                    // Read by the worker where it lies.
+                    Some(place) => TensorData::Placed(object_place(place), len as u64),
+                    // SAFETY: `data` is alive and not written while it is copied here (the GIL
+                    // is held).
+                    None => TensorData::Owned(unsafe { borrowed_bytes(address, len) }.to_vec()),
+                };
                 let datatype = DataType::from_name(&datatype).ok_or_else(|| {
                     CoreError::bad_value(format!("unknown datatype '{datatype}'"))
                 })?;
@@ -228,7 +254,7 @@ impl PyLane {
                     name,
                     datatype,
                     shape,
-                    data: TensorData::Owned(bytes),
+                    data,
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
@@ -247,6 +273,11 @@ impl PyLane {
             binary_default: false,
             priority: Some(priority),
             timeout_us: Some(timeout_us),
+            output_places: output_places
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, place)| (name, object_place(place)))
+                .collect(),
         };
         let item = LaneItem {
             request,
@@ -371,8 +402,15 @@ impl PyLaneWorkerLink {
 #[pyclass(name = "LaneWorkerChannel", module = "tritonfast._core", frozen)]
 pub(crate) struct PyLaneWorkerChannel(Channel);
 
-/// A slot as the worker's Python reads it: `(name, datatype, shape, offset, nbytes, None)`.
-type PySlot<'py> = (String, String, Bound<'py, PyTuple>, u64, u64, Option<()>);
+/// A slot as the worker's Python reads it: `(name, datatype, shape, offset, nbytes, place)`.
+type PySlot<'py> = (
+    String,
+    String,
+    Bound<'py, PyTuple>,
+    u64,
+    u64,
+    Option<PyPlace>,
+);
 
 fn py_slot(py: Python<'_>, slot: Slot) -> PyResult<PySlot<'_>> {
     Ok((
@@ -381,7 +419,7 @@ fn py_slot(py: Python<'_>, slot: Slot) -> PyResult<PySlot<'_>> {
         PyTuple::new(py, slot.shape)?,
         slot.offset,
         slot.len,
-        None,
+        slot.place.map(py_place),
     ))
 }
 
@@ -416,6 +454,13 @@ impl PyLaneWorkerChannel {
                     .into_iter()
                     .map(|s| py_slot(py, s))
                     .collect::<PyResult<Vec<_>>>()?;
+                let places: Option<HashMap<String, PyPlace>> =
+                    (!r.output_places.is_empty()).then(|| {
+                        let places = r.output_places.into_iter();
+                        places
+                            .map(|(name, place)| (name, py_place(place)))
+                            .collect()
+                    });
                 Ok((
                     r.model_name,
                     r.model_version,
@@ -423,6 +468,7 @@ impl PyLaneWorkerChannel {
                     r.parameters,
                     r.outputs,
                     slots,
+                    places,
                 ))
             })
             .collect::<PyResult<Vec<_>>>()?;
@@ -462,12 +508,14 @@ impl PyLaneWorkerChannel {
                 let outputs = slots
                     .iter()
                     .map(|slot| {
+                        let place: Option<PyPlace> = slot.get_item(5)?.extract()?;
                         Ok(Slot {
                             name: slot.get_item(0)?.extract()?,
                             datatype: slot.get_item(1)?.extract()?,
                             shape: slot.get_item(2)?.extract()?,
                             offset: slot.get_item(3)?.extract()?,
                             len: slot.get_item(4)?.extract()?,
+                            place: place.map(object_place),
                         })
                     })
                     .collect::<PyResult<Vec<_>>>()?;

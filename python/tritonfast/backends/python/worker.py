@@ -254,8 +254,8 @@ class _Worker:
             name,
             size,
             [
-                (m, v, i, orjson.loads(p) if p else {}, o, s, None, None)
-                for m, v, i, p, o, s in described
+                (m, v, i, orjson.loads(p) if p else {}, o, s, None, places)
+                for m, v, i, p, o, s, places in described
             ],
             self._cancel_flags.map(flags_name, flags_size).buffer,
             None,
@@ -283,7 +283,7 @@ class _Worker:
         for index in sorted(failed):
             results.insert(index, failed[index])
         _, out_name, out_size, laid = _describe_results(
-            self._outputs, results, [None] * len(results), self._objects
+            self._outputs, results, [d[6] for d in described], self._objects
         )
         state = self._metrics.state_if_changed()
         channel.reply(
