@@ -334,7 +334,9 @@ impl AttachedSegment {
     /// # Errors
     /// `INTERNAL` when it cannot be opened; `INVALID_ARG` when it is shorter than `len`.
     pub fn attach(name: &str, len: usize) -> Result<Self, CoreError> {
-        let mapping = Mapping::open(name, name, 0, len as u64)?;
+        let mut mapping = Mapping::open(name, name, 0, len as u64)?;
+        // Its creator never shrinks it: no need to keep the object open to check its size.
+        mapping.object = None;
         Ok(Self {
             name: name.to_owned(),
             mapping,

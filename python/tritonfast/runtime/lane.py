@@ -170,6 +170,7 @@ class LaneScheduler(Scheduler):
         try:
             link = instance.core_link(self._loop)
             while self.lane.drive(index, link) == "died":
+                del link  # its channel and segments go with the worker
                 error = instance.core_died()
                 self.lane.fail_held(index, error.code.value, error.message)
                 if not self._restart(instance):

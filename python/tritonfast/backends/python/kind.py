@@ -1,9 +1,9 @@
 """The ``python`` backend's hooks: import ``model.py`` per version, let the model complete its
 configuration, and start each instance in a worker process (the default) or in-process (the
 model's ``TRITONFAST_INSTANCE_MODE`` parameter, or ``--backend-config=python,instance-mode=``
-for every model that names none; see :mod:`.process`). With
-``--backend-config=python,core-path=on``, versions whose workers the core can drive take the
-core's request path (:mod:`tritonfast.runtime.lane`)."""
+for every model that names none; see :mod:`.process`). Versions whose workers the core can
+drive take the core's request path (:mod:`tritonfast.runtime.lane`) unless
+``--backend-config=python,core-path=off``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.lane import LaneScheduler, lane_eligible
 from tritonfast.runtime.scheduler import Scheduler
 
-# --backend-config=python,core-path=on|off: whether versions the core can drive take its path.
+# --backend-config=python,core-path=on|off: whether versions the core can drive take its path
+# (on by default; off sends every batch through the event loop's worker path).
 CORE_PATH_SETTING = "core-path"
 CORE_PATH_VALUES = ("on", "off")
 
@@ -42,7 +43,7 @@ class PythonBackend(Backend):
         super().__init__(model_dir, settings)
         self._classes: dict[int, type] = {}  # each version's TritonPythonModel, imported once
         self._default_mode = self.settings.get(MODE_SETTING, DEFAULT_MODE)
-        self._core_path = self.settings.get(CORE_PATH_SETTING, "off")
+        self._core_path = self.settings.get(CORE_PATH_SETTING, "on")
 
     def model_class(self, config: model_config_pb2.ModelConfig, version: int) -> type:
         model_class = self._classes.get(version)

@@ -228,6 +228,9 @@ class ProcessInstance(ModelInstance):
             # It may wait on the server (BLS) or on a loop of its own: batches from its
             # instance thread, which the server's calls-in-progress accounting follows.
             self.runs_elsewhere = False
+        if not self.core_driven:  # (the worker reads its batches from the pipe)
+            lane_ours.close()
+            self._lane_conn = None
         if self._decoupled and not self.runs_elsewhere:
             self._relay = ResponseRelay(ours, self._instance_name, self._serve_call)
 
@@ -241,11 +244,12 @@ class ProcessInstance(ModelInstance):
     def core_link(self, loop: asyncio.AbstractEventLoop) -> LaneWorkerLink:
         """The core's link to the current worker; its pipe (logs, metric values, finalize) is
         read on ``loop`` from now on."""
-        conn = self._lane_conn
+        conn, self._lane_conn = self._lane_conn, None
         if conn is None:
             raise InternalError(f"instance '{self._instance_name}' has no worker")
         self._watch_pipe(loop)
-        return LaneWorkerLink(conn.fileno(), self._lane_tag)
+        with conn:  # the link holds its own descriptor of the channel
+            return LaneWorkerLink(conn.fileno(), self._lane_tag)
 
     def _watch_pipe(self, loop: asyncio.AbstractEventLoop) -> None:
         """Have ``loop`` read the worker's pipe (made there, as every LoopPipe is)."""

@@ -197,7 +197,11 @@ class _Worker:
         try:
             while True:
                 if channel is not None:
-                    batch = channel.next(pipe_fd)
+                    try:
+                        batch = channel.next(pipe_fd)
+                    except ConnectionError:  # the core is done with this worker: the pipe
+                        channel = None  # still brings finalize
+                        continue
                     if batch is not None:
                         self._run_channel_batch(channel, batch, metrics_source)
                         continue
