@@ -217,14 +217,22 @@ fn write_int(out: &mut Vec<u8>, v: impl std::fmt::Display) -> std::fmt::Result {
     write!(Text(out), "{v}")
 }
 
-/// A double as the reference encoder writes it (shortest round-trip form; `null` for what
-/// JSON cannot hold).
+/// A double as the reference encoder (orjson) writes it: the shortest form that reads back
+/// the same, a positive exponent with its sign (`1e+16`); `null` for what JSON cannot hold.
 fn write_double(out: &mut Vec<u8>, v: f64) {
-    if v.is_finite() {
-        let mut buffer = ryu::Buffer::new();
-        out.extend_from_slice(buffer.format_finite(v).as_bytes());
-    } else {
+    if !v.is_finite() {
         out.extend_from_slice(b"null");
+        return;
+    }
+    let mut buffer = ryu::Buffer::new();
+    let text = buffer.format_finite(v).as_bytes();
+    match text.iter().position(|&c| c == b'e') {
+        Some(e) if text.get(e + 1) != Some(&b'-') => {
+            out.extend_from_slice(&text[..=e]);
+            out.push(b'+');
+            out.extend_from_slice(&text[e + 1..]);
+        }
+        _ => out.extend_from_slice(text),
     }
 }
 
@@ -350,4 +358,50 @@ pub fn json_string(out: &mut Vec<u8>, text: &[u8]) {
     }
     out.extend_from_slice(&text[start..]);
     out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn double(v: f64) -> String {
+        let mut out = Vec::new();
+        write_double(&mut out, v);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn doubles_are_written_as_the_reference_encoder_writes_them() {
+        // orjson's text for each.
+        for (v, text) in [
+            (1e16, "1e+16"),
+            (1.5e-7, "1.5e-7"),
+            (1e15, "1000000000000000.0"),
+            (1e-5, "0.00001"),
+            (2.5e-6, "2.5e-6"),
+            (-0.0, "-0.0"),
+            (100.0, "100.0"),
+            (1.797_693_134_862_315_7e308, "1.7976931348623157e+308"),
+            (f64::NAN, "null"),
+        ] {
+            assert_eq!(double(v), text);
+        }
+    }
+
+    #[test]
+    fn strings_escape_what_json_needs() {
+        let mut out = Vec::new();
+        json_string(&mut out, "a\"b\\c\n\u{1}é".as_bytes());
+        assert_eq!(String::from_utf8(out).unwrap(), r#""a\"b\\c\n\u0001é""#);
+    }
+
+    #[test]
+    #[allow(clippy::float_cmp)] // exact: every half is a single
+    fn halves_convert_exactly() {
+        assert_eq!(half_to_f32(0x3c00), 1.0);
+        assert_eq!(half_to_f32(0xc000), -2.0);
+        assert_eq!(half_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(half_to_f32(0x7c00), f32::INFINITY);
+        assert!(half_to_f32(0x7e00).is_nan());
+    }
 }

@@ -397,11 +397,13 @@ class HttpConnection(asyncio.BufferedProtocol):
         if transport is None:
             return
         # Its answer kept the connection open (it was handed over before the server began
-        # to stop): the next request is answered, with the connection's close, as any is.
+        # to stop): a next request is answered, with the connection's close, as any is.
         if self._waiting:
             self._serve_next()
         elif self._ended:  # the client sends nothing more: every answer is out
             transport.close()
+        elif server.closing:  # closed once no request came for the drain's grace
+            self._loop.call_later(DRAIN_GRACE_S, self.close_when_idle, self._loop.time())
 
     async def _serve(self, item: Request | Answer) -> None:
         transport = self.transport

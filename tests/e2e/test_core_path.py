@@ -1,0 +1,195 @@
+"""The core's request path against the reference path, whole HTTP answers compared: the same
+requests, generated for every datatype (JSON and binary data, outputs named or not, binary or
+JSON answers, ids, priorities, valid and invalid), sent over real sockets to a server whose
+core answers them and to one with ``--backend-config=python,core-path=off``, must get the same
+status, headers and bytes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import TEST_MODELS, RunningServer, start_server
+
+DATATYPES = {
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "fp16",
+    "FP32": "fp32",
+    "FP64": "fp64",
+    "BF16": "bf16",
+    "BYTES": "bytes",
+}
+# The headers a client reads (the date and server lines are not part of the comparison).
+COMPARED = (b"content-type", b"content-length", b"inference-header-content-length", b"connection")
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection, a request at a time."""
+
+    def __init__(self, port: int) -> None:
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self._reader = self._sock.makefile("rb")
+
+    def ask(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict, bytes]:
+        lines = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        self._sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        status = self._reader.readline().rstrip(b"\r\n")
+        fields = {}
+        while line := self._reader.readline().rstrip(b"\r\n"):
+            name, _, value = line.partition(b":")
+            fields[name.strip().lower()] = value.strip()
+        answer = self._reader.read(int(fields.get(b"content-length", b"0")))
+        return status, {k: v for k, v in fields.items() if k in COMPARED}, answer
+
+    def close(self) -> None:
+        self._reader.close()
+        self._sock.close()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, ...]]:
+    logs = tmp_path_factory.mktemp("core_path")
+    core = start_server([TEST_MODELS], logs / "core.log")
+    reference = start_server(
+        [TEST_MODELS], logs / "reference.log", "--backend-config=python,core-path=off"
+    )
+    yield core, reference
+    assert core.stop() == 0
+    assert reference.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def connections(servers: tuple[RunningServer, ...]) -> Iterator[tuple[Connection, Connection]]:
+    pair = (Connection(servers[0].http_port), Connection(servers[1].http_port))
+    yield pair
+    for connection in pair:
+        connection.close()
+
+
+def _values(datatype: str, count: int, draw: Any) -> Any:
+    if datatype == "BYTES":
+        return draw(st.lists(st.binary(max_size=6), min_size=count, max_size=count))
+    if datatype == "BOOL":
+        return np.array(draw(st.lists(st.booleans(), min_size=count, max_size=count)))
+    if datatype in ("FP16", "FP32", "FP64", "BF16"):
+        width = {"FP16": 16, "FP32": 32, "FP64": 64, "BF16": 32}[datatype]
+        floats = st.floats(width=width, allow_nan=False)
+        values = np.array(draw(st.lists(floats, min_size=count, max_size=count)), np.float64)
+        if datatype == "BF16":  # representable values only: the raw bits' top half
+            bits = values.astype(np.float32).view(np.uint32) & 0xFFFF0000
+            return bits.view(np.float32)
+        return values.astype(f"float{width}")
+    dtype = np.dtype(datatype.lower())
+    info = np.iinfo(dtype)
+    ints = st.integers(int(info.min), int(info.max))
+    return np.array(draw(st.lists(ints, min_size=count, max_size=count)), dtype)
+
+
+def _raw(datatype: str, values: Any) -> bytes:
+    if datatype == "BYTES":
+        return b"".join(struct.pack("<I", len(v)) + v for v in values)
+    if datatype == "BF16":
+        return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    return np.asarray(values).tobytes()
+
+
+def _json(datatype: str, values: Any) -> list[Any]:
+    if datatype == "BYTES":
+        return [v.decode("latin-1") for v in values]
+    return np.asarray(values, np.float64 if datatype == "BF16" else None).tolist()
+
+
+@st.composite
+def requests(draw: Any) -> tuple[str, bytes, dict[str, str]]:
+    """A request to one of the identity models, as its path, body and headers."""
+    datatype = draw(st.sampled_from(sorted(DATATYPES)))
+    shape = [draw(st.integers(1, 3)), draw(st.integers(0, 4))]
+    if draw(st.integers(0, 15)) == 0:  # a shape the model refuses
+        shape = [shape[1]]
+    values = _values(datatype, int(np.prod(shape)), draw)
+    entry: dict[str, Any] = {"name": "INPUT0", "datatype": datatype, "shape": shape}
+    binary = draw(st.booleans())
+    tail = b""
+    if binary:
+        tail = _raw(datatype, values)
+        entry["parameters"] = {"binary_data_size": len(tail)}
+    else:
+        entry["data"] = _json(datatype, values)
+    doc: dict[str, Any] = {"inputs": [entry]}
+    if draw(st.booleans()):
+        doc["id"] = draw(st.sampled_from(["1", "request-7", 'quote"d']))
+    parameters: dict[str, Any] = {}
+    if draw(st.booleans()):
+        parameters["binary_data_output"] = draw(st.booleans())
+    if draw(st.integers(0, 4)) == 0:
+        parameters["priority"] = draw(st.integers(0, 3))
+    if parameters:
+        doc["parameters"] = parameters
+    if draw(st.booleans()):
+        output: dict[str, Any] = {"name": draw(st.sampled_from(["OUTPUT0", "OUTPUT0", "NOPE"]))}
+        if draw(st.booleans()):
+            output["parameters"] = {"binary_data": draw(st.booleans())}
+        doc["outputs"] = [output]
+    header = json.dumps(doc).encode()
+    headers = {"Content-Type": "application/json"}
+    if binary:
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+    path = f"/v2/models/identity_{DATATYPES[datatype]}/infer"
+    return path, header + tail, headers
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@given(requests())
+def test_the_core_answers_as_the_reference_path(
+    connections: tuple[Connection, Connection], request: tuple[str, bytes, dict[str, str]]
+) -> None:
+    core, reference = connections
+    assert core.ask(*request) == reference.ask(*request)
+
+
+def _driver_ticks(pid: int) -> int:
+    """CPU time (clock ticks) of the core's driver threads."""
+    ticks = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().strip() == "tritonfast-lane":
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def test_the_core_answers_them(
+    servers: tuple[RunningServer, ...], connections: tuple[Connection, Connection]
+) -> None:
+    """What the comparison above compares is the core's work: its driver threads run (and
+    the reference server has none)."""
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    ).encode()
+    core, reference = servers
+    assert _driver_ticks(reference.proc.pid) == 0
+    before = _driver_ticks(core.proc.pid)
+    deadline = time.monotonic() + 30
+    while _driver_ticks(core.proc.pid) == before:  # a tick is 10 ms of CPU
+        assert time.monotonic() < deadline, "the core's driver threads never ran"
+        for _ in range(200):
+            status, _, _ = connections[0].ask("/v2/models/identity_fp32/infer", body, {})
+            assert status == b"HTTP/1.1 200 OK"
