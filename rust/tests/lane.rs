@@ -1,0 +1,273 @@
+//! A lane driven end to end against a stand-in worker (a thread speaking the worker's side of
+//! the channel, as the worker process's Python does): requests from Python and from HTTP
+//! connections answered, statistics counted, a worker that goes away failing only its batch,
+//! a closed lane ending its driver.
+
+// Sizes here are small, and the test runs on 64-bit Linux only.
+#![allow(clippy::cast_possible_truncation)]
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tritonfast_core::error::{Code, CoreError};
+use tritonfast_core::infer::{CoreInput, CoreRequest, DataType, Signature, TensorData, TensorSpec};
+use tritonfast_core::lane::channel::Channel;
+use tritonfast_core::lane::completions::Completions;
+use tritonfast_core::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
+use tritonfast_core::lane::response::Framing;
+use tritonfast_core::lane::{
+    Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, OwnedResponse, Sink, Submitted,
+    WorkerLink,
+};
+use tritonfast_core::outbox::Outbox;
+use tritonfast_core::queue::QueueConfig;
+use tritonfast_core::shm::{AttachedSegment, OwnedSegment};
+
+/// Numbers the stand-in workers' segments (tests run side by side in one process).
+static SERIALS: AtomicU64 = AtomicU64::new(1);
+
+type Delivered = Arc<Mutex<Vec<(u32, Result<OwnedResponse, CoreError>)>>>;
+
+struct Collect(Delivered);
+
+impl Deliver<u32> for Collect {
+    fn deliver(&self, results: Vec<(u32, Result<OwnedResponse, CoreError>)>, _: Vec<u8>, _: Marks) {
+        self.0.lock().extend(results);
+    }
+}
+
+fn lane() -> (Arc<Lane<u32>>, Delivered, Arc<Completions>) {
+    let spec = TensorSpec {
+        name: "INPUT0".into(),
+        datatype: "FP32".into(),
+        dims: vec![-1],
+        optional: false,
+    };
+    let signature = Signature::new("identity", 8, vec![spec], vec!["OUTPUT0".into()]);
+    let delivered = Delivered::default();
+    let completions = Arc::new(Completions::new().unwrap());
+    let lane = Lane::new(
+        "1".into(),
+        signature,
+        Batching::default(),
+        QueueConfig::default(),
+        Arc::clone(&completions),
+        Box::new(Collect(Arc::clone(&delivered))),
+    )
+    .unwrap();
+    (Arc::new(lane), delivered, completions)
+}
+
+/// The worker's side: answers each batch with its inputs as outputs named `OUTPUT0`, until
+/// the channel closes or `batches` batches are answered (then it goes away without replying
+/// to the next one).
+fn worker(end: UnixStream, batches: usize) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let channel = Channel::new(end.into());
+        let mut answered = 0;
+        // The last reply's segment: the server maps it by name, and reads it before it sends
+        // the next batch.
+        let mut kept: Option<OwnedSegment> = None;
+        while let Ok(message) = channel.recv() {
+            if answered == batches {
+                return;
+            }
+            let batch = BatchMessage::decode(&message).unwrap();
+            let inputs =
+                AttachedSegment::attach(&batch.segment, batch.segment_len as usize).unwrap();
+            let total: u64 = batch
+                .requests
+                .iter()
+                .flat_map(|r| &r.inputs)
+                .map(|s| s.len)
+                .sum();
+            let serial = SERIALS.fetch_add(1, Ordering::Relaxed);
+            let name = format!("tritonfast-out-lanetest-{}-{serial}", std::process::id());
+            let outputs = OwnedSegment::create(&name, (total as usize).max(64)).unwrap();
+            let mut offset = 0;
+            let mut results = Vec::new();
+            for request in &batch.requests {
+                let mut slots = Vec::new();
+                for slot in &request.inputs {
+                    // SAFETY: both segments are mapped and hold these ranges.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            inputs.start().add(slot.offset as usize),
+                            outputs.start().add(offset),
+                            slot.len as usize,
+                        );
+                    }
+                    slots.push(Slot {
+                        name: "OUTPUT0".into(),
+                        offset: offset as u64,
+                        ..slot.clone()
+                    });
+                    offset += slot.len as usize;
+                }
+                results.push(Outcome::Response {
+                    model_name: request.model_name.clone(),
+                    model_version: request.model_version.clone(),
+                    id: request.id.clone(),
+                    parameters: String::new(),
+                    outputs: slots,
+                });
+            }
+            let reply = ReplyMessage {
+                segment: outputs.name().trim_start_matches('/').to_owned(),
+                segment_len: outputs.len() as u64,
+                results,
+                extra: Vec::new(),
+            };
+            channel.send(&reply.encode()).unwrap();
+            answered += 1;
+            kept = Some(outputs);
+        }
+        drop(kept);
+    })
+}
+
+fn fp32(values: &[f32]) -> LaneItem<u32> {
+    LaneItem {
+        request: CoreRequest {
+            inputs: vec![CoreInput {
+                name: "INPUT0".into(),
+                datatype: DataType::Fp32,
+                shape: vec![1, values.len() as u64],
+                data: TensorData::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            }],
+            ..CoreRequest::default()
+        },
+        body: Vec::new(),
+        parameters: String::new(),
+        sink: Sink::External(values.len() as u32),
+    }
+}
+
+fn wait_until(mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn requests_from_python_and_http_are_answered_by_the_worker() {
+    let (lane, delivered, completions) = lane();
+    let (server_end, worker_end) = UnixStream::pair().unwrap();
+    let stand_in = worker(worker_end, usize::MAX);
+    let mut link = WorkerLink::new(server_end.into(), "lanetest").unwrap();
+    let driver = {
+        let lane = Arc::clone(&lane);
+        thread::spawn(move || lane.drive(0, &mut link))
+    };
+
+    lane.submit(fp32(&[1.0, 2.0]), 1).unwrap();
+    wait_until(|| !delivered.lock().is_empty());
+    let (sink, response) = delivered.lock().pop().unwrap();
+    assert_eq!(sink, 2);
+    let output = &response.unwrap().outputs[0];
+    assert_eq!(
+        output.data,
+        [1f32, 2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<_>>()
+    );
+
+    // An HTTP request: decoded from its body, answered on its connection.
+    let outbox = Outbox::new().unwrap();
+    let (mut client, connection) = UnixStream::pair().unwrap();
+    let stream = outbox.open(connection.as_fd()).unwrap();
+    let body =
+        br#"{"id":"a","inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[3,4]}]}"#;
+    let reply = HttpReply {
+        stream,
+        framing: Framing {
+            minor: 1,
+            keep_alive: true,
+        },
+        token: 7,
+    };
+    assert!(matches!(
+        lane.submit_http(body.to_vec(), body.len(), reply),
+        Submitted::Queued(_)
+    ));
+    wait_until(|| completions.take() == [7]);
+    let mut answer = vec![0; 4096];
+    let n = client.read(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(
+        answer.starts_with("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"),
+        "{answer}"
+    );
+    assert!(answer.ends_with(
+        r#"{"id":"a","model_name":"identity","model_version":"1","outputs":[{"name":"OUTPUT0","datatype":"FP32","shape":[1,2],"data":[3.0,4.0]}]}"#
+    ), "{answer}");
+
+    // A request its model refuses is answered by the decoder, never queued.
+    let wrong = br#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2],"data":[3,4]}]}"#;
+    let (_, other) = UnixStream::pair().unwrap();
+    let reply = HttpReply {
+        stream: outbox.open(other.as_fd()).unwrap(),
+        framing: Framing {
+            minor: 1,
+            keep_alive: true,
+        },
+        token: 8,
+    };
+    assert!(matches!(
+        lane.submit_http(wrong.to_vec(), wrong.len(), reply),
+        Submitted::Refused(_)
+    ));
+
+    let stats = lane.queue().stats().snapshot();
+    assert_eq!(stats.success.count, 2);
+    lane.close();
+    assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
+    drop(lane);
+    stand_in.join().unwrap();
+}
+
+#[test]
+fn a_worker_that_goes_away_fails_only_its_batch() {
+    let (lane, delivered, _) = lane();
+    let (server_end, worker_end) = UnixStream::pair().unwrap();
+    let stand_in = worker(worker_end, 1); // answers one batch, then goes away
+    let mut link = WorkerLink::new(server_end.into(), "lanetest").unwrap();
+    lane.submit(fp32(&[1.0]), 1).unwrap();
+    let driver = {
+        let lane = Arc::clone(&lane);
+        thread::spawn(move || {
+            let end = lane.drive(0, &mut link);
+            (end, link)
+        })
+    };
+    wait_until(|| delivered.lock().len() == 1);
+    lane.submit(fp32(&[1.0, 2.0, 3.0]), 1).unwrap();
+    let (end, _link) = driver.join().unwrap();
+    assert_eq!(end, DriveEnd::Died);
+    stand_in.join().unwrap();
+    lane.fail_held(0, &CoreError::new(Code::Internal, "the worker exited"));
+    let results = std::mem::take(&mut *delivered.lock());
+    assert_eq!(results.len(), 2);
+    assert!(results[0].1.is_ok());
+    let (sink, failed) = &results[1];
+    assert_eq!(*sink, 3);
+    assert_eq!(failed.as_ref().unwrap_err().message, "the worker exited");
+    // With no worker to run them, later batches fail with why, until the lane is closed.
+    lane.submit(fp32(&[5.0]), 1).unwrap();
+    let error = CoreError::new(Code::Internal, "could not be started again");
+    assert_eq!(lane.fail_next(&error, Duration::from_secs(5)), Some(true));
+    lane.close();
+    assert_eq!(lane.fail_next(&error, Duration::from_secs(5)), None);
+    assert_eq!(delivered.lock().len(), 1);
+    let stats = lane.queue().stats().snapshot();
+    assert_eq!((stats.success.count, stats.fail.count), (1, 2));
+}
