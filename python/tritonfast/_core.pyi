@@ -31,6 +31,7 @@ __all__ = [
     "Ticket",
     "__version__",
     "copy_into",
+    "grpc_model",
     "json_error",
     "json_input_data",
     "json_numbers",
@@ -363,6 +364,10 @@ class Lane:
         """An HTTP request queued (a ``Ticket``); None for the reference path; raises
         Triton's error for a refused one."""
 
+    def submit_grpc(self, message: bytes, sink: Any) -> Ticket | None:
+        """A gRPC ``ModelInferRequest`` as received, queued (a ``Ticket``); its reply,
+        serialized, goes to ``deliver`` with ``sink``; None for the reference path."""
+
     def submit(
         self,
         request_id: str,
@@ -484,6 +489,10 @@ def json_input_data(document: Any) -> list[tuple[int, int, int]]:
     C-contiguous numpy array of a document :func:`json_error` accepted, cut at its end).
     Inputs whose member names are ambiguous (escapes, ``data`` twice) are left out. Runs
     without the GIL."""
+
+def grpc_model(message: bytes) -> tuple[str, str] | None:
+    """The model name and version a serialized ``ModelInferRequest`` names; None when the
+    core cannot read it."""
 
 def json_numbers(document: Any, start: int, end: int, kind: str) -> OwnedBytes | None:
     """The numbers of the JSON array at ``document[start:end]``, flattened, as 8-byte values of

@@ -22,7 +22,7 @@ use tritonfast_core::lane::completions::Completions;
 use tritonfast_core::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use tritonfast_core::lane::response::Framing;
 use tritonfast_core::lane::{
-    Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, OwnedResponse, Sink, Submitted,
+    Answer, Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Sink, Submitted,
     WorkerLink,
 };
 use tritonfast_core::outbox::Outbox;
@@ -32,12 +32,12 @@ use tritonfast_core::shm::{AttachedSegment, OwnedSegment};
 /// Numbers the stand-in workers' segments (tests run side by side in one process).
 static SERIALS: AtomicU64 = AtomicU64::new(1);
 
-type Delivered = Arc<Mutex<Vec<(u32, Result<OwnedResponse, CoreError>)>>>;
+type Delivered = Arc<Mutex<Vec<(u32, Result<Answer, CoreError>)>>>;
 
 struct Collect(Delivered);
 
 impl Deliver<u32> for Collect {
-    fn deliver(&self, results: Vec<(u32, Result<OwnedResponse, CoreError>)>, _: Vec<u8>, _: Marks) {
+    fn deliver(&self, results: Vec<(u32, Result<Answer, CoreError>)>, _: Vec<u8>, _: Marks) {
         self.0.lock().extend(results);
     }
 }
@@ -172,7 +172,10 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
     wait_until(|| !delivered.lock().is_empty());
     let (sink, response) = delivered.lock().pop().unwrap();
     assert_eq!(sink, 2);
-    let output = &response.unwrap().outputs[0];
+    let Ok(Answer::Response(response)) = response else {
+        panic!("no response")
+    };
+    let output = &response.outputs[0];
     assert_eq!(
         output.data,
         [1f32, 2.0]

@@ -1,8 +1,8 @@
-"""The core's request path against the reference path, whole HTTP answers compared: the same
-requests, generated for every datatype (JSON and binary data, outputs named or not, binary or
-JSON answers, ids, priorities, valid and invalid), sent over real sockets to a server whose
-core answers them and to one with ``--backend-config=python,core-path=off``, must get the same
-status, headers and bytes."""
+"""The core's request path against the reference path, whole answers compared: the same
+requests, generated for every datatype (HTTP: JSON and binary data, outputs named or not,
+binary or JSON answers; gRPC: raw contents, typed contents; ids, priorities, valid and
+invalid), sent over real sockets to a server whose core answers them and to one with
+``--backend-config=python,core-path=off``, must get the same status, headers and bytes."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tritonfast._proto import grpc_service_pb2 as pb
 
 from tests.conftest import TEST_MODELS, RunningServer, start_server
 
@@ -193,3 +195,75 @@ def test_the_core_answers_them(
         for _ in range(200):
             status, _, _ = connections[0].ask("/v2/models/identity_fp32/infer", body, {})
             assert status == b"HTTP/1.1 200 OK"
+
+
+# -- gRPC ---------------------------------------------------------------------------------------
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@pytest.fixture(scope="module")
+def grpc_calls(servers: tuple[RunningServer, ...]) -> Iterator[tuple[Any, Any]]:
+    channels = [grpc.insecure_channel(s.grpc_url) for s in servers]
+    calls = tuple(
+        c.unary_unary(MODEL_INFER, request_serializer=None, response_deserializer=None)
+        for c in channels
+    )
+    yield calls
+    for channel in channels:
+        channel.close()
+
+
+def _grpc_answer(call: Any, message: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", call(message, timeout=30)
+    except grpc.RpcError as error:
+        return str(error.code()), error.details()
+
+
+@st.composite
+def grpc_requests(draw: Any) -> bytes:
+    """A ModelInferRequest to one of the identity models, serialized."""
+    datatype = draw(st.sampled_from(sorted(DATATYPES)))
+    shape = [draw(st.integers(1, 3)), draw(st.integers(0, 4))]
+    if draw(st.integers(0, 15)) == 0:  # a shape the model refuses
+        shape = [shape[1]]
+    values = _values(datatype, int(np.prod(shape)), draw)
+    message = pb.ModelInferRequest(model_name=f"identity_{DATATYPES[datatype]}")
+    if draw(st.booleans()):
+        message.id = draw(st.sampled_from(["1", "request-7", "é"]))
+    tensor = message.inputs.add(name="INPUT0", datatype=datatype, shape=shape)
+    if draw(st.integers(0, 10)) == 0:  # typed contents: the reference path's
+        tensor.contents.int64_contents.extend([1] * int(np.prod(shape)))
+    else:
+        message.raw_input_contents.append(_raw(datatype, values))
+    if draw(st.integers(0, 8)) == 0:
+        message.parameters["priority"].uint64_param = 1
+    for name in draw(st.lists(st.sampled_from(["OUTPUT0", "NOPE"]), max_size=2)):
+        message.outputs.add(name=name)
+    return message.SerializeToString()
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@given(grpc_requests())
+def test_grpc_calls_get_the_reference_paths_answers(
+    grpc_calls: tuple[Any, Any], message: bytes
+) -> None:
+    core, reference = grpc_calls
+    assert _grpc_answer(core, message) == _grpc_answer(reference, message)
+
+
+def test_the_core_answers_grpc_calls(
+    servers: tuple[RunningServer, ...], grpc_calls: tuple[Any, Any]
+) -> None:
+    """As HTTP above: gRPC calls the core takes run on its driver threads."""
+    message = pb.ModelInferRequest(model_name="identity_fp32")
+    message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
+    message.raw_input_contents.append(np.array([1, 2], np.float32).tobytes())
+    data = message.SerializeToString()
+    before = _driver_ticks(servers[0].proc.pid)
+    deadline = time.monotonic() + 30
+    while _driver_ticks(servers[0].proc.pid) == before:
+        assert time.monotonic() < deadline, "the core's driver threads never ran"
+        for _ in range(200):
+            reply = pb.ModelInferResponse.FromString(grpc_calls[0](data, timeout=30))
+            assert reply.raw_output_contents == [np.array([1, 2], np.float32).tobytes()]

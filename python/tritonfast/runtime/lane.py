@@ -200,9 +200,12 @@ class LaneScheduler(Scheduler):
         if extra:
             source, state = pickle.loads(extra)
             self._metrics.update(source, state)
-        on_loop = []
+        on_loop: list[tuple[Any, Any]] = []
         for sink, described in items:
-            result = self._result(described)
+            if type(sink) is not _Sink:  # a frontend's (LaneAnswer): it reads the answer
+                on_loop.append((sink, described))
+                continue
+            result = response_of(described)
             if marks[0]:
                 _count(sink.request, marks)
             if type(sink.target) is Future:  # a caller waiting on another thread
@@ -212,28 +215,6 @@ class LaneScheduler(Scheduler):
         if on_loop:
             with contextlib.suppress(RuntimeError):  # the loop is gone: so are the callers
                 self._loop.call_soon_threadsafe(_settle_all, on_loop)
-
-    def _result(self, described: tuple[Any, ...]) -> Result:
-        if described[0] == "error":
-            return error_for(Code(described[1]), described[2])
-        _, model_name, model_version, response_id, parameters, outputs = described
-        return InferResponse(
-            model_name,
-            model_version,
-            response_id,
-            [
-                OutputTensor(name, datatype, shape, NO_DATA, in_shared_memory=True)
-                if in_place  # the worker wrote it into the client's shared memory
-                else OutputTensor(
-                    name,
-                    datatype,
-                    shape,
-                    rawtensor.from_raw(datatype, shape, raw, name, model_name),
-                )
-                for name, datatype, shape, raw, in_place in outputs
-            ],
-            json.loads(parameters) if parameters else {},
-        )
 
     # -- taking requests --------------------------------------------------------------------
     def _enqueue(self, request: InferRequest, sink: Sink, batch_size: int) -> Ticket:
@@ -326,6 +307,34 @@ class LaneScheduler(Scheduler):
         self.lane.abandon(Code.UNAVAILABLE.value, UNLOADED_MESSAGE)
 
 
+class LaneAnswer(Protocol):
+    """A frontend's sink (a gRPC call the core answers whole): reads the answer as the core
+    described it, on the event loop."""
+
+    def answered(self, described: tuple[Any, ...]) -> None: ...
+
+
+def response_of(described: tuple[Any, ...]) -> Result:
+    """A request's result as the lane describes it: an ``InferResponse`` or an error."""
+    if described[0] == "error":
+        return error_for(Code(described[1]), described[2])
+    _, model_name, model_version, response_id, parameters, outputs = described
+    return InferResponse(
+        model_name,
+        model_version,
+        response_id,
+        [
+            OutputTensor(name, datatype, shape, NO_DATA, in_shared_memory=True)
+            if in_place  # the worker wrote it into the client's shared memory
+            else OutputTensor(
+                name, datatype, shape, rawtensor.from_raw(datatype, shape, raw, name, model_name)
+            )
+            for name, datatype, shape, raw, in_place in outputs
+        ],
+        json.loads(parameters) if parameters else {},
+    )
+
+
 class _Sink:
     """What the lane hands back with a Python request's result: where it goes, and the
     request (for its trace and phase counts)."""
@@ -337,10 +346,14 @@ class _Sink:
         self.request = request
 
 
-def _settle_all(items: list[tuple[_Sink, Result]]) -> None:
-    """On the event loop: a batch's answers."""
+def _settle_all(items: list[tuple[Any, Any]]) -> None:
+    """On the event loop: a batch's answers (to frontends' sinks, as the lane described
+    them)."""
     for sink, result in items:
-        settle(sink.target, result, True)
+        if type(sink) is _Sink:
+            settle(sink.target, result, True)
+        else:
+            sink.answered(result)
 
 
 def _count(request: InferRequest, marks: Any) -> None:

@@ -150,7 +150,7 @@ fn input(entry: &Value<'_>, body: &[u8], offset: &mut usize) -> Option<CoreInput
 }
 
 /// Whether `bytes` hold exactly `count` elements of `datatype`.
-fn fits(datatype: DataType, count: usize, bytes: &[u8]) -> bool {
+pub(crate) fn fits(datatype: DataType, count: usize, bytes: &[u8]) -> bool {
     match datatype.element_size() {
         Some(size) => count.checked_mul(size) == Some(bytes.len()),
         None => bytes_elements(bytes) == Some(count),

@@ -11,12 +11,14 @@
 //! differential test holds the two to the same answers wherever the core answers.
 
 mod datatype;
+mod grpc;
 mod http;
 mod json;
 mod request;
 mod signature;
 
 pub use datatype::DataType;
+pub use grpc::{decode_grpc, grpc_target};
 pub use http::decode_http;
 pub use request::{CoreInput, CoreOutput, CoreRequest, ObjectPlace, TensorData};
 pub use signature::{Signature, TensorSpec, request_prefix};

@@ -12,6 +12,7 @@
 
 pub mod channel;
 pub mod completions;
+pub mod grpcreply;
 pub mod message;
 pub mod response;
 pub mod segment;
@@ -24,7 +25,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::{Code, CoreError};
-use crate::infer::{CoreRequest, Decoded, Signature, TensorData, decode_http, request_prefix};
+use crate::infer::{
+    CoreRequest, Decoded, Signature, TensorData, decode_grpc, decode_http, request_prefix,
+};
 use crate::outbox::Stream;
 use crate::queue::{
     PopResult, QUEUE_FULL_MESSAGE, QueueConfig, Queued, RequestMeta, RequestQueue, Ticket,
@@ -33,6 +36,7 @@ use crate::queue::{
 use crate::stats::{ComputeTimes, RequestTiming};
 use channel::Channel;
 use completions::Completions;
+use grpcreply::grpc_answer;
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
 use response::{Framing, ResponseParts, error_answer, response_answer, slot_bytes};
 use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
@@ -58,6 +62,16 @@ pub enum Sink<E> {
     Http(HttpReply),
     /// The server's Python (another frontend, a model's call): answered through [`Deliver`].
     External(E),
+    /// A gRPC call: its serialized reply handed to [`Deliver`].
+    Grpc(E),
+}
+
+/// What [`Deliver`] hands on for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Response(OwnedResponse),
+    /// A gRPC reply, serialized.
+    Encoded(Vec<u8>),
 }
 
 /// A request in a lane's queue.
@@ -97,12 +111,7 @@ pub trait Deliver<E>: Send + Sync {
     /// One batch's results for external sinks, what the worker sent besides (opaque, may be
     /// empty), and the batch's compute marks (see [`Marks`]). Called on a driver thread,
     /// before the batch's HTTP answers are written.
-    fn deliver(
-        &self,
-        results: Vec<(E, Result<OwnedResponse, CoreError>)>,
-        extra: Vec<u8>,
-        marks: Marks,
-    );
+    fn deliver(&self, results: Vec<(E, Result<Answer, CoreError>)>, extra: Vec<u8>, marks: Marks);
 }
 
 /// When a batch's computation started, its inputs were handed over, its outputs began to come
@@ -257,6 +266,25 @@ impl<E: Send> Lane<E> {
                     Err(error) => Submitted::Refused(error),
                 }
             }
+        }
+    }
+
+    /// Decodes a gRPC `ModelInferRequest` (as received) and queues it; its answer goes to
+    /// [`Deliver`] serialized. A request the core does not take on, or that its model refuses,
+    /// goes to the reference path (which words gRPC's errors).
+    pub fn submit_grpc(&self, message: Vec<u8>, sink: E) -> Submitted {
+        let Decoded::Request(request, batch_size) = decode_grpc(&message, &self.signature) else {
+            return Submitted::Reference;
+        };
+        let item = LaneItem {
+            request,
+            body: message,
+            parameters: String::new(),
+            sink: Sink::Grpc(sink),
+        };
+        match self.push(item, batch_size) {
+            Ok(ticket) => Submitted::Queued(ticket),
+            Err(error) => Submitted::Refused(error),
         }
     }
 
@@ -430,7 +458,7 @@ impl<E: Send> Lane<E> {
 
     fn finish_answers(
         &self,
-        externals: Vec<(E, Result<OwnedResponse, CoreError>)>,
+        externals: Vec<(E, Result<Answer, CoreError>)>,
         extra: Vec<u8>,
         tokens: &[u64],
     ) {
@@ -506,32 +534,15 @@ impl<E: Send> Lane<E> {
             let LaneItem { request, sink, .. } = queued.item;
             match sink {
                 Sink::Http(reply) => {
-                    let answer = match outcome {
-                        Outcome::Response {
-                            model_name,
-                            model_version,
-                            id,
-                            parameters,
-                            outputs,
-                        } => {
-                            let parts = ResponseParts {
-                                model_name,
-                                model_version,
-                                id,
-                                parameters,
-                                outputs,
-                                segment,
-                            };
-                            response_answer(&request, &parts, reply.framing)
-                                .unwrap_or_else(|error| error_answer(&error, reply.framing))
-                        }
-                        Outcome::Error(code, message) => {
-                            error_answer(&CoreError::new(*code, message.clone()), reply.framing)
-                        }
-                    };
+                    let answer = http_outcome(&request, outcome, segment, reply.framing);
                     answers.push((reply, answer));
                 }
-                Sink::External(sink) => externals.push((sink, owned_outcome(outcome, segment))),
+                Sink::External(sink) => {
+                    externals.push((sink, owned_outcome(outcome, segment).map(Answer::Response)));
+                }
+                Sink::Grpc(sink) => {
+                    externals.push((sink, grpc_outcome(&request, outcome, segment)));
+                }
             }
         }
         // The statistics and the phases of requests made by others (an ensemble's steps)
@@ -568,7 +579,7 @@ impl<E: Send> Lane<E> {
 
     fn deliver_and_write(
         &self,
-        externals: Vec<(E, Result<OwnedResponse, CoreError>)>,
+        externals: Vec<(E, Result<Answer, CoreError>)>,
         extra: Vec<u8>,
         answers: Vec<(HttpReply, Vec<u8>)>,
         marks: Marks,
@@ -684,7 +695,7 @@ fn reference_parameters(request: &CoreRequest) -> String {
 fn answer_error<E>(
     sink: Sink<E>,
     error: &CoreError,
-    externals: &mut Vec<(E, Result<OwnedResponse, CoreError>)>,
+    externals: &mut Vec<(E, Result<Answer, CoreError>)>,
     tokens: &mut Vec<u64>,
 ) {
     match sink {
@@ -692,8 +703,70 @@ fn answer_error<E>(
             let _ = reply.stream.write_now(&error_answer(error, reply.framing));
             tokens.push(reply.token);
         }
-        Sink::External(sink) => externals.push((sink, Err(error.clone()))),
+        Sink::External(sink) | Sink::Grpc(sink) => externals.push((sink, Err(error.clone()))),
     }
+}
+
+/// An HTTP request's answer, written out.
+fn http_outcome(
+    request: &CoreRequest,
+    outcome: &Outcome,
+    segment: &[u8],
+    framing: Framing,
+) -> Vec<u8> {
+    match outcome {
+        Outcome::Response {
+            model_name,
+            model_version,
+            id,
+            parameters,
+            outputs,
+        } => {
+            let parts = ResponseParts {
+                model_name,
+                model_version,
+                id,
+                parameters,
+                outputs,
+                segment,
+            };
+            response_answer(request, &parts, framing)
+                .unwrap_or_else(|error| error_answer(&error, framing))
+        }
+        Outcome::Error(code, message) => {
+            error_answer(&CoreError::new(*code, message.clone()), framing)
+        }
+    }
+}
+
+/// A gRPC call's answer: its reply serialized here, or the response for the reference
+/// encoder when it carries parameters.
+fn grpc_outcome(
+    request: &CoreRequest,
+    outcome: &Outcome,
+    segment: &[u8],
+) -> Result<Answer, CoreError> {
+    if let Outcome::Response {
+        model_name,
+        model_version,
+        id,
+        parameters,
+        outputs,
+    } = outcome
+    {
+        let parts = ResponseParts {
+            model_name,
+            model_version,
+            id,
+            parameters,
+            outputs,
+            segment,
+        };
+        if let Some(encoded) = grpc_answer(request, &parts)? {
+            return Ok(Answer::Encoded(encoded));
+        }
+    }
+    owned_outcome(outcome, segment).map(Answer::Response)
 }
 
 fn owned_outcome(outcome: &Outcome, segment: &[u8]) -> Result<OwnedResponse, CoreError> {

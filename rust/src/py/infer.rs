@@ -5,7 +5,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use super::error::to_py_err;
-use crate::infer::{Decoded, Signature, TensorSpec, decode_http};
+use crate::infer::{Decoded, Signature, TensorSpec, decode_http, grpc_target};
+
+/// The model name and version a serialized `ModelInferRequest` names; None when it is not
+/// one the core can read (the reference path answers it).
+#[pyfunction]
+pub(crate) fn grpc_model(message: &[u8]) -> Option<(String, String)> {
+    grpc_target(message)
+}
 
 /// A model's inputs and outputs, mirrored from its configuration at load.
 #[pyclass(name = "InferSignature", module = "tritonfast._core", frozen)]

@@ -24,7 +24,7 @@ use crate::lane::completions::Completions;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
 use crate::lane::{
-    Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, OwnedResponse, Sink, Submitted,
+    Answer, Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Sink, Submitted,
     WorkerLink,
 };
 
@@ -76,7 +76,7 @@ struct PyDeliver(Py<PyAny>);
 impl Deliver<Py<PyAny>> for PyDeliver {
     fn deliver(
         &self,
-        results: Vec<(Py<PyAny>, Result<OwnedResponse, CoreError>)>,
+        results: Vec<(Py<PyAny>, Result<Answer, CoreError>)>,
         extra: Vec<u8>,
         marks: Marks,
     ) {
@@ -85,7 +85,10 @@ impl Deliver<Py<PyAny>> for PyDeliver {
                 let items = PyList::empty(py);
                 for (sink, result) in results {
                     let described = match result {
-                        Ok(response) => {
+                        Ok(Answer::Encoded(reply)) => ("bytes", PyBytes::new(py, &reply))
+                            .into_pyobject(py)?
+                            .into_any(),
+                        Ok(Answer::Response(response)) => {
                             let outputs = response
                                 .outputs
                                 .into_iter()
@@ -214,6 +217,24 @@ impl PyLane {
         };
         let lane = &self.inner;
         match py.detach(|| lane.submit_http(body, json_length, reply)) {
+            Submitted::Queued(ticket) => Ok(Some(PyTicket { inner: ticket })),
+            Submitted::Reference => Ok(None),
+            Submitted::Refused(error) => Err(to_py_err(py, &error)),
+        }
+    }
+
+    /// A gRPC `ModelInferRequest` as received, decoded and queued without the GIL; its reply,
+    /// serialized, is handed to `deliver` with `sink`. A `Ticket` once queued; None when the
+    /// reference path must take it; raises Triton's error when it cannot be queued.
+    fn submit_grpc(
+        &self,
+        py: Python<'_>,
+        message: &Bound<'_, PyBytes>,
+        sink: Py<PyAny>,
+    ) -> PyResult<Option<PyTicket>> {
+        let message = message.as_bytes().to_vec();
+        let lane = &self.inner;
+        match py.detach(|| lane.submit_grpc(message, sink)) {
             Submitted::Queued(ticket) => Ok(Some(PyTicket { inner: ticket })),
             Submitted::Reference => Ok(None),
             Submitted::Refused(error) => Err(to_py_err(py, &error)),

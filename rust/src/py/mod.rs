@@ -48,6 +48,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyOwnedBytes>()?;
     m.add_class::<shm::PySharedMemoryRegistry>()?;
     m.add_class::<shm::RegionView>()?;
+    m.add_function(wrap_pyfunction!(infer::grpc_model, m)?)?;
     m.add_function(wrap_pyfunction!(jsonscan::json_error, m)?)?;
     m.add_function(wrap_pyfunction!(jsondata::json_input_data, m)?)?;
     m.add_function(wrap_pyfunction!(jsondata::json_numbers, m)?)?;

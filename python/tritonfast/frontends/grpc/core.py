@@ -84,6 +84,9 @@ class Method:
     handler: Callable[..., Any]
     deserialize: Callable[[bytes], Any] | None
     serialize: Callable[[Any], bytes] | None
+    # For a unary method the core may answer whole (ModelInfer): given the call and its
+    # request, hands it to the core and returns True, or returns False (the handler runs).
+    whole: Callable[[_Call, bytes], bool] | None = None
 
     @classmethod
     def of(cls, handler: grpc.RpcMethodHandler) -> Method:
@@ -141,6 +144,7 @@ class _Call:
         "budgeted",
         "call",
         "cancelled",
+        "core_ticket",
         "counted",
         "done_callbacks",
         "metadata",
@@ -163,6 +167,8 @@ class _Call:
         self.done_callbacks: list[Callable[[], None]] | None = None  # made on first use
         self.counted = False  # among the server's unary calls in progress
         self.budgeted = 0  # bytes of its request counted against the body budget
+        # (lane, ticket) while the core answers the call whole (Method.whole).
+        self.core_ticket: tuple[Any, Any] | None = None
 
     # -- on the completion-queue thread ------------------------------------------------------
     def on_close(self, event: Any) -> None:
@@ -199,12 +205,18 @@ class _Call:
             # before its message counted against the budget: give that back too.
             self.over()
             return
+        whole = self.method.whole
+        if whole is not None and data is not None and not self.budgeted and whole(self, data):
+            return
         self.task = self.server.loop.create_task(self.run(data))
 
     def cancel(self) -> None:
         self.cancelled = True
         if self.task is not None:
             self.task.cancel()
+        if self.core_ticket is not None:
+            lane, ticket = self.core_ticket
+            lane.cancel(ticket)
         self.over()
 
     def over(self) -> None:

@@ -8,6 +8,7 @@ Triton sends for its code (``codec.GRPC_STATUS``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -435,8 +436,15 @@ async def start_grpc_server(
         server.add_generic_rpc_handlers((_PathHandler(handlers),))
     else:
         from tritonfast.frontends.grpc.core import CoreServer, Method
+        from tritonfast.frontends.grpc.corepath import GrpcCorePath
 
         methods = {path: Method.of(handler) for path, handler in handlers.items()}
+        # ModelInfer calls go to the core whole unless an API restriction must be checked
+        # on them first.
+        if not restrictions or GRPC_GROUPS.get("ModelInfer", "") not in restrictions:
+            methods[MODEL_INFER_PATH] = dataclasses.replace(
+                methods[MODEL_INFER_PATH], whole=GrpcCorePath(dataplane)
+            )
         server = CoreServer(
             asyncio.get_running_loop(),
             methods,

@@ -1,0 +1,86 @@
+"""gRPC ``ModelInfer`` calls handed to the Rust core whole.
+
+For a model whose requests the core takes all the way (:mod:`tritonfast.runtime.lane`), a
+unary ``ModelInfer`` call's message goes to the model's lane as received: the core decodes
+and checks it, queues it, runs its batch on the worker and serializes the reply
+(``ModelInferResponse`` with ``raw_output_contents``); the event loop only sends that reply,
+once per batch woken. What the core's decoder does not take on goes to the servicer (the
+reference path), which answers every call as Triton does: request or tensor parameters,
+typed ``contents``, shared memory, messages counted against the body budget, and every
+request its model refuses (the reference path words gRPC's errors); so do all calls while
+tracing or header forwarding is on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tritonfast._core import grpc_model
+from tritonfast.api.dataplane import DataPlane
+from tritonfast.data.types import InferResponse
+from tritonfast.errors import Code, TritonError, error_for
+from tritonfast.frontends.grpc import codec
+from tritonfast.runtime.lane import response_of
+
+if TYPE_CHECKING:
+    from tritonfast.frontends.grpc.core import _Call
+
+
+class GrpcCorePath:
+    """``Method.whole`` of ``ModelInfer``: hands calls to their models' lanes."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+
+    def __call__(self, call: _Call, data: bytes) -> bool:
+        dataplane = self._dataplane
+        if dataplane.tracer.enabled or dataplane.forwards_headers("GRPC"):
+            return False
+        target = grpc_model(data)
+        if target is None:
+            return False
+        lane = dataplane.lane_for(*target)
+        if lane is None:
+            return False
+        try:
+            ticket = lane.submit_grpc(data, _Reply(call, data))
+        except TritonError:  # (a full queue, say): the reference path answers it
+            return False
+        if ticket is None:
+            return False
+        call.core_ticket = (lane, ticket)
+        call.server.running += 1
+        return True
+
+
+class _Reply:
+    """Where the core's answer to one call goes (on the event loop)."""
+
+    __slots__ = ("_call", "_data")
+
+    def __init__(self, call: _Call, data: bytes) -> None:
+        self._call = call
+        self._data = data
+
+    def answered(self, described: tuple[Any, ...]) -> None:
+        call = self._call
+        call.server.running -= 1
+        call.core_ticket = None
+        if call.cancelled:  # the call is over already
+            return
+        kind = described[0]
+        if kind == "bytes":
+            call.reply(described[1])
+        elif kind == "error":
+            error = error_for(Code(described[1]), described[2])
+            call.finish(codec.grpc_status(error).value[0], error.message)
+        else:  # a response with parameters: the reference encoder writes it
+            response = response_of(described)
+            assert isinstance(response, InferResponse)  # (errors came as "error")
+            call.reply(self._encode(response))
+        call.over()
+
+    def _encode(self, response: InferResponse) -> bytes:
+        request, _ = codec.parse_infer_request(self._data)
+        requested = [o.name for o in request.outputs] if request.outputs else None
+        return codec.serialize_infer_response(response, requested, request.id)

@@ -1,0 +1,312 @@
+//! A gRPC `ModelInferRequest` (`inference.GRPCInferenceService/ModelInfer`, as received,
+//! unparsed) decoded into a [`CoreRequest`], its `raw_input_contents` left in place.
+//!
+//! The core takes on the request clients send every day: named inputs whose bytes all travel
+//! in `raw_input_contents`, outputs named without parameters, an id. Request or tensor
+//! parameters, typed `contents`, anything malformed or refused: the reference path.
+
+use std::ops::Range;
+
+use super::Decoded;
+use super::datatype::DataType;
+use super::http::fits;
+use super::request::{CoreInput, CoreOutput, CoreRequest, TensorData};
+use super::signature::Signature;
+
+/// A field's value on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wire {
+    Varint(u64),
+    /// A length-delimited payload: its range in the message.
+    Bytes(Range<usize>),
+    Fixed,
+}
+
+/// A message that is not well-formed protobuf.
+#[derive(Debug)]
+struct Malformed;
+
+/// The fields of the message `b[range]`, in order.
+struct Fields<'a> {
+    b: &'a [u8],
+    pos: usize,
+    end: usize,
+}
+
+fn fields(b: &[u8], range: Range<usize>) -> Fields<'_> {
+    Fields {
+        b,
+        pos: range.start,
+        end: range.end,
+    }
+}
+
+impl Fields<'_> {
+    fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            if self.pos >= self.end {
+                return None;
+            }
+            let byte = self.b[self.pos];
+            self.pos += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    fn skip(&mut self, n: usize) -> Option<Range<usize>> {
+        let start = self.pos;
+        let end = start.checked_add(n).filter(|&e| e <= self.end)?;
+        self.pos = end;
+        Some(start..end)
+    }
+
+    /// The next field, `Ok(None)` at the end, an error for a malformed one.
+    fn next_field(&mut self) -> Result<Option<(u64, Wire)>, Malformed> {
+        if self.pos >= self.end {
+            return Ok(None);
+        }
+        self.field().map(Some).ok_or(Malformed)
+    }
+
+    fn field(&mut self) -> Option<(u64, Wire)> {
+        let key = self.varint()?;
+        let value = match key & 7 {
+            0 => Wire::Varint(self.varint()?),
+            1 => {
+                self.skip(8)?;
+                Wire::Fixed
+            }
+            2 => {
+                let n = usize::try_from(self.varint()?).ok()?;
+                Wire::Bytes(self.skip(n)?)
+            }
+            5 => {
+                self.skip(4)?;
+                Wire::Fixed
+            }
+            _ => return None,
+        };
+        Some((key >> 3, value))
+    }
+}
+
+fn text(b: &[u8], range: &Range<usize>) -> Option<String> {
+    std::str::from_utf8(&b[range.clone()])
+        .ok()
+        .map(str::to_owned)
+}
+
+/// The model name and version a `ModelInferRequest` names (fields 1 and 2), if it is
+/// well-formed at the top level and names each at most once.
+pub fn grpc_target(message: &[u8]) -> Option<(String, String)> {
+    let mut name = None;
+    let mut version = None;
+    let mut all = fields(message, 0..message.len());
+    while let Some((number, value)) = all.next_field().ok()? {
+        let slot = match number {
+            1 => &mut name,
+            2 => &mut version,
+            _ => continue,
+        };
+        let Wire::Bytes(range) = value else {
+            return None;
+        };
+        if slot.replace(text(message, &range)?).is_some() {
+            return None;
+        }
+    }
+    Some((name?, version.unwrap_or_default()))
+}
+
+/// Decodes `message` and checks it against `signature`. A request its model refuses takes
+/// the reference path too, which words the error with the gRPC frontend's rules.
+pub fn decode_grpc(message: &[u8], signature: &Signature) -> Decoded {
+    let Some(request) = request(message) else {
+        return Decoded::Reference;
+    };
+    match signature.check(&request) {
+        Ok(batch_size) => Decoded::Request(request, batch_size),
+        Err(_) => Decoded::Reference,
+    }
+}
+
+/// The request, when it is one the core takes on.
+fn request(b: &[u8]) -> Option<CoreRequest> {
+    let mut request = CoreRequest::default();
+    let mut inputs = Vec::new();
+    let mut outputs = Vec::new();
+    let mut raws = Vec::new();
+    let mut seen_id = false;
+    let mut all = fields(b, 0..b.len());
+    while let Some((number, value)) = all.next_field().ok()? {
+        let Wire::Bytes(range) = value else {
+            if matches!(number, 1..=7) {
+                return None; // a known field of the wrong wire type
+            }
+            continue;
+        };
+        match number {
+            1 | 2 => {} // read by grpc_target
+            3 => {
+                if std::mem::replace(&mut seen_id, true) {
+                    return None;
+                }
+                request.id = text(b, &range)?;
+            }
+            5 => inputs.push(input(b, range)?),
+            6 => outputs.push(output(b, range)?),
+            7 => raws.push(range),
+            _ => return None, // parameters (4), or a field this core does not know
+        }
+    }
+    if raws.len() != inputs.len() {
+        return None;
+    }
+    for ((name, datatype, shape), range) in inputs.into_iter().zip(&raws) {
+        let count = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))?;
+        if !fits(datatype, count, &b[range.clone()]) {
+            return None;
+        }
+        request.inputs.push(CoreInput {
+            name,
+            datatype,
+            shape,
+            data: TensorData::Body(range.clone()),
+        });
+    }
+    if !outputs.is_empty() {
+        request.outputs = Some(outputs);
+    }
+    Some(request)
+}
+
+/// An `InferInputTensor`: name, datatype and shape only.
+fn input(b: &[u8], range: Range<usize>) -> Option<(String, DataType, Vec<u64>)> {
+    let mut name = None;
+    let mut datatype = None;
+    let mut shape = Vec::new();
+    let mut all = fields(b, range);
+    while let Some((number, value)) = all.next_field().ok()? {
+        match (number, value) {
+            (1, Wire::Bytes(r)) if name.is_none() => name = Some(text(b, &r)?),
+            (2, Wire::Bytes(r)) if datatype.is_none() => {
+                datatype = Some(DataType::from_name(&text(b, &r)?)?);
+            }
+            (3, Wire::Varint(d)) => shape.push(dim(d)?),
+            (3, Wire::Bytes(r)) => {
+                let mut packed = fields(b, r);
+                while packed.pos < packed.end {
+                    shape.push(dim(packed.varint()?)?);
+                }
+            }
+            _ => return None, // parameters, contents, a repeated or mistyped field
+        }
+    }
+    Some((name?, datatype?, shape))
+}
+
+/// A dimension: an `int64` on the wire, the core's only if it is not negative.
+fn dim(value: u64) -> Option<u64> {
+    i64::try_from(value).is_ok().then_some(value)
+}
+
+/// An `InferRequestedOutputTensor` naming an output, without parameters.
+fn output(b: &[u8], range: Range<usize>) -> Option<CoreOutput> {
+    let mut name = None;
+    let mut all = fields(b, range);
+    while let Some((number, value)) = all.next_field().ok()? {
+        match (number, value) {
+            (1, Wire::Bytes(r)) if name.is_none() => name = Some(text(b, &r)?),
+            _ => return None,
+        }
+    }
+    Some(CoreOutput {
+        name: name?,
+        binary: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::infer::TensorSpec;
+
+    fn field(out: &mut Vec<u8>, number: u64, payload: &[u8]) {
+        varint(out, (number << 3) | 2);
+        varint(out, payload.len() as u64);
+        out.extend_from_slice(payload);
+    }
+
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push(u8::try_from(v & 0x7f).unwrap() | 0x80);
+            v >>= 7;
+        }
+        out.push(u8::try_from(v).unwrap());
+    }
+
+    fn message(shape: &[u64], raw: &[u8]) -> Vec<u8> {
+        let mut tensor = Vec::new();
+        field(&mut tensor, 1, b"INPUT0");
+        field(&mut tensor, 2, b"FP32");
+        let mut dims = Vec::new();
+        for &d in shape {
+            varint(&mut dims, d);
+        }
+        field(&mut tensor, 3, &dims);
+        let mut m = Vec::new();
+        field(&mut m, 1, b"identity");
+        field(&mut m, 3, b"req");
+        field(&mut m, 5, &tensor);
+        field(&mut m, 7, raw);
+        m
+    }
+
+    fn identity() -> Signature {
+        let spec = TensorSpec {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            dims: vec![-1],
+            optional: false,
+        };
+        Signature::new("identity", 8, vec![spec], vec!["OUTPUT0".into()])
+    }
+
+    #[test]
+    fn takes_raw_contents_in_place() {
+        let m = message(&[1, 2], &[0; 8]);
+        assert_eq!(grpc_target(&m), Some(("identity".into(), String::new())));
+        let Decoded::Request(request, 1) = decode_grpc(&m, &identity()) else {
+            panic!("not taken")
+        };
+        assert_eq!(request.id, "req");
+        assert_eq!(request.inputs[0].shape, vec![1, 2]);
+        assert!(matches!(request.inputs[0].data, TensorData::Body(ref r) if r.len() == 8));
+    }
+
+    #[test]
+    fn leaves_the_rest_to_the_reference_path() {
+        assert_eq!(
+            decode_grpc(&message(&[1, 3], &[0; 8]), &identity()),
+            Decoded::Reference
+        );
+        assert_eq!(
+            decode_grpc(&message(&[2], &[0; 8]), &identity()),
+            Decoded::Reference
+        );
+        let mut with_parameters = message(&[1, 2], &[0; 8]);
+        field(&mut with_parameters, 4, b"");
+        assert_eq!(
+            decode_grpc(&with_parameters, &identity()),
+            Decoded::Reference
+        );
+        assert_eq!(grpc_target(&[0xff]), None);
+    }
+}

@@ -1,0 +1,83 @@
+//! gRPC answers to inference requests, written by the core: a `ModelInferResponse` whose
+//! outputs' bytes travel in `raw_output_contents`, serialized as the server's reference
+//! encoder serializes it (fields in number order, empty strings left out, shapes packed).
+
+use super::message::Slot;
+use super::response::{ResponseParts, slot_bytes};
+use crate::error::CoreError;
+use crate::infer::CoreRequest;
+
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(u8::try_from(value & 0x7f).unwrap_or(0) | 0x80);
+        value >>= 7;
+    }
+    out.push(u8::try_from(value).unwrap_or(0));
+}
+
+fn bytes_field(out: &mut Vec<u8>, number: u64, payload: &[u8]) {
+    varint(out, (number << 3) | 2);
+    varint(out, payload.len() as u64);
+    out.extend_from_slice(payload);
+}
+
+/// A string field, left out when empty (proto3).
+fn string_field(out: &mut Vec<u8>, number: u64, text: &str) {
+    if !text.is_empty() {
+        bytes_field(out, number, text.as_bytes());
+    }
+}
+
+fn output_tensor(slot: &Slot) -> Vec<u8> {
+    let mut tensor = Vec::with_capacity(32);
+    string_field(&mut tensor, 1, &slot.name);
+    string_field(&mut tensor, 2, &slot.datatype);
+    if !slot.shape.is_empty() {
+        let mut dims = Vec::with_capacity(slot.shape.len());
+        for &d in &slot.shape {
+            #[allow(clippy::cast_sign_loss)] // int64 on the wire: two's complement
+            varint(&mut dims, d as u64);
+        }
+        bytes_field(&mut tensor, 3, &dims);
+    }
+    tensor
+}
+
+/// The serialized `ModelInferResponse` to `request`; None when the response carries
+/// parameters (the reference encoder writes those), an error when an output's bytes are not
+/// where its slot says.
+pub fn grpc_answer(
+    request: &CoreRequest,
+    response: &ResponseParts<'_>,
+) -> Result<Option<Vec<u8>>, CoreError> {
+    if !response.parameters.is_empty() && response.parameters != "{}" {
+        return Ok(None);
+    }
+    let mut message = Vec::with_capacity(128);
+    string_field(&mut message, 1, response.model_name);
+    string_field(&mut message, 2, response.model_version);
+    let id = if response.id.is_empty() {
+        request.id.as_str()
+    } else {
+        response.id
+    };
+    string_field(&mut message, 3, id);
+    let mut raws = Vec::new();
+    for slot in response.outputs {
+        if let Some(wanted) = &request.outputs
+            && !wanted.iter().any(|o| o.name == slot.name)
+        {
+            continue;
+        }
+        bytes_field(&mut message, 5, &output_tensor(slot));
+        raws.push(if slot.place.is_some() {
+            &[][..]
+        } else {
+            slot_bytes(response.segment, slot)?
+        });
+    }
+    for raw in raws {
+        bytes_field(&mut message, 6, raw);
+    }
+    Ok(Some(message))
+}
