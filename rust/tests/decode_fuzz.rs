@@ -3,7 +3,9 @@
 //! within the body they came in.
 
 use proptest::prelude::*;
-use tritonfast_core::infer::{Decoded, Signature, TensorData, TensorSpec, decode_http};
+use tritonfast_core::infer::{
+    Decoded, Signature, TensorData, TensorSpec, decode_grpc, decode_http, grpc_target,
+};
 
 fn signature() -> Signature {
     let spec = |name: &str, datatype: &str| TensorSpec {
@@ -68,12 +70,56 @@ fn check(body: &[u8], json_length: usize) {
     }
 }
 
+fn check_grpc(message: &[u8]) {
+    let _ = grpc_target(message);
+    if let Decoded::Request(request, _) = decode_grpc(message, &signature()) {
+        for input in &request.inputs {
+            if let TensorData::Body(range) = &input.data {
+                assert!(range.end <= message.len());
+            }
+        }
+    }
+}
+
+/// Protobuf pieces of a `ModelInferRequest` (keys, lengths, names), for mutations that reach
+/// deep into the decoder.
+const PROTO_PIECES: &[&[u8]] = &[
+    b"\x0a\x05model",
+    b"\x1a\x02id",
+    b"\x2a",
+    b"\x3a",
+    b"\x32",
+    b"\x0a\x06INPUT0",
+    b"\x12\x04FP32",
+    b"\x12\x05BYTES",
+    b"\x1a\x02\x01\x02",
+    b"\x18\x01",
+    b"\x04",
+    b"\x08",
+    b"\x10",
+    b"\x00\x00\x80\x3f",
+    b"\x22\x00",
+    b"\xff\xff\xff\xff\x0f",
+];
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..300), cut in 0usize..320) {
         check(&body, cut.min(body.len()));
+    }
+
+    #[test]
+    fn grpc_messages_of_arbitrary_bytes(message in prop::collection::vec(any::<u8>(), 0..300)) {
+        check_grpc(&message);
+    }
+
+    #[test]
+    fn grpc_messages_made_of_real_pieces(
+        pieces in prop::collection::vec(prop::sample::select(PROTO_PIECES), 0..40)
+    ) {
+        check_grpc(&pieces.concat());
     }
 
     #[test]
