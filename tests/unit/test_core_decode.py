@@ -19,6 +19,7 @@ from tritonfast.data import rawtensor
 from tritonfast.data.datatypes import CONFIG_DATATYPES
 from tritonfast.errors import TritonError
 from tritonfast.frontends.http import codec
+from tritonfast.runtime.lane import signature_of
 from tritonfast.runtime.validate import RequestValidator
 
 DIFFERENTIAL = settings(
@@ -45,13 +46,7 @@ def signature_config(
 
 
 def core_signature(config: model_config_pb2.ModelConfig) -> InferSignature:
-    validator = RequestValidator(config)
-    return InferSignature(
-        config.name,
-        config.max_batch_size,
-        [(s.name, s.datatype, list(s.dims), s.optional) for s in validator.inputs.values()],
-        list(validator.outputs),
-    )
+    return signature_of(config)
 
 
 def reference(config: model_config_pb2.ModelConfig, body: bytes, json_length: int) -> Any:

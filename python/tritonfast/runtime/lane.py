@@ -51,6 +51,7 @@ from tritonfast.runtime.responses import ResponseStream, Result, Sink, settle
 from tritonfast.runtime.scheduler import (
     UNLOADED_MESSAGE,
     Scheduler,
+    answer_of,
     dynamic_queue,
     shape_checked_inputs,
     unsigned_parameter,
@@ -105,7 +106,9 @@ def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelIns
     return all(isinstance(i, CoreDriven) and i.core_driven for i in instances)
 
 
-def _signature(config: model_config_pb2.ModelConfig) -> InferSignature:
+def signature_of(config: model_config_pb2.ModelConfig) -> InferSignature:
+    """``config``'s inputs and outputs as the core checks requests against them (those of
+    the reference path's validator)."""
     validator = RequestValidator(config)
     return InferSignature(
         config.name,
@@ -142,7 +145,7 @@ class LaneScheduler(Scheduler):
             else RequestQueue(latency_summaries=latency_summaries)
         )
         self.lane = Lane(
-            _signature(config),
+            signature_of(config),
             version,
             template,
             completions,
@@ -253,12 +256,7 @@ class LaneScheduler(Scheduler):
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
         future: asyncio.Future[Any] = self._loop.create_future()
         ticket = self._enqueue(request, future, batch_size)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if not self.lane.cancel(ticket):
-                request.cancelled = True
-            raise
+        return await answer_of(future, request, lambda: self.lane.cancel(ticket))
 
     def submit(self, request: InferRequest, batch_size: int, sink: Future[Any]) -> bool:
         self._enqueue(request, sink, batch_size)

@@ -61,11 +61,11 @@ import contextlib
 import itertools
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from tritonfast._core import QUEUE_FULL_MESSAGE, Batch, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
@@ -282,14 +282,7 @@ class QueueScheduler(Scheduler):
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
         future: asyncio.Future[Any] = self._loop.create_future()
         queue, ticket = self._enqueue(request, future, batch_size)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            # The caller went away: drop the request if it has not started; a running one is
-            # flagged (the model sees request.is_cancelled()) and its result is ignored.
-            if not queue.cancel(ticket):
-                request.cancelled = True
-            raise
+        return await answer_of(future, request, lambda: queue.cancel(ticket))
 
     def submit(self, request: InferRequest, batch_size: int, sink: Future[Any]) -> bool:
         self._enqueue(request, sink, batch_size)
@@ -650,6 +643,20 @@ def create_scheduler(
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         kind = DynamicBatchScheduler
     return kind(name, config, instances, loop, server=server, **options)
+
+
+async def answer_of(
+    future: asyncio.Future[Any], request: InferRequest, cancel: Callable[[], bool]
+) -> InferResponse:
+    """The response ``future`` gets for a queued ``request``. When the caller goes away the
+    request is dropped if it has not started (``cancel`` returns True); a running one is
+    flagged (the model sees ``request.is_cancelled()``) and its result is ignored."""
+    try:
+        return cast(InferResponse, await future)
+    except asyncio.CancelledError:
+        if not cancel():
+            request.cancelled = True
+        raise
 
 
 def _settle(seq: int, sinks: list[Sink], results: Sequence[Result | None] | None) -> None:

@@ -714,6 +714,15 @@ fn http_outcome(
     segment: &[u8],
     framing: Framing,
 ) -> Vec<u8> {
+    match parts_of(outcome, segment) {
+        Ok(parts) => response_answer(request, &parts, framing)
+            .unwrap_or_else(|error| error_answer(&error, framing)),
+        Err(error) => error_answer(&error, framing),
+    }
+}
+
+/// A worker's response and the segment its outputs lie in; or its error.
+fn parts_of<'a>(outcome: &'a Outcome, segment: &'a [u8]) -> Result<ResponseParts<'a>, CoreError> {
     match outcome {
         Outcome::Response {
             model_name,
@@ -721,21 +730,15 @@ fn http_outcome(
             id,
             parameters,
             outputs,
-        } => {
-            let parts = ResponseParts {
-                model_name,
-                model_version,
-                id,
-                parameters,
-                outputs,
-                segment,
-            };
-            response_answer(request, &parts, framing)
-                .unwrap_or_else(|error| error_answer(&error, framing))
-        }
-        Outcome::Error(code, message) => {
-            error_answer(&CoreError::new(*code, message.clone()), framing)
-        }
+        } => Ok(ResponseParts {
+            model_name,
+            model_version,
+            id,
+            parameters,
+            outputs,
+            segment,
+        }),
+        Outcome::Error(code, message) => Err(CoreError::new(*code, message.clone())),
     }
 }
 
@@ -746,25 +749,10 @@ fn grpc_outcome(
     outcome: &Outcome,
     segment: &[u8],
 ) -> Result<Answer, CoreError> {
-    if let Outcome::Response {
-        model_name,
-        model_version,
-        id,
-        parameters,
-        outputs,
-    } = outcome
+    if let Ok(parts) = parts_of(outcome, segment)
+        && let Some(encoded) = grpc_answer(request, &parts)?
     {
-        let parts = ResponseParts {
-            model_name,
-            model_version,
-            id,
-            parameters,
-            outputs,
-            segment,
-        };
-        if let Some(encoded) = grpc_answer(request, &parts)? {
-            return Ok(Answer::Encoded(encoded));
-        }
+        return Ok(Answer::Encoded(encoded));
     }
     owned_outcome(outcome, segment).map(Answer::Response)
 }

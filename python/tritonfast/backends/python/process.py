@@ -257,14 +257,7 @@ class ProcessInstance(ModelInstance):
 
         def watch() -> None:
             if self._pipe is None and self._conn is not None:
-                self._pipe = LoopPipe(
-                    self._conn,
-                    loop,
-                    self._instance_name,
-                    self._cancel.buffer,
-                    self._serve_call,
-                    unbounded=self._unloading,
-                )
+                self._pipe = self._loop_pipe(self._conn, loop)
             done.set()
 
         try:
@@ -276,6 +269,17 @@ class ProcessInstance(ModelInstance):
             return
         loop.call_soon_threadsafe(watch)
         done.wait(START_TIMEOUT_S)
+
+    def _loop_pipe(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> LoopPipe:
+        """The loop's reader of the worker's pipe (made on ``loop``)."""
+        return LoopPipe(
+            conn,
+            loop,
+            self._instance_name,
+            self._cancel.buffer,
+            self._serve_call,
+            unbounded=self._unloading,
+        )
 
     def core_died(self) -> TritonError:
         """The worker went away in a batch: the loop stops reading its pipe, the process is
@@ -432,14 +436,7 @@ class ProcessInstance(ModelInstance):
             self._restart_then(loop, None, requests, finish, release, retry)
             return
         if pipe is None:
-            pipe = self._pipe = LoopPipe(
-                self._conn,
-                loop,
-                self._instance_name,
-                self._cancel.buffer,
-                self._serve_call,
-                unbounded=self._unloading,
-            )
+            pipe = self._pipe = self._loop_pipe(self._conn, loop)
         senders = None
         tokens = None
         if self._decoupled:

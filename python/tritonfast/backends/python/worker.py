@@ -231,6 +231,15 @@ class _Worker:
         _, name, size, described, flags_name, flags_size, tokens = message
         flags = self._cancel_flags.map(flags_name, flags_size).buffer
         requests, failed = self._requests(name, size, described, flags, tokens)
+        returned = self._execute(requests)
+        release = _release_flags(requests, failed, len(described))
+        if tokens is not None:
+            self._end_streams(requests, returned, release)
+        else:
+            self._reply(requests, returned, failed, described, release)
+
+    def _execute(self, requests: list[_WorkerRequest]) -> Sequence[Result | None] | None:
+        """Run the model on a batch's requests (the server may be called meanwhile)."""
         self._in_batch.set()
         try:
             returned = (
@@ -242,11 +251,7 @@ class _Worker:
             self._in_batch.clear()
         for request in requests:
             request.detach()  # the cancellation bytes now belong to the next batch
-        release = _release_flags(requests, failed, len(described))
-        if tokens is not None:
-            self._end_streams(requests, returned, release)
-        else:
-            self._reply(requests, returned, failed, described, release)
+        return cast(Sequence[Result | None] | None, returned)
 
     def _run_channel_batch(
         self, channel: LaneWorkerChannel, batch: tuple[Any, ...], metrics_source: str
@@ -264,17 +269,7 @@ class _Worker:
             self._cancel_flags.map(flags_name, flags_size).buffer,
             None,
         )
-        self._in_batch.set()
-        try:
-            returned = (
-                self._instance.execute(cast(list[InferRequest], requests), PhaseClock())
-                if requests
-                else []
-            )
-        finally:
-            self._in_batch.clear()
-        for request in requests:
-            request.detach()
+        returned = self._execute(requests)
         answers: list[Result | None] = (
             [None] * len(requests) if returned is None else list(returned)
         )
