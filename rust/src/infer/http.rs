@@ -138,7 +138,10 @@ fn input(entry: &Value<'_>, body: &[u8], offset: &mut usize) -> Option<CoreInput
         }
         // Triton never looks at the data of an empty tensor.
         (None, Some(_)) if count == 0 => TensorData::Owned(Vec::new()),
-        (None, Some(Value::Array(_, text))) => TensorData::Owned(numbers(datatype, count, text)?),
+        (None, Some(array @ Value::Array(_, text))) => TensorData::Owned(match datatype {
+            DataType::Bool | DataType::Bytes => literals(datatype, count, array)?,
+            _ => numbers(datatype, count, text)?,
+        }),
         _ => return None,
     };
     Some(CoreInput {
@@ -211,6 +214,43 @@ fn numbers(datatype: DataType, count: usize, text: &[u8]) -> Option<Vec<u8>> {
         _ => return None,
     }
     Some(out)
+}
+
+/// The elements of a JSON `data` array of BOOL (`true`/`false`) or BYTES (strings, as their
+/// UTF-8) as `count` elements in the wire's layout; None for anything else.
+fn literals(datatype: DataType, count: usize, array: &Value<'_>) -> Option<Vec<u8>> {
+    let mut flat = Vec::with_capacity(count);
+    flatten(array, &mut flat)?;
+    if flat.len() != count {
+        return None;
+    }
+    let mut out = Vec::with_capacity(count);
+    for value in flat {
+        match (datatype, value) {
+            (DataType::Bool, Value::Bool(truth)) => out.push(u8::from(*truth)),
+            (DataType::Bytes, Value::Str(text)) => {
+                out.extend_from_slice(&u32::try_from(text.len()).ok()?.to_le_bytes());
+                out.extend_from_slice(text.as_bytes());
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The elements of nested arrays, in order.
+fn flatten<'v, 'a>(value: &'v Value<'a>, out: &mut Vec<&'v Value<'a>>) -> Option<()> {
+    let Value::Array(items, _) = value else {
+        return None;
+    };
+    for item in items {
+        if matches!(item, Value::Array(..)) {
+            flatten(item, out)?;
+        } else {
+            out.push(item);
+        }
+    }
+    Some(())
 }
 
 /// An output the request names.
