@@ -203,7 +203,7 @@ def canceled_failures(server: RunningServer) -> float:
 
 
 def test_model_infer_messages_count_against_the_body_budget_on_aio(
-    aio_server: RunningServer,
+    aio_server: RunningServer, waiters: Waiters
 ) -> None:
     """grpc.aio hands ModelInfer its whole message: a large one counts against the body budget
     while its request runs. With a 4 MiB message held by a request that waits (on the
@@ -213,6 +213,7 @@ def test_model_infer_messages_count_against_the_body_budget_on_aio(
     big.set_data_from_numpy(np.ones((1, 1 << 20), np.float32))
     holder = grpcclient.InferenceServerClient(aio_server.grpc_url)
     held: queue.Queue[Any] = queue.Queue()
+    runs_before = waiters.marks.count()
     holder.async_infer(
         "waiter",
         [mode_input(0)],
@@ -222,6 +223,9 @@ def test_model_infer_messages_count_against_the_body_budget_on_aio(
     )
     client = grpcclient.InferenceServerClient(aio_server.grpc_url)
     try:
+        # Probes sent before the holder's message is in would take the budget first and have
+        # it refused: probe once it runs.
+        wait_for(lambda: waiters.marks.count() > runs_before, "the waiter's request to run")
         with pytest.raises(InferenceServerException) as error:
             wait_for(lambda: _refused(client, big), "the waiter's 4 MiB request to hold the budget")
             client.infer("identity_fp32", [big])
