@@ -1,10 +1,12 @@
 //! The request path of a model whose instances run in worker processes, in the core: requests
-//! go into the model's queue already decoded ([`Lane::submit_http`] takes an HTTP request's
-//! bytes), each instance's driver thread forms batches, hands them to its worker through
-//! shared memory and a socket ([`message`], [`channel`], [`segment`]), and answers each
-//! request from the worker's reply: an HTTP request by writing its response on its connection
-//! ([`response`]) and telling the event loop ([`completions`]), any other through the
-//! [`Deliver`] the lane was made with (the server's Python, once per batch).
+//! go into the model's queue already decoded ([`Lane::submit_http`] and [`Lane::submit_grpc`]
+//! take a request's bytes as received), each instance's driver thread forms batches, hands
+//! them to its worker through shared memory and a socket ([`message`], [`channel`],
+//! [`segment`]), and answers each request from the worker's reply: an HTTP request by writing
+//! its response on its connection ([`response`]) and telling the event loop
+//! ([`completions`]); a gRPC call with its reply serialized ([`grpcreply`]) and any other
+//! request with its response, both through the [`Deliver`] the lane was made with (the
+//! server's Python, once per batch).
 //!
 //! Nothing here runs Python per request. The server's Python runs once per batch at most (to
 //! answer requests that came from Python), and the worker's runs the model's `execute` once
