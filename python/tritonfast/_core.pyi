@@ -306,13 +306,13 @@ class LaneWorkerChannel:
     ) -> (
         tuple[
             str,
+            str,
+            str,
             int,
             str,
             int,
             list[
                 tuple[
-                    str,
-                    str,
                     str,
                     str,
                     list[str] | None,
@@ -323,10 +323,10 @@ class LaneWorkerChannel:
         ]
         | None
     ):
-        """Waits (GIL released) for the next batch: ``(segment, segment_len, cancel_segment,
-        cancel_len, requests)``, each request ``(model_name, model_version, id,
-        parameters_json, output_names, slots)``; None when ``pipe_fd`` became readable
-        first."""
+        """Waits (GIL released) for the next batch: ``(model_name, model_version, segment,
+        segment_len, cancel_segment, cancel_len, requests)``, each request ``(id,
+        parameters_json, output_names, slots, output_places)``; None when ``pipe_fd`` became
+        readable first."""
 
     def reply(self, segment: str, segment_len: int, results: list[Any], extra: bytes) -> None:
         """Sends a batch's reply: ``("ok", model_name, model_version, id, parameters_json,

@@ -14,10 +14,12 @@
 //! batch itself.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
+
+use crate::wake::WakeFd;
 
 /// One offered item and the completion its offerer waits on.
 pub type Offered<T> = (T, Arc<Completion>);
@@ -63,7 +65,7 @@ struct Inbox<T> {
 pub struct Handoff<T> {
     inbox: Mutex<Inbox<T>>,
     /// Readable while offers may be waiting; the executor watches it (`add_reader`).
-    event: OwnedFd,
+    event: WakeFd,
 }
 
 impl<T> std::fmt::Debug for Handoff<T> {
@@ -72,7 +74,7 @@ impl<T> std::fmt::Debug for Handoff<T> {
         f.debug_struct("Handoff")
             .field("enabled", &inbox.enabled)
             .field("waiting", &inbox.items.len())
-            .field("fd", &self.event.as_raw_fd())
+            .field("fd", &self.event.fd())
             .finish()
     }
 }
@@ -80,26 +82,19 @@ impl<T> std::fmt::Debug for Handoff<T> {
 impl<T> Handoff<T> {
     /// A new handoff, switched off.
     pub fn new() -> io::Result<Self> {
-        // SAFETY: eventfd takes two integers and returns a new descriptor or -1; it touches no
-        // memory of ours.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Self {
             inbox: Mutex::new(Inbox {
                 enabled: false,
                 closed: false,
                 items: Vec::new(),
             }),
-            // SAFETY: `fd` was just returned by eventfd, is valid and owned by nobody else.
-            event: unsafe { OwnedFd::from_raw_fd(fd) },
+            event: WakeFd::new()?,
         })
     }
 
     /// The descriptor the executor waits on for readability.
     pub fn fd(&self) -> RawFd {
-        self.event.as_raw_fd()
+        self.event.fd()
     }
 
     /// Switches offers on or off (on only while not closed); returns the previous setting.
@@ -144,22 +139,11 @@ impl<T> Handoff<T> {
     }
 
     fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes the 8 bytes of `one`, which lives for the call, to our own eventfd.
-        // The counter cannot overflow in practice (it would take 2^64 - 1 unread offers); a
-        // failed write then only delays the executor to its next wake-up.
-        unsafe {
-            libc::write(self.fd(), (&raw const one).cast(), 8);
-        }
+        self.event.signal();
     }
 
     fn drain_event(&self) {
-        let mut count: u64 = 0;
-        // SAFETY: reads at most 8 bytes into `count`, which lives for the call, from our own
-        // non-blocking eventfd; EAGAIN (nothing to read) leaves `count` untouched.
-        unsafe {
-            libc::read(self.fd(), (&raw mut count).cast(), 8);
-        }
+        self.event.drain();
     }
 }
 

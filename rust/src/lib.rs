@@ -26,6 +26,7 @@ pub mod queue;
 pub mod sequence;
 pub mod shm;
 pub mod stats;
+pub mod wake;
 pub mod wire;
 
 #[cfg(feature = "python")]

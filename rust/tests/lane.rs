@@ -111,8 +111,8 @@ fn worker(end: UnixStream, batches: usize) -> thread::JoinHandle<()> {
                     offset += slot.len as usize;
                 }
                 results.push(Outcome::Response {
-                    model_name: request.model_name.clone(),
-                    model_version: request.model_version.clone(),
+                    model_name: batch.model_name.clone(),
+                    model_version: batch.model_version.clone(),
                     id: request.id.clone(),
                     parameters: String::new(),
                     outputs: slots,

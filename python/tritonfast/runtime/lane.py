@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from time import perf_counter_ns
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -53,6 +52,7 @@ from tritonfast.runtime.scheduler import (
     Scheduler,
     answer_of,
     dynamic_queue,
+    mark_enqueued,
     shape_checked_inputs,
     unsigned_parameter,
 )
@@ -154,7 +154,6 @@ class LaneScheduler(Scheduler):
             keyed_inputs=list(shape_checked_inputs(config)),
             keyed_by_names=any(tensor.optional for tensor in config.input),
         )
-        self._dynamic = dynamic
         for index, instance in enumerate(instances):
             cast(CoreDriven, instance).core_running = functools.partial(self.lane.running, index)
         self._threads = [
@@ -221,15 +220,10 @@ class LaneScheduler(Scheduler):
 
     # -- taking requests --------------------------------------------------------------------
     def _enqueue(self, request: InferRequest, sink: Sink, batch_size: int) -> Ticket:
-        if request.trace is not None:
-            request.trace.stamp("QUEUE_START", perf_counter_ns())
-            request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
-        if request.phases is not None:
-            request.phases.enqueued = perf_counter_ns()
-        request.sink = sink
+        mark_enqueued(request, sink)
         params = request.parameters
-        priority = timeout = 0
-        if self._dynamic and params:
+        priority = timeout = 0  # (the lane applies them only under the dynamic batcher)
+        if params:
             priority = unsigned_parameter(params.get("priority", 0), _U32)
             timeout = unsigned_parameter(params.get("timeout", 0), _U64)
         places = request.input_places

@@ -310,12 +310,7 @@ class QueueScheduler(Scheduler):
     def _enqueue(
         self, request: InferRequest, sink: Sink, batch_size: int
     ) -> tuple[RequestQueue, Ticket]:
-        if request.trace is not None:
-            request.trace.stamp("QUEUE_START", perf_counter_ns())
-            request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
-        if request.phases is not None:
-            request.phases.enqueued = perf_counter_ns()
-        request.sink = sink
+        mark_enqueued(request, sink)
         queue = self._queues[self.route(request)] if self.per_instance_queues else self._queues[0]
         try:
             return queue, self._push(queue, request, sink, batch_size)
@@ -643,6 +638,16 @@ def create_scheduler(
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         kind = DynamicBatchScheduler
     return kind(name, config, instances, loop, server=server, **options)
+
+
+def mark_enqueued(request: InferRequest, sink: Sink) -> None:
+    """A request going into a queue: its trace's queue start, its phases' clock, its sink."""
+    if request.trace is not None:
+        request.trace.stamp("QUEUE_START", perf_counter_ns())
+        request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.inputs)
+    if request.phases is not None:
+        request.phases.enqueued = perf_counter_ns()
+    request.sink = sink
 
 
 async def answer_of(

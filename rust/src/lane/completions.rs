@@ -3,35 +3,30 @@
 //! (it watches it with `add_reader`); one read takes every token sent since the last.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 
 use parking_lot::Mutex;
+
+use crate::wake::WakeFd;
 
 /// Answered requests' tokens, waiting for the loop.
 #[derive(Debug)]
 pub struct Completions {
     tokens: Mutex<Vec<u64>>,
-    event: OwnedFd,
+    event: WakeFd,
 }
 
 impl Completions {
     pub fn new() -> io::Result<Self> {
-        // SAFETY: eventfd takes two integers and returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by eventfd, is valid and owned by nobody else.
-        let event = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Completions {
             tokens: Mutex::new(Vec::new()),
-            event,
+            event: WakeFd::new()?,
         })
     }
 
     /// The descriptor the loop watches for readability.
     pub fn fd(&self) -> RawFd {
-        self.event.as_raw_fd()
+        self.event.fd()
     }
 
     /// Adds the tokens of requests just answered, waking the loop if it has taken every
@@ -47,19 +42,13 @@ impl Completions {
             wake
         };
         if wake {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our eventfd; a full counter (never, at
-            // one write per wake-up) would only refuse the write.
-            unsafe { libc::write(self.fd(), (&raw const one).cast(), 8) };
+            self.event.signal();
         }
     }
 
     /// Every token added since the last call (the loop's reader calls it when woken).
     pub fn take(&self) -> Vec<u64> {
-        let mut count: u64 = 0;
-        // SAFETY: reads at most 8 bytes into a live u64; non-blocking, so an empty counter
-        // only fails the read.
-        unsafe { libc::read(self.fd(), (&raw mut count).cast(), 8) };
+        self.event.drain();
         std::mem::take(&mut *self.tokens.lock())
     }
 }

@@ -24,8 +24,6 @@ pub struct Slot {
 /// One request of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchRequest {
-    pub model_name: String,
-    pub model_version: String,
     pub id: String,
     /// Its parameters as a JSON object's text; empty for none.
     pub parameters: String,
@@ -36,9 +34,11 @@ pub struct BatchRequest {
     pub output_places: Vec<(String, ObjectPlace)>,
 }
 
-/// A batch for the worker to run.
+/// A batch for the worker to run: requests of one model version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchMessage {
+    pub model_name: String,
+    pub model_version: String,
     pub segment: String,
     pub segment_len: u64,
     /// The segment of the batch's cancellation flags (one byte per request).
@@ -226,14 +226,14 @@ impl<'a> Reader<'a> {
 impl BatchMessage {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
+        w.str(&self.model_name);
+        w.str(&self.model_version);
         w.str(&self.segment);
         w.u64(self.segment_len);
         w.str(&self.cancel_segment);
         w.u64(self.cancel_len);
         w.count(self.requests.len());
         for r in &self.requests {
-            w.str(&r.model_name);
-            w.str(&r.model_version);
             w.str(&r.id);
             w.str(&r.parameters);
             match &r.outputs {
@@ -261,6 +261,8 @@ impl BatchMessage {
 
     pub fn decode(b: &[u8]) -> Result<Self, CoreError> {
         let mut r = Reader::new(b);
+        let model_name = r.str()?;
+        let model_version = r.str()?;
         let segment = r.str()?;
         let segment_len = r.u64()?;
         let cancel_segment = r.str()?;
@@ -268,8 +270,6 @@ impl BatchMessage {
         let count = r.count(4)?;
         let mut requests = Vec::with_capacity(count);
         for _ in 0..count {
-            let model_name = r.str()?;
-            let model_version = r.str()?;
             let id = r.str()?;
             let parameters = r.str()?;
             let outputs = if r.u8()? == 0 {
@@ -285,8 +285,6 @@ impl BatchMessage {
                 .map(|_| Ok((r.str()?, r.place()?)))
                 .collect::<Result<_, CoreError>>()?;
             requests.push(BatchRequest {
-                model_name,
-                model_version,
                 id,
                 parameters,
                 outputs,
@@ -296,6 +294,8 @@ impl BatchMessage {
         }
         r.done()?;
         Ok(BatchMessage {
+            model_name,
+            model_version,
             segment,
             segment_len,
             cancel_segment,
@@ -410,14 +410,14 @@ mod tests {
     #[test]
     fn batches_and_replies_round_trip() {
         let batch = BatchMessage {
+            model_name: "m".into(),
+            model_version: "1".into(),
             segment: "tritonfast-in-1".into(),
             segment_len: 1 << 20,
             cancel_segment: "tritonfast-cancel-1".into(),
             cancel_len: 4096,
             requests: vec![
                 BatchRequest {
-                    model_name: "m".into(),
-                    model_version: "1".into(),
                     id: "é".into(),
                     parameters: r#"{"a":1}"#.into(),
                     outputs: Some(vec!["OUT".into()]),
@@ -431,8 +431,6 @@ mod tests {
                     output_places: vec![("OUT".into(), place())],
                 },
                 BatchRequest {
-                    model_name: "m".into(),
-                    model_version: "1".into(),
                     id: String::new(),
                     parameters: String::new(),
                     outputs: None,
@@ -474,8 +472,8 @@ mod tests {
         padded.push(0);
         assert!(ReplyMessage::decode(&padded).is_err());
         // A count larger than the bytes could hold is refused before anything is allocated.
-        // (Two empty names and two lengths, then a count of 2^32 - 1 requests.)
-        let mut huge = vec![0; 24];
+        // (Four empty names and two lengths, then a count of 2^32 - 1 requests.)
+        let mut huge = vec![0; 32];
         huge.extend_from_slice(&[255; 4]);
         assert!(BatchMessage::decode(&huge).is_err());
     }

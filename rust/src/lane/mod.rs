@@ -645,8 +645,6 @@ impl<E: Send> Lane<E> {
                 offset = aligned(offset + bytes.len());
             }
             requests.push(BatchRequest {
-                model_name: self.model_name.clone(),
-                model_version: self.model_version.clone(),
                 id: item.request.id.clone(),
                 parameters: item.parameters.clone(),
                 outputs: item
@@ -659,6 +657,8 @@ impl<E: Send> Lane<E> {
             });
         }
         Ok(BatchMessage {
+            model_name: self.model_name.clone(),
+            model_version: self.model_version.clone(),
             segment: name.to_owned(),
             segment_len: segment.len() as u64,
             cancel_segment: link.cancel.name().to_owned(),
@@ -760,39 +760,30 @@ fn grpc_outcome(
 }
 
 fn owned_outcome(outcome: &Outcome, segment: &[u8]) -> Result<OwnedResponse, CoreError> {
-    match outcome {
-        Outcome::Error(code, message) => Err(CoreError::new(*code, message.clone())),
-        Outcome::Response {
-            model_name,
-            model_version,
-            id,
-            parameters,
-            outputs,
-        } => {
-            let outputs = outputs
-                .iter()
-                .map(|slot| {
-                    let in_place = slot.place.is_some();
-                    Ok(OwnedOutput {
-                        name: slot.name.clone(),
-                        datatype: slot.datatype.clone(),
-                        shape: slot.shape.clone(),
-                        data: if in_place {
-                            Vec::new()
-                        } else {
-                            slot_bytes(segment, slot)?.to_vec()
-                        },
-                        in_place,
-                    })
-                })
-                .collect::<Result<_, CoreError>>()?;
-            Ok(OwnedResponse {
-                model_name: model_name.clone(),
-                model_version: model_version.clone(),
-                id: id.clone(),
-                parameters: parameters.clone(),
-                outputs,
+    let parts = parts_of(outcome, segment)?;
+    let outputs = parts
+        .outputs
+        .iter()
+        .map(|slot| {
+            let in_place = slot.place.is_some();
+            Ok(OwnedOutput {
+                name: slot.name.clone(),
+                datatype: slot.datatype.clone(),
+                shape: slot.shape.clone(),
+                data: if in_place {
+                    Vec::new()
+                } else {
+                    slot_bytes(segment, slot)?.to_vec()
+                },
+                in_place,
             })
-        }
-    }
+        })
+        .collect::<Result<_, CoreError>>()?;
+    Ok(OwnedResponse {
+        model_name: parts.model_name.to_owned(),
+        model_version: parts.model_version.to_owned(),
+        id: parts.id.to_owned(),
+        parameters: parts.parameters.to_owned(),
+        outputs,
+    })
 }

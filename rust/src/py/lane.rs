@@ -451,10 +451,10 @@ impl PyLaneWorkerChannel {
         Ok(Self(Channel::new(duplicate(fd)?)))
     }
 
-    /// Waits (GIL released) for the next batch: `(segment, segment_len, cancel_segment,
-    /// cancel_len, requests)`, each request
-    /// `(model_name, model_version, id, parameters_json, output_names, slots)`; None when
-    /// `pipe_fd` became readable first (something other than a batch came).
+    /// Waits (GIL released) for the next batch: `(model_name, model_version, segment,
+    /// segment_len, cancel_segment, cancel_len, requests)`, each request `(id,
+    /// parameters_json, output_names, slots, output_places)`; None when `pipe_fd` became
+    /// readable first (something other than a batch came).
     fn next<'py>(&self, py: Python<'py>, pipe_fd: i32) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let channel = &self.0;
         let message = without_gil(py, || {
@@ -482,18 +482,12 @@ impl PyLaneWorkerChannel {
                             .map(|(name, place)| (name, py_place(place)))
                             .collect()
                     });
-                Ok((
-                    r.model_name,
-                    r.model_version,
-                    r.id,
-                    r.parameters,
-                    r.outputs,
-                    slots,
-                    places,
-                ))
+                Ok((r.id, r.parameters, r.outputs, slots, places))
             })
             .collect::<PyResult<Vec<_>>>()?;
         let fields = (
+            message.model_name,
+            message.model_version,
             message.segment,
             message.segment_len,
             message.cancel_segment,

@@ -258,13 +258,13 @@ class _Worker:
     ) -> None:
         """A batch from the core: its requests described in the channel's message, its reply
         written back there (parameters as JSON text, errors by code name)."""
-        name, size, flags_name, flags_size, described = batch
+        model, version, name, size, flags_name, flags_size, described = batch
         requests, failed = self._requests(
             name,
             size,
             [
-                (m, v, i, orjson.loads(p) if p else {}, o, s, None, places)
-                for m, v, i, p, o, s, places in described
+                (model, version, i, orjson.loads(p) if p else {}, o, s, None, places)
+                for i, p, o, s, places in described
             ],
             self._cancel_flags.map(flags_name, flags_size).buffer,
             None,
@@ -282,7 +282,7 @@ class _Worker:
         for index in sorted(failed):
             results.insert(index, failed[index])
         _, out_name, out_size, laid = _describe_results(
-            self._outputs, results, [d[6] for d in described], self._objects
+            self._outputs, results, [d[4] for d in described], self._objects
         )
         state = self._metrics.state_if_changed()
         channel.reply(
