@@ -9,6 +9,9 @@ from typing_extensions import Self
 __all__ = [
     "QUEUE_FULL_MESSAGE",
     "Batch",
+    "EnsembleCounts",
+    "EnsembleLane",
+    "EnsembleRun",
     "Handoff",
     "HandoffDone",
     "InferSignature",
@@ -398,6 +401,54 @@ class Lane:
     def statistics(self) -> dict[str, Any]: ...
     def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None: ...
     def __len__(self) -> int: ...
+
+@final
+class EnsembleCounts:
+    """The counts of an ensemble version's core runs, shared by the ``EnsembleLane``s built
+    for it."""
+
+    def __new__(cls) -> Self: ...
+    def snapshot(self) -> dict[str, Any]:
+        """``success``/``fail`` as ``(count, ns)``, ``inferences``, ``last_ms``,
+        ``queue_ns``, ``compute_input_ns``, ``compute_infer_ns``, ``compute_output_ns``."""
+
+@final
+class EnsembleRun:
+    """A request running through an ``EnsembleLane``."""
+
+@final
+class EnsembleLane:
+    """An ensemble version whose steps all run on lanes: the core runs its requests whole."""
+
+    def __new__(
+        cls,
+        signature: InferSignature,
+        model_version: str,
+        outputs: list[str],
+        steps: list[tuple[Lane, list[tuple[str, str]], list[tuple[str, str]]]],
+        counts: EnsembleCounts,
+    ) -> Self:
+        """``outputs``: the ensemble's outputs in its configuration's order; ``steps``: each
+        step's model lane, (model input, ensemble tensor) and (model output, ensemble tensor)
+        pairs."""
+
+    def submit_http(
+        self,
+        body: bytes,
+        json_length: int,
+        stream: OutStream,
+        minor: int,
+        keep_alive: bool,
+        token: int,
+    ) -> EnsembleRun | None:
+        """As ``Lane.submit_http``; None when the reference path must take the request."""
+
+    def submit_grpc(self, message: bytes, sink: Any) -> EnsembleRun | None:
+        """As ``Lane.submit_grpc``: the reply goes to the ``deliver`` of the lane whose step
+        finishes the request."""
+
+    def cancel(self, run: EnsembleRun) -> bool:
+        """Stops the run's queued steps: True when it will not be answered."""
 
 @final
 class Inflater:

@@ -15,7 +15,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
-from tritonfast._core import Lane, LaneCompletions
+from tritonfast._core import LaneCompletions
 from tritonfast.api.bulkwork import BulkWork
 from tritonfast.config.jsonform import config_to_json
 from tritonfast.custommetrics import ServerCustomMetrics
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from tritonfast.repository.control import ModelControl
     from tritonfast.repository.manager import ModelRepository
     from tritonfast.repository.model import ModelVersion
+    from tritonfast.runtime.lane import CoreLane
 
 # Protocol extensions this server implements (reported in server metadata).
 EXTENSIONS: tuple[str, ...] = (
@@ -134,7 +135,7 @@ class DataPlane:
             raise UnsupportedError(f"{endpoint} {DECOUPLED_REFUSAL}")
         return model
 
-    def lane_for(self, name: str, version: str = "") -> Lane | None:
+    def lane_for(self, name: str, version: str = "") -> CoreLane | None:
         """The core's lane of the version serving ``name`` (``version``), when HTTP requests
         to it may be handed to the core whole: None for an unknown model, one answered from
         the response cache, and any the core does not drive."""

@@ -7,7 +7,6 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
-from tritonfast._core import Lane
 from tritonfast._proto import model_config_pb2
 from tritonfast.data.types import InferRequest, InferResponse, RequestedOutput
 from tritonfast.errors import UnavailableError
@@ -15,7 +14,7 @@ from tritonfast.runtime.cache import ResponseCache
 from tritonfast.runtime.classification import classify
 from tritonfast.runtime.histogram import Histogram
 from tritonfast.runtime.instance import running_instance
-from tritonfast.runtime.lane import LaneScheduler
+from tritonfast.runtime.lane import CoreLane
 from tritonfast.runtime.responses import ResponseStream
 from tritonfast.runtime.scheduler import Scheduler
 from tritonfast.runtime.validate import RequestValidator
@@ -101,13 +100,12 @@ class ModelVersion:
         return self._cache is not None
 
     @property
-    def http_lane(self) -> Lane | None:
+    def http_lane(self) -> CoreLane | None:
         """The core's lane when HTTP requests may go to it whole (see runtime.lane): not for
         a version answered from the response cache, which Python keeps."""
         if self._cache is not None:
             return None
-        scheduler = self._scheduler
-        return scheduler.lane if isinstance(scheduler, LaneScheduler) else None
+        return self._scheduler.core_lane()
 
     def check(self, request: InferRequest) -> None:
         """Raise the error a call from a model (BLS) would get before running: a validation

@@ -35,6 +35,7 @@ from tritonfast._core import (
     Lane,
     LaneCompletions,
     LaneWorkerLink,
+    OutStream,
     RequestQueue,
     Ticket,
 )
@@ -268,6 +269,9 @@ class LaneScheduler(Scheduler):
         return stream
 
     # -- state ------------------------------------------------------------------------------
+    def core_lane(self) -> Lane:
+        return self.lane
+
     def statistics(self) -> dict[str, Any]:
         return self.lane.statistics()
 
@@ -297,6 +301,27 @@ class LaneScheduler(Scheduler):
         for thread in self._threads:
             thread.join(5.0)
         self.lane.abandon(Code.UNAVAILABLE.value, UNLOADED_MESSAGE)
+
+
+class CoreLane(Protocol):
+    """Where a frontend hands an inference request whole: a model version's
+    :class:`~tritonfast._core.Lane`, or an :class:`~tritonfast._core.EnsembleLane` (an
+    ensemble whose steps all run on lanes, run by the core). A submit returns what
+    :meth:`cancel` takes, or None when the reference path must answer the request."""
+
+    def submit_http(
+        self,
+        body: bytes,
+        json_length: int,
+        stream: OutStream,
+        minor: int,
+        keep_alive: bool,
+        token: int,
+    ) -> object | None: ...
+
+    def submit_grpc(self, message: bytes, sink: Any) -> object | None: ...
+
+    def cancel(self, ticket: Any) -> bool: ...
 
 
 class LaneAnswer(Protocol):

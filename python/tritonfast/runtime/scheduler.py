@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from tritonfast._core import QUEUE_FULL_MESSAGE, Batch, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
@@ -96,6 +96,9 @@ from tritonfast.runtime.sequence import (
     slots_per_instance,
     state_specs,
 )
+
+if TYPE_CHECKING:
+    from tritonfast.runtime.lane import CoreLane
 
 # Triton's answer to a request whose queue timeout expired under the REJECT action.
 REQUEST_TIMEOUT_MESSAGE = "Request timeout expired"
@@ -173,6 +176,11 @@ class Scheduler(abc.ABC):
     def runs_on_loop(self) -> bool:
         """Whether the model's batches run on the event loop now (see looprun)."""
         return False
+
+    def core_lane(self) -> CoreLane | None:
+        """Where the core takes the version's requests all the way, when it does (see
+        runtime.lane)."""
+        return None
 
     @abc.abstractmethod
     def stop(self, timeout: float) -> None:

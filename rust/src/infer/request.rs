@@ -3,6 +3,7 @@
 //! buffer of their own (numbers written as JSON).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::datatype::DataType;
 
@@ -25,6 +26,8 @@ pub enum TensorData {
     Body(Range<usize>),
     /// Parsed from the request into a buffer of its own, in the wire's layout.
     Owned(Vec<u8>),
+    /// A buffer other requests share (an ensemble's tensor, taken by several steps).
+    Shared(Arc<Vec<u8>>),
     /// In a client's shared-memory object, `len` bytes: the worker reads it there.
     Placed(ObjectPlace, u64),
 }
@@ -35,6 +38,7 @@ impl TensorData {
         match self {
             TensorData::Body(range) => &body[range.clone()],
             TensorData::Owned(bytes) => bytes,
+            TensorData::Shared(bytes) => bytes,
             TensorData::Placed(..) => &[],
         }
     }

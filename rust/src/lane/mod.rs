@@ -14,6 +14,7 @@
 
 pub mod channel;
 pub mod completions;
+pub mod ensemble;
 pub mod grpcreply;
 pub mod message;
 pub mod response;
@@ -38,6 +39,7 @@ use crate::queue::{
 use crate::stats::{ComputeTimes, RequestTiming};
 use channel::Channel;
 use completions::Completions;
+use ensemble::{Ended, Spent, StepSink};
 use grpcreply::grpc_answer;
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
 use response::{Framing, ResponseParts, error_answer, response_answer, slot_bytes};
@@ -66,6 +68,8 @@ pub enum Sink<E> {
     External(E),
     /// A gRPC call: its serialized reply handed to [`Deliver`].
     Grpc(E),
+    /// A step of an ensemble the core runs.
+    Step(StepSink<E>),
 }
 
 /// What [`Deliver`] hands on for a request.
@@ -530,9 +534,12 @@ impl<E: Send> Lane<E> {
         let mut successes = Vec::with_capacity(items.len());
         let mut externals = Vec::new();
         let mut answers: Vec<(HttpReply, Vec<u8>)> = Vec::new();
+        let mut steps = Vec::new();
         for (queued, outcome) in items.into_iter().zip(&reply.results) {
             let ok = matches!(outcome, Outcome::Response { .. });
-            successes.push((timing(&queued), ok));
+            let timing = timing(&queued);
+            let queued_for = dequeued_at.saturating_duration_since(timing.enqueued_at);
+            successes.push((timing, ok));
             let LaneItem { request, sink, .. } = queued.item;
             match sink {
                 Sink::Http(reply) => {
@@ -545,6 +552,9 @@ impl<E: Send> Lane<E> {
                 Sink::Grpc(sink) => {
                     externals.push((sink, grpc_outcome(&request, outcome, segment)));
                 }
+                Sink::Step(sink) => {
+                    steps.push((sink, owned_outcome(outcome, segment), queued_for));
+                }
             }
         }
         // The statistics and the phases of requests made by others (an ensemble's steps)
@@ -556,6 +566,7 @@ impl<E: Send> Lane<E> {
             infer: between(marks[1], marks[2]),
             output: between(marks[2], marks[3]),
         };
+        answer_steps(steps, compute, &mut answers, &mut externals);
         self.deliver_and_write(externals, reply.extra, answers, marks);
         self.queue
             .stats()
@@ -681,6 +692,33 @@ fn timing<E>(queued: &Queued<LaneItem<E>>) -> RequestTiming {
     }
 }
 
+/// Hands ensemble steps' results to their runs; the answers of the runs they finish join the
+/// batch's.
+fn answer_steps<E: Send>(
+    steps: Vec<(StepSink<E>, Result<OwnedResponse, CoreError>, Duration)>,
+    compute: ComputeTimes,
+    answers: &mut Vec<(HttpReply, Vec<u8>)>,
+    externals: &mut Vec<(E, Result<Answer, CoreError>)>,
+) {
+    for (sink, result, queued_for) in steps {
+        let spent = Spent {
+            queue: nanos(queued_for),
+            compute_input: nanos(compute.input),
+            compute_infer: nanos(compute.infer),
+            compute_output: nanos(compute.output),
+        };
+        match sink.answered(result, &spent) {
+            Some(Ended::Http(reply, answer)) => answers.push((reply, answer)),
+            Some(Ended::External(sink, result)) => externals.push((sink, result)),
+            None => {}
+        }
+    }
+}
+
+pub(crate) fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// The parameters the reference path hands the model for a request that set `priority` or
 /// `timeout` (the only parameters the core's decoder takes on).
 fn reference_parameters(request: &CoreRequest) -> String {
@@ -694,7 +732,7 @@ fn reference_parameters(request: &CoreRequest) -> String {
     format!("{{{}}}", fields.join(","))
 }
 
-fn answer_error<E>(
+fn answer_error<E: Send>(
     sink: Sink<E>,
     error: &CoreError,
     externals: &mut Vec<(E, Result<Answer, CoreError>)>,
@@ -706,6 +744,14 @@ fn answer_error<E>(
             tokens.push(reply.token);
         }
         Sink::External(sink) | Sink::Grpc(sink) => externals.push((sink, Err(error.clone()))),
+        Sink::Step(sink) => match sink.answered(Err(error.clone()), &Spent::default()) {
+            Some(Ended::Http(reply, answer)) => {
+                let _ = reply.stream.write_now(&answer);
+                tokens.push(reply.token);
+            }
+            Some(Ended::External(sink, result)) => externals.push((sink, result)),
+            None => {}
+        },
     }
 }
 

@@ -48,7 +48,7 @@ fn code_named(name: &str) -> PyResult<Code> {
 
 /// The HTTP frontend's view of answered requests (one per server).
 #[pyclass(name = "LaneCompletions", module = "tritonfast._core", frozen)]
-pub(crate) struct PyLaneCompletions(Arc<Completions>);
+pub(crate) struct PyLaneCompletions(pub(super) Arc<Completions>);
 
 #[pymethods]
 impl PyLaneCompletions {
@@ -129,7 +129,7 @@ impl Deliver<Py<PyAny>> for PyDeliver {
 /// core.
 #[pyclass(name = "Lane", module = "tritonfast._core", frozen)]
 pub(crate) struct PyLane {
-    inner: Arc<Lane<Py<PyAny>>>,
+    pub(super) inner: Arc<Lane<Py<PyAny>>>,
 }
 
 /// An input handed over from Python: `(name, datatype, shape, data)`, `data` a C-contiguous

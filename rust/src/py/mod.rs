@@ -4,6 +4,7 @@
 //! ([`error`]), and releases the GIL around every wait ([`gil::without_gil`]).
 
 mod copy;
+mod ensemble;
 mod error;
 mod gil;
 mod handoff;
@@ -35,6 +36,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sequence::PySequenceTicket>()?;
     m.add_class::<handoff::PyHandoff>()?;
     m.add_class::<handoff::HandoffDone>()?;
+    m.add_class::<ensemble::PyEnsembleLane>()?;
+    m.add_class::<ensemble::PyEnsembleRun>()?;
+    m.add_class::<ensemble::PyEnsembleCounts>()?;
     m.add_class::<infer::PyInferSignature>()?;
     m.add_class::<inflate::PyInflater>()?;
     m.add_class::<lane::PyLane>()?;

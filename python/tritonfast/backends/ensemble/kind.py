@@ -44,7 +44,7 @@ class EnsembleBackend(Backend):
     ) -> Scheduler:
         if server is None:
             raise InternalError(f"ensemble '{config.name}' needs the server it runs in")
-        return EnsembleScheduler(config, loop, server)
+        return EnsembleScheduler(config, loop, server, str(version) if version else "")
 
     def create_instance(
         self, config: model_config_pb2.ModelConfig, placement: InstancePlacement

@@ -11,6 +11,12 @@ requested ones) are its response. A step that fails fails the request with the s
 code and message, prefixed ``in ensemble '<name>', `` as in Triton; the steps still running
 are cancelled. The ensemble's own statistics count its requests (with
 their whole durations); each step counts in its own model's statistics.
+
+When every step's model runs on a lane of the core (``runtime/lane.py``) and the ensemble is
+not decoupled, the core runs the requests that reach it whole from the frontends
+(:meth:`EnsembleScheduler.core_lane`, ``rust/src/lane/ensemble.rs``), by the same rules; the
+requests that come through Python (and those the core leaves to the reference path) run
+here. Both count in the same statistics.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from time import perf_counter_ns
 from typing import Any, TypeVar
 
+from tritonfast._core import EnsembleCounts, EnsembleLane, Lane
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.ensemble.plan import EnsemblePlan, Step, plan_of
 from tritonfast.data.types import (
@@ -34,6 +41,7 @@ from tritonfast.data.types import (
 )
 from tritonfast.errors import InternalError, TritonError, error_for
 from tritonfast.runtime import handle
+from tritonfast.runtime.lane import signature_of
 from tritonfast.runtime.responses import ResponseStream, settle
 from tritonfast.runtime.scheduler import Scheduler
 
@@ -52,16 +60,22 @@ class EnsembleScheduler(Scheduler):
         config: model_config_pb2.ModelConfig,
         loop: asyncio.AbstractEventLoop,
         server: handle.Handle,
+        version: str = "",
     ) -> None:
         # The server whose models run the steps.
         self._server = server
         self._plan: EnsemblePlan = plan_of(config)
+        self._version = version
+        self._signature = signature_of(config)
+        # The core's ensemble for the steps' current lanes (see core_lane).
+        self._core: tuple[list[Lane], EnsembleLane] | None = None
+        self._core_counts = EnsembleCounts()
         # With a decoupled step (the repository marks the ensemble decoupled then), requests
         # are streamed: see _stream.
         self._decoupled = config.model_transaction_policy.decoupled
         self._batches = config.max_batch_size > 0
         self._loop = loop
-        self._stats = _Counters()
+        self._stats = _Counters(self._core_counts)
         self._running: set[asyncio.Task[Any]] = set()
         self._stopping = False
 
@@ -314,6 +328,34 @@ class EnsembleScheduler(Scheduler):
             return 0
         return 1 if step_batches else -1
 
+    def core_lane(self) -> EnsembleLane | None:
+        """The core's ensemble when every step's model version runs on a lane of the core
+        (built again when one of those lanes changes: a step model reloaded); None for a
+        decoupled ensemble, or while a step's model does not (or is not loaded)."""
+        if self._decoupled:
+            return None
+        lanes = []
+        for step in self._plan.steps:
+            lane = self._server.core_lane(step.model_name, step.model_version)
+            if type(lane) is not Lane:  # (an ensemble step stays with this scheduler)
+                return None
+            lanes.append(lane)
+        core = self._core
+        if core is not None and all(a is b for a, b in zip(core[0], lanes, strict=True)):
+            return core[1]
+        ensemble = EnsembleLane(
+            self._signature,
+            self._version,
+            list(self._plan.outputs),
+            [
+                (lane, list(step.inputs), list(step.outputs))
+                for lane, step in zip(lanes, self._plan.steps, strict=True)
+            ],
+            self._core_counts,
+        )
+        self._core = (lanes, ensemble)
+        return ensemble
+
     # -- state ---------------------------------------------------------------------------
     def statistics(self) -> dict[str, Any]:
         return self._stats.snapshot()
@@ -396,9 +438,11 @@ def _rebatched(datatype: str, shape: tuple[int, ...], data: Any, change: int) ->
 
 
 class _Counters:
-    """The ensemble's own statistics, in the layout of a scheduler's (see runtime.scheduler)."""
+    """The ensemble's own statistics, in the layout of a scheduler's (see runtime.scheduler),
+    with those of the requests the core ran (``core``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, core: EnsembleCounts) -> None:
+        self._core = core
         self._success = [0, 0]
         self._fail = [0, 0]
         self._inferences = 0
@@ -418,29 +462,33 @@ class _Counters:
         self._fail[1] += ns
 
     def snapshot(self) -> dict[str, Any]:
-        count, spent = self._success[0], self._spent
+        core = self._core.snapshot()
+        spent = self._spent
+        success = [self._success[0] + core["success"][0], self._success[1] + core["success"][1]]
+        fail = [self._fail[0] + core["fail"][0], self._fail[1] + core["fail"][1]]
+        count = success[0]
 
         def tally(pair: list[int] | None = None) -> dict[str, int]:
             count, ns = pair if pair is not None else (0, 0)
             return {"count": count, "ns": ns}
 
         return {
-            "last_inference": self._last_ms,
-            "inference_count": self._inferences,
-            "execution_count": self._success[0],
+            "last_inference": max(self._last_ms, core["last_ms"]),
+            "inference_count": self._inferences + core["inferences"],
+            "execution_count": count,
             "inference_stats": {
-                "success": tally(self._success),
-                "fail": tally(self._fail),
+                "success": tally(success),
+                "fail": tally(fail),
                 # As Triton reports an ensemble's: the sums of its steps' times.
-                "queue": tally([count, spent.queue]),
-                "compute_input": tally([count, spent.compute_input]),
-                "compute_infer": tally([count, spent.compute_infer]),
-                "compute_output": tally([count, spent.compute_output]),
+                "queue": tally([count, spent.queue + core["queue_ns"]]),
+                "compute_input": tally([count, spent.compute_input + core["compute_input_ns"]]),
+                "compute_infer": tally([count, spent.compute_infer + core["compute_infer_ns"]]),
+                "compute_output": tally([count, spent.compute_output + core["compute_output_ns"]]),
                 "cache_hit": tally(),
                 "cache_miss": tally(),
             },
             "batch_stats": [],
-            "failure_reasons": {"REJECTED": 0, "CANCELED": 0, "BACKEND": self._fail[0], "OTHER": 0},
+            "failure_reasons": {"REJECTED": 0, "CANCELED": 0, "BACKEND": fail[0], "OTHER": 0},
         }
 
 

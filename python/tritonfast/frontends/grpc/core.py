@@ -216,7 +216,9 @@ class _Call:
             self.task.cancel()
         if self.core_ticket is not None:
             lane, ticket = self.core_ticket
-            lane.cancel(ticket)
+            self.core_ticket = None
+            if lane.cancel(ticket):  # taken out before it ran: the core will not answer it
+                self.server.running -= 1
         self.over()
 
     def over(self) -> None:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp.http import HttpProcessingError, HttpRequestParser
 
-from tritonfast._core import Lane, Outbox, OutStream, Ticket
+from tritonfast._core import Outbox, OutStream
 from tritonfast.errors import TritonError
 from tritonfast.frontends.http.answer import Answer, chunk, head, json_answer
 from tritonfast.frontends.http.request import (
@@ -64,6 +64,7 @@ from tritonfast.memory.bodybudget import BodyBudget
 
 if TYPE_CHECKING:
     from tritonfast.frontends.http.corepath import CorePath
+    from tritonfast.runtime.lane import CoreLane
 
 log = logging.getLogger("tritonfast.http")
 
@@ -549,7 +550,9 @@ class _InCore:
 
     __slots__ = ("_connection", "_lane", "_ticket", "_token")
 
-    def __init__(self, connection: HttpConnection, lane: Lane, ticket: Ticket, token: int) -> None:
+    def __init__(
+        self, connection: HttpConnection, lane: CoreLane, ticket: object, token: int
+    ) -> None:
         self._connection = connection
         self._lane = lane
         self._ticket = ticket

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import itertools
 
-from tritonfast._core import Lane, LaneCompletions, OutStream, Ticket
+from tritonfast._core import LaneCompletions, OutStream
 from tritonfast.api.dataplane import DataPlane
 from tritonfast.errors import TritonError
 from tritonfast.frontends.http import codec
 from tritonfast.frontends.http.answer import response_encoding
 from tritonfast.frontends.http.request import Request
 from tritonfast.frontends.http.routes import Endpoint, resolve
+from tritonfast.runtime.lane import CoreLane
 
 _IDENTITY = (None, "identity")
 
@@ -39,7 +40,7 @@ class CorePath:
         self.completions: LaneCompletions = dataplane.lane_completions
         self._tokens = itertools.count(1)
 
-    def submit(self, request: Request, out: OutStream) -> tuple[Lane, Ticket, int] | None:
+    def submit(self, request: Request, out: OutStream) -> tuple[CoreLane, object, int] | None:
         """Queue ``request`` in its model's lane: the lane, its ticket and the token the
         completions will name; None when the reference path must answer it."""
         if request.method != "POST" or request.version[0] != 1 or not request.keep_alive:

@@ -1,0 +1,141 @@
+//! [`crate::lane::ensemble`] for the server's Python: an ensemble the core runs whole, its
+//! runs (for cancelling them), and the counts its runs keep.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use super::infer::PyInferSignature;
+use super::lane::PyLane;
+use super::outbox::PyOutStream;
+use crate::lane::HttpReply;
+use crate::lane::ensemble::{Ensemble, EnsembleCounts, EnsembleRun, EnsembleStep, Started};
+use crate::lane::response::Framing;
+
+/// The counts of an ensemble version's core runs (kept across the `EnsembleLane`s built for
+/// it as its steps' lanes change).
+#[pyclass(name = "EnsembleCounts", module = "tritonfast._core", frozen)]
+pub(crate) struct PyEnsembleCounts(Arc<EnsembleCounts>);
+
+#[pymethods]
+impl PyEnsembleCounts {
+    #[new]
+    fn new() -> Self {
+        Self(Arc::default())
+    }
+
+    /// `{"success": (count, ns), "fail": (count, ns), "inferences", "last_ms", "queue_ns",
+    /// "compute_input_ns", "compute_infer_ns", "compute_output_ns"}`.
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let counts = self.0.snapshot();
+        let dict = PyDict::new(py);
+        dict.set_item("success", (counts.success, counts.success_ns))?;
+        dict.set_item("fail", (counts.fail, counts.fail_ns))?;
+        dict.set_item("inferences", counts.inferences)?;
+        dict.set_item("last_ms", counts.last_ms)?;
+        dict.set_item("queue_ns", counts.spent.queue)?;
+        dict.set_item("compute_input_ns", counts.spent.compute_input)?;
+        dict.set_item("compute_infer_ns", counts.spent.compute_infer)?;
+        dict.set_item("compute_output_ns", counts.spent.compute_output)?;
+        Ok(dict)
+    }
+}
+
+/// A request running through an `EnsembleLane`.
+#[pyclass(name = "EnsembleRun", module = "tritonfast._core", frozen)]
+pub(crate) struct PyEnsembleRun(Arc<EnsembleRun<Py<PyAny>>>);
+
+/// An ensemble version whose steps all run on lanes: the core runs its requests whole.
+#[pyclass(name = "EnsembleLane", module = "tritonfast._core", frozen)]
+pub(crate) struct PyEnsembleLane(Arc<Ensemble<Py<PyAny>>>);
+
+/// A step as Python describes it: its model's lane, `(model input, ensemble tensor)` pairs,
+/// `(model output, ensemble tensor)` pairs.
+type PyStep<'py> = (
+    Bound<'py, PyLane>,
+    Vec<(String, String)>,
+    Vec<(String, String)>,
+);
+
+impl PyEnsembleLane {
+    fn started(started: Started<Py<PyAny>>) -> Option<PyEnsembleRun> {
+        match started {
+            Started::Running(run) => Some(PyEnsembleRun(run)),
+            Started::Reference => None,
+        }
+    }
+}
+
+#[pymethods]
+impl PyEnsembleLane {
+    /// `outputs`: the ensemble's outputs in its configuration's order; `steps`: every step.
+    #[new]
+    #[allow(clippy::needless_pass_by_value)]
+    fn new(
+        signature: &Bound<'_, PyInferSignature>,
+        model_version: String,
+        outputs: Vec<String>,
+        steps: Vec<PyStep<'_>>,
+        counts: &Bound<'_, PyEnsembleCounts>,
+    ) -> Self {
+        let steps = steps
+            .into_iter()
+            .map(|(lane, inputs, outputs)| EnsembleStep {
+                lane: Arc::clone(&lane.get().inner),
+                inputs,
+                outputs,
+            })
+            .collect();
+        Self(Arc::new(Ensemble::new(
+            model_version,
+            signature.get().inner.clone(),
+            outputs,
+            steps,
+            Arc::clone(&counts.get().0),
+        )))
+    }
+
+    /// As `Lane.submit_http`: an `EnsembleRun` once started, None when the reference path
+    /// must take the request (it words every refusal).
+    #[allow(clippy::too_many_arguments)]
+    fn submit_http(
+        &self,
+        py: Python<'_>,
+        body: &Bound<'_, PyBytes>,
+        json_length: usize,
+        stream: &Bound<'_, PyOutStream>,
+        minor: u8,
+        keep_alive: bool,
+        token: u64,
+    ) -> Option<PyEnsembleRun> {
+        let body = body.as_bytes();
+        let reply = HttpReply {
+            stream: Arc::clone(&stream.get().0),
+            framing: Framing { minor, keep_alive },
+            token,
+        };
+        let ensemble = &self.0;
+        Self::started(py.detach(|| ensemble.submit_http(body, json_length, reply)))
+    }
+
+    /// As `Lane.submit_grpc`: the reply, serialized, goes to the `deliver` of the lane whose
+    /// step finishes the request, with `sink`.
+    fn submit_grpc(
+        &self,
+        py: Python<'_>,
+        message: &Bound<'_, PyBytes>,
+        sink: Py<PyAny>,
+    ) -> Option<PyEnsembleRun> {
+        let message = message.as_bytes();
+        let ensemble = &self.0;
+        Self::started(py.detach(|| ensemble.submit_grpc(message, sink)))
+    }
+
+    /// Stops the run's queued steps: True when it will not be answered.
+    #[allow(clippy::unused_self)]
+    fn cancel(&self, py: Python<'_>, run: &Bound<'_, PyEnsembleRun>) -> bool {
+        let run = &run.get().0;
+        py.detach(|| Ensemble::cancel(run))
+    }
+}
