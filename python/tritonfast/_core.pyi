@@ -357,15 +357,15 @@ class Lane:
 
     def submit_http(
         self,
-        body: bytes,
+        body: Any,
         json_length: int,
         stream: OutStream,
         minor: int,
         keep_alive: bool,
         token: int,
     ) -> Ticket | None:
-        """An HTTP request queued (a ``Ticket``); None for the reference path; raises
-        Triton's error for a refused one."""
+        """An HTTP request (its body ``bytes`` or a C-contiguous uint8 array) queued (a
+        ``Ticket``); None for the reference path; raises Triton's error for a refused one."""
 
     def submit_grpc(self, message: bytes, sink: Any) -> Ticket | None:
         """A gRPC ``ModelInferRequest`` as received, queued (a ``Ticket``); its reply,
@@ -434,7 +434,7 @@ class EnsembleLane:
 
     def submit_http(
         self,
-        body: bytes,
+        body: Any,
         json_length: int,
         stream: OutStream,
         minor: int,

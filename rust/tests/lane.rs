@@ -143,7 +143,7 @@ fn fp32(values: &[f32]) -> LaneItem<u32> {
             }],
             ..CoreRequest::default()
         },
-        body: Vec::new(),
+        body: tritonfast_core::lane::no_body(),
         parameters: String::new(),
         sink: Sink::External(values.len() as u32),
     }
@@ -199,7 +199,7 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
         token: 7,
     };
     assert!(matches!(
-        lane.submit_http(body.to_vec(), body.len(), reply),
+        lane.submit_http(Box::new(body.to_vec()), body.len(), reply),
         Submitted::Queued(_)
     ));
     wait_until(|| completions.take() == [7]);
@@ -226,7 +226,7 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
         token: 8,
     };
     assert!(matches!(
-        lane.submit_http(wrong.to_vec(), wrong.len(), reply),
+        lane.submit_http(Box::new(wrong.to_vec()), wrong.len(), reply),
         Submitted::Refused(_)
     ));
 

@@ -168,6 +168,38 @@ def test_the_core_answers_as_the_reference_path(
     assert core.ask(*request) == reference.ask(*request)
 
 
+@pytest.mark.parametrize("count", [1 << 18, 3 << 18])
+def test_large_bodies_get_the_reference_answers(
+    connections: tuple[Connection, Connection], count: int
+) -> None:
+    """Bodies large enough to be received into a buffer of their own (1 and 3 MiB) go to
+    the core once they have arrived: the same answers, several in a row on one connection."""
+    values = np.arange(count, dtype=np.float32)
+    for named in (False, True):
+        doc: dict[str, Any] = {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, count],
+                    "parameters": {"binary_data_size": values.nbytes},
+                }
+            ]
+        }
+        if named:
+            doc["outputs"] = [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]
+        header = json.dumps(doc).encode()
+        request = (
+            "/v2/models/identity_fp32/infer",
+            header + values.tobytes(),
+            {"Inference-Header-Content-Length": str(len(header))},
+        )
+        core, reference = connections
+        answer = core.ask(*request)
+        assert answer[0] == b"HTTP/1.1 200 OK"
+        assert answer == reference.ask(*request)
+
+
 def _driver_ticks(pid: int) -> int:
     """CPU time (clock ticks) of the core's driver threads."""
     ticks = 0

@@ -311,7 +311,7 @@ class CoreLane(Protocol):
 
     def submit_http(
         self,
-        body: bytes,
+        body: bytes | np.ndarray,
         json_length: int,
         stream: OutStream,
         minor: int,

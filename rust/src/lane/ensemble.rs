@@ -24,7 +24,9 @@ use super::grpcreply::grpc_answer;
 use super::message::Slot;
 use super::response::{ResponseParts, error_answer, response_answer};
 use super::segment::aligned;
-use super::{Answer, HttpReply, Lane, LaneItem, OwnedResponse, Sink, nanos, reference_parameters};
+use super::{
+    Answer, HttpReply, Lane, LaneItem, OwnedResponse, Sink, nanos, no_body, reference_parameters,
+};
 use crate::error::{Code, CoreError};
 use crate::infer::{
     CoreInput, CoreOutput, CoreRequest, DataType, Decoded, Signature, TensorData, decode_grpc,
@@ -416,7 +418,7 @@ impl<E: Send> EnsembleRun<E> {
         for (index, (request, batch_size)) in requests {
             let item = LaneItem {
                 request,
-                body: Vec::new(),
+                body: no_body(),
                 parameters: self.parameters.clone(),
                 sink: Sink::Step(StepSink {
                     run: Arc::clone(self),

@@ -80,15 +80,33 @@ pub enum Answer {
     Encoded(Vec<u8>),
 }
 
+/// The bytes a request arrived in: a buffer of its own, or one its submitter lends (a large
+/// HTTP body received into a buffer of the server's, not copied again).
+pub type Body = Box<dyn AsRef<[u8]> + Send>;
+
+/// No body (a request whose inputs all have buffers of their own).
+pub fn no_body() -> Body {
+    Box::new(Vec::new())
+}
+
 /// A request in a lane's queue.
-#[derive(Debug)]
 pub struct LaneItem<E> {
     pub request: CoreRequest,
     /// The bytes its inputs' `Body` ranges lie in.
-    pub body: Vec<u8>,
+    pub body: Body,
     /// Its parameters for the model, as a JSON object's text (empty for none).
     pub parameters: String,
     pub sink: Sink<E>,
+}
+
+impl<E: std::fmt::Debug> std::fmt::Debug for LaneItem<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaneItem")
+            .field("request", &self.request)
+            .field("body_len", &(*self.body).as_ref().len())
+            .field("sink", &self.sink)
+            .finish_non_exhaustive()
+    }
 }
 
 /// An output tensor copied out of the worker's segment.
@@ -252,8 +270,8 @@ impl<E: Send> Lane<E> {
     }
 
     /// Decodes an HTTP request's body (its JSON header `json_length` bytes) and queues it.
-    pub fn submit_http(&self, body: Vec<u8>, json_length: usize, reply: HttpReply) -> Submitted {
-        match decode_http(&body, json_length, &self.signature) {
+    pub fn submit_http(&self, body: Body, json_length: usize, reply: HttpReply) -> Submitted {
+        match decode_http((*body).as_ref(), json_length, &self.signature) {
             Decoded::Reference => Submitted::Reference,
             Decoded::Refused(error) => Submitted::Refused(error),
             Decoded::Request(request, batch_size) => {
@@ -284,7 +302,7 @@ impl<E: Send> Lane<E> {
         };
         let item = LaneItem {
             request,
-            body: message,
+            body: Box::new(message),
             parameters: String::new(),
             sink: Sink::Grpc(sink),
         };
@@ -620,7 +638,7 @@ impl<E: Send> Lane<E> {
         let mut total = 0;
         for queued in items {
             for input in &queued.item.request.inputs {
-                total = aligned(total + input.data.bytes(&queued.item.body).len());
+                total = aligned(total + input.data.bytes((*queued.item.body).as_ref()).len());
             }
         }
         let (segment, name) = link.inputs.reserve(total)?;
@@ -631,7 +649,7 @@ impl<E: Send> Lane<E> {
             let item = &queued.item;
             let mut inputs = Vec::with_capacity(item.request.inputs.len());
             for input in &item.request.inputs {
-                let bytes = input.data.bytes(&item.body);
+                let bytes = input.data.bytes((*item.body).as_ref());
                 // SAFETY: `offset + bytes.len()` <= `total` <= the segment's length; the worker
                 // reads the segment only after the batch is sent, and one batch is in flight.
                 unsafe {

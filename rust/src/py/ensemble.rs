@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::infer::PyInferSignature;
-use super::lane::PyLane;
+use super::lane::{PyLane, request_body};
 use super::outbox::PyOutStream;
 use crate::lane::HttpReply;
 use crate::lane::ensemble::{Ensemble, EnsembleCounts, EnsembleRun, EnsembleStep, Started};
@@ -102,21 +102,23 @@ impl PyEnsembleLane {
     fn submit_http(
         &self,
         py: Python<'_>,
-        body: &Bound<'_, PyBytes>,
+        body: &Bound<'_, PyAny>,
         json_length: usize,
         stream: &Bound<'_, PyOutStream>,
         minor: u8,
         keep_alive: bool,
         token: u64,
-    ) -> Option<PyEnsembleRun> {
-        let body = body.as_bytes();
+    ) -> PyResult<Option<PyEnsembleRun>> {
+        let body = request_body(body)?;
         let reply = HttpReply {
             stream: Arc::clone(&stream.get().0),
             framing: Framing { minor, keep_alive },
             token,
         };
         let ensemble = &self.0;
-        Self::started(py.detach(|| ensemble.submit_http(body, json_length, reply)))
+        Ok(Self::started(
+            py.detach(|| ensemble.submit_http(body, json_length, reply)),
+        ))
     }
 
     /// As `Lane.submit_grpc`: the reply, serialized, goes to the `deliver` of the lane whose

@@ -24,8 +24,8 @@ use crate::lane::completions::Completions;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
 use crate::lane::{
-    Answer, Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Sink, Submitted,
-    WorkerLink,
+    Answer, Batching, Body, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Sink, Submitted,
+    WorkerLink, no_body,
 };
 
 /// A duplicate of `fd`, owned by the core.
@@ -125,6 +125,44 @@ impl Deliver<Py<PyAny>> for PyDeliver {
     }
 }
 
+/// An HTTP request's body as Python hands it over: `bytes`, or a C-contiguous numpy array
+/// of bytes (a large body received into a buffer of its own). Both stay alive and unwritten
+/// for as long as the caller holds the object.
+pub(super) fn request_body<'a>(body: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    if let Ok(bytes) = body.cast::<PyBytes>() {
+        return Ok(bytes.as_bytes());
+    }
+    let (address, len) = contiguous_bytes(body)?;
+    // SAFETY: the array is alive while `body` is borrowed, and its bytes are a received
+    // request body that nothing writes to.
+    Ok(unsafe { borrowed_bytes(address, len) })
+}
+
+/// A request body the core reads where Python holds it, keeping the object alive.
+struct LentBody {
+    _owner: Py<PyAny>,
+    address: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for LentBody {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `_owner` (bytes, or an array over a received body nothing writes to any
+        // more) keeps these bytes alive and unchanged for as long as this lives.
+        unsafe { borrowed_bytes(self.address, self.len) }
+    }
+}
+
+/// An HTTP request's body lent to the core (see [`request_body`]): not copied.
+fn lent_body(body: &Bound<'_, PyAny>) -> PyResult<Body> {
+    let bytes = request_body(body)?;
+    Ok(Box::new(LentBody {
+        _owner: body.clone().unbind(),
+        address: bytes.as_ptr() as usize,
+        len: bytes.len(),
+    }))
+}
+
 /// A model version's lane: its queue, batches formed for its workers, answers written by the
 /// core.
 #[pyclass(name = "Lane", module = "tritonfast._core", frozen)]
@@ -202,14 +240,14 @@ impl PyLane {
     fn submit_http(
         &self,
         py: Python<'_>,
-        body: &Bound<'_, PyBytes>,
+        body: &Bound<'_, PyAny>,
         json_length: usize,
         stream: &Bound<'_, PyOutStream>,
         minor: u8,
         keep_alive: bool,
         token: u64,
     ) -> PyResult<Option<PyTicket>> {
-        let body = body.as_bytes().to_vec();
+        let body = lent_body(body)?;
         let reply = HttpReply {
             stream: Arc::clone(&stream.get().0),
             framing: Framing { minor, keep_alive },
@@ -302,7 +340,7 @@ impl PyLane {
         };
         let item = LaneItem {
             request,
-            body: Vec::new(),
+            body: no_body(),
             parameters,
             sink: Sink::External(sink),
         };

@@ -7,18 +7,23 @@ connection's :class:`~tritonfast._core.OutStream`, then names it in the server's
 :class:`~tritonfast._core.LaneCompletions`, which the event loop watches to serve the
 connection's next request. No Python runs for the request between the call and that.
 
+A large body, received into a buffer of its own, goes to the core once all of it has arrived
+(the connection waits for it: :meth:`CorePath.lane_of` says whether to).
+
 A request takes the reference path (``app.infer``), which answers every request as Triton
 does, whenever anything about it is not the everyday case: tracing, header forwarding or an
-API restriction on, a compressed body or answer, ``Expect``, a body still arriving (or large
-enough to be received into a buffer of its own), a raw binary body, a connection that closes
-after the answer, a response cache, or a request the core's decoder leaves to the reference
-path (shared memory, classification, parameters it does not know, invalid requests: their
-errors are worded there).
+API restriction on, a compressed body or answer, ``Expect``, a small body still arriving, a
+body over the body budget, a raw binary body, a connection that closes after the answer, a
+response cache, or a request the core's decoder leaves to the reference path (shared memory,
+classification, parameters it does not know, invalid requests: their errors are worded
+there).
 """
 
 from __future__ import annotations
 
 import itertools
+
+import numpy as np
 
 from tritonfast._core import LaneCompletions, OutStream
 from tritonfast.api.dataplane import DataPlane
@@ -43,6 +48,28 @@ class CorePath:
     def submit(self, request: Request, out: OutStream) -> tuple[CoreLane, object, int] | None:
         """Queue ``request`` in its model's lane: the lane, its ticket and the token the
         completions will name; None when the reference path must answer it."""
+        body = _arrived_body(request)
+        if body is None:
+            return None
+        lane = self.lane_of(request)
+        if lane is None:
+            return None
+        try:
+            length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
+        except TritonError:
+            return None
+        if length == 0:  # a raw binary body
+            return None
+        token = next(self._tokens)
+        try:
+            ticket = lane.submit_http(body, length, out, request.version[1], True, token)
+        except TritonError:  # refused: the reference path words it
+            return None
+        return None if ticket is None else (lane, ticket, token)
+
+    def lane_of(self, request: Request) -> CoreLane | None:
+        """The lane ``request`` goes to once its body has arrived, unless anything about the
+        request but its body sends it to the reference path."""
         if request.method != "POST" or request.version[0] != 1 or not request.keep_alive:
             return None
         route = resolve(request.path)
@@ -58,31 +85,19 @@ class CorePath:
         dataplane = self._dataplane
         if dataplane.tracer.enabled or dataplane.forwards_headers("HTTP"):
             return None
-        body = _arrived_body(request)
-        if body is None:
-            return None
-        lane = dataplane.lane_for(route.name, route.version)
-        if lane is None:
-            return None
-        try:
-            length = codec.header_length(headers.get(codec.HEADER_LENGTH), len(body))
-        except TritonError:
-            return None
-        if length == 0:  # a raw binary body
-            return None
-        token = next(self._tokens)
-        try:
-            ticket = lane.submit_http(body, length, out, request.version[1], True, token)
-        except TritonError:  # refused: the reference path words it
-            return None
-        return None if ticket is None else (lane, ticket, token)
+        return dataplane.lane_for(route.name, route.version)
 
 
-def _arrived_body(request: Request) -> bytes | None:
-    """The whole body, when it has all arrived in the parser's buffer (not one received into
-    a buffer of its own), without taking it from there."""
+def _arrived_body(request: Request) -> bytes | np.ndarray | None:
+    """The whole body, when it has all arrived: in the parser's buffer (without taking it
+    from there), or received into a buffer of its own (a view of it)."""
     length = request.content_length
-    if not length or request.body is not None or not request.content.is_eof():
+    direct = request.body
+    if direct is not None:
+        if not direct.complete() or direct.failure is not None or direct.released:
+            return None
+        return np.frombuffer(direct.buffer, np.uint8)
+    if not length or not request.content.is_eof():
         return None
     # aiohttp's StreamReader: the body's pieces, in order.
     chunks = getattr(request.content, "_buffer", None)
