@@ -382,6 +382,7 @@ class Lane:
         timeout_us: int,
         batch_size: int,
         sink: Any,
+        trace: int = 0,
     ) -> Ticket:
         """A request decoded and checked by Python, answered through ``deliver``."""
 

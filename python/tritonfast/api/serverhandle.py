@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.handle import NotRun
-from tritonfast.runtime.instance import InstanceLoop, running_instance
+from tritonfast.runtime.instance import Caller, running_instance
 from tritonfast.runtime.responses import Streamed
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ def _checked(got: Streamed | BaseException) -> Streamed:
     return got
 
 
-def _waiting(instance: InstanceLoop | None) -> contextlib.AbstractContextManager[None]:
+def _waiting(instance: Caller | None) -> contextlib.AbstractContextManager[None]:
     """Around a call to the server: the calling instance (if a model's batch makes it) counts
     as waiting on the server meanwhile."""
     return instance.calling_server() if instance is not None else contextlib.nullcontext()

@@ -31,7 +31,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from time import perf_counter_ns, thread_time_ns
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tritonfast._core import Batch, Handoff, RequestQueue
 from tritonfast.data.types import RELEASE_RESCHEDULE, InferRequest, PhaseTimes
@@ -68,18 +68,29 @@ Settle = Deliver
 # on its model's own loop, into the server-loop task of a call the batch makes (and an
 # ensemble's steps in turn), and onto the threads that serve a worker's calls
 # (:func:`calls_made_by`).
-_running: contextvars.ContextVar[InstanceLoop | None] = contextvars.ContextVar(
+_running: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
     "running_instance", default=None
 )
 
 
-def running_instance() -> InstanceLoop | None:
+class Caller(Protocol):
+    """An instance as a call its model makes to the server sees it: an :class:`InstanceLoop`,
+    or an instance the core drives (``runtime.lane.LaneCaller``)."""
+
+    name: str
+    server: Handle | None
+
+    def calls_server(self) -> None: ...
+    def calling_server(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+def running_instance() -> Caller | None:
     """The instance whose batch the current code runs for, if any."""
     return _running.get()
 
 
 @contextlib.contextmanager
-def calls_made_by(instance: InstanceLoop | None) -> Iterator[None]:
+def calls_made_by(instance: Caller | None) -> Iterator[None]:
     """Code in this block runs for ``instance``'s batch (see :func:`running_instance`): how
     the threads serving a worker process's calls to the server say whose calls they are."""
     token = _running.set(instance)

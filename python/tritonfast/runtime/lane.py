@@ -24,7 +24,7 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -46,6 +46,7 @@ from tritonfast.errors import Code, TritonError, error_for
 from tritonfast.memory.sharedmemory import NO_DATA
 from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.histogram import Histogram
+from tritonfast.runtime.instance import Caller
 from tritonfast.runtime.modelinstance import ModelInstance
 from tritonfast.runtime.responses import ResponseStream, Result, Sink, settle
 from tritonfast.runtime.scheduler import (
@@ -93,6 +94,39 @@ class CoreDriven(Protocol):
     core_running: Callable[[], bool] | None
     """Set by the scheduler: whether the core runs a batch on the instance now."""
 
+    core_caller: Caller | None
+    """Set by the scheduler: whose calls its model's calls to the server are."""
+
+
+class LaneCaller:
+    """An instance the core drives, as the calls its model makes to the server (BLS) see it
+    (:class:`~tritonfast.runtime.instance.Caller`): while a call is in flight during one of
+    its batches, the instance counts as waiting on the server."""
+
+    def __init__(self, name: str, server: Handle, running: Callable[[], bool]) -> None:
+        self.name = name
+        self.server: Handle | None = server
+        self._running = running
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def calls_server(self) -> None:
+        """(Its batches never run on the event loop.)"""
+
+    @contextlib.contextmanager
+    def calling_server(self) -> Iterator[None]:
+        with self._lock:
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls -= 1
+
+    @property
+    def waiting_on_server(self) -> bool:
+        return self._calls > 0 and self._running()
+
 
 def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelInstance]) -> bool:
     """Whether the core can take ``config``'s requests all the way to ``instances``."""
@@ -133,8 +167,11 @@ class LaneScheduler(Scheduler):
         server: Handle,
         completions: LaneCompletions,
         latency_summaries: bool = False,
+        trace_token: Callable[[Any], int] | None = None,
     ) -> None:
         self._loop = loop
+        # A traced request's token for its worker (the parent of the calls its model makes).
+        self._trace_token = trace_token
         self._name = name
         self._instances = instances
         self._metrics = server.custom_metrics.workers
@@ -155,8 +192,13 @@ class LaneScheduler(Scheduler):
             keyed_inputs=list(shape_checked_inputs(config)),
             keyed_by_names=any(tensor.optional for tensor in config.input),
         )
+        self._callers = []
         for index, instance in enumerate(instances):
-            cast(CoreDriven, instance).core_running = functools.partial(self.lane.running, index)
+            driven = cast(CoreDriven, instance)
+            driven.core_running = functools.partial(self.lane.running, index)
+            caller = LaneCaller(f"{name}_{index}", server, driven.core_running)
+            driven.core_caller = caller
+            self._callers.append(caller)
         self._threads = [
             threading.Thread(
                 target=self._drive, args=(index, instance), name=f"{name}_{index}", daemon=True
@@ -236,6 +278,9 @@ class LaneScheduler(Scheduler):
         if request.output_places:
             output_places = [(n, _place(p)) for n, p in request.output_places.items()]
         text = json.dumps(params, default=str) if params else ""
+        trace = 0
+        if request.trace is not None and self._trace_token is not None:
+            trace = self._trace_token(request.trace)
         return self.lane.submit(
             request.id,
             inputs,
@@ -246,6 +291,7 @@ class LaneScheduler(Scheduler):
             timeout,
             batch_size,
             _Sink(sink, request),
+            trace,
         )
 
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
@@ -271,6 +317,9 @@ class LaneScheduler(Scheduler):
     # -- state ------------------------------------------------------------------------------
     def core_lane(self) -> Lane:
         return self.lane
+
+    def waiting_on_server(self) -> bool:
+        return all(caller.waiting_on_server for caller in self._callers)
 
     def statistics(self) -> dict[str, Any]:
         return self.lane.statistics()

@@ -77,4 +77,7 @@ pub struct CoreRequest {
     pub timeout_us: Option<u64>,
     /// Outputs the model's worker writes straight into a client's shared-memory object.
     pub output_places: Vec<(String, ObjectPlace)>,
+    /// The token of its trace, for the calls its model makes (0: untraced; the server's
+    /// Python keeps the traces).
+    pub trace: u64,
 }

@@ -471,6 +471,7 @@ impl<E: Send> EnsembleRun<E> {
             priority: self.request.priority,
             timeout_us: self.request.timeout_us,
             output_places: Vec::new(),
+            trace: 0,
         };
         let batch_size = step
             .lane

@@ -32,6 +32,9 @@ pub struct BatchRequest {
     pub inputs: Vec<Slot>,
     /// Outputs to write straight into a client's object.
     pub output_places: Vec<(String, ObjectPlace)>,
+    /// The token of the request's trace (the parent of the calls the model makes for it);
+    /// 0 for an untraced request.
+    pub trace: u64,
 }
 
 /// A batch for the worker to run: requests of one model version.
@@ -255,6 +258,7 @@ impl BatchMessage {
                 w.str(name);
                 w.place(place);
             }
+            w.u64(r.trace);
         }
         w.buf
     }
@@ -284,12 +288,14 @@ impl BatchMessage {
             let output_places = (0..n)
                 .map(|_| Ok((r.str()?, r.place()?)))
                 .collect::<Result<_, CoreError>>()?;
+            let trace = r.u64()?;
             requests.push(BatchRequest {
                 id,
                 parameters,
                 outputs,
                 inputs,
                 output_places,
+                trace,
             });
         }
         r.done()?;
@@ -429,6 +435,7 @@ mod tests {
                         },
                     ],
                     output_places: vec![("OUT".into(), place())],
+                    trace: 7,
                 },
                 BatchRequest {
                     id: String::new(),
@@ -436,6 +443,7 @@ mod tests {
                     outputs: None,
                     inputs: vec![],
                     output_places: vec![],
+                    trace: 0,
                 },
             ],
         };

@@ -683,6 +683,7 @@ impl<E: Send> Lane<E> {
                     .map(|outputs| outputs.iter().map(|o| o.name.clone()).collect()),
                 inputs,
                 output_places: item.request.output_places.clone(),
+                trace: item.request.trace,
             });
         }
         Ok(BatchMessage {

@@ -282,7 +282,7 @@ impl PyLane {
     /// A request the server's Python decoded and checked; `sink` is handed back to `deliver`
     /// with its result.
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
-    #[pyo3(signature = (request_id, inputs, outputs, output_places, parameters, priority, timeout_us, batch_size, sink))]
+    #[pyo3(signature = (request_id, inputs, outputs, output_places, parameters, priority, timeout_us, batch_size, sink, trace=0))]
     fn submit(
         &self,
         request_id: String,
@@ -294,6 +294,7 @@ impl PyLane {
         timeout_us: u64,
         batch_size: u64,
         sink: Py<PyAny>,
+        trace: u64,
     ) -> PyResult<PyTicket> {
         let inputs = inputs
             .into_iter()
@@ -337,6 +338,7 @@ impl PyLane {
                 .into_iter()
                 .map(|(name, place)| (name, object_place(place)))
                 .collect(),
+            trace,
         };
         let item = LaneItem {
             request,
@@ -491,7 +493,7 @@ impl PyLaneWorkerChannel {
 
     /// Waits (GIL released) for the next batch: `(model_name, model_version, segment,
     /// segment_len, cancel_segment, cancel_len, requests)`, each request `(id,
-    /// parameters_json, output_names, slots, output_places)`; None when `pipe_fd` became
+    /// parameters_json, output_names, slots, output_places, trace)`; None when `pipe_fd` became
     /// readable first (something other than a batch came).
     fn next<'py>(&self, py: Python<'py>, pipe_fd: i32) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let channel = &self.0;
@@ -520,7 +522,7 @@ impl PyLaneWorkerChannel {
                             .map(|(name, place)| (name, py_place(place)))
                             .collect()
                     });
-                Ok((r.id, r.parameters, r.outputs, slots, places))
+                Ok((r.id, r.parameters, r.outputs, slots, places, r.trace))
             })
             .collect::<PyResult<Vec<_>>>()?;
         let fields = (

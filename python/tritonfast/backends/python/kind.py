@@ -14,7 +14,7 @@ from typing import Any
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
-from tritonfast.backends.python import loader
+from tritonfast.backends.python import loader, workerbls
 from tritonfast.backends.python.instance import PythonInstance
 from tritonfast.backends.python.process import (
     DEFAULT_MODE,
@@ -98,6 +98,7 @@ class PythonBackend(Backend):
                 server=server,
                 completions=server.lane_completions,
                 latency_summaries=bool(options.get("latency_summaries")),
+                trace_token=_trace_token,
             )
         return super().create_scheduler(
             name, config, instances, loop, server, version=version, **options
@@ -126,3 +127,9 @@ class PythonBackend(Backend):
         return PythonInstance(
             model_class, config, device_id=placement.device_id, model_file=model_file, **where
         )
+
+
+def _trace_token(trace: Any) -> int:
+    """The token a worker's request carries for ``trace`` (see workerbls.trace_token)."""
+    token = workerbls.trace_token(trace)
+    return 0 if token is None else token.value

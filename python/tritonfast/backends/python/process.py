@@ -92,7 +92,7 @@ from tritonfast.errors import (
 from tritonfast.memory.sharedmemory import NO_DATA
 from tritonfast.memory.shmsegment import Segment, SegmentReader, SegmentWriter, remove_segments
 from tritonfast.runtime import handle
-from tritonfast.runtime.instance import InstanceLoop, calls_made_by, running_instance
+from tritonfast.runtime.instance import Caller, calls_made_by, running_instance
 from tritonfast.runtime.responses import Result
 
 MODE_PARAMETER = "TRITONFAST_INSTANCE_MODE"
@@ -177,15 +177,17 @@ class ProcessInstance(ModelInstance):
         self._conn: Connection | None = None
         # The server's end of the worker's channel from the core (see core_driven).
         self._lane_conn: Connection | None = None
-        # Set by the core's scheduler: whether the core runs a batch on this worker now.
+        # Set by the core's scheduler: whether the core runs a batch on this worker now, and
+        # whose calls its model's calls to the server are.
         self.core_running: Callable[[], bool] | None = None
+        self.core_caller: Caller | None = None
         self._lane_tag = f"lane{serial}"
         # The loop's end of the worker's pipe (made by the first execute_later).
         self._pipe: LoopPipe | None = None
         self._unloading = False  # its pipes no longer hold back for slow clients
         # The instance (runtime.instance.InstanceLoop) whose batches this worker runs: its
         # model's calls to the server are made on that instance's behalf.
-        self._caller: InstanceLoop | None = None
+        self._caller: Caller | None = None
         try:
             self._start()
         except BaseException:
@@ -237,9 +239,10 @@ class ProcessInstance(ModelInstance):
     # -- driven by the core (runtime.lane) ----------------------------------------------------
     @property
     def core_driven(self) -> bool:
-        """Whether the worker takes its batches over the core's channel: it never waits on
-        the server and streams nothing (the worker decides alike, see worker_main)."""
-        return self.runs_elsewhere and not self._decoupled
+        """Whether the worker takes its batches over the core's channel: it streams nothing
+        (the worker decides alike, see worker_main). Its model's calls to the server come over
+        its pipe, read on the loop (see core_link)."""
+        return not self._decoupled
 
     def core_link(self, loop: asyncio.AbstractEventLoop) -> LaneWorkerLink:
         """The core's link to the current worker; its pipe (logs, metric values, finalize) is
@@ -310,7 +313,7 @@ class ProcessInstance(ModelInstance):
         """Answer a call the worker's model made to the server (BLS, model control, a
         metric's value), on behalf of the instance whose batches the worker runs: while the
         call is in flight that instance counts as waiting on the server."""
-        with calls_made_by(self._caller):
+        with calls_made_by(self._caller or self.core_caller):
             workerbls.serve(message, send)
 
     def _restart(self) -> TritonError | None:

@@ -71,6 +71,11 @@ def auto_complete_main(conn: Connection, model_file: str, config_bytes: bytes) -
     conn.send(("ok", config.SerializeToString()))
 
 
+def _trace(token: int) -> workerbls.TraceToken | None:
+    """A request's trace as the worker holds it (its token; 0: untraced)."""
+    return workerbls.TraceToken(token) if token else None
+
+
 def worker_main(
     conn: Connection,
     lane_conn: Connection,
@@ -99,10 +104,10 @@ def worker_main(
     if instance is None:
         return
     server.open()
-    # The server's core drives the instance over the channel unless the model may wait on the
-    # server or streams its responses (see process.ProcessInstance.core_driven).
+    # The server's core drives the instance over the channel unless the model streams its
+    # responses (see process.ProcessInstance.core_driven).
     channel = None
-    if not instance.may_wait and not config.model_transaction_policy.decoupled:
+    if not config.model_transaction_policy.decoupled:
         channel = LaneWorkerChannel(lane_conn.fileno())
     _Worker(
         pipe, in_batch, streams, instance, config.name, instance_name, output_prefix, metrics
@@ -263,8 +268,8 @@ class _Worker:
             name,
             size,
             [
-                (model, version, i, orjson.loads(p) if p else {}, o, s, None, places)
-                for i, p, o, s, places in described
+                (model, version, i, orjson.loads(p) if p else {}, o, s, _trace(t), places)
+                for i, p, o, s, places, t in described
             ],
             self._cancel_flags.map(flags_name, flags_size).buffer,
             None,
