@@ -18,6 +18,7 @@ __all__ = [
     "Inflater",
     "Lane",
     "LaneCompletions",
+    "LaneRegistry",
     "LaneWorkerChannel",
     "LaneWorkerLink",
     "OutStream",
@@ -291,6 +292,15 @@ class LaneCompletions:
         """The tokens of the requests answered since the last call."""
 
 @final
+class LaneRegistry:
+    """The lanes of a server's models, by name and version, for the calls its models make."""
+
+    def __new__(cls) -> Self: ...
+    def set(self, model: str, versions: dict[str, Lane], default: str) -> None:
+        """``model``'s lanes from now on and its default version; none: calls to it go
+        through Python."""
+
+@final
 class LaneWorkerLink:
     """The server's end of one worker's channel from the core, and the segments its batches
     travel in."""
@@ -321,6 +331,7 @@ class LaneWorkerChannel:
                     list[str] | None,
                     list[tuple[str, str, tuple[int, ...], int, int, Any]],
                     dict[str, tuple[str, int, int, int, int]] | None,
+                    int,
                 ]
             ],
         ]
@@ -328,8 +339,23 @@ class LaneWorkerChannel:
     ):
         """Waits (GIL released) for the next batch: ``(model_name, model_version, segment,
         segment_len, cancel_segment, cancel_len, requests)``, each request ``(id,
-        parameters_json, output_names, slots, output_places)``; None when ``pipe_fd`` became
-        readable first."""
+        parameters_json, output_names, slots, output_places, trace)``; None when ``pipe_fd``
+        became readable first."""
+
+    def call(
+        self,
+        model_name: str,
+        model_version: str,
+        request_id: str,
+        parameters: str,
+        priority: int,
+        timeout_us: int,
+        outputs: list[str] | None,
+        inputs: list[tuple[str, str, list[int], Any]],
+    ) -> tuple[Any, ...]:
+        """A call to another model over the channel, its answer awaited (GIL released):
+        ``("ok", model_name, model_version, id, parameters_json, [(name, datatype, shape,
+        bytes)])``, ``("not_run" | "error", code, message)`` or ``("reroute",)``."""
 
     def reply(self, segment: str, segment_len: int, results: list[Any], extra: bytes) -> None:
         """Sends a batch's reply: ``("ok", model_name, model_version, id, parameters_json,
@@ -351,6 +377,8 @@ class Lane:
         dynamic: bool,
         keyed_inputs: list[str],
         keyed_by_names: bool,
+        instances: int = 0,
+        registry: LaneRegistry | None = None,
     ) -> Self:
         """``queue``: a queue with the rules to follow (its configuration is copied);
         ``deliver(items, extra, marks)`` answers requests submitted from Python."""
@@ -395,6 +423,12 @@ class Lane:
 
     def running(self, instance: int) -> bool:
         """Whether the instance runs a batch now."""
+
+    def calling(self, instance: int, began: bool) -> None:
+        """A call the instance's model made through Python began or ended."""
+
+    def stuck(self) -> bool:
+        """Whether every instance runs a batch that waits on a call to the server."""
 
     def fail_held(self, instance: int, code: str, message: str) -> None: ...
     def fail_next(self, code: str, message: str, timeout_s: float) -> bool | None: ...

@@ -92,6 +92,8 @@ class DataPlane:
             if pattern
         }
         self._repository = control.repository
+        # The lanes of its models, for the calls models make that the core takes (BLS).
+        self.lane_registry = control.repository.lane_registry
         self._server_id = server_id
         self._strict_readiness = strict_readiness
         self._log = server_log or ServerLog.current()

@@ -26,7 +26,7 @@ from tritonfast.runtime.instance import Caller, running_instance
 from tritonfast.runtime.responses import Streamed
 
 if TYPE_CHECKING:
-    from tritonfast._core import LaneCompletions
+    from tritonfast._core import LaneCompletions, LaneRegistry
     from tritonfast.api.dataplane import DataPlane
     from tritonfast.custommetrics import ServerCustomMetrics
     from tritonfast.runtime.lane import CoreLane
@@ -50,6 +50,10 @@ class ServerHandle:
     @property
     def lane_completions(self) -> LaneCompletions:
         return self._dataplane.lane_completions
+
+    @property
+    def lane_registry(self) -> LaneRegistry:
+        return self._dataplane.lane_registry
 
     def infer(self, request: InferRequest) -> InferResponse:
         """Send ``request`` and wait for its one response; raises its TritonError, or NotRun

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonfast._core import Lane, LaneRegistry
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends import registry
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
@@ -111,6 +112,8 @@ class ModelRepository:
         self._histogram_latencies = histogram_latencies
         self._strict_config = strict_config
         self._models: dict[str, ModelEntry] = {}
+        # The lanes of the models served, for the calls models make that the core takes.
+        self.lane_registry = LaneRegistry()
         # The handle of the server these models belong to, which their code reaches (BLS,
         # ensembles): set by the server once it has one, before any model loads.
         self.server: Handle | None = None
@@ -194,7 +197,21 @@ class ModelRepository:
         whose versions the caller must :meth:`retire`."""
         previous = self._models.get(entry.name)
         self._models[entry.name] = entry
+        self._register_lanes(entry)
         return previous
+
+    def _register_lanes(self, entry: ModelEntry) -> None:
+        """Calls to ``entry``'s model that the core takes (BLS) go to its versions' lanes from
+        now on (none while it is not READY: such calls go through Python, which refuses them
+        as Triton does)."""
+        lanes = {}
+        if entry.state == READY:
+            for number, version in entry.versions.items():
+                lane = version.http_lane
+                if type(lane) is Lane:
+                    lanes[str(number)] = lane
+        default = str(max(entry.versions)) if entry.versions else ""
+        self.lane_registry.set(entry.name, lanes, default)
 
     def retire(self, entry: ModelEntry, timeout: float) -> None:
         """Stop a replaced or unloaded entry: its queued and running requests finish first.
@@ -218,6 +235,7 @@ class ModelRepository:
             listed_versions=tuple(sorted(entry.versions)),
         )
         self._models[name] = unloading
+        self._register_lanes(unloading)
         return entry
 
     def finish_unload(self, name: str) -> None:

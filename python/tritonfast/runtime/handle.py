@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tritonfast._core import LaneCompletions
+from tritonfast._core import LaneCompletions, LaneRegistry
 from tritonfast.custommetrics import ServerCustomMetrics
 from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import TritonError, UnavailableError
@@ -43,6 +43,12 @@ class Handle(Protocol):
     @property
     def custom_metrics(self) -> ServerCustomMetrics:
         """Where the model's pb_utils.MetricFamily objects register (a worker: its own)."""
+        ...
+
+    @property
+    def lane_registry(self) -> LaneRegistry | None:
+        """The lanes of the server's models, for the calls models make that the core takes
+        (see runtime.lane); None in a worker process."""
         ...
 
     @property

@@ -99,33 +99,27 @@ class CoreDriven(Protocol):
 
 
 class LaneCaller:
-    """An instance the core drives, as the calls its model makes to the server (BLS) see it
-    (:class:`~tritonfast.runtime.instance.Caller`): while a call is in flight during one of
-    its batches, the instance counts as waiting on the server."""
+    """An instance the core drives, as the calls its model makes through the server's Python
+    see it (:class:`~tritonfast.runtime.instance.Caller`): while a call is in flight during
+    one of its batches, the instance counts as waiting on the server, in the lane's count,
+    which the calls the core takes itself keep too."""
 
-    def __init__(self, name: str, server: Handle, running: Callable[[], bool]) -> None:
+    def __init__(self, name: str, server: Handle, lane: Lane, index: int) -> None:
         self.name = name
         self.server: Handle | None = server
-        self._running = running
-        self._calls = 0
-        self._lock = threading.Lock()
+        self._lane = lane
+        self._index = index
 
     def calls_server(self) -> None:
         """(Its batches never run on the event loop.)"""
 
     @contextlib.contextmanager
     def calling_server(self) -> Iterator[None]:
-        with self._lock:
-            self._calls += 1
+        self._lane.calling(self._index, True)
         try:
             yield
         finally:
-            with self._lock:
-                self._calls -= 1
-
-    @property
-    def waiting_on_server(self) -> bool:
-        return self._calls > 0 and self._running()
+            self._lane.calling(self._index, False)
 
 
 def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelInstance]) -> bool:
@@ -191,14 +185,13 @@ class LaneScheduler(Scheduler):
             dynamic=dynamic,
             keyed_inputs=list(shape_checked_inputs(config)),
             keyed_by_names=any(tensor.optional for tensor in config.input),
+            instances=len(instances),
+            registry=server.lane_registry,
         )
-        self._callers = []
         for index, instance in enumerate(instances):
             driven = cast(CoreDriven, instance)
             driven.core_running = functools.partial(self.lane.running, index)
-            caller = LaneCaller(f"{name}_{index}", server, driven.core_running)
-            driven.core_caller = caller
-            self._callers.append(caller)
+            driven.core_caller = LaneCaller(f"{name}_{index}", server, self.lane, index)
         self._threads = [
             threading.Thread(
                 target=self._drive, args=(index, instance), name=f"{name}_{index}", daemon=True
@@ -319,7 +312,7 @@ class LaneScheduler(Scheduler):
         return self.lane
 
     def waiting_on_server(self) -> bool:
-        return all(caller.waiting_on_server for caller in self._callers)
+        return self.lane.stuck()
 
     def statistics(self) -> dict[str, Any]:
         return self.lane.statistics()

@@ -6,6 +6,8 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+use parking_lot::Mutex;
+
 use crate::error::CoreError;
 
 /// The largest message either side sends (a batch's description, not its tensors).
@@ -15,6 +17,9 @@ const MAX_MESSAGE_BYTES: usize = 1 << 30;
 #[derive(Debug)]
 pub struct Channel {
     stream: UnixStream,
+    /// Held while a message is written: the server's end is written by the driver thread
+    /// that runs the worker's batches and by those answering its calls (see `super::call`).
+    sending: Mutex<()>,
 }
 
 fn gone(err: &io::Error) -> CoreError {
@@ -26,6 +31,7 @@ impl Channel {
     pub fn new(fd: OwnedFd) -> Self {
         Channel {
             stream: UnixStream::from(fd),
+            sending: Mutex::new(()),
         }
     }
 
@@ -42,6 +48,7 @@ impl Channel {
         let mut framed = Vec::with_capacity(4 + message.len());
         framed.extend_from_slice(&length.to_le_bytes());
         framed.extend_from_slice(message);
+        let _sending = self.sending.lock();
         (&self.stream).write_all(&framed).map_err(|e| gone(&e))
     }
 

@@ -612,7 +612,7 @@ impl<E: Send> EnsembleRun<E> {
                 });
                 Some(Ended::External(sink, answer))
             }
-            Sink::Step(_) => None,
+            Sink::Step(_) | Sink::Call(_) => None,
         }
     }
 

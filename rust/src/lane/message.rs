@@ -6,6 +6,7 @@
 //! a [`ReplyMessage`] names the segment the worker wrote the outputs into and gives each
 //! request's result. Tensors are described by [`Slot`]s: where in the segment their bytes are.
 
+use super::call::REPLY_TAG;
 use crate::error::{Code, CoreError};
 use crate::infer::ObjectPlace;
 
@@ -176,11 +177,20 @@ impl<'a> Reader<'a> {
         let n = self.u32()? as usize;
         self.take(n)
     }
+    /// A status code, by its name (an unknown one reads as INTERNAL).
+    pub fn code(&mut self) -> Result<Code, CoreError> {
+        let name = self.str()?;
+        Ok(Code::ALL
+            .into_iter()
+            .find(|c| c.name() == name)
+            .unwrap_or(Code::Internal))
+    }
+
     pub fn str(&mut self) -> Result<String, CoreError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| malformed())
     }
     /// A count of items, each at least `least` bytes: never more than what is left could hold.
-    fn count(&mut self, least: usize) -> Result<usize, CoreError> {
+    pub fn count(&mut self, least: usize) -> Result<usize, CoreError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(least) > self.b.len() {
             return Err(malformed());
@@ -314,6 +324,7 @@ impl BatchMessage {
 impl ReplyMessage {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
+        w.u8(REPLY_TAG);
         w.str(&self.segment);
         w.u64(self.segment_len);
         w.count(self.results.len());
@@ -347,8 +358,12 @@ impl ReplyMessage {
         w.buf
     }
 
+    /// Decodes a message that starts with [`REPLY_TAG`].
     pub fn decode(b: &[u8]) -> Result<Self, CoreError> {
         let mut r = Reader::new(b);
+        if r.u8()? != REPLY_TAG {
+            return Err(malformed());
+        }
         let segment = r.str()?;
         let segment_len = r.u64()?;
         let count = r.count(1)?;
@@ -369,11 +384,7 @@ impl ReplyMessage {
                     outputs,
                 }
             } else {
-                let code = r.str()?;
-                let code = Code::ALL
-                    .into_iter()
-                    .find(|c| c.name() == code)
-                    .unwrap_or(Code::Internal);
+                let code = r.code()?;
                 Outcome::Error(code, r.str()?)
             });
         }

@@ -12,6 +12,7 @@
 //! answer requests that came from Python), and the worker's runs the model's `execute` once
 //! per batch.
 
+pub mod call;
 pub mod channel;
 pub mod completions;
 pub mod ensemble;
@@ -23,13 +24,15 @@ pub mod segment;
 use std::hash::{Hash, Hasher};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::error::{Code, CoreError};
 use crate::infer::{
-    CoreRequest, Decoded, Signature, TensorData, decode_grpc, decode_http, request_prefix,
+    CoreInput, CoreOutput, CoreRequest, DataType, Decoded, Signature, TensorData, decode_grpc,
+    decode_http, request_prefix,
 };
 use crate::outbox::Stream;
 use crate::queue::{
@@ -37,6 +40,7 @@ use crate::queue::{
     TicketState,
 };
 use crate::stats::{ComputeTimes, RequestTiming};
+use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, stuck_message};
 use channel::Channel;
 use completions::Completions;
 use ensemble::{Ended, Spent, StepSink};
@@ -70,6 +74,8 @@ pub enum Sink<E> {
     Grpc(E),
     /// A step of an ensemble the core runs.
     Step(StepSink<E>),
+    /// A model's call (BLS) the core takes: answered on the caller's channel.
+    Call(CallSink),
 }
 
 /// What [`Deliver`] hands on for a request.
@@ -168,7 +174,7 @@ pub struct Batching {
 /// A worker process as a driver reaches it.
 #[derive(Debug)]
 pub struct WorkerLink {
-    channel: Channel,
+    channel: Arc<Channel>,
     inputs: InputSegment,
     outputs: OutputSegment,
     cancel: Arc<CancelFlags>,
@@ -180,7 +186,7 @@ impl WorkerLink {
     /// `tritonfast-cancel-<tag>-...`).
     pub fn new(fd: OwnedFd, tag: &str) -> Result<Self, CoreError> {
         Ok(WorkerLink {
-            channel: Channel::new(fd),
+            channel: Arc::new(Channel::new(fd)),
             inputs: InputSegment::new(&format!("tritonfast-in-{tag}")),
             outputs: OutputSegment::default(),
             cancel: Arc::new(CancelFlags::new(&format!("tritonfast-cancel-{tag}"))?),
@@ -229,6 +235,12 @@ pub struct Lane<E> {
     held: Mutex<Vec<Option<Held<E>>>>,
     /// Per instance: the batch it runs, for cancellations to reach.
     running: Mutex<Vec<Option<Running>>>,
+    /// How many instances run its batches (for calls to tell whether all of them wait).
+    instances: usize,
+    /// Where calls its models make find their targets; None: every call goes through Python.
+    registry: Option<Arc<LaneRegistry<E>>>,
+    /// Per instance: its model's calls to the server in flight (the core's and Python's).
+    calls: Mutex<Vec<Arc<AtomicUsize>>>,
 }
 
 impl<E> std::fmt::Debug for Lane<E> {
@@ -258,6 +270,40 @@ impl<E: Send> Lane<E> {
             deliver,
             held: Mutex::new(Vec::new()),
             running: Mutex::new(Vec::new()),
+            instances: 0,
+            registry: None,
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// This lane's `instances` take calls their models make to the models in `registry`.
+    #[must_use]
+    pub fn with_calls(mut self, instances: usize, registry: Arc<LaneRegistry<E>>) -> Self {
+        self.instances = instances;
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Instance `instance`'s count of calls in flight.
+    pub fn calls_of(&self, instance: usize) -> Arc<AtomicUsize> {
+        let mut calls = self.calls.lock();
+        if calls.len() <= instance {
+            calls.resize_with(instance + 1, Arc::default);
+        }
+        Arc::clone(&calls[instance])
+    }
+
+    /// Whether every instance runs a batch that waits on a call to the server: a call to
+    /// this model could then never run.
+    pub fn stuck(&self) -> bool {
+        if self.instances == 0 {
+            return false;
+        }
+        let calls = self.calls.lock();
+        let running = self.running.lock();
+        (0..self.instances).all(|i| {
+            calls.get(i).is_some_and(|c| c.load(Ordering::Acquire) > 0)
+                && running.get(i).is_some_and(Option::is_some)
         })
     }
 
@@ -520,7 +566,7 @@ impl<E: Send> Lane<E> {
             .channel
             .send(&message.encode())
             .map(|()| monotonic_ns())
-            .and_then(|sent| Ok((sent, link.channel.recv()?)));
+            .and_then(|sent| Ok((sent, self.reply_of_batch(instance, link)?)));
         self.set_running(instance, None);
         let Ok((sent_ns, reply)) = exchanged else {
             return Err(items);
@@ -573,6 +619,7 @@ impl<E: Send> Lane<E> {
                 Sink::Step(sink) => {
                     steps.push((sink, owned_outcome(outcome, segment), queued_for));
                 }
+                Sink::Call(sink) => sink.answer(&CallAnswer::of(owned_outcome(outcome, segment))),
             }
         }
         // The statistics and the phases of requests made by others (an ensemble's steps)
@@ -590,6 +637,74 @@ impl<E: Send> Lane<E> {
             .stats()
             .record_execution(successes, dequeued_at, compute);
         Ok(())
+    }
+
+    /// The worker's reply to the batch it runs; the calls its model makes meanwhile are
+    /// served as they come.
+    fn reply_of_batch(&self, instance: usize, link: &WorkerLink) -> Result<Vec<u8>, CoreError> {
+        loop {
+            let message = link.channel.recv()?;
+            if message.first() != Some(&CALL_TAG) {
+                return Ok(message);
+            }
+            let answer = self.serve_call(instance, &message, &link.channel);
+            if let Some(answer) = answer {
+                link.channel.send(&answer.encode())?;
+            }
+        }
+    }
+
+    /// Queues a call instance `instance`'s model made, in its target's lane; the answer now
+    /// when there is one already (refused, or not the core's to take).
+    fn serve_call(
+        &self,
+        instance: usize,
+        message: &[u8],
+        channel: &Arc<Channel>,
+    ) -> Option<CallAnswer> {
+        let call = match CallMessage::decode(message) {
+            Ok(call) => call,
+            Err(error) => return Some(CallAnswer::Error(error.code, error.message)),
+        };
+        let target = self
+            .registry
+            .as_ref()
+            .and_then(|registry| registry.find(&call.model_name, &call.model_version));
+        let Some(target) = target else {
+            return Some(CallAnswer::Reroute);
+        };
+        // The caller waits from before its call is checked: of two calls that would close a
+        // cycle, the second is refused.
+        let waiting = self.calls_of(instance);
+        waiting.fetch_add(1, Ordering::AcqRel);
+        let refused = |error: CoreError| {
+            waiting.fetch_sub(1, Ordering::AcqRel);
+            Some(CallAnswer::NotRun(error.code, error.message))
+        };
+        if target.stuck() {
+            return refused(CoreError::unavailable(stuck_message(&call.model_name)));
+        }
+        let request = match call_request(&call) {
+            Ok(request) => request,
+            Err(error) => return refused(error),
+        };
+        let batch_size = match target.signature.check(&request) {
+            Ok(size) => size,
+            Err(error) => return refused(error),
+        };
+        let item = LaneItem {
+            request,
+            body: no_body(),
+            parameters: call.parameters,
+            sink: Sink::Call(CallSink {
+                channel: Arc::clone(channel),
+                waiting: Arc::clone(&waiting),
+            }),
+        };
+        match target.submit(item, batch_size) {
+            Ok(_) => None,
+            Err(error) => refused(error),
+        }
     }
 
     /// Whether instance `instance` runs a batch now.
@@ -711,6 +826,47 @@ fn timing<E>(queued: &Queued<LaneItem<E>>) -> RequestTiming {
     }
 }
 
+/// A call's request as the core holds it.
+fn call_request(call: &CallMessage) -> Result<CoreRequest, CoreError> {
+    let inputs = call
+        .inputs
+        .iter()
+        .map(|t| {
+            let datatype = DataType::from_name(&t.datatype).ok_or_else(|| {
+                CoreError::invalid_arg(format!("unknown datatype '{}'", t.datatype))
+            })?;
+            let shape = t
+                .shape
+                .iter()
+                .map(|&d| u64::try_from(d))
+                .collect::<Result<_, _>>()
+                .map_err(|_| CoreError::invalid_arg("a negative dimension"))?;
+            Ok(CoreInput {
+                name: t.name.clone(),
+                datatype,
+                shape,
+                data: TensorData::Owned(t.data.clone()),
+            })
+        })
+        .collect::<Result<_, CoreError>>()?;
+    Ok(CoreRequest {
+        id: call.id.clone(),
+        inputs,
+        outputs: call.outputs.as_ref().map(|names| {
+            names
+                .iter()
+                .map(|name| CoreOutput {
+                    name: name.clone(),
+                    binary: false,
+                })
+                .collect()
+        }),
+        priority: (call.priority > 0).then_some(call.priority),
+        timeout_us: (call.timeout_us > 0).then_some(call.timeout_us),
+        ..CoreRequest::default()
+    })
+}
+
 /// Hands ensemble steps' results to their runs; the answers of the runs they finish join the
 /// batch's.
 fn answer_steps<E: Send>(
@@ -763,6 +919,7 @@ fn answer_error<E: Send>(
             tokens.push(reply.token);
         }
         Sink::External(sink) | Sink::Grpc(sink) => externals.push((sink, Err(error.clone()))),
+        Sink::Call(sink) => sink.answer(&CallAnswer::Error(error.code, error.message.clone())),
         Sink::Step(sink) => match sink.answered(Err(error.clone()), &Spent::default()) {
             Some(Ended::Http(reply, answer)) => {
                 let _ = reply.stream.write_now(&answer);

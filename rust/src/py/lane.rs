@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -19,6 +20,7 @@ use super::queue::{PyRequestQueue, PyTicket, summaries_dict};
 use super::stats::snapshot_dict;
 use crate::error::{Code, CoreError};
 use crate::infer::{CoreInput, CoreOutput, CoreRequest, DataType, ObjectPlace, TensorData};
+use crate::lane::call::{CallAnswer, CallMessage, CallTensor, LaneRegistry};
 use crate::lane::channel::Channel;
 use crate::lane::completions::Completions;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
@@ -204,7 +206,7 @@ impl PyLane {
     /// with a batch's `[(sink, result)]`, what its worker sent besides, and its compute marks
     /// (`perf_counter_ns` values: start, inputs handed over, outputs back, end).
     #[new]
-    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names))]
+    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names, instances=0, registry=None))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         signature: &Bound<'_, PyInferSignature>,
@@ -215,6 +217,8 @@ impl PyLane {
         dynamic: bool,
         keyed_inputs: Vec<String>,
         keyed_by_names: bool,
+        instances: usize,
+        registry: Option<&Bound<'_, PyLaneRegistry>>,
     ) -> PyResult<Self> {
         let lane = Lane::new(
             model_version,
@@ -228,6 +232,10 @@ impl PyLane {
             Arc::clone(&completions.get().0),
             Box::new(PyDeliver(deliver)),
         )?;
+        let lane = match registry {
+            Some(registry) => lane.with_calls(instances, Arc::clone(&registry.get().0)),
+            None => lane,
+        };
         Ok(Self {
             inner: Arc::new(lane),
         })
@@ -389,6 +397,21 @@ impl PyLane {
         self.inner.running(instance)
     }
 
+    /// A call instance `instance`'s model made through Python began (True) or ended.
+    fn calling(&self, instance: usize, began: bool) {
+        let calls = self.inner.calls_of(instance);
+        if began {
+            calls.fetch_add(1, Ordering::AcqRel);
+        } else {
+            calls.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether every instance runs a batch that waits on a call to the server.
+    fn stuck(&self) -> bool {
+        self.inner.stuck()
+    }
+
     /// Answers the batch instance `instance`'s worker died in.
     fn fail_held(
         &self,
@@ -442,6 +465,29 @@ impl PyLane {
 
     fn __len__(&self) -> usize {
         self.inner.queue().len()
+    }
+}
+
+/// The lanes of a server's models, by name and version, for calls its models make.
+#[pyclass(name = "LaneRegistry", module = "tritonfast._core", frozen)]
+pub(crate) struct PyLaneRegistry(Arc<LaneRegistry<Py<PyAny>>>);
+
+#[pymethods]
+impl PyLaneRegistry {
+    #[new]
+    fn new() -> Self {
+        Self(Arc::default())
+    }
+
+    /// `model`'s lanes from now on, `{version: lane}`, and its default version; an empty
+    /// dict: calls to it go through Python.
+    #[allow(clippy::needless_pass_by_value)]
+    fn set(&self, model: &str, versions: HashMap<String, Bound<'_, PyLane>>, default: String) {
+        let versions = versions
+            .into_iter()
+            .map(|(version, lane)| (version, Arc::clone(&lane.get().inner)))
+            .collect();
+        self.0.set(model, versions, default);
     }
 }
 
@@ -535,6 +581,83 @@ impl PyLaneWorkerChannel {
             requests,
         );
         Ok(Some(fields.into_pyobject(py)?))
+    }
+
+    /// Makes a call to another model over the channel and waits for its answer (GIL
+    /// released): `("ok", model_name, model_version, id, parameters_json, [(name, datatype,
+    /// shape, bytes)])`, `("not_run" | "error", code, message)`, or `("reroute",)` (make it
+    /// through the server's Python). Inputs as `(name, datatype, shape, data)`, `data` bytes
+    /// or a C-contiguous uint8 array.
+    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        model_name: String,
+        model_version: String,
+        request_id: String,
+        parameters: String,
+        priority: u64,
+        timeout_us: u64,
+        outputs: Option<Vec<String>>,
+        inputs: Vec<(String, String, Vec<i64>, Bound<'py, PyAny>)>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let inputs = inputs
+            .iter()
+            .map(|(name, datatype, shape, data)| {
+                Ok(CallTensor {
+                    name: name.clone(),
+                    datatype: datatype.clone(),
+                    shape: shape.clone(),
+                    data: request_body(data)?.to_vec(),
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let message = CallMessage {
+            model_name,
+            model_version,
+            id: request_id,
+            parameters,
+            priority,
+            timeout_us,
+            outputs,
+            inputs,
+        }
+        .encode();
+        let channel = &self.0;
+        let answer = without_gil(py, || {
+            channel.send(&message)?;
+            CallAnswer::decode(&channel.recv()?)
+        })?;
+        let described = match answer {
+            CallAnswer::Response {
+                model_name,
+                model_version,
+                id,
+                parameters,
+                outputs,
+            } => {
+                let outputs = outputs
+                    .into_iter()
+                    .map(|t| {
+                        Ok((
+                            t.name,
+                            t.datatype,
+                            PyTuple::new(py, t.shape)?,
+                            PyBytes::new(py, &t.data),
+                        ))
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                ("ok", model_name, model_version, id, parameters, outputs).into_pyobject(py)?
+            }
+            CallAnswer::NotRun(code, message) => {
+                ("not_run", code.name(), message).into_pyobject(py)?
+            }
+            CallAnswer::Error(code, message) => {
+                ("error", code.name(), message).into_pyobject(py)?
+            }
+            CallAnswer::Reroute => ("reroute",).into_pyobject(py)?,
+        };
+        Ok(described)
     }
 
     /// Sends a batch's reply: `results` holds `("ok", model_name, model_version, id,

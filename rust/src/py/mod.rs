@@ -43,6 +43,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<inflate::PyInflater>()?;
     m.add_class::<lane::PyLane>()?;
     m.add_class::<lane::PyLaneCompletions>()?;
+    m.add_class::<lane::PyLaneRegistry>()?;
     m.add_class::<lane::PyLaneWorkerLink>()?;
     m.add_class::<lane::PyLaneWorkerChannel>()?;
     m.add_class::<outbox::PyOutbox>()?;

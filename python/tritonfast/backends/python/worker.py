@@ -31,6 +31,7 @@ from tritonfast.backends.base import PhaseClock
 from tritonfast.backends.python import workerbls, workerlog
 from tritonfast.backends.python.segmentlayout import Laid, raw_bytes, read_tensor, write_tensors
 from tritonfast.backends.python.sharedobjects import Place, SharedObjects
+from tritonfast.backends.python.workercalls import ChannelCalls
 from tritonfast.backends.python.workerstream import WorkerStreams
 from tritonfast.custommetrics import CustomMetrics, Labels, State
 from tritonfast.data.types import (
@@ -107,11 +108,15 @@ def worker_main(
     # The server's core drives the instance over the channel unless the model streams its
     # responses (see process.ProcessInstance.core_driven).
     channel = None
+    # Set while a batch from the channel runs: its driver thread reads the channel then, and
+    # takes the calls the model makes (see workercalls).
+    on_channel = threading.Event()
     if not config.model_transaction_policy.decoupled:
         channel = LaneWorkerChannel(lane_conn.fileno())
+        server.direct = ChannelCalls(channel, on_channel)
     _Worker(
         pipe, in_batch, streams, instance, config.name, instance_name, output_prefix, metrics
-    ).serve(channel, conn.fileno(), metrics_source)
+    ).serve(channel, conn.fileno(), metrics_source, on_channel)
 
 
 def _install_server_handle(
@@ -195,7 +200,13 @@ class _Worker:
         self._outputs = SegmentWriter(output_prefix)
         self._objects = SharedObjects()
 
-    def serve(self, channel: LaneWorkerChannel | None, pipe_fd: int, metrics_source: str) -> None:
+    def serve(
+        self,
+        channel: LaneWorkerChannel | None,
+        pipe_fd: int,
+        metrics_source: str,
+        on_channel: threading.Event,
+    ) -> None:
         """Runs batches until the server says finalize or goes away: from the core's
         ``channel`` when there is one (the pipe then brings only finalize), else from the
         pipe."""
@@ -208,7 +219,11 @@ class _Worker:
                         channel = None  # still brings finalize
                         continue
                     if batch is not None:
-                        self._run_channel_batch(channel, batch, metrics_source)
+                        on_channel.set()
+                        try:
+                            self._run_channel_batch(channel, batch, metrics_source)
+                        finally:
+                            on_channel.clear()
                         continue
                 message = self._pipe.next_work()
                 if message[0] == "finalize":

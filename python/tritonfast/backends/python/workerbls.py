@@ -55,6 +55,10 @@ class WorkerHandle:
         # The worker's own registry; /metrics merges it with the server's and other workers'.
         self.custom_metrics = ServerCustomMetrics(metrics)
         self.lane_completions = None  # the server's HTTP frontend is not here
+        self.lane_registry = None  # (nor its lanes)
+        # Set by the worker once it has the core's channel: makes a call over it, or returns
+        # None when the call must go over the pipe.
+        self.direct: Callable[[InferRequest], InferResponse | None] | None = None
         # The server reads the pipe only once the model has started (see open).
         self._open = False
 
@@ -71,6 +75,11 @@ class WorkerHandle:
             return self._recv()
 
     def infer(self, request: InferRequest) -> InferResponse:
+        self._check_open()
+        if self.direct is not None:
+            answered = self.direct(request)
+            if answered is not None:
+                return answered
         _strip(request)
         _, kind, payload = self._call(("bls", request))
         if kind == "ok":
