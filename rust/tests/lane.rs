@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tritonfast_core::error::{Code, CoreError};
 use tritonfast_core::infer::{CoreInput, CoreRequest, DataType, Signature, TensorData, TensorSpec};
+use tritonfast_core::lane::call::{CallAnswer, CallMessage, CallTensor, LaneRegistry};
 use tritonfast_core::lane::channel::Channel;
 use tritonfast_core::lane::completions::Completions;
 use tritonfast_core::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
@@ -273,4 +274,143 @@ fn a_worker_that_goes_away_fails_only_its_batch() {
     assert_eq!(delivered.lock().len(), 1);
     let stats = lane.queue().stats().snapshot();
     assert_eq!((stats.success.count, stats.fail.count), (1, 2));
+}
+
+/// A lane of `identity` (FP32 in, FP32 out) named `model`, taking calls through `registry`.
+fn calling_lane(model: &str, registry: &Arc<LaneRegistry<u32>>) -> (Arc<Lane<u32>>, Delivered) {
+    let spec = TensorSpec {
+        name: "INPUT0".into(),
+        datatype: "FP32".into(),
+        dims: vec![-1],
+        optional: false,
+    };
+    let signature = Signature::new(model, 8, vec![spec], vec!["OUTPUT0".into()]);
+    let delivered = Delivered::default();
+    let lane = Lane::new(
+        "1".into(),
+        signature,
+        Batching::default(),
+        QueueConfig::default(),
+        Arc::new(Completions::new().unwrap()),
+        Box::new(Collect(Arc::clone(&delivered))),
+    )
+    .unwrap()
+    .with_calls(1, Arc::clone(registry));
+    (Arc::new(lane), delivered)
+}
+
+/// A worker whose model calls the model its request's id names, with the request's input,
+/// and answers with what the call came to (as an error's text, which the test reads).
+fn calling_worker(end: UnixStream) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let channel = Channel::new(end.into());
+        while let Ok(message) = channel.recv() {
+            let batch = BatchMessage::decode(&message).unwrap();
+            let inputs =
+                AttachedSegment::attach(&batch.segment, batch.segment_len as usize).unwrap();
+            let mut results = Vec::new();
+            for request in &batch.requests {
+                let slot = &request.inputs[0];
+                // SAFETY: the segment is mapped and holds the slot's range.
+                let data = unsafe {
+                    std::slice::from_raw_parts(
+                        inputs.start().add(slot.offset as usize),
+                        slot.len as usize,
+                    )
+                };
+                let call = CallMessage {
+                    model_name: request.id.clone(),
+                    model_version: String::new(),
+                    id: "call".into(),
+                    parameters: String::new(),
+                    priority: 0,
+                    timeout_us: 0,
+                    outputs: None,
+                    inputs: vec![CallTensor {
+                        name: "INPUT0".into(),
+                        datatype: "FP32".into(),
+                        shape: slot.shape.clone(),
+                        data: data.to_vec(),
+                    }],
+                };
+                channel.send(&call.encode()).unwrap();
+                let answer = CallAnswer::decode(&channel.recv().unwrap()).unwrap();
+                let text = match answer {
+                    CallAnswer::Response { outputs, .. } => format!("ok {:?}", outputs[0].data),
+                    CallAnswer::NotRun(code, message) => {
+                        format!("not_run {} {message}", code.name())
+                    }
+                    CallAnswer::Error(code, message) => format!("error {} {message}", code.name()),
+                    CallAnswer::Reroute => "reroute".into(),
+                };
+                results.push(Outcome::Error(Code::Internal, text));
+            }
+            let reply = ReplyMessage {
+                segment: String::new(),
+                segment_len: 0,
+                results,
+                extra: Vec::new(),
+            };
+            channel.send(&reply.encode()).unwrap();
+        }
+    })
+}
+
+#[test]
+fn calls_a_model_makes_are_queued_in_their_targets_lane_and_answered_on_its_channel() {
+    let registry = Arc::new(LaneRegistry::<u32>::default());
+    let (target, _) = calling_lane("identity", &registry);
+    let (caller, delivered) = calling_lane("caller", &registry);
+    let mut drivers = Vec::new();
+    let mut workers = Vec::new();
+    for (lane, calls) in [(&target, false), (&caller, true)] {
+        let (server_end, worker_end) = UnixStream::pair().unwrap();
+        workers.push(if calls {
+            calling_worker(worker_end)
+        } else {
+            worker(worker_end, usize::MAX)
+        });
+        let mut link = WorkerLink::new(server_end.into(), "lanetest").unwrap();
+        let lane = Arc::clone(lane);
+        drivers.push(thread::spawn(move || lane.drive(0, &mut link)));
+    }
+    for (model, lane) in [("identity", &target), ("caller", &caller)] {
+        let versions = [("1".to_owned(), Arc::clone(lane))].into_iter().collect();
+        registry.set(model, versions, "1".into());
+    }
+
+    let mut answers = Vec::new();
+    for (target_name, sink) in [("identity", 1), ("caller", 2), ("nope", 3)] {
+        let mut item = fp32(&[1.5]);
+        item.request.id = target_name.into();
+        item.sink = Sink::External(sink);
+        caller.submit(item, 1).unwrap();
+        wait_until(|| !delivered.lock().is_empty());
+        let (_, result) = delivered.lock().pop().unwrap();
+        answers.push(result.unwrap_err().message);
+    }
+    assert_eq!(answers[0], format!("ok {:?}", 1.5f32.to_le_bytes()));
+    // A model calling itself with its only instance waiting: refused, not left to hang.
+    assert!(
+        answers[1].starts_with("not_run UNAVAILABLE model 'caller' cannot take this call"),
+        "{}",
+        answers[1]
+    );
+    // Not a model on a lane: the worker makes the call through Python.
+    assert_eq!(answers[2], "reroute");
+    assert_eq!(target.queue().stats().snapshot().success.count, 1);
+    assert!(!caller.stuck());
+
+    registry.set("identity", std::collections::HashMap::new(), String::new());
+    registry.set("caller", std::collections::HashMap::new(), String::new());
+    for lane in [&target, &caller] {
+        lane.close();
+    }
+    for driver in drivers {
+        assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
+    }
+    drop((target, caller));
+    for worker in workers {
+        worker.join().unwrap();
+    }
 }
