@@ -18,7 +18,8 @@ import tritonclient.http as httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import TEST_MODELS, RunningServer, start_server
+from tests.conftest import TEST_MODELS, RunningServer
+from tests.e2e.corepair import server_pair
 
 PROBE = textwrap.dedent(
     """
@@ -87,13 +88,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningS
     (model / "config.pbtxt").write_text(CONFIG)
     (model / "1" / "model.py").write_text(PROBE)
     repositories = [TEST_MODELS, root / "models"]
-    core = start_server(repositories, root / "core.log")
-    reference = start_server(
-        repositories, root / "reference.log", "--backend-config=python,core-path=off"
-    )
-    yield core, reference
-    assert core.stop() == 0, core.log()
-    assert reference.stop() == 0, reference.log()
+    yield from server_pair(repositories, root)
 
 
 @pytest.fixture(scope="module")

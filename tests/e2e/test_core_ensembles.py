@@ -10,7 +10,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -18,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonfast._proto import grpc_service_pb2 as pb
 
-from tests.conftest import ROOT, RunningServer, start_server
-from tests.e2e.test_core_path import MODEL_INFER, Connection, _grpc_answer
+from tests.conftest import ROOT, RunningServer
+from tests.e2e.corepair import Connection, grpc_answer, server_pair
 
 ENSEMBLE_MODELS = ROOT / "tests" / "models_ensemble"
 # Ensembles whose steps answer the same whatever ran before (not ens_meet: its count_up
@@ -34,21 +33,7 @@ ENSEMBLES = {
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, ...]]:
     logs = tmp_path_factory.mktemp("core_ensembles")
-    core = start_server([ENSEMBLE_MODELS], logs / "core.log")
-    reference = start_server(
-        [ENSEMBLE_MODELS], logs / "reference.log", "--backend-config=python,core-path=off"
-    )
-    yield core, reference
-    assert core.stop() == 0, core.log()
-    assert reference.stop() == 0, reference.log()
-
-
-@pytest.fixture(scope="module")
-def connections(servers: tuple[RunningServer, ...]) -> Iterator[tuple[Connection, Connection]]:
-    pair = (Connection(servers[0].http_port), Connection(servers[1].http_port))
-    yield pair
-    for connection in pair:
-        connection.close()
+    yield from server_pair([ENSEMBLE_MODELS], logs)
 
 
 @st.composite
@@ -111,18 +96,6 @@ def test_the_core_runs_ensembles_as_the_reference_scheduler(
     assert core.ask(*request) == reference.ask(*request)
 
 
-@pytest.fixture(scope="module")
-def grpc_calls(servers: tuple[RunningServer, ...]) -> Iterator[tuple[Any, Any]]:
-    channels = [grpc.insecure_channel(s.grpc_url) for s in servers]
-    calls = tuple(
-        c.unary_unary(MODEL_INFER, request_serializer=None, response_deserializer=None)
-        for c in channels
-    )
-    yield calls
-    for channel in channels:
-        channel.close()
-
-
 @st.composite
 def grpc_requests(draw: Any) -> bytes:
     model, shape, values = draw(ensemble_inputs())
@@ -143,7 +116,7 @@ def test_grpc_calls_to_ensembles_get_the_reference_answers(
     grpc_calls: tuple[Any, Any], message: bytes
 ) -> None:
     core, reference = grpc_calls
-    assert _grpc_answer(core, message) == _grpc_answer(reference, message)
+    assert grpc_answer(core, message) == grpc_answer(reference, message)
 
 
 def test_the_ensembles_statistics_count_the_cores_runs(

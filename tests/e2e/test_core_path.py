@@ -7,21 +7,20 @@ invalid), sent over real sockets to a server whose core answers them and to one 
 from __future__ import annotations
 
 import json
-import socket
 import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonfast._proto import grpc_service_pb2 as pb
 
-from tests.conftest import TEST_MODELS, RunningServer, start_server
+from tests.conftest import TEST_MODELS, RunningServer
+from tests.e2e.corepair import Connection, grpc_answer, server_pair
 
 DATATYPES = {
     "BOOL": "bool",
@@ -39,52 +38,12 @@ DATATYPES = {
     "BF16": "bf16",
     "BYTES": "bytes",
 }
-# The headers a client reads (the date and server lines are not part of the comparison).
-COMPARED = (b"content-type", b"content-length", b"inference-header-content-length", b"connection")
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection, a request at a time."""
-
-    def __init__(self, port: int) -> None:
-        self._sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        self._reader = self._sock.makefile("rb")
-
-    def ask(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict, bytes]:
-        lines = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(body)}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        self._sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-        status = self._reader.readline().rstrip(b"\r\n")
-        fields = {}
-        while line := self._reader.readline().rstrip(b"\r\n"):
-            name, _, value = line.partition(b":")
-            fields[name.strip().lower()] = value.strip()
-        answer = self._reader.read(int(fields.get(b"content-length", b"0")))
-        return status, {k: v for k, v in fields.items() if k in COMPARED}, answer
-
-    def close(self) -> None:
-        self._reader.close()
-        self._sock.close()
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, ...]]:
     logs = tmp_path_factory.mktemp("core_path")
-    core = start_server([TEST_MODELS], logs / "core.log")
-    reference = start_server(
-        [TEST_MODELS], logs / "reference.log", "--backend-config=python,core-path=off"
-    )
-    yield core, reference
-    assert core.stop() == 0
-    assert reference.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def connections(servers: tuple[RunningServer, ...]) -> Iterator[tuple[Connection, Connection]]:
-    pair = (Connection(servers[0].http_port), Connection(servers[1].http_port))
-    yield pair
-    for connection in pair:
-        connection.close()
+    yield from server_pair([TEST_MODELS], logs)
 
 
 def _values(datatype: str, count: int, draw: Any) -> Any:
@@ -230,28 +189,6 @@ def test_the_core_answers_them(
 
 
 # -- gRPC ---------------------------------------------------------------------------------------
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-
-
-@pytest.fixture(scope="module")
-def grpc_calls(servers: tuple[RunningServer, ...]) -> Iterator[tuple[Any, Any]]:
-    channels = [grpc.insecure_channel(s.grpc_url) for s in servers]
-    calls = tuple(
-        c.unary_unary(MODEL_INFER, request_serializer=None, response_deserializer=None)
-        for c in channels
-    )
-    yield calls
-    for channel in channels:
-        channel.close()
-
-
-def _grpc_answer(call: Any, message: bytes) -> tuple[str, Any]:
-    try:
-        return "ok", call(message, timeout=30)
-    except grpc.RpcError as error:
-        return str(error.code()), error.details()
-
-
 @st.composite
 def grpc_requests(draw: Any) -> bytes:
     """A ModelInferRequest to one of the identity models, serialized."""
@@ -281,7 +218,7 @@ def test_grpc_calls_get_the_reference_paths_answers(
     grpc_calls: tuple[Any, Any], message: bytes
 ) -> None:
     core, reference = grpc_calls
-    assert _grpc_answer(core, message) == _grpc_answer(reference, message)
+    assert grpc_answer(core, message) == grpc_answer(reference, message)
 
 
 def test_the_core_answers_grpc_calls(

@@ -72,7 +72,7 @@ pub enum CallAnswer {
 fn tensor(w: &mut Writer, t: &CallTensor) {
     w.str(&t.name);
     w.str(&t.datatype);
-    w.u32(u32::try_from(t.shape.len()).unwrap_or(u32::MAX));
+    w.count(t.shape.len());
     for &d in &t.shape {
         w.i64(d);
     }
@@ -107,13 +107,13 @@ impl CallMessage {
             None => w.u8(0),
             Some(names) => {
                 w.u8(1);
-                w.u32(u32::try_from(names.len()).unwrap_or(u32::MAX));
+                w.count(names.len());
                 for name in names {
                     w.str(name);
                 }
             }
         }
-        w.u32(u32::try_from(self.inputs.len()).unwrap_or(u32::MAX));
+        w.count(self.inputs.len());
         for t in &self.inputs {
             tensor(&mut w, t);
         }
@@ -168,11 +168,8 @@ impl CallAnswer {
                 outputs,
             } => {
                 w.u8(0);
-                w.str(model_name);
-                w.str(model_version);
-                w.str(id);
-                w.str(parameters);
-                w.u32(u32::try_from(outputs.len()).unwrap_or(u32::MAX));
+                w.response_head(model_name, model_version, id, parameters);
+                w.count(outputs.len());
                 for t in outputs {
                     tensor(&mut w, t);
                 }
@@ -195,10 +192,7 @@ impl CallAnswer {
         let mut r = Reader::new(b);
         let answer = match r.u8()? {
             0 => {
-                let model_name = r.str()?;
-                let model_version = r.str()?;
-                let id = r.str()?;
-                let parameters = r.str()?;
+                let (model_name, model_version, id, parameters) = r.response_head()?;
                 let n = r.count(16)?;
                 let outputs = (0..n)
                     .map(|_| read_tensor(&mut r))

@@ -104,7 +104,20 @@ impl Writer {
     pub fn str(&mut self, v: &str) {
         self.bytes(v.as_bytes());
     }
-    fn count(&mut self, n: usize) {
+    /// A response's model, version, id and parameters (a batch's reply, a call's answer).
+    pub fn response_head(
+        &mut self,
+        model_name: &str,
+        model_version: &str,
+        id: &str,
+        parameters: &str,
+    ) {
+        self.str(model_name);
+        self.str(model_version);
+        self.str(id);
+        self.str(parameters);
+    }
+    pub fn count(&mut self, n: usize) {
         self.u32(u32::try_from(n).unwrap_or(u32::MAX));
     }
     pub fn slot(&mut self, slot: &Slot) {
@@ -177,6 +190,11 @@ impl<'a> Reader<'a> {
         let n = self.u32()? as usize;
         self.take(n)
     }
+    /// What [`Writer::response_head`] wrote: model, version, id, parameters.
+    pub fn response_head(&mut self) -> Result<(String, String, String, String), CoreError> {
+        Ok((self.str()?, self.str()?, self.str()?, self.str()?))
+    }
+
     /// A status code, by its name (an unknown one reads as INTERNAL).
     pub fn code(&mut self) -> Result<Code, CoreError> {
         let name = self.str()?;
@@ -338,10 +356,7 @@ impl ReplyMessage {
                     outputs,
                 } => {
                     w.u8(0);
-                    w.str(model_name);
-                    w.str(model_version);
-                    w.str(id);
-                    w.str(parameters);
+                    w.response_head(model_name, model_version, id, parameters);
                     w.count(outputs.len());
                     for s in outputs {
                         w.slot(s);
@@ -370,10 +385,7 @@ impl ReplyMessage {
         let mut results = Vec::with_capacity(count);
         for _ in 0..count {
             results.push(if r.u8()? == 0 {
-                let model_name = r.str()?;
-                let model_version = r.str()?;
-                let id = r.str()?;
-                let parameters = r.str()?;
+                let (model_name, model_version, id, parameters) = r.response_head()?;
                 let n = r.count(4)?;
                 let outputs = (0..n).map(|_| r.slot()).collect::<Result<_, _>>()?;
                 Outcome::Response {

@@ -7,11 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::infer::PyInferSignature;
-use super::lane::{PyLane, request_body};
+use super::lane::{PyLane, http_reply, request_body};
 use super::outbox::PyOutStream;
-use crate::lane::HttpReply;
 use crate::lane::ensemble::{Ensemble, EnsembleCounts, EnsembleRun, EnsembleStep, Started};
-use crate::lane::response::Framing;
 
 /// The counts of an ensemble version's core runs (kept across the `EnsembleLane`s built for
 /// it as its steps' lanes change).
@@ -110,11 +108,7 @@ impl PyEnsembleLane {
         token: u64,
     ) -> PyResult<Option<PyEnsembleRun>> {
         let body = request_body(body)?;
-        let reply = HttpReply {
-            stream: Arc::clone(&stream.get().0),
-            framing: Framing { minor, keep_alive },
-            token,
-        };
+        let reply = http_reply(stream, minor, keep_alive, token);
         let ensemble = &self.0;
         Ok(Self::started(
             py.detach(|| ensemble.submit_http(body, json_length, reply)),

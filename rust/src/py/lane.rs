@@ -140,6 +140,20 @@ pub(super) fn request_body<'a>(body: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]>
     Ok(unsafe { borrowed_bytes(address, len) })
 }
 
+/// Where the answer to an HTTP request handed over on `stream` goes.
+pub(super) fn http_reply(
+    stream: &Bound<'_, PyOutStream>,
+    minor: u8,
+    keep_alive: bool,
+    token: u64,
+) -> HttpReply {
+    HttpReply {
+        stream: Arc::clone(&stream.get().0),
+        framing: Framing { minor, keep_alive },
+        token,
+    }
+}
+
 /// A request body the core reads where Python holds it, keeping the object alive.
 struct LentBody {
     _owner: Py<PyAny>,
@@ -256,11 +270,7 @@ impl PyLane {
         token: u64,
     ) -> PyResult<Option<PyTicket>> {
         let body = lent_body(body)?;
-        let reply = HttpReply {
-            stream: Arc::clone(&stream.get().0),
-            framing: Framing { minor, keep_alive },
-            token,
-        };
+        let reply = http_reply(stream, minor, keep_alive, token);
         let lane = &self.inner;
         match py.detach(|| lane.submit_http(body, json_length, reply)) {
             Submitted::Queued(ticket) => Ok(Some(PyTicket { inner: ticket })),
