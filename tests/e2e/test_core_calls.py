@@ -37,33 +37,44 @@ PROBE = textwrap.dedent(
         return [tensor.name(), array.dtype.str, list(array.shape), values]
 
 
+    def _call(request):
+        plan = json.loads(pb_utils.get_input_tensor_by_name(request, "PLAN").as_numpy()[0])
+        inputs = []
+        for name, dtype, shape, values in plan["inputs"]:
+            if dtype == "object":
+                values = [v.encode("latin-1") for v in values]
+            array = np.array(values, dtype=dtype).reshape(shape)
+            inputs.append(pb_utils.Tensor(name, array))
+        return pb_utils.InferenceRequest(
+            model_name=plan["model"],
+            model_version=plan["version"],
+            inputs=inputs,
+            requested_output_names=plan["outputs"],
+            request_id=plan["id"],
+        )
+
+
+    def _response(answer):
+        if answer.has_error():
+            text = "error " + answer.error().message()
+        else:
+            text = json.dumps(sorted(_described(t) for t in answer.output_tensors()))
+        result = np.array([text.encode()], dtype=np.object_)
+        return pb_utils.InferenceResponse([pb_utils.Tensor("RESULT", result)])
+
+
     class TritonPythonModel:
         def execute(self, requests):
-            responses = []
-            for request in requests:
-                plan = json.loads(pb_utils.get_input_tensor_by_name(request, "PLAN").as_numpy()[0])
-                inputs = []
-                for name, dtype, shape, values in plan["inputs"]:
-                    if dtype == "object":
-                        values = [v.encode("latin-1") for v in values]
-                    array = np.array(values, dtype=dtype).reshape(shape)
-                    inputs.append(pb_utils.Tensor(name, array))
-                answer = pb_utils.InferenceRequest(
-                    model_name=plan["model"],
-                    model_version=plan["version"],
-                    inputs=inputs,
-                    requested_output_names=plan["outputs"],
-                    request_id=plan["id"],
-                ).exec()
-                if answer.has_error():
-                    text = "error " + answer.error().message()
-                else:
-                    text = json.dumps(sorted(_described(t) for t in answer.output_tensors()))
-                result = np.array([text.encode()], dtype=np.object_)
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("RESULT", result)]))
-            return responses
+            return [_response(_call(request).exec()) for request in requests]
     """
 )
+# The same with `async_exec()`, the batch's calls made at once.
+ASYNC_EXECUTE = """
+    class TritonPythonModel:
+        async def execute(self, requests):
+            calls = [_call(request).async_exec() for request in requests]
+            return [_response(answer) for answer in await asyncio.gather(*calls)]
+"""
 CONFIG = """
 backend: "python"
 max_batch_size: 0
@@ -83,10 +94,15 @@ TARGETS = {
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, ...]]:
     root = tmp_path_factory.mktemp("core_calls")
-    model = root / "models" / "bls_probe"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(CONFIG)
-    (model / "1" / "model.py").write_text(PROBE)
+    head, _, _ = PROBE.partition("class TritonPythonModel")
+    for name, code in [
+        ("bls_probe", PROBE),
+        ("bls_probe_async", "import asyncio\n" + head + textwrap.dedent(ASYNC_EXECUTE)),
+    ]:
+        model = root / "models" / name
+        (model / "1").mkdir(parents=True)
+        (model / "config.pbtxt").write_text(CONFIG)
+        (model / "1" / "model.py").write_text(code)
     repositories = [TEST_MODELS, root / "models"]
     yield from server_pair(repositories, root)
 
@@ -124,20 +140,20 @@ def plans(draw: Any) -> dict[str, Any]:
     }
 
 
-def _result(client: Any, plan: dict[str, Any]) -> str:
+def _result(client: Any, plan: dict[str, Any], probe: str = "bls_probe") -> str:
     tensor = httpclient.InferInput("PLAN", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([json.dumps(plan).encode()], dtype=np.object_))
-    answer = client.infer("bls_probe", [tensor])
+    answer = client.infer(probe, [tensor])
     return bytes(answer.as_numpy("RESULT")[0]).decode()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(plans())
+@given(plans(), st.sampled_from(["bls_probe", "bls_probe_async"]))
 def test_calls_the_core_takes_come_to_what_they_come_to_through_python(
-    clients: tuple[Any, Any], plan: dict[str, Any]
+    clients: tuple[Any, Any], plan: dict[str, Any], probe: str
 ) -> None:
     core, reference = clients
-    assert _result(core, plan) == _result(reference, plan)
+    assert _result(core, plan, probe) == _result(reference, plan, probe)
 
 
 def test_a_call_answered_by_the_core_carries_its_tensors(clients: tuple[Any, Any]) -> None:

@@ -107,16 +107,14 @@ def worker_main(
     server.open()
     # The server's core drives the instance over the channel unless the model streams its
     # responses (see process.ProcessInstance.core_driven).
-    channel = None
-    # Set while a batch from the channel runs: its driver thread reads the channel then, and
-    # takes the calls the model makes (see workercalls).
-    on_channel = threading.Event()
+    channel = calls = None
     if not config.model_transaction_policy.decoupled:
         channel = LaneWorkerChannel(lane_conn.fileno())
-        server.direct = ChannelCalls(channel, on_channel)
+        # The calls the model makes while a batch from the channel runs (see workercalls).
+        server.direct = calls = ChannelCalls(channel)
     _Worker(
         pipe, in_batch, streams, instance, config.name, instance_name, output_prefix, metrics
-    ).serve(channel, conn.fileno(), metrics_source, on_channel)
+    ).serve(channel, conn.fileno(), metrics_source, calls)
 
 
 def _install_server_handle(
@@ -205,7 +203,7 @@ class _Worker:
         channel: LaneWorkerChannel | None,
         pipe_fd: int,
         metrics_source: str,
-        on_channel: threading.Event,
+        calls: ChannelCalls | None,
     ) -> None:
         """Runs batches until the server says finalize or goes away: from the core's
         ``channel`` when there is one (the pipe then brings only finalize), else from the
@@ -219,11 +217,7 @@ class _Worker:
                         channel = None  # still brings finalize
                         continue
                     if batch is not None:
-                        on_channel.set()
-                        try:
-                            self._run_channel_batch(channel, batch, metrics_source)
-                        finally:
-                            on_channel.clear()
+                        self._run_channel_batch(channel, batch, metrics_source, calls)
                         continue
                 message = self._pipe.next_work()
                 if message[0] == "finalize":
@@ -274,7 +268,11 @@ class _Worker:
         return cast(Sequence[Result | None] | None, returned)
 
     def _run_channel_batch(
-        self, channel: LaneWorkerChannel, batch: tuple[Any, ...], metrics_source: str
+        self,
+        channel: LaneWorkerChannel,
+        batch: tuple[Any, ...],
+        metrics_source: str,
+        calls: ChannelCalls | None,
     ) -> None:
         """A batch from the core: its requests described in the channel's message, its reply
         written back there (parameters as JSON text, errors by code name)."""
@@ -289,7 +287,13 @@ class _Worker:
             self._cancel_flags.map(flags_name, flags_size).buffer,
             None,
         )
-        returned = self._execute(requests)
+        if calls is not None:
+            calls.open()
+        try:
+            returned = self._execute(requests)
+        finally:
+            if calls is not None:
+                calls.close()  # (waits for a call still in flight: its answer comes first)
         answers: list[Result | None] = (
             [None] * len(requests) if returned is None else list(returned)
         )

@@ -1,8 +1,9 @@
 """BLS calls a worker makes over the core's channel (``rust/src/lane/call.rs``): a call the
-model makes from its batch (``exec()`` in ``execute``, on the worker's main thread) goes to
-the driver thread that waits for the batch's reply, which queues it in the target model's lane
-and has its answer sent back, with no Python of the server's on the way. Anything else goes
-over the pipe as before (:mod:`.workerbls`): calls from the model's own threads or between
+model makes while a batch from the channel runs (``exec()`` or ``async_exec()`` in
+``execute``, from any of its threads) goes to the driver thread that waits for the batch's
+reply, which queues it in the target model's lane and has its answer sent back, with no Python
+of the server's on the way. Such calls go one at a time, and the batch's reply waits for the
+one in flight. Anything else goes over the pipe as before (:mod:`.workerbls`): calls between
 batches (nobody reads the channel then), traced calls (their traces are the server's), calls
 with sequence controls, and calls the core sends back (``reroute``: the target is not on a
 lane, or not loaded), whose model is then left to the pipe for a while.
@@ -33,22 +34,29 @@ _U64 = (1 << 64) - 1
 class ChannelCalls:
     """Makes a worker's calls over its channel when it can (see the module docstring)."""
 
-    def __init__(self, channel: LaneWorkerChannel, on_channel: threading.Event) -> None:
+    def __init__(self, channel: LaneWorkerChannel) -> None:
         self._channel = channel
-        # Set while a batch from the channel runs (its driver reads the channel only then).
-        self._on_channel = on_channel
-        self._main = threading.main_thread()
+        # Held by a call on the channel; True while a batch from the channel runs (its driver
+        # reads the channel only then).
+        self._lock = threading.Lock()
+        self._open = False
         # Models whose calls went back to the pipe, and until when.
         self._rerouted: dict[str, float] = {}
+
+    def open(self) -> None:
+        """A batch from the channel starts: calls may take the channel."""
+        self._open = True
+
+    def close(self) -> None:
+        """The batch's ``execute`` returned: once a call still in flight is answered, calls
+        go over the pipe again."""
+        with self._lock:
+            self._open = False
 
     def __call__(self, request: InferRequest) -> InferResponse | None:
         """The call's response (its error raised, ``NotRun`` for a refusal); None when it
         must go over the pipe."""
-        if (
-            threading.current_thread() is not self._main
-            or not self._on_channel.is_set()
-            or request.parent_trace is not None
-        ):
+        if not self._open or request.parent_trace is not None:
             return None
         params = request.parameters
         if params and any(key in params for key in _SEQUENCE_KEYS):
@@ -58,8 +66,25 @@ class ChannelCalls:
         if until is not None:
             if time.monotonic() < until:
                 return None
-            del self._rerouted[name]
-        answer = self._channel.call(
+            self._rerouted.pop(name, None)
+        with self._lock:
+            if not self._open:  # the batch ended meanwhile
+                return None
+            answer = self._call(name, request)
+        kind = answer[0]
+        if kind == "reroute":
+            self._rerouted[name] = time.monotonic() + _REROUTED_S
+            return None
+        if kind == "ok":
+            return _response(answer)
+        error = error_for(Code(answer[1]), answer[2])
+        if kind == "not_run":
+            raise NotRun(error)
+        raise error
+
+    def _call(self, name: str, request: InferRequest) -> tuple[Any, ...]:
+        params = request.parameters
+        return self._channel.call(
             name,
             request.model_version,
             request.id,
@@ -72,16 +97,6 @@ class ChannelCalls:
                 for t in request.inputs
             ],
         )
-        kind = answer[0]
-        if kind == "reroute":
-            self._rerouted[name] = time.monotonic() + _REROUTED_S
-            return None
-        if kind == "ok":
-            return _response(answer)
-        error = error_for(Code(answer[1]), answer[2])
-        if kind == "not_run":
-            raise NotRun(error)
-        raise error
 
 
 def _unsigned(value: object, limit: int) -> int:
