@@ -159,6 +159,22 @@ def test_large_bodies_get_the_reference_answers(
         assert answer == reference.ask(*request)
 
 
+@pytest.mark.parametrize("count", [1 << 18, 3 << 18])
+def test_large_grpc_messages_get_the_reference_answers(
+    grpc_calls: tuple[Any, Any], count: int
+) -> None:
+    """Messages large enough to count against the body budget (1 and 3 MiB) go to the core
+    as well: the same replies."""
+    message = pb.ModelInferRequest(model_name="identity_fp32", id="large")
+    message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, count])
+    message.raw_input_contents.append(np.arange(count, dtype=np.float32).tobytes())
+    data = message.SerializeToString()
+    core, reference = grpc_calls
+    answer = grpc_answer(core, data)
+    assert answer[0] == "ok"
+    assert answer == grpc_answer(reference, data)
+
+
 def _driver_ticks(pid: int) -> int:
     """CPU time (clock ticks) of the core's driver threads."""
     ticks = 0

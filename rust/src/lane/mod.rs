@@ -342,13 +342,14 @@ impl<E: Send> Lane<E> {
     /// Decodes a gRPC `ModelInferRequest` (as received) and queues it; its answer goes to
     /// [`Deliver`] serialized. A request the core does not take on, or that its model refuses,
     /// goes to the reference path (which words gRPC's errors).
-    pub fn submit_grpc(&self, message: Vec<u8>, sink: E) -> Submitted {
-        let Decoded::Request(request, batch_size) = decode_grpc(&message, &self.signature) else {
+    pub fn submit_grpc(&self, message: Body, sink: E) -> Submitted {
+        let decoded = decode_grpc((*message).as_ref(), &self.signature);
+        let Decoded::Request(request, batch_size) = decoded else {
             return Submitted::Reference;
         };
         let item = LaneItem {
             request,
-            body: Box::new(message),
+            body: message,
             parameters: String::new(),
             sink: Sink::Grpc(sink),
         };

@@ -288,7 +288,7 @@ impl PyLane {
         message: &Bound<'_, PyBytes>,
         sink: Py<PyAny>,
     ) -> PyResult<Option<PyTicket>> {
-        let message = message.as_bytes().to_vec();
+        let message = lent_body(message)?;
         let lane = &self.inner;
         match py.detach(|| lane.submit_grpc(message, sink)) {
             Submitted::Queued(ticket) => Ok(Some(PyTicket { inner: ticket })),

@@ -206,7 +206,7 @@ class _Call:
             self.over()
             return
         whole = self.method.whole
-        if whole is not None and data is not None and not self.budgeted and whole(self, data):
+        if whole is not None and data is not None and whole(self, data):
             return
         self.task = self.server.loop.create_task(self.run(data))
 

@@ -6,8 +6,7 @@ and checks it, queues it, runs its batch on the worker and serializes the reply
 (``ModelInferResponse`` with ``raw_output_contents``); the event loop only sends that reply,
 once per batch woken. What the core's decoder does not take on goes to the servicer (the
 reference path), which answers every call as Triton does: request or tensor parameters,
-typed ``contents``, shared memory, messages counted against the body budget, and every
-request its model refuses (the reference path words gRPC's errors); so do all calls while
+typed ``contents``, shared memory, and every request its model refuses (the reference path words gRPC's errors); so do all calls while
 tracing or header forwarding is on.
 """
 
