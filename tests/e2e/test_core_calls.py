@@ -81,8 +81,10 @@ max_batch_size: 0
 input [ { name: "PLAN" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
-# Call targets: identity models of several datatypes, and names no model has.
+# Call targets: identity models of several datatypes, a model that fails every request, and
+# names no model has.
 TARGETS = {
+    "raiser": "float32",
     "identity_fp32": "float32",
     "identity_int64": "int64",
     "identity_bool": "bool",
@@ -122,6 +124,8 @@ def plans(draw: Any) -> dict[str, Any]:
     shape = [draw(st.integers(1, 2)), draw(st.integers(0, 3))]
     if draw(st.integers(0, 8)) == 0:
         shape = shape[1:]  # no batch dimension: the target refuses it
+    if model == "raiser":  # (no batching: [1] it takes, and fails)
+        shape = [1]
     count = int(np.prod(shape))
     if dtype == "object":
         values: list[Any] = draw(st.lists(st.text(max_size=4), min_size=count, max_size=count))
