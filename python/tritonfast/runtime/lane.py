@@ -241,6 +241,7 @@ class LaneScheduler(Scheduler):
         on_loop: list[tuple[Any, Any]] = []
         for sink, described in items:
             if type(sink) is not _Sink:  # a frontend's (LaneAnswer): it reads the answer
+                sink.send_early(described)
                 on_loop.append((sink, described))
                 continue
             result = response_of(described)
@@ -369,6 +370,10 @@ class CoreLane(Protocol):
 class LaneAnswer(Protocol):
     """A frontend's sink (a gRPC call the core answers whole): reads the answer as the core
     described it, on the event loop."""
+
+    def send_early(self, described: tuple[Any, ...]) -> None:
+        """On the driver thread, first: what of the answer may go out from there."""
+        ...
 
     def answered(self, described: tuple[Any, ...]) -> None: ...
 
