@@ -9,7 +9,7 @@ Python (gRPC, the HTTP reference path, models' calls, ensembles) go into the sam
 (:meth:`LaneScheduler._deliver`), and the workers are started again when they die.
 
 A version takes this path (:func:`lane_eligible`) when every instance is a worker the core
-can drive (:class:`CoreDriven`: not decoupled, never waiting on the server) and its
+can drive (:class:`CoreDriven`: not decoupled) and its
 scheduler is the default or the dynamic batcher without shape tensors; everything else keeps
 the queue schedulers of :mod:`.scheduler`.
 """

@@ -35,11 +35,12 @@ cancellation segment (one byte per request of the batch), which the worker's req
 Batches of models the server's core takes all the way (:mod:`tritonfast.runtime.lane`) go to
 the worker over a channel of the core's (typed messages, written and read without the GIL on
 the lane's driver threads): :attr:`ProcessInstance.core_driven`. The pipe then carries the
-rest (logs, metric values, finalize), read on the event loop. Other batches are driven from the
-event loop: the loop writes each batch for the worker and reads everything the worker sends
-(:mod:`.looppipe`, through ``execute_later``), with no instance thread or GIL hand-over in
-between. Models whose code may wait on the server (BLS) run from the
-instance's thread instead (``execute``; a decoupled one's responses are read by a
+rest (logs, metric values, the calls the model makes through the server's Python, finalize),
+read on the event loop. Other batches (with ``core-path=off``, and decoupled models') are
+driven from the event loop: the loop writes each batch for the worker and reads everything the
+worker sends (:mod:`.looppipe`, through ``execute_later``), with no instance thread or GIL
+hand-over in between. Those whose code may wait on the server (BLS) run from the instance's
+thread instead (``execute``; a decoupled one's responses are read by a
 :class:`~.workerstream.ResponseRelay` thread). Workers are forked from a fork server that
 imported the worker's module once (:func:`~.workerprocess.worker_context`).
 
