@@ -9,7 +9,6 @@ from typing_extensions import Self
 __all__ = [
     "QUEUE_FULL_MESSAGE",
     "Batch",
-    "EnsembleCounts",
     "EnsembleLane",
     "EnsembleRun",
     "Handoff",
@@ -438,16 +437,6 @@ class Lane:
     def __len__(self) -> int: ...
 
 @final
-class EnsembleCounts:
-    """The counts of an ensemble version's core runs, shared by the ``EnsembleLane``s built
-    for it."""
-
-    def __new__(cls) -> Self: ...
-    def snapshot(self) -> dict[str, Any]:
-        """``success``/``fail`` as ``(count, ns)``, ``inferences``, ``last_ms``,
-        ``queue_ns``, ``compute_input_ns``, ``compute_infer_ns``, ``compute_output_ns``."""
-
-@final
 class EnsembleRun:
     """A request running through an ``EnsembleLane``."""
 
@@ -460,12 +449,17 @@ class EnsembleLane:
         signature: InferSignature,
         model_version: str,
         outputs: list[str],
-        steps: list[tuple[Lane, list[tuple[str, str]], list[tuple[str, str]]]],
-        counts: EnsembleCounts,
+        steps: list[tuple[str, str, list[tuple[str, str]], list[tuple[str, str]]]],
+        registry: LaneRegistry,
     ) -> Self:
         """``outputs``: the ensemble's outputs in its configuration's order; ``steps``: each
-        step's model lane, (model input, ensemble tensor) and (model output, ensemble tensor)
-        pairs."""
+        step's model and version ("": its default), (model input, ensemble tensor) and (model
+        output, ensemble tensor) pairs; their lanes found in ``registry`` as requests start."""
+
+    def counts(self) -> dict[str, Any]:
+        """What the requests it ran came to: ``success``/``fail`` as ``(count, ns)``,
+        ``inferences``, ``last_ms``, ``queue_ns``, ``compute_input_ns``,
+        ``compute_infer_ns``, ``compute_output_ns``."""
 
     def submit_http(
         self,

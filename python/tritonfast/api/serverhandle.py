@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from tritonfast._core import LaneCompletions, LaneRegistry
     from tritonfast.api.dataplane import DataPlane
     from tritonfast.custommetrics import ServerCustomMetrics
-    from tritonfast.runtime.lane import CoreLane
 
 
 class ServerHandle:
@@ -110,9 +109,6 @@ class ServerHandle:
 
     def model_ready(self, name: str, version: str) -> bool:
         return self._dataplane.model_ready(name, version)
-
-    def core_lane(self, model: str, version: str = "") -> CoreLane | None:
-        return self._dataplane.lane_for(model, version)
 
     async def infer_async(self, request: InferRequest) -> InferResponse:
         """Send ``request`` from a coroutine on any event loop and await its one response.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tritonfast._core import LaneCompletions, LaneRegistry
 from tritonfast.custommetrics import ServerCustomMetrics
@@ -18,9 +18,6 @@ from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.runtime.instance import running_instance
 from tritonfast.runtime.responses import Streamed
-
-if TYPE_CHECKING:
-    from tritonfast.runtime.lane import CoreLane
 
 NOT_SERVING_MESSAGE = "the server is not serving: models can call other models only while it runs"
 
@@ -67,10 +64,6 @@ class Handle(Protocol):
     def load_model(self, name: str, parameters: dict[str, Any]) -> None: ...
     def unload_model(self, name: str, unload_dependents: bool) -> None: ...
     def model_ready(self, name: str, version: str) -> bool: ...
-    def core_lane(self, model: str, version: str = "") -> CoreLane | None:
-        """Where the core takes the model's requests all the way (see runtime.lane), when it
-        does; None in a worker process."""
-        ...
 
 
 # The servers running in this process (a worker process: its one forwarding handle).

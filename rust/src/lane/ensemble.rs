@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+use super::call::LaneRegistry;
 use super::grpcreply::grpc_answer;
 use super::message::Slot;
 use super::response::{ResponseParts, error_answer, response_answer};
@@ -34,20 +35,22 @@ use crate::infer::{
 };
 use crate::queue::Ticket;
 
-/// One step of an ensemble as its creator describes it.
-pub struct EnsembleStep<E> {
-    /// The lane of the step's model version.
-    pub lane: Arc<Lane<E>>,
+/// One step of an ensemble: its model, found in the server's [`LaneRegistry`] when a request
+/// starts (so a step model reloaded is the new version's lane from the next request on).
+#[derive(Debug, Clone)]
+pub struct EnsembleStep {
+    pub model: String,
+    /// Empty for the model's default version.
+    pub version: String,
     /// (the step model's input, the ensemble tensor it takes)
     pub inputs: Vec<(String, String)>,
     /// (the step model's output, the ensemble tensor it becomes)
     pub outputs: Vec<(String, String)>,
 }
 
-struct Step<E> {
+/// The lane a request's step runs on.
+struct StepLane<E> {
     lane: Arc<Lane<E>>,
-    inputs: Vec<(String, String)>,
-    outputs: Vec<(String, String)>,
     /// +1: a batch dimension of 1 is added to the step's inputs and taken off its outputs (the
     /// step batches, the ensemble does not); -1: the other way round; 0: alike.
     change: i8,
@@ -86,10 +89,9 @@ impl Spent {
     }
 }
 
-/// Counts shared by an ensemble's core runs (kept across the ensembles built for one loaded
-/// version as its steps' lanes change).
+/// The counts of an ensemble's core runs.
 #[derive(Debug, Default)]
-pub struct EnsembleCounts(Mutex<Counts>);
+struct EnsembleCounts(Mutex<Counts>);
 
 impl EnsembleCounts {
     pub fn snapshot(&self) -> Counts {
@@ -121,8 +123,9 @@ pub struct Ensemble<E> {
     signature: Signature,
     /// Its outputs, in the configuration's order (a request naming none gets these).
     outputs: Vec<String>,
-    steps: Vec<Step<E>>,
-    counts: Arc<EnsembleCounts>,
+    steps: Vec<EnsembleStep>,
+    registry: Arc<LaneRegistry<E>>,
+    counts: EnsembleCounts,
 }
 
 /// What [`Ensemble::submit_http`] and [`Ensemble::submit_grpc`] did with a request.
@@ -153,6 +156,8 @@ struct Tensor {
 /// One request running through an ensemble.
 pub struct EnsembleRun<E> {
     ensemble: Arc<Ensemble<E>>,
+    /// Per step, the lane it runs on (found as the request started).
+    lanes: Vec<StepLane<E>>,
     /// The client's request, its inputs moved into the run's tensors.
     request: CoreRequest,
     batch_size: u64,
@@ -180,14 +185,6 @@ struct RunState<E> {
 pub struct StepSink<E> {
     run: Arc<EnsembleRun<E>>,
     step: usize,
-}
-
-impl<E> std::fmt::Debug for EnsembleStep<E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EnsembleStep")
-            .field("lane", &self.lane)
-            .finish_non_exhaustive()
-    }
 }
 
 impl<E> std::fmt::Debug for Ensemble<E> {
@@ -229,40 +226,48 @@ impl<E: Send> StepSink<E> {
 }
 
 impl<E: Send> Ensemble<E> {
-    /// `outputs`: the ensemble's outputs in its configuration's order; `steps`: every step.
+    /// `outputs`: the ensemble's outputs in its configuration's order; `steps`: every step,
+    /// their models looked up in `registry`.
     pub fn new(
         version: String,
         signature: Signature,
         outputs: Vec<String>,
-        steps: Vec<EnsembleStep<E>>,
-        counts: Arc<EnsembleCounts>,
+        steps: Vec<EnsembleStep>,
+        registry: Arc<LaneRegistry<E>>,
     ) -> Self {
-        let batches = signature.max_batch_size() > 0;
-        let steps = steps
-            .into_iter()
-            .map(|step| {
-                let step_batches = step.lane.signature().max_batch_size() > 0;
-                let change = match (step_batches, batches) {
-                    (true, false) => 1,
-                    (false, true) => -1,
-                    _ => 0,
-                };
-                Step {
-                    lane: step.lane,
-                    inputs: step.inputs,
-                    outputs: step.outputs,
-                    change,
-                }
-            })
-            .collect();
         Ensemble {
             name: signature.model().to_owned(),
             version,
             signature,
             outputs,
             steps,
-            counts,
+            registry,
+            counts: EnsembleCounts::default(),
         }
+    }
+
+    /// What its requests that the core ran came to.
+    pub fn counts(&self) -> Counts {
+        self.counts.snapshot()
+    }
+
+    /// The lanes of its steps now; None when one of them is not on a lane (not loaded,
+    /// answered from the response cache, or not a model the core drives): found before a
+    /// request is decoded, so that one the core cannot run is decoded only by the reference
+    /// path.
+    fn lanes(&self) -> Option<Vec<StepLane<E>>> {
+        let batches = self.signature.max_batch_size() > 0;
+        let mut lanes = Vec::with_capacity(self.steps.len());
+        for step in &self.steps {
+            let lane = self.registry.find(&step.model, &step.version)?;
+            let change = match (lane.signature().max_batch_size() > 0, batches) {
+                (true, false) => 1,
+                (false, true) => -1,
+                _ => 0,
+            };
+            lanes.push(StepLane { lane, change });
+        }
+        Some(lanes)
     }
 
     /// Decodes an HTTP request's body (its JSON header `json_length` bytes) and starts it.
@@ -272,9 +277,12 @@ impl<E: Send> Ensemble<E> {
         json_length: usize,
         reply: HttpReply,
     ) -> Started<E> {
+        let Some(lanes) = self.lanes() else {
+            return Started::Reference;
+        };
         match decode_http(body, json_length, &self.signature) {
             Decoded::Request(request, batch_size) => {
-                self.start(request, body, batch_size, Sink::Http(reply))
+                self.start(request, body, batch_size, lanes, Sink::Http(reply))
             }
             Decoded::Refused(_) | Decoded::Reference => Started::Reference,
         }
@@ -283,9 +291,12 @@ impl<E: Send> Ensemble<E> {
     /// Decodes a gRPC `ModelInferRequest` (as received) and starts it; its serialized reply
     /// goes to the [`super::Deliver`] of the lane whose step finishes it, with `sink`.
     pub fn submit_grpc(self: &Arc<Self>, message: &[u8], sink: E) -> Started<E> {
+        let Some(lanes) = self.lanes() else {
+            return Started::Reference;
+        };
         match decode_grpc(message, &self.signature) {
             Decoded::Request(request, batch_size) => {
-                self.start(request, message, batch_size, Sink::Grpc(sink))
+                self.start(request, message, batch_size, lanes, Sink::Grpc(sink))
             }
             Decoded::Refused(_) | Decoded::Reference => Started::Reference,
         }
@@ -296,6 +307,7 @@ impl<E: Send> Ensemble<E> {
         mut request: CoreRequest,
         body: &[u8],
         batch_size: u64,
+        lanes: Vec<StepLane<E>>,
         sink: Sink<E>,
     ) -> Started<E> {
         let mut tensors = HashMap::with_capacity(request.inputs.len());
@@ -325,6 +337,7 @@ impl<E: Send> Ensemble<E> {
         };
         let run = Arc::new(EnsembleRun {
             ensemble: Arc::clone(self),
+            lanes,
             request,
             batch_size,
             parameters,
@@ -425,7 +438,7 @@ impl<E: Send> EnsembleRun<E> {
                     step: index,
                 }),
             };
-            let ticket = ensemble.steps[index]
+            let ticket = self.lanes[index]
                 .lane
                 .submit(item, batch_size)
                 .map_err(|error| ensemble.step_error(&error))?;
@@ -442,6 +455,7 @@ impl<E: Send> EnsembleRun<E> {
         state: &RunState<E>,
     ) -> Result<(CoreRequest, u64), CoreError> {
         let step = &self.ensemble.steps[index];
+        let StepLane { lane, change } = &self.lanes[index];
         let inputs = step
             .inputs
             .iter()
@@ -450,7 +464,7 @@ impl<E: Send> EnsembleRun<E> {
                 CoreInput {
                     name: model_input.clone(),
                     datatype: tensor.datatype,
-                    shape: rebatched(&tensor.shape, step.change),
+                    shape: rebatched(&tensor.shape, *change),
                     data: TensorData::Shared(Arc::clone(&tensor.data)),
                 }
             })
@@ -473,8 +487,7 @@ impl<E: Send> EnsembleRun<E> {
             output_places: Vec::new(),
             trace: 0,
         };
-        let batch_size = step
-            .lane
+        let batch_size = lane
             .signature()
             .check(&request)
             .map_err(|error| self.ensemble.step_error(&error))?;
@@ -522,6 +535,7 @@ impl<E: Send> EnsembleRun<E> {
         state: &mut RunState<E>,
     ) -> Result<(), CoreError> {
         let step = &self.ensemble.steps[index];
+        let change = self.lanes[index].change;
         let mut produced: HashMap<String, _> = response
             .outputs
             .into_iter()
@@ -531,8 +545,7 @@ impl<E: Send> EnsembleRun<E> {
             let missing = || {
                 CoreError::internal(format!(
                     "in ensemble '{}', model '{}' did not produce output '{model_output}'",
-                    self.ensemble.name,
-                    step.lane.signature().model()
+                    self.ensemble.name, step.model
                 ))
             };
             let output = produced.remove(model_output).ok_or_else(missing)?;
@@ -545,7 +558,7 @@ impl<E: Send> EnsembleRun<E> {
                 .map_err(|_| missing())?;
             let tensor_value = Tensor {
                 datatype,
-                shape: rebatched(&shape, -step.change),
+                shape: rebatched(&shape, -change),
                 data: Arc::new(output.data),
             };
             state.tensors.insert(tensor.clone(), tensor_value);
@@ -555,7 +568,7 @@ impl<E: Send> EnsembleRun<E> {
 
     /// Stops the steps still queued (those running end on their own; the run ignores them).
     fn cancel_steps(&self, state: &mut RunState<E>) {
-        for (step, running) in self.ensemble.steps.iter().zip(state.running.iter_mut()) {
+        for (step, running) in self.lanes.iter().zip(state.running.iter_mut()) {
             if let Some(ticket) = running
                 && step.lane.cancel(ticket).unwrap_or(false)
             {

@@ -685,8 +685,8 @@ impl<E: Send> Lane<E> {
         if target.stuck() {
             return refused(CoreError::unavailable(stuck_message(&call.model_name)));
         }
-        let request = match call_request(&call) {
-            Ok(request) => request,
+        let (request, parameters) = match call_request(call) {
+            Ok(taken) => taken,
             Err(error) => return refused(error),
         };
         let batch_size = match target.signature.check(&request) {
@@ -696,7 +696,7 @@ impl<E: Send> Lane<E> {
         let item = LaneItem {
             request,
             body: no_body(),
-            parameters: call.parameters,
+            parameters,
             sink: Sink::Call(CallSink {
                 channel: Arc::clone(channel),
                 waiting: Arc::clone(&waiting),
@@ -827,11 +827,11 @@ fn timing<E>(queued: &Queued<LaneItem<E>>) -> RequestTiming {
     }
 }
 
-/// A call's request as the core holds it.
-fn call_request(call: &CallMessage) -> Result<CoreRequest, CoreError> {
+/// A call's request as the core holds it (its tensors moved, not copied), and its parameters.
+fn call_request(call: CallMessage) -> Result<(CoreRequest, String), CoreError> {
     let inputs = call
         .inputs
-        .iter()
+        .into_iter()
         .map(|t| {
             let datatype = DataType::from_name(&t.datatype).ok_or_else(|| {
                 CoreError::invalid_arg(format!("unknown datatype '{}'", t.datatype))
@@ -843,21 +843,21 @@ fn call_request(call: &CallMessage) -> Result<CoreRequest, CoreError> {
                 .collect::<Result<_, _>>()
                 .map_err(|_| CoreError::invalid_arg("a negative dimension"))?;
             Ok(CoreInput {
-                name: t.name.clone(),
+                name: t.name,
                 datatype,
                 shape,
-                data: TensorData::Owned(t.data.clone()),
+                data: TensorData::Owned(t.data),
             })
         })
         .collect::<Result<_, CoreError>>()?;
-    Ok(CoreRequest {
-        id: call.id.clone(),
+    let request = CoreRequest {
+        id: call.id,
         inputs,
-        outputs: call.outputs.as_ref().map(|names| {
+        outputs: call.outputs.map(|names| {
             names
-                .iter()
+                .into_iter()
                 .map(|name| CoreOutput {
-                    name: name.clone(),
+                    name,
                     binary: false,
                 })
                 .collect()
@@ -865,7 +865,8 @@ fn call_request(call: &CallMessage) -> Result<CoreRequest, CoreError> {
         priority: (call.priority > 0).then_some(call.priority),
         timeout_us: (call.timeout_us > 0).then_some(call.timeout_us),
         ..CoreRequest::default()
-    })
+    };
+    Ok((request, call.parameters))
 }
 
 /// Hands ensemble steps' results to their runs; the answers of the runs they finish join the

@@ -1,5 +1,5 @@
-//! [`crate::lane::ensemble`] for the server's Python: an ensemble the core runs whole, its
-//! runs (for cancelling them), and the counts its runs keep.
+//! [`crate::lane::ensemble`] for the server's Python: an ensemble the core runs whole, and
+//! its runs (for cancelling them).
 
 use std::sync::Arc;
 
@@ -7,38 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::infer::PyInferSignature;
-use super::lane::{PyLane, http_reply, request_body};
+use super::lane::{PyLaneRegistry, http_reply, request_body};
 use super::outbox::PyOutStream;
-use crate::lane::ensemble::{Ensemble, EnsembleCounts, EnsembleRun, EnsembleStep, Started};
-
-/// The counts of an ensemble version's core runs (kept across the `EnsembleLane`s built for
-/// it as its steps' lanes change).
-#[pyclass(name = "EnsembleCounts", module = "tritonfast._core", frozen)]
-pub(crate) struct PyEnsembleCounts(Arc<EnsembleCounts>);
-
-#[pymethods]
-impl PyEnsembleCounts {
-    #[new]
-    fn new() -> Self {
-        Self(Arc::default())
-    }
-
-    /// `{"success": (count, ns), "fail": (count, ns), "inferences", "last_ms", "queue_ns",
-    /// "compute_input_ns", "compute_infer_ns", "compute_output_ns"}`.
-    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let counts = self.0.snapshot();
-        let dict = PyDict::new(py);
-        dict.set_item("success", (counts.success, counts.success_ns))?;
-        dict.set_item("fail", (counts.fail, counts.fail_ns))?;
-        dict.set_item("inferences", counts.inferences)?;
-        dict.set_item("last_ms", counts.last_ms)?;
-        dict.set_item("queue_ns", counts.spent.queue)?;
-        dict.set_item("compute_input_ns", counts.spent.compute_input)?;
-        dict.set_item("compute_infer_ns", counts.spent.compute_infer)?;
-        dict.set_item("compute_output_ns", counts.spent.compute_output)?;
-        Ok(dict)
-    }
-}
+use crate::lane::ensemble::{Ensemble, EnsembleRun, EnsembleStep, Started};
 
 /// A request running through an `EnsembleLane`.
 #[pyclass(name = "EnsembleRun", module = "tritonfast._core", frozen)]
@@ -48,13 +19,9 @@ pub(crate) struct PyEnsembleRun(Arc<EnsembleRun<Py<PyAny>>>);
 #[pyclass(name = "EnsembleLane", module = "tritonfast._core", frozen)]
 pub(crate) struct PyEnsembleLane(Arc<Ensemble<Py<PyAny>>>);
 
-/// A step as Python describes it: its model's lane, `(model input, ensemble tensor)` pairs,
-/// `(model output, ensemble tensor)` pairs.
-type PyStep<'py> = (
-    Bound<'py, PyLane>,
-    Vec<(String, String)>,
-    Vec<(String, String)>,
-);
+/// A step as Python describes it: its model, its version (empty: the default), `(model input,
+/// ensemble tensor)` pairs, `(model output, ensemble tensor)` pairs.
+type PyStep = (String, String, Vec<(String, String)>, Vec<(String, String)>);
 
 impl PyEnsembleLane {
     fn started(started: Started<Py<PyAny>>) -> Option<PyEnsembleRun> {
@@ -67,20 +34,21 @@ impl PyEnsembleLane {
 
 #[pymethods]
 impl PyEnsembleLane {
-    /// `outputs`: the ensemble's outputs in its configuration's order; `steps`: every step.
+    /// `outputs`: the ensemble's outputs in its configuration's order; `steps`: every step,
+    /// their models' lanes found in `registry` as each request starts.
     #[new]
-    #[allow(clippy::needless_pass_by_value)]
     fn new(
         signature: &Bound<'_, PyInferSignature>,
         model_version: String,
         outputs: Vec<String>,
-        steps: Vec<PyStep<'_>>,
-        counts: &Bound<'_, PyEnsembleCounts>,
+        steps: Vec<PyStep>,
+        registry: &Bound<'_, PyLaneRegistry>,
     ) -> Self {
         let steps = steps
             .into_iter()
-            .map(|(lane, inputs, outputs)| EnsembleStep {
-                lane: Arc::clone(&lane.get().inner),
+            .map(|(model, version, inputs, outputs)| EnsembleStep {
+                model,
+                version,
                 inputs,
                 outputs,
             })
@@ -90,8 +58,25 @@ impl PyEnsembleLane {
             signature.get().inner.clone(),
             outputs,
             steps,
-            Arc::clone(&counts.get().0),
+            Arc::clone(&registry.get().0),
         )))
+    }
+
+    /// What the requests it ran came to: `{"success": (count, ns), "fail": (count, ns),
+    /// "inferences", "last_ms", "queue_ns", "compute_input_ns", "compute_infer_ns",
+    /// "compute_output_ns"}`.
+    fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let counts = self.0.counts();
+        let dict = PyDict::new(py);
+        dict.set_item("success", (counts.success, counts.success_ns))?;
+        dict.set_item("fail", (counts.fail, counts.fail_ns))?;
+        dict.set_item("inferences", counts.inferences)?;
+        dict.set_item("last_ms", counts.last_ms)?;
+        dict.set_item("queue_ns", counts.spent.queue)?;
+        dict.set_item("compute_input_ns", counts.spent.compute_input)?;
+        dict.set_item("compute_infer_ns", counts.spent.compute_infer)?;
+        dict.set_item("compute_output_ns", counts.spent.compute_output)?;
+        Ok(dict)
     }
 
     /// As `Lane.submit_http`: an `EnsembleRun` once started, None when the reference path

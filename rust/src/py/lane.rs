@@ -480,7 +480,7 @@ impl PyLane {
 
 /// The lanes of a server's models, by name and version, for calls its models make.
 #[pyclass(name = "LaneRegistry", module = "tritonfast._core", frozen)]
-pub(crate) struct PyLaneRegistry(Arc<LaneRegistry<Py<PyAny>>>);
+pub(crate) struct PyLaneRegistry(pub(super) Arc<LaneRegistry<Py<PyAny>>>);
 
 #[pymethods]
 impl PyLaneRegistry {

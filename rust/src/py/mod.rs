@@ -38,7 +38,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handoff::HandoffDone>()?;
     m.add_class::<ensemble::PyEnsembleLane>()?;
     m.add_class::<ensemble::PyEnsembleRun>()?;
-    m.add_class::<ensemble::PyEnsembleCounts>()?;
     m.add_class::<infer::PyInferSignature>()?;
     m.add_class::<inflate::PyInflater>()?;
     m.add_class::<lane::PyLane>()?;

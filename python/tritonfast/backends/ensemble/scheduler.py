@@ -12,10 +12,11 @@ code and message, prefixed ``in ensemble '<name>', `` as in Triton; the steps st
 are cancelled. The ensemble's own statistics count its requests (with
 their whole durations); each step counts in its own model's statistics.
 
-When every step's model runs on a lane of the core (``runtime/lane.py``) and the ensemble is
-not decoupled, the core runs the requests that reach it whole from the frontends
-(:meth:`EnsembleScheduler.core_lane`, ``rust/src/lane/ensemble.rs``), by the same rules; the
-requests that come through Python (and those the core leaves to the reference path) run
+An ensemble that is not decoupled is also handed to the core (:meth:`EnsembleScheduler.
+core_lane`, ``rust/src/lane/ensemble.rs``): a request that reaches it whole from a frontend
+runs there, by the same rules, when every step it needs runs on a lane of the core
+(``runtime/lane.py``, found in the server's lane registry as the request starts). The
+requests that come through Python, and those the core leaves to the reference path, run
 here. Both count in the same statistics.
 """
 
@@ -28,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from time import perf_counter_ns
 from typing import Any, TypeVar
 
-from tritonfast._core import EnsembleCounts, EnsembleLane, Lane
+from tritonfast._core import EnsembleLane
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.ensemble.plan import EnsemblePlan, Step, plan_of
 from tritonfast.data.types import (
@@ -66,16 +67,26 @@ class EnsembleScheduler(Scheduler):
         self._server = server
         self._plan: EnsemblePlan = plan_of(config)
         self._version = version
-        self._signature = signature_of(config)
-        # The core's ensemble for the steps' current lanes (see core_lane).
-        self._core: tuple[list[Lane], EnsembleLane] | None = None
-        self._core_counts = EnsembleCounts()
         # With a decoupled step (the repository marks the ensemble decoupled then), requests
         # are streamed: see _stream.
         self._decoupled = config.model_transaction_policy.decoupled
         self._batches = config.max_batch_size > 0
         self._loop = loop
-        self._stats = _Counters(self._core_counts)
+        # The core's run of the ensemble (see core_lane); none in a server without lanes.
+        self._core: EnsembleLane | None = None
+        registry = server.lane_registry
+        if registry is not None and not self._decoupled:
+            self._core = EnsembleLane(
+                signature_of(config),
+                version,
+                list(self._plan.outputs),
+                [
+                    (step.model_name, step.model_version, list(step.inputs), list(step.outputs))
+                    for step in self._plan.steps
+                ],
+                registry,
+            )
+        self._stats = _Counters(self._core)
         self._running: set[asyncio.Task[Any]] = set()
         self._stopping = False
 
@@ -329,32 +340,10 @@ class EnsembleScheduler(Scheduler):
         return 1 if step_batches else -1
 
     def core_lane(self) -> EnsembleLane | None:
-        """The core's ensemble when every step's model version runs on a lane of the core
-        (built again when one of those lanes changes: a step model reloaded); None for a
-        decoupled ensemble, or while a step's model does not (or is not loaded)."""
-        if self._decoupled:
-            return None
-        lanes = []
-        for step in self._plan.steps:
-            lane = self._server.core_lane(step.model_name, step.model_version)
-            if type(lane) is not Lane:  # (an ensemble step stays with this scheduler)
-                return None
-            lanes.append(lane)
-        core = self._core
-        if core is not None and all(a is b for a, b in zip(core[0], lanes, strict=True)):
-            return core[1]
-        ensemble = EnsembleLane(
-            self._signature,
-            self._version,
-            list(self._plan.outputs),
-            [
-                (lane, list(step.inputs), list(step.outputs))
-                for lane, step in zip(lanes, self._plan.steps, strict=True)
-            ],
-            self._core_counts,
-        )
-        self._core = (lanes, ensemble)
-        return ensemble
+        """The core's run of this ensemble (None for a decoupled one): it takes a request
+        whole when every step it needs runs on a lane, and leaves the others to this
+        scheduler."""
+        return self._core
 
     # -- state ---------------------------------------------------------------------------
     def statistics(self) -> dict[str, Any]:
@@ -437,11 +426,24 @@ def _rebatched(datatype: str, shape: tuple[int, ...], data: Any, change: int) ->
     return datatype, shape, data
 
 
+# The counts of a scheduler the core runs no request of.
+_NO_CORE_COUNTS: dict[str, Any] = {
+    "success": (0, 0),
+    "fail": (0, 0),
+    "inferences": 0,
+    "last_ms": 0,
+    "queue_ns": 0,
+    "compute_input_ns": 0,
+    "compute_infer_ns": 0,
+    "compute_output_ns": 0,
+}
+
+
 class _Counters:
     """The ensemble's own statistics, in the layout of a scheduler's (see runtime.scheduler),
     with those of the requests the core ran (``core``)."""
 
-    def __init__(self, core: EnsembleCounts) -> None:
+    def __init__(self, core: EnsembleLane | None) -> None:
         self._core = core
         self._success = [0, 0]
         self._fail = [0, 0]
@@ -462,7 +464,7 @@ class _Counters:
         self._fail[1] += ns
 
     def snapshot(self) -> dict[str, Any]:
-        core = self._core.snapshot()
+        core = self._core.counts() if self._core is not None else _NO_CORE_COUNTS
         spent = self._spent
         success = [self._success[0] + core["success"][0], self._success[1] + core["success"][1]]
         fail = [self._fail[0] + core["fail"][0], self._fail[1] + core["fail"][1]]

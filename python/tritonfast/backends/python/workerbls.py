@@ -133,9 +133,6 @@ class WorkerHandle:
     def model_ready(self, name: str, version: str) -> bool:
         return bool(self._control("model_ready", name, version))
 
-    def core_lane(self, model: str, version: str = "") -> None:
-        return None  # (the core's lanes live in the server)
-
     def _check_open(self) -> None:
         if not self._open:
             raise UnavailableError(handle.NOT_SERVING_MESSAGE)
