@@ -18,6 +18,7 @@ __all__ = [
     "Lane",
     "LaneCompletions",
     "LaneRegistry",
+    "LaneTicket",
     "LaneWorkerChannel",
     "LaneWorkerLink",
     "OutStream",
@@ -361,6 +362,10 @@ class LaneWorkerChannel:
         slots)`` or ``("error", code, message)`` per request."""
 
 @final
+class LaneTicket:
+    """A request queued in a :class:`Lane`, for :meth:`Lane.cancel`."""
+
+@final
 class Lane:
     """A model version's request path in the core: its queue, its batches run on its
     workers by driver threads, HTTP answers written by the core."""
@@ -369,7 +374,7 @@ class Lane:
         cls,
         signature: InferSignature,
         model_version: str,
-        queue: RequestQueue,
+        queue: RequestQueue | SequenceBatcher,
         completions: LaneCompletions,
         deliver: Any,
         *,
@@ -378,8 +383,12 @@ class Lane:
         keyed_by_names: bool,
         instances: int = 0,
         registry: LaneRegistry | None = None,
+        controls: tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]
+        | None = None,
     ) -> Self:
-        """``queue``: a queue with the rules to follow (its configuration is copied);
+        """``queue``: a queue with the rules to follow (its configuration is copied), or a
+        sequence batcher and its requests' ``controls`` (flags as name, kind, datatype, false
+        and true bytes; CORRID as name and datatype; whether the model batches);
         ``deliver(items, extra, marks)`` answers requests submitted from Python."""
 
     def submit_http(
@@ -390,12 +399,13 @@ class Lane:
         minor: int,
         keep_alive: bool,
         token: int,
-    ) -> Ticket | None:
+    ) -> LaneTicket | None:
         """An HTTP request (its body ``bytes`` or a C-contiguous uint8 array) queued (a
-        ``Ticket``); None for the reference path; raises Triton's error for a refused one."""
+        ``LaneTicket``); None for the reference path; raises Triton's error for a refused
+        one."""
 
-    def submit_grpc(self, message: bytes, sink: Any) -> Ticket | None:
-        """A gRPC ``ModelInferRequest`` as received, queued (a ``Ticket``); its reply,
+    def submit_grpc(self, message: bytes, sink: Any) -> LaneTicket | None:
+        """A gRPC ``ModelInferRequest`` as received, queued (a ``LaneTicket``); its reply,
         serialized, goes to ``deliver`` with ``sink``; None for the reference path."""
 
     def submit(
@@ -410,10 +420,12 @@ class Lane:
         batch_size: int,
         sink: Any,
         trace: int = 0,
-    ) -> Ticket:
-        """A request decoded and checked by Python, answered through ``deliver``."""
+        sequence: tuple[int | str, bool, bool] | None = None,
+    ) -> LaneTicket:
+        """A request decoded and checked by Python, answered through ``deliver``;
+        ``sequence``: its correlation ID and START and END flags."""
 
-    def cancel(self, ticket: Ticket) -> bool: ...
+    def cancel(self, ticket: LaneTicket) -> bool: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
@@ -430,7 +442,9 @@ class Lane:
         """Whether every instance runs a batch that waits on a call to the server."""
 
     def fail_held(self, instance: int, code: str, message: str) -> None: ...
-    def fail_next(self, code: str, message: str, timeout_s: float) -> bool | None: ...
+    def fail_next(
+        self, instance: int, code: str, message: str, timeout_s: float
+    ) -> bool | None: ...
     def abandon(self, code: str, message: str) -> None: ...
     def statistics(self) -> dict[str, Any]: ...
     def latency_summaries(self, quantiles: list[float]) -> dict[str, Any] | None: ...

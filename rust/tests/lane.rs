@@ -231,7 +231,7 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
         Submitted::Refused(_)
     ));
 
-    let stats = lane.queue().stats().snapshot();
+    let stats = lane.stats().snapshot();
     assert_eq!(stats.success.count, 2);
     lane.close();
     assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
@@ -268,11 +268,11 @@ fn a_worker_that_goes_away_fails_only_its_batch() {
     // With no worker to run them, later batches fail with why, until the lane is closed.
     lane.submit(fp32(&[5.0]), 1).unwrap();
     let error = CoreError::new(Code::Internal, "could not be started again");
-    assert_eq!(lane.fail_next(&error, Duration::from_secs(5)), Some(true));
+    assert_eq!(lane.fail_next(0, &error, Duration::from_secs(5)), Some(true));
     lane.close();
-    assert_eq!(lane.fail_next(&error, Duration::from_secs(5)), None);
+    assert_eq!(lane.fail_next(0, &error, Duration::from_secs(5)), None);
     assert_eq!(delivered.lock().len(), 1);
-    let stats = lane.queue().stats().snapshot();
+    let stats = lane.stats().snapshot();
     assert_eq!((stats.success.count, stats.fail.count), (1, 2));
 }
 
@@ -398,7 +398,7 @@ fn calls_a_model_makes_are_queued_in_their_targets_lane_and_answered_on_its_chan
     );
     // Not a model on a lane: the worker makes the call through Python.
     assert_eq!(answers[2], "reroute");
-    assert_eq!(target.queue().stats().snapshot().success.count, 1);
+    assert_eq!(target.stats().snapshot().success.count, 1);
     assert!(!caller.stuck());
 
     registry.set("identity", std::collections::HashMap::new(), String::new());

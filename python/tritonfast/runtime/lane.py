@@ -9,9 +9,10 @@ Python (gRPC, the HTTP reference path, models' calls, ensembles) go into the sam
 (:meth:`LaneScheduler._deliver`), and the workers are started again when they die.
 
 A version takes this path (:func:`lane_eligible`) when every instance is a worker the core
-can drive (:class:`CoreDriven`: not decoupled) and its
-scheduler is the default or the dynamic batcher without shape tensors; everything else keeps
-the queue schedulers of :mod:`.scheduler`.
+can drive (:class:`CoreDriven`: not decoupled) and its scheduler is the default, the dynamic
+batcher without shape tensors, or the sequence batcher (the core adds each request's control
+inputs) without implicit state or iterative sequences; everything else keeps the queue
+schedulers of :mod:`.scheduler`.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from tritonfast._core import (
     InferSignature,
     Lane,
     LaneCompletions,
+    LaneTicket,
     LaneWorkerLink,
     OutStream,
     RequestQueue,
-    Ticket,
+    SequenceBatcher,
 )
 from tritonfast._proto import model_config_pb2
 from tritonfast.data import rawtensor
@@ -58,6 +60,7 @@ from tritonfast.runtime.scheduler import (
     shape_checked_inputs,
     unsigned_parameter,
 )
+from tritonfast.runtime.sequence import batcher_for, core_controls, correlation_id
 from tritonfast.runtime.validate import RequestValidator
 
 log = logging.getLogger(__name__)
@@ -126,8 +129,12 @@ def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelIns
     """Whether the core can take ``config``'s requests all the way to ``instances``."""
     if not instances or config.model_transaction_policy.decoupled:
         return False
-    if config.HasField("sequence_batching") or config.HasField("ensemble_scheduling"):
+    if config.HasField("ensemble_scheduling"):
         return False
+    if config.HasField("sequence_batching"):
+        batching = config.sequence_batching
+        if batching.iterative_sequence or batching.state or core_controls(config) is None:
+            return False
     if any(shape_checked_inputs(config).values()):  # shape tensors: batched by content
         return False
     if config.dynamic_batching.preserve_ordering and len(instances) > 1:
@@ -170,12 +177,17 @@ class LaneScheduler(Scheduler):
         self._instances = instances
         self._metrics = server.custom_metrics.workers
         dynamic = config.HasField("dynamic_batching") and config.max_batch_size > 0
+        self._sequences = config.HasField("sequence_batching")
         # The queue rules of the scheduler this one stands in for.
-        template = (
-            dynamic_queue(config, latency_summaries=latency_summaries)
-            if dynamic
-            else RequestQueue(latency_summaries=latency_summaries)
-        )
+        template: RequestQueue | SequenceBatcher
+        if self._sequences:
+            template = batcher_for(
+                config.name, config, len(instances), latency_summaries=latency_summaries
+            )
+        elif dynamic:
+            template = dynamic_queue(config, latency_summaries=latency_summaries)
+        else:
+            template = RequestQueue(latency_summaries=latency_summaries)
         self.lane = Lane(
             signature_of(config),
             version,
@@ -187,6 +199,7 @@ class LaneScheduler(Scheduler):
             keyed_by_names=any(tensor.optional for tensor in config.input),
             instances=len(instances),
             registry=server.lane_registry,
+            controls=core_controls(config) if self._sequences else None,
         )
         for index, instance in enumerate(instances):
             driven = cast(CoreDriven, instance)
@@ -211,14 +224,14 @@ class LaneScheduler(Scheduler):
                 del link  # its channel and segments go with the worker
                 error = instance.core_died()
                 self.lane.fail_held(index, error.code.value, error.message)
-                if not self._restart(instance):
+                if not self._restart(index, instance):
                     return
                 link = instance.core_link(self._loop)
         except Exception:  # a bug: the version's requests would wait forever
             log.exception("the driver of %s_%d failed", self._name, index)
             self.lane.abandon(Code.INTERNAL.value, f"the driver of {self._name} failed")
 
-    def _restart(self, instance: Any) -> bool:
+    def _restart(self, index: int, instance: Any) -> bool:
         """Start the worker again; while it cannot, each batch fails with why. False once the
         lane is closed and empty."""
         while True:
@@ -226,7 +239,9 @@ class LaneScheduler(Scheduler):
             if failed is None:
                 return True
             while True:
-                answered = self.lane.fail_next(failed.code.value, failed.message, _RETRY_WAIT_S)
+                answered = self.lane.fail_next(
+                    index, failed.code.value, failed.message, _RETRY_WAIT_S
+                )
                 if answered is None:
                     return False
                 if answered:
@@ -256,7 +271,7 @@ class LaneScheduler(Scheduler):
                 self._loop.call_soon_threadsafe(_settle_all, on_loop)
 
     # -- taking requests --------------------------------------------------------------------
-    def _enqueue(self, request: InferRequest, sink: Sink, batch_size: int) -> Ticket:
+    def _enqueue(self, request: InferRequest, sink: Sink, batch_size: int) -> LaneTicket:
         mark_enqueued(request, sink)
         params = request.parameters
         priority = timeout = 0  # (the lane applies them only under the dynamic batcher)
@@ -275,6 +290,13 @@ class LaneScheduler(Scheduler):
         trace = 0
         if request.trace is not None and self._trace_token is not None:
             trace = self._trace_token(request.trace)
+        sequence = None
+        if self._sequences:
+            sequence = (
+                correlation_id(params),
+                bool(params.get("sequence_start")),
+                bool(params.get("sequence_end")),
+            )
         return self.lane.submit(
             request.id,
             inputs,
@@ -286,6 +308,7 @@ class LaneScheduler(Scheduler):
             batch_size,
             _Sink(sink, request),
             trace,
+            sequence,
         )
 
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:

@@ -199,6 +199,49 @@ class Controls:
         return InputTensor(control.name, control.datatype, self._shape, data)
 
 
+# The CORRID datatypes Triton accepts (TYPE_STRING is BYTES on the wire).
+_CORRID_DATATYPES = frozenset({"INT32", "UINT32", "INT64", "UINT64", "BYTES"})
+_FLAG_KINDS = {
+    Control.CONTROL_SEQUENCE_START: "start",
+    Control.CONTROL_SEQUENCE_END: "end",
+    Control.CONTROL_SEQUENCE_READY: "ready",
+}
+
+CoreControls = tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]
+
+
+def core_controls(config: ModelConfig) -> CoreControls | None:
+    """``config``'s control inputs as the core's lane writes them (see :class:`Controls`,
+    which builds the same tensors for the other schedulers): each flag control's name, kind,
+    datatype and false and true values as bytes, the CORRID control's name and datatype, and
+    whether the model batches. None when a control is one the core does not write."""
+    flags: list[tuple[str, str, str, bytes, bytes]] = []
+    corrid: tuple[str, str] | None = None
+    for control_input in config.sequence_batching.control_input:
+        for control in control_input.control:
+            if control.kind == Control.CONTROL_SEQUENCE_CORRID:
+                datatype = WIRE_DATATYPES.get(control.data_type)
+                if datatype not in _CORRID_DATATYPES:
+                    return None
+                corrid = (control_input.name, datatype)
+                continue
+            kind = _FLAG_KINDS.get(control.kind)
+            if kind is None:
+                return None
+            for values, datatype in (
+                (control.int32_false_true, "INT32"),
+                (control.fp32_false_true, "FP32"),
+                (control.bool_false_true, "BOOL"),
+            ):
+                if len(values) == 2:
+                    off, on = (
+                        np.array(value, dtype=NUMPY_DTYPES[datatype]).tobytes() for value in values
+                    )
+                    flags.append((control_input.name, kind, datatype, off, on))
+                    break
+    return flags, corrid, config.max_batch_size > 0
+
+
 # -- implicit state ----------------------------------------------------------------------
 
 

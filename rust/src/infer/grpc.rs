@@ -12,6 +12,7 @@ use super::datatype::DataType;
 use super::http::fits;
 use super::request::{CoreInput, CoreOutput, CoreRequest, TensorData};
 use super::signature::Signature;
+use crate::sequence::CorrelationId;
 
 /// A field's value on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,10 +159,11 @@ fn request(b: &[u8]) -> Option<CoreRequest> {
                 }
                 request.id = text(b, &range)?;
             }
+            4 => parameter(b, range, &mut request)?,
             5 => inputs.push(input(b, range)?),
             6 => outputs.push(output(b, range)?),
             7 => raws.push(range),
-            _ => return None, // parameters (4), or a field this core does not know
+            _ => return None, // a field this core does not know
         }
     }
     if raws.len() != inputs.len() {
@@ -185,6 +187,41 @@ fn request(b: &[u8]) -> Option<CoreRequest> {
         request.outputs = Some(outputs);
     }
     Some(request)
+}
+
+/// One entry of the request's `parameters` map: the core takes a sequence's ID (a
+/// non-negative `int64_param` or a `string_param`) and flags (`bool_param`), each given once;
+/// any other parameter takes the reference path.
+fn parameter(b: &[u8], range: Range<usize>, request: &mut CoreRequest) -> Option<()> {
+    let mut key = None;
+    let mut value = None;
+    let mut all = fields(b, range);
+    while let Some((number, wire)) = all.next_field().ok()? {
+        match (number, wire) {
+            (1, Wire::Bytes(r)) if key.is_none() => key = Some(text(b, &r)?),
+            (2, Wire::Bytes(r)) if value.is_none() => value = Some(r),
+            _ => return None,
+        }
+    }
+    // InferParameter: a oneof of bool (1), int64 (2), string (3), double (4), uint64 (5).
+    let mut choice = None;
+    let mut inner = fields(b, value?);
+    while let Some(field) = inner.next_field().ok()? {
+        if choice.replace(field).is_some() {
+            return None;
+        }
+    }
+    let sequence = request.sequence.get_or_insert_default();
+    match (key?.as_str(), choice?) {
+        ("sequence_id", (2, Wire::Varint(id))) if i64::try_from(id).is_ok() => {
+            sequence.id = CorrelationId::Number(id);
+        }
+        ("sequence_id", (3, Wire::Bytes(r))) => sequence.id = CorrelationId::Text(text(b, &r)?),
+        ("sequence_start", (1, Wire::Varint(flag))) => sequence.start = flag != 0,
+        ("sequence_end", (1, Wire::Varint(flag))) => sequence.end = flag != 0,
+        _ => return None,
+    }
+    Some(())
 }
 
 /// An `InferInputTensor`: name, datatype and shape only.

@@ -10,6 +10,7 @@ use super::datatype::DataType;
 use super::json::{self, Value};
 use super::request::{CoreInput, CoreOutput, CoreRequest, TensorData};
 use super::signature::Signature;
+use crate::sequence::CorrelationId;
 use crate::jsondata::{NumberKind, Numbers, parse_numbers};
 use crate::jsonscan;
 
@@ -100,6 +101,23 @@ fn parameters(value: &Value<'_>, request: &mut CoreRequest) -> Option<()> {
             },
             "priority" => request.priority = Some(unsigned(value)?),
             "timeout" => request.timeout_us = Some(unsigned(value)?),
+            "sequence_id" => {
+                request.sequence.get_or_insert_default().id = match value {
+                    Value::Str(text) => CorrelationId::Text((*text).to_owned()),
+                    _ => CorrelationId::Number(unsigned(value)?),
+                };
+            }
+            "sequence_start" | "sequence_end" => {
+                let Value::Bool(flag) = value else {
+                    return None;
+                };
+                let sequence = request.sequence.get_or_insert_default();
+                if *name == "sequence_start" {
+                    sequence.start = *flag;
+                } else {
+                    sequence.end = *flag;
+                }
+            }
             _ => return None,
         }
     }

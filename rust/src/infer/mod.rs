@@ -2,7 +2,8 @@
 //! against its model's [`Signature`], without Python.
 //!
 //! The core's decoders take on the requests clients send every day (named tensors as binary
-//! data or as JSON numbers, the outputs they want, a priority or timeout) and answer each with
+//! data or as JSON numbers, the outputs they want, a priority or timeout, a sequence's ID and
+//! flags) and answer each with
 //! a [`Decoded`]: the request, ready for the model's queue; Triton's error for a request that
 //! does not fit its model (worded as Triton words it); or [`Decoded::Reference`], for anything
 //! else (a document Triton's parser would refuse, shared-memory references, classification,
@@ -20,7 +21,7 @@ mod signature;
 pub use datatype::DataType;
 pub use grpc::{decode_grpc, grpc_target};
 pub use http::decode_http;
-pub use request::{CoreInput, CoreOutput, CoreRequest, ObjectPlace, TensorData};
+pub use request::{CoreInput, CoreOutput, CoreRequest, ObjectPlace, SequenceFields, TensorData};
 pub use signature::{Signature, TensorSpec, request_prefix};
 
 use crate::error::CoreError;

@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::datatype::DataType;
+use crate::sequence::CorrelationId;
 
 /// Where a tensor lies in a client's system shared-memory object: the object's path and
 /// identity (device, inode: a worker maps it only if it is still the same object) and the
@@ -80,4 +81,26 @@ pub struct CoreRequest {
     /// The token of its trace, for the calls its model makes (0: untraced; the server's
     /// Python keeps the traces).
     pub trace: u64,
+    /// Its sequence parameters (`sequence_id`, `sequence_start`, `sequence_end`), when it set
+    /// any.
+    pub sequence: Option<SequenceFields>,
+}
+
+/// A request's place in a sequence, as its parameters give it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceFields {
+    /// Its correlation ID (0 when only a flag was given).
+    pub id: CorrelationId,
+    pub start: bool,
+    pub end: bool,
+}
+
+impl Default for SequenceFields {
+    fn default() -> Self {
+        SequenceFields {
+            id: CorrelationId::Number(0),
+            start: false,
+            end: false,
+        }
+    }
 }

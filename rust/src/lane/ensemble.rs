@@ -33,7 +33,7 @@ use crate::infer::{
     CoreInput, CoreOutput, CoreRequest, DataType, Decoded, Signature, TensorData, decode_grpc,
     decode_http,
 };
-use crate::queue::Ticket;
+use super::LaneTicket;
 
 /// One step of an ensemble: its model, found in the server's [`LaneRegistry`] when a request
 /// starts (so a step model reloaded is the new version's lane from the next request on).
@@ -176,7 +176,7 @@ struct RunState<E> {
     /// Per step: started already (or never to run: no wanted output depends on it).
     started: Vec<bool>,
     /// Per step: its ticket while it is in its lane.
-    running: Vec<Option<Ticket>>,
+    running: Vec<Option<LaneTicket>>,
     spent: Spent,
     cancelled: bool,
 }
@@ -259,7 +259,11 @@ impl<E: Send> Ensemble<E> {
         let batches = self.signature.max_batch_size() > 0;
         let mut lanes = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
-            let lane = self.registry.find(&step.model, &step.version)?;
+            // (A sequence model's requests need the ensemble's correlation ID: Python's.)
+            let lane = self
+                .registry
+                .find(&step.model, &step.version)
+                .filter(|lane| !lane.is_sequence())?;
             let change = match (lane.signature().max_batch_size() > 0, batches) {
                 (true, false) => 1,
                 (false, true) => -1,
@@ -486,6 +490,7 @@ impl<E: Send> EnsembleRun<E> {
             timeout_us: self.request.timeout_us,
             output_places: Vec::new(),
             trace: 0,
+            sequence: None,
         };
         let batch_size = lane
             .signature()

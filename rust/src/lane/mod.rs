@@ -20,6 +20,8 @@ pub mod grpcreply;
 pub mod message;
 pub mod response;
 pub mod segment;
+pub mod sequence;
+pub mod source;
 
 use std::hash::{Hash, Hasher};
 use std::os::fd::OwnedFd;
@@ -35,11 +37,9 @@ use crate::infer::{
     decode_http, request_prefix,
 };
 use crate::outbox::Stream;
-use crate::queue::{
-    PopResult, QUEUE_FULL_MESSAGE, QueueConfig, Queued, RequestMeta, RequestQueue, Ticket,
-    TicketState,
-};
-use crate::stats::{ComputeTimes, RequestTiming};
+use crate::queue::{QUEUE_FULL_MESSAGE, QueueConfig, RequestMeta, RequestQueue};
+use crate::sequence::{CorrelationId, SequenceConfig};
+use crate::stats::{ComputeTimes, ModelStats};
 use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, stuck_message};
 use channel::Channel;
 use completions::Completions;
@@ -48,9 +48,9 @@ use grpcreply::grpc_answer;
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
 use response::{Framing, ResponseParts, error_answer, response_answer, slot_bytes};
 use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
-
-/// Triton's answer to a request whose queue timeout expired under the REJECT action.
-pub const REQUEST_TIMEOUT_MESSAGE: &str = "Request timeout expired";
+use sequence::{Controls, null_inputs};
+pub use source::{LaneTicket, REQUEST_TIMEOUT_MESSAGE};
+use source::{Entry, Popped, RunTicket, Source};
 /// Triton's answer to a request that arrives while the model's scheduler is stopping.
 pub const STOPPING_MESSAGE: &str =
     "Server is stopping, scheduler for model has stopped accepting new inference requests";
@@ -197,7 +197,7 @@ impl WorkerLink {
 /// The batch an instance runs: its requests' tickets, by position, and its flags.
 #[derive(Debug)]
 struct Running {
-    tickets: Vec<Option<Arc<TicketState>>>,
+    tickets: Vec<RunTicket>,
     flags: Arc<CancelFlags>,
 }
 
@@ -213,14 +213,14 @@ pub enum DriveEnd {
 /// What [`Lane::submit_http`] did with a request.
 #[derive(Debug)]
 pub enum Submitted {
-    Queued(Ticket),
+    Queued(LaneTicket),
     Refused(CoreError),
     /// Not one the core takes on: the reference path decides.
     Reference,
 }
 
 /// A batch whose worker went away while running it.
-type Held<E> = Vec<Queued<LaneItem<E>>>;
+type Held<E> = Vec<Entry<E>>;
 
 /// One model version's lane.
 pub struct Lane<E> {
@@ -228,7 +228,7 @@ pub struct Lane<E> {
     model_version: String,
     signature: Signature,
     batching: Batching,
-    queue: RequestQueue<LaneItem<E>>,
+    source: Source<E>,
     completions: Arc<Completions>,
     deliver: Box<dyn Deliver<E>>,
     /// Per instance: the batch its worker died in, until answered.
@@ -260,12 +260,39 @@ impl<E: Send> Lane<E> {
         completions: Arc<Completions>,
         deliver: Box<dyn Deliver<E>>,
     ) -> Result<Self, CoreError> {
-        Ok(Lane {
+        let source = Source::Queue(RequestQueue::with_config(queue)?);
+        Ok(Self::of(model_version, signature, batching, source, completions, deliver))
+    }
+
+    /// A stateful model's lane: its requests go through a sequence batcher made with `config`,
+    /// and the model gets `controls` with each.
+    pub fn for_sequences(
+        model_version: String,
+        signature: Signature,
+        config: SequenceConfig,
+        controls: Controls,
+        completions: Arc<Completions>,
+        deliver: Box<dyn Deliver<E>>,
+    ) -> Result<Self, CoreError> {
+        let source = Source::sequence(config, controls)?;
+        let batching = Batching::default();
+        Ok(Self::of(model_version, signature, batching, source, completions, deliver))
+    }
+
+    fn of(
+        model_version: String,
+        signature: Signature,
+        batching: Batching,
+        source: Source<E>,
+        completions: Arc<Completions>,
+        deliver: Box<dyn Deliver<E>>,
+    ) -> Self {
+        Lane {
             model_name: signature.model().to_owned(),
             model_version,
             signature,
             batching,
-            queue: RequestQueue::with_config(queue)?,
+            source,
             completions,
             deliver,
             held: Mutex::new(Vec::new()),
@@ -273,7 +300,7 @@ impl<E: Send> Lane<E> {
             instances: 0,
             registry: None,
             calls: Mutex::new(Vec::new()),
-        })
+        }
     }
 
     /// This lane's `instances` take calls their models make to the models in `registry`.
@@ -307,8 +334,27 @@ impl<E: Send> Lane<E> {
         })
     }
 
-    pub fn queue(&self) -> &RequestQueue<LaneItem<E>> {
-        &self.queue
+    /// The statistics of the requests it ran.
+    pub fn stats(&self) -> &Arc<ModelStats> {
+        self.source.stats()
+    }
+
+    /// Requests waiting.
+    pub fn len(&self) -> usize {
+        self.source.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.source.is_empty()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.source.is_closed()
+    }
+
+    /// Whether its model takes sequences (the sequence batcher).
+    pub fn is_sequence(&self) -> bool {
+        self.source.is_sequence()
     }
 
     pub fn signature(&self) -> &Signature {
@@ -321,20 +367,16 @@ impl<E: Send> Lane<E> {
             Decoded::Reference => Submitted::Reference,
             Decoded::Refused(error) => Submitted::Refused(error),
             Decoded::Request(request, batch_size) => {
-                let mut parameters = String::new();
-                if request.priority.is_some() || request.timeout_us.is_some() {
-                    parameters = reference_parameters(&request);
+                if !self.takes(&request) {
+                    return Submitted::Reference;
                 }
                 let item = LaneItem {
+                    parameters: reference_parameters(&request),
                     request,
                     body,
-                    parameters,
                     sink: Sink::Http(reply),
                 };
-                match self.push(item, batch_size) {
-                    Ok(ticket) => Submitted::Queued(ticket),
-                    Err(error) => Submitted::Refused(error),
-                }
+                self.push_decoded(item, batch_size)
             }
         }
     }
@@ -347,24 +389,45 @@ impl<E: Send> Lane<E> {
         let Decoded::Request(request, batch_size) = decoded else {
             return Submitted::Reference;
         };
+        if !self.takes(&request) {
+            return Submitted::Reference;
+        }
         let item = LaneItem {
+            parameters: reference_parameters(&request),
             request,
             body: message,
-            parameters: String::new(),
             sink: Sink::Grpc(sink),
         };
+        self.push_decoded(item, batch_size)
+    }
+
+    /// Whether a decoded request is this lane's to queue: a sequence's request goes to a
+    /// sequence batcher, any other request to a queue. (The reference path answers the rest:
+    /// a sequence parameter sent to a model without sequences, a request of no sequence sent
+    /// to one with.)
+    fn takes(&self, request: &CoreRequest) -> bool {
+        match &request.sequence {
+            Some(sequence) => self.source.is_sequence() && !sequence.id.is_none(),
+            None => !self.source.is_sequence(),
+        }
+    }
+
+    /// Queues a request the core decoded. A sequence's request its batcher refuses goes to the
+    /// reference path (nothing was queued), which words the refusal.
+    fn push_decoded(&self, item: LaneItem<E>, batch_size: u64) -> Submitted {
         match self.push(item, batch_size) {
             Ok(ticket) => Submitted::Queued(ticket),
+            Err(_) if self.source.is_sequence() => Submitted::Reference,
             Err(error) => Submitted::Refused(error),
         }
     }
 
     /// Queues a request the server's Python decoded and checked.
-    pub fn submit(&self, item: LaneItem<E>, batch_size: u64) -> Result<Ticket, CoreError> {
+    pub fn submit(&self, item: LaneItem<E>, batch_size: u64) -> Result<LaneTicket, CoreError> {
         self.push(item, batch_size)
     }
 
-    fn push(&self, item: LaneItem<E>, batch_size: u64) -> Result<Ticket, CoreError> {
+    fn push(&self, item: LaneItem<E>, batch_size: u64) -> Result<LaneTicket, CoreError> {
         let request = &item.request;
         let mut meta = RequestMeta {
             batch_size: u32::try_from(batch_size.max(1)).unwrap_or(u32::MAX),
@@ -374,18 +437,25 @@ impl<E: Send> Lane<E> {
             meta.priority = request
                 .priority
                 .map_or(0, |p| u32::try_from(p).unwrap_or(u32::MAX));
-            meta.timeout = Duration::from_micros(request.timeout_us.unwrap_or(0));
             meta.shape_key = self.shape_key(request);
         }
+        if self.batching.dynamic || self.source.is_sequence() {
+            // (A sequence's timeout applies while it waits for a slot.)
+            meta.timeout = Duration::from_micros(request.timeout_us.unwrap_or(0));
+        }
+        let sequence = request
+            .sequence
+            .as_ref()
+            .map(|s| (s.id.clone(), s.start, s.end));
         let id = request.id.clone();
-        self.queue.push_cancellable(item, meta).map_err(|error| {
+        self.source.push(item, meta, sequence).map_err(|error| {
             // Triton prefixes these with the request id.
             if error.code != Code::Unavailable {
                 return error;
             }
             let message = if error.message == QUEUE_FULL_MESSAGE {
                 QUEUE_FULL_MESSAGE
-            } else if self.queue.is_closed() {
+            } else if self.source.is_closed() {
                 STOPPING_MESSAGE
             } else {
                 return error;
@@ -416,15 +486,12 @@ impl<E: Send> Lane<E> {
 
     /// Removes a queued request (true); or, for one that runs, raises its cancellation flag
     /// (the model sees `request.is_cancelled()`).
-    pub fn cancel(&self, ticket: &Ticket) -> Result<bool, CoreError> {
-        if self.queue.cancel(ticket)? {
+    pub fn cancel(&self, ticket: &LaneTicket) -> Result<bool, CoreError> {
+        if self.source.cancel(ticket)? {
             return Ok(true);
         }
         for running in self.running.lock().iter().flatten() {
-            let position = running
-                .tickets
-                .iter()
-                .position(|t| t.as_ref().is_some_and(|t| ticket.is(t)));
+            let position = running.tickets.iter().position(|t| ticket.is(t));
             if let Some(index) = position {
                 running.flags.raise(index);
             }
@@ -434,7 +501,7 @@ impl<E: Send> Lane<E> {
 
     /// Closes the queue: submits fail from now on; drivers run what is queued, then return.
     pub fn close(&self) {
-        self.queue.close();
+        self.source.close();
     }
 
     /// Runs instance `instance`'s batches on the worker behind `link` until the queue is
@@ -442,15 +509,12 @@ impl<E: Send> Lane<E> {
     pub fn drive(&self, instance: usize, link: &mut WorkerLink) -> DriveEnd {
         name_this_thread(c"tritonfast-lane");
         loop {
-            match self.queue.pop_batch_queued(Duration::from_millis(200)) {
-                PopResult::Closed => return DriveEnd::Closed,
-                PopResult::TimedOut => {}
-                PopResult::Rejected(items) => {
-                    let error = CoreError::unavailable(REQUEST_TIMEOUT_MESSAGE);
-                    self.answer_all(items, &error, false);
-                }
-                PopResult::Batch(batch) => {
-                    if let Err(items) = self.run(instance, batch.items, link) {
+            match self.source.pop(instance, Duration::from_millis(200)) {
+                Popped::Closed => return DriveEnd::Closed,
+                Popped::TimedOut => {}
+                Popped::Rejected(items, error) => self.answer_items(items, &error),
+                Popped::Batch(entries) => {
+                    if let Err(items) = self.run(instance, entries, link) {
                         let mut held = self.held.lock();
                         if held.len() <= instance {
                             held.resize_with(instance + 1, || None);
@@ -471,19 +535,19 @@ impl<E: Send> Lane<E> {
         }
     }
 
-    /// Waits up to `timeout` for a batch and answers it with `error` (no worker to run it):
-    /// whether a batch was answered so; None once the queue is closed and empty.
-    pub fn fail_next(&self, error: &CoreError, timeout: Duration) -> Option<bool> {
-        match self.queue.pop_batch_queued(timeout) {
-            PopResult::Closed => None,
-            PopResult::TimedOut => Some(false),
-            PopResult::Rejected(items) => {
-                let timed_out = CoreError::unavailable(REQUEST_TIMEOUT_MESSAGE);
-                self.answer_all(items, &timed_out, false);
+    /// Waits up to `timeout` for instance `instance`'s next batch and answers it with `error`
+    /// (no worker to run it): whether a batch was answered so; None once the queue is closed
+    /// and empty.
+    pub fn fail_next(&self, instance: usize, error: &CoreError, timeout: Duration) -> Option<bool> {
+        match self.source.pop(instance, timeout) {
+            Popped::Closed => None,
+            Popped::TimedOut => Some(false),
+            Popped::Rejected(items, rejected) => {
+                self.answer_items(items, &rejected);
                 Some(false)
             }
-            PopResult::Batch(batch) => {
-                self.answer_all(batch.items, error, true);
+            Popped::Batch(entries) => {
+                self.answer_all(entries, error, true);
                 Some(true)
             }
         }
@@ -492,37 +556,39 @@ impl<E: Send> Lane<E> {
     /// Closes the queue and answers everything still in it, and every held batch, with
     /// `error`.
     pub fn abandon(&self, error: &CoreError) {
-        let left = self.queue.abandon();
+        let left = self.source.abandon();
         let held: Vec<_> = self
             .held
             .lock()
             .iter_mut()
             .filter_map(Option::take)
             .collect();
-        let mut externals = Vec::new();
-        let mut tokens = Vec::new();
-        for item in left
-            .into_iter()
-            .chain(held.into_iter().flatten().map(|q| q.item))
-        {
-            answer_error(item.sink, error, &mut externals, &mut tokens);
-        }
-        self.finish_answers(externals, Vec::new(), &tokens);
+        let held = held.into_iter().flatten().filter_map(|entry| entry.item);
+        self.answer_items(left.into_iter().chain(held), error);
     }
 
-    /// Answers `items` with `error`; `executed`: they count as a failed execution.
-    fn answer_all(&self, items: Vec<Queued<LaneItem<E>>>, error: &CoreError, executed: bool) {
+    /// Answers a batch's requests with `error`; `executed`: they count as a failed execution.
+    fn answer_all(&self, entries: Vec<Entry<E>>, error: &CoreError, executed: bool) {
         if executed {
             let now = Instant::now();
-            let timings = items.iter().map(|q| (timing(q), false)).collect::<Vec<_>>();
-            self.queue
+            let timings = entries
+                .iter()
+                .filter(|entry| entry.item.is_some())
+                .map(|entry| (entry.timing, false))
+                .collect::<Vec<_>>();
+            self.source
                 .stats()
                 .record_execution(timings, now, ComputeTimes::default());
         }
+        self.answer_items(entries.into_iter().filter_map(|entry| entry.item), error);
+    }
+
+    /// Answers `items` with `error`, not counted as executed.
+    fn answer_items(&self, items: impl IntoIterator<Item = LaneItem<E>>, error: &CoreError) {
         let mut externals = Vec::new();
         let mut tokens = Vec::new();
-        for queued in items {
-            answer_error(queued.item.sink, error, &mut externals, &mut tokens);
+        for item in items {
+            answer_error(item.sink, error, &mut externals, &mut tokens);
         }
         self.finish_answers(externals, Vec::new(), &tokens);
     }
@@ -543,9 +609,9 @@ impl<E: Send> Lane<E> {
     fn run(
         &self,
         instance: usize,
-        items: Vec<Queued<LaneItem<E>>>,
+        mut items: Vec<Entry<E>>,
         link: &mut WorkerLink,
-    ) -> Result<(), Vec<Queued<LaneItem<E>>>> {
+    ) -> Result<(), Vec<Entry<E>>> {
         let dequeued_at = Instant::now();
         let started_ns = monotonic_ns();
         let message = match self.write_inputs(&items, link) {
@@ -556,10 +622,14 @@ impl<E: Send> Lane<E> {
             }
         };
         link.cancel.clear(items.len());
+        let tickets = items
+            .iter_mut()
+            .map(|entry| std::mem::replace(&mut entry.ticket, RunTicket::None))
+            .collect();
         self.set_running(
             instance,
             Some(Running {
-                tickets: items.iter().map(|q| q.ticket.clone()).collect(),
+                tickets,
                 flags: Arc::clone(&link.cancel),
             }),
         );
@@ -600,12 +670,15 @@ impl<E: Send> Lane<E> {
         let mut externals = Vec::new();
         let mut answers: Vec<(HttpReply, Vec<u8>)> = Vec::new();
         let mut steps = Vec::new();
-        for (queued, outcome) in items.into_iter().zip(&reply.results) {
+        for (entry, outcome) in items.into_iter().zip(&reply.results) {
+            let Some(item) = entry.item else {
+                continue; // a null request: its answer goes nowhere
+            };
             let ok = matches!(outcome, Outcome::Response { .. });
-            let timing = timing(&queued);
+            let timing = entry.timing;
             let queued_for = dequeued_at.saturating_duration_since(timing.enqueued_at);
             successes.push((timing, ok));
-            let LaneItem { request, sink, .. } = queued.item;
+            let LaneItem { request, sink, .. } = item;
             match sink {
                 Sink::Http(reply) => {
                     let answer = http_outcome(&request, outcome, segment, reply.framing);
@@ -634,7 +707,7 @@ impl<E: Send> Lane<E> {
         };
         answer_steps(steps, compute, &mut answers, &mut externals);
         self.deliver_and_write(externals, reply.extra, answers, marks);
-        self.queue
+        self.source
             .stats()
             .record_execution(successes, dequeued_at, compute);
         Ok(())
@@ -671,7 +744,8 @@ impl<E: Send> Lane<E> {
             .registry
             .as_ref()
             .and_then(|registry| registry.find(&call.model_name, &call.model_version));
-        let Some(target) = target else {
+        let Some(target) = target.filter(|target| !target.is_sequence()) else {
+            // (A sequence's calls go through Python, which keeps their correlation IDs.)
             return Some(CallAnswer::Reroute);
         };
         // The caller waits from before its call is checked: of two calls that would close a
@@ -745,27 +819,63 @@ impl<E: Send> Lane<E> {
         self.completions.add(&tokens);
     }
 
-    /// Writes the batch's inputs into the link's input segment and describes the batch.
+    /// Writes the batch's inputs into the link's input segment and describes the batch: each
+    /// request's own inputs, then its control inputs (a sequence's); a null request's inputs
+    /// are zeros shaped like the batch's first request's.
     fn write_inputs(
         &self,
-        items: &[Queued<LaneItem<E>>],
+        entries: &[Entry<E>],
         link: &mut WorkerLink,
     ) -> Result<BatchMessage, CoreError> {
+        let controls = self.source.controls();
+        let template = entries
+            .iter()
+            .find_map(|entry| entry.item.as_ref())
+            .map_or(&[][..], |item| &item.request.inputs[..]);
+        // What each position adds to its own inputs: a sequence's controls, a null request's
+        // inputs.
+        let added: Vec<Vec<CoreInput>> = entries
+            .iter()
+            .map(|entry| {
+                let (Some(controls), Some(flags)) = (controls, entry.sequence) else {
+                    return Vec::new();
+                };
+                match &entry.item {
+                    Some(item) => {
+                        let id = item.request.sequence.as_ref().map(|s| &s.id);
+                        controls.inputs(flags, id.unwrap_or(&CorrelationId::Number(0)))
+                    }
+                    None => {
+                        let mut inputs = null_inputs(template);
+                        inputs.extend(controls.inputs(flags, &CorrelationId::Number(0)));
+                        inputs
+                    }
+                }
+            })
+            .collect();
+        let no_body: &[u8] = &[];
+        let inputs_of = |index: usize| {
+            let entry = &entries[index];
+            let own = entry.item.as_ref().map_or(&[][..], |item| &item.request.inputs[..]);
+            let body = entry.item.as_ref().map_or(no_body, |item| (*item.body).as_ref());
+            own.iter()
+                .map(move |input| (input, body))
+                .chain(added[index].iter().map(move |input| (input, no_body)))
+        };
         let mut total = 0;
-        for queued in items {
-            for input in &queued.item.request.inputs {
-                total = aligned(total + input.data.bytes((*queued.item.body).as_ref()).len());
+        for index in 0..entries.len() {
+            for (input, body) in inputs_of(index) {
+                total = aligned(total + input.data.bytes(body).len());
             }
         }
         let (segment, name) = link.inputs.reserve(total)?;
         let base = segment.start();
         let mut offset = 0;
-        let mut requests = Vec::with_capacity(items.len());
-        for queued in items {
-            let item = &queued.item;
-            let mut inputs = Vec::with_capacity(item.request.inputs.len());
-            for input in &item.request.inputs {
-                let bytes = input.data.bytes((*item.body).as_ref());
+        let mut requests = Vec::with_capacity(entries.len());
+        for (index, entry) in entries.iter().enumerate() {
+            let mut inputs = Vec::new();
+            for (input, body) in inputs_of(index) {
+                let bytes = input.data.bytes(body);
                 // SAFETY: `offset + bytes.len()` <= `total` <= the segment's length; the worker
                 // reads the segment only after the batch is sent, and one batch is in flight.
                 unsafe {
@@ -789,17 +899,27 @@ impl<E: Send> Lane<E> {
                 });
                 offset = aligned(offset + bytes.len());
             }
-            requests.push(BatchRequest {
-                id: item.request.id.clone(),
-                parameters: item.parameters.clone(),
-                outputs: item
-                    .request
-                    .outputs
-                    .as_ref()
-                    .map(|outputs| outputs.iter().map(|o| o.name.clone()).collect()),
-                inputs,
-                output_places: item.request.output_places.clone(),
-                trace: item.request.trace,
+            requests.push(match &entry.item {
+                Some(item) => BatchRequest {
+                    id: item.request.id.clone(),
+                    parameters: item.parameters.clone(),
+                    outputs: item
+                        .request
+                        .outputs
+                        .as_ref()
+                        .map(|outputs| outputs.iter().map(|o| o.name.clone()).collect()),
+                    inputs,
+                    output_places: item.request.output_places.clone(),
+                    trace: item.request.trace,
+                },
+                None => BatchRequest {
+                    id: String::new(),
+                    parameters: String::new(),
+                    outputs: None,
+                    inputs,
+                    output_places: Vec::new(),
+                    trace: 0,
+                },
             });
         }
         Ok(BatchMessage {
@@ -818,13 +938,6 @@ impl<E: Send> Lane<E> {
 fn name_this_thread(name: &std::ffi::CStr) {
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes, which `name` is.
     unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
-}
-
-fn timing<E>(queued: &Queued<LaneItem<E>>) -> RequestTiming {
-    RequestTiming {
-        batch_size: queued.batch_size,
-        enqueued_at: queued.enqueued_at(),
-    }
 }
 
 /// A call's request as the core holds it (its tensors moved, not copied), and its parameters.
@@ -896,8 +1009,9 @@ pub(crate) fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The parameters the reference path hands the model for a request that set `priority` or
-/// `timeout` (the only parameters the core's decoder takes on).
+/// The parameters the reference path hands the model's worker for a request, as JSON text
+/// (empty for none): those the core's decoders take on, `priority`, `timeout` and a sequence's
+/// (the worker gives the model its correlation ID and keeps them out of its parameters).
 fn reference_parameters(request: &CoreRequest) -> String {
     let mut fields = Vec::new();
     if let Some(priority) = request.priority {
@@ -905,6 +1019,22 @@ fn reference_parameters(request: &CoreRequest) -> String {
     }
     if let Some(timeout) = request.timeout_us {
         fields.push(format!("\"timeout\":{timeout}"));
+    }
+    if let Some(sequence) = &request.sequence {
+        let id = match &sequence.id {
+            CorrelationId::Number(id) => id.to_string(),
+            CorrelationId::Text(text) => {
+                let mut quoted = Vec::new();
+                response::json_string(&mut quoted, text.as_bytes());
+                String::from_utf8_lossy(&quoted).into_owned()
+            }
+        };
+        fields.push(format!("\"sequence_id\":{id}"));
+        fields.push(format!("\"sequence_start\":{}", sequence.start));
+        fields.push(format!("\"sequence_end\":{}", sequence.end));
+    }
+    if fields.is_empty() {
+        return String::new();
     }
     format!("{{{}}}", fields.join(","))
 }

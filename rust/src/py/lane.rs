@@ -16,18 +16,22 @@ use super::gil::without_gil;
 use super::infer::PyInferSignature;
 use super::outbox::PyOutStream;
 use super::pool::{borrowed_bytes, contiguous_bytes};
-use super::queue::{PyRequestQueue, PyTicket, summaries_dict};
+use super::queue::{PyRequestQueue, summaries_dict};
+use super::sequence::{PySequenceBatcher, correlation_id_of};
 use super::stats::snapshot_dict;
 use crate::error::{Code, CoreError};
-use crate::infer::{CoreInput, CoreOutput, CoreRequest, DataType, ObjectPlace, TensorData};
+use crate::infer::{
+    CoreInput, CoreOutput, CoreRequest, DataType, ObjectPlace, SequenceFields, TensorData,
+};
 use crate::lane::call::{CallAnswer, CallMessage, CallTensor, LaneRegistry};
 use crate::lane::channel::Channel;
 use crate::lane::completions::Completions;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
+use crate::lane::sequence::{Controls, FlagControl, FlagKind};
 use crate::lane::{
-    Answer, Batching, Body, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Sink, Submitted,
-    WorkerLink, no_body,
+    Answer, Batching, Body, Deliver, DriveEnd, HttpReply, Lane, LaneItem, LaneTicket, Marks, Sink,
+    Submitted, WorkerLink, no_body,
 };
 
 /// A duplicate of `fd`, owned by the core.
@@ -213,19 +217,73 @@ fn py_place(place: ObjectPlace) -> PyPlace {
     )
 }
 
+/// A request's handle, for `Lane.cancel`.
+#[pyclass(name = "LaneTicket", module = "tritonfast._core", frozen, freelist = 256)]
+pub(crate) struct PyLaneTicket {
+    inner: LaneTicket,
+}
+
+fn ticket(inner: LaneTicket) -> PyLaneTicket {
+    PyLaneTicket { inner }
+}
+
+/// A START, END or READY control as Python describes it: its input's name, its kind
+/// (`"start"`, `"end"`, `"ready"`), datatype, and its false and true values' bytes.
+type PyFlagControl = (String, String, String, Vec<u8>, Vec<u8>);
+
+/// The controls of a stateful model's requests: its flag controls, its CORRID control (name,
+/// datatype) and whether it batches.
+type PyControls = (Vec<PyFlagControl>, Option<(String, String)>, bool);
+
+fn datatype_named(name: &str) -> PyResult<DataType> {
+    DataType::from_name(name)
+        .ok_or_else(|| CoreError::bad_value(format!("unknown datatype '{name}'")).into())
+}
+
+fn controls_of((flags, corrid, batched): PyControls) -> PyResult<Controls> {
+    let flags = flags
+        .into_iter()
+        .map(|(name, kind, datatype, off, on)| {
+            let kind = match kind.as_str() {
+                "start" => FlagKind::Start,
+                "end" => FlagKind::End,
+                "ready" => FlagKind::Ready,
+                _ => return Err(CoreError::bad_value(format!("no control kind '{kind}'")).into()),
+            };
+            Ok(FlagControl {
+                name,
+                kind,
+                datatype: datatype_named(&datatype)?,
+                off,
+                on,
+            })
+        })
+        .collect::<PyResult<_>>()?;
+    let corrid = match corrid {
+        Some((name, datatype)) => Some((name, datatype_named(&datatype)?)),
+        None => None,
+    };
+    Ok(Controls {
+        flags,
+        corrid,
+        batched,
+    })
+}
+
 #[pymethods]
 impl PyLane {
     /// `queue`: a queue made with the rules this lane's queue follows (its configuration is
-    /// copied); `deliver(items, extra, marks)` answers requests submitted from Python, called
-    /// with a batch's `[(sink, result)]`, what its worker sent besides, and its compute marks
-    /// (`perf_counter_ns` values: start, inputs handed over, outputs back, end).
+    /// copied), or for a stateful model a `SequenceBatcher` (likewise) with its requests'
+    /// `controls`; `deliver(items, extra, marks)` answers requests submitted from Python,
+    /// called with a batch's `[(sink, result)]`, what its worker sent besides, and its compute
+    /// marks (`perf_counter_ns` values: start, inputs handed over, outputs back, end).
     #[new]
-    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names, instances=0, registry=None))]
+    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names, instances=0, registry=None, controls=None))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         signature: &Bound<'_, PyInferSignature>,
         model_version: String,
-        queue: &Bound<'_, PyRequestQueue>,
+        queue: &Bound<'_, PyAny>,
         completions: &Bound<'_, PyLaneCompletions>,
         deliver: Py<PyAny>,
         dynamic: bool,
@@ -233,19 +291,35 @@ impl PyLane {
         keyed_by_names: bool,
         instances: usize,
         registry: Option<&Bound<'_, PyLaneRegistry>>,
+        controls: Option<PyControls>,
     ) -> PyResult<Self> {
-        let lane = Lane::new(
-            model_version,
-            signature.get().inner.clone(),
-            Batching {
-                dynamic,
-                keyed_inputs,
-                keyed_by_names,
-            },
-            queue.get().inner.config().clone(),
-            Arc::clone(&completions.get().0),
-            Box::new(PyDeliver(deliver)),
-        )?;
+        let signature = signature.get().inner.clone();
+        let completions = Arc::clone(&completions.get().0);
+        let deliver = Box::new(PyDeliver(deliver));
+        let lane = if let Ok(batcher) = queue.cast::<PySequenceBatcher>() {
+            Lane::for_sequences(
+                model_version,
+                signature,
+                batcher.get().inner.config().clone(),
+                controls_of(controls.unwrap_or_default())?,
+                completions,
+                deliver,
+            )?
+        } else {
+            let queue = queue.cast::<PyRequestQueue>()?;
+            Lane::new(
+                model_version,
+                signature,
+                Batching {
+                    dynamic,
+                    keyed_inputs,
+                    keyed_by_names,
+                },
+                queue.get().inner.config().clone(),
+                completions,
+                deliver,
+            )?
+        };
         let lane = match registry {
             Some(registry) => lane.with_calls(instances, Arc::clone(&registry.get().0)),
             None => lane,
@@ -268,12 +342,12 @@ impl PyLane {
         minor: u8,
         keep_alive: bool,
         token: u64,
-    ) -> PyResult<Option<PyTicket>> {
+    ) -> PyResult<Option<PyLaneTicket>> {
         let body = lent_body(body)?;
         let reply = http_reply(stream, minor, keep_alive, token);
         let lane = &self.inner;
         match py.detach(|| lane.submit_http(body, json_length, reply)) {
-            Submitted::Queued(ticket) => Ok(Some(PyTicket { inner: ticket })),
+            Submitted::Queued(queued) => Ok(Some(ticket(queued))),
             Submitted::Reference => Ok(None),
             Submitted::Refused(error) => Err(to_py_err(py, &error)),
         }
@@ -287,20 +361,21 @@ impl PyLane {
         py: Python<'_>,
         message: &Bound<'_, PyBytes>,
         sink: Py<PyAny>,
-    ) -> PyResult<Option<PyTicket>> {
+    ) -> PyResult<Option<PyLaneTicket>> {
         let message = lent_body(message)?;
         let lane = &self.inner;
         match py.detach(|| lane.submit_grpc(message, sink)) {
-            Submitted::Queued(ticket) => Ok(Some(PyTicket { inner: ticket })),
+            Submitted::Queued(queued) => Ok(Some(ticket(queued))),
             Submitted::Reference => Ok(None),
             Submitted::Refused(error) => Err(to_py_err(py, &error)),
         }
     }
 
     /// A request the server's Python decoded and checked; `sink` is handed back to `deliver`
-    /// with its result.
+    /// with its result. `sequence`: a stateful model's request's correlation ID (int or str)
+    /// and START and END flags.
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
-    #[pyo3(signature = (request_id, inputs, outputs, output_places, parameters, priority, timeout_us, batch_size, sink, trace=0))]
+    #[pyo3(signature = (request_id, inputs, outputs, output_places, parameters, priority, timeout_us, batch_size, sink, trace=0, sequence=None))]
     fn submit(
         &self,
         request_id: String,
@@ -313,7 +388,16 @@ impl PyLane {
         batch_size: u64,
         sink: Py<PyAny>,
         trace: u64,
-    ) -> PyResult<PyTicket> {
+        sequence: Option<(Bound<'_, PyAny>, bool, bool)>,
+    ) -> PyResult<PyLaneTicket> {
+        let sequence = match sequence {
+            Some((id, start, end)) => Some(SequenceFields {
+                id: correlation_id_of(&id)?,
+                start,
+                end,
+            }),
+            None => None,
+        };
         let inputs = inputs
             .into_iter()
             .map(|(name, datatype, shape, data, place)| {
@@ -357,6 +441,7 @@ impl PyLane {
                 .map(|(name, place)| (name, object_place(place)))
                 .collect(),
             trace,
+            sequence,
         };
         let item = LaneItem {
             request,
@@ -364,13 +449,11 @@ impl PyLane {
             parameters,
             sink: Sink::External(sink),
         };
-        Ok(PyTicket {
-            inner: self.inner.submit(item, batch_size)?,
-        })
+        Ok(ticket(self.inner.submit(item, batch_size)?))
     }
 
     /// Removes a queued request; True if it had not been taken yet.
-    fn cancel(&self, ticket: &Bound<'_, PyTicket>) -> PyResult<bool> {
+    fn cancel(&self, ticket: &Bound<'_, PyLaneTicket>) -> PyResult<bool> {
         Ok(self.inner.cancel(&ticket.get().inner)?)
     }
 
@@ -381,7 +464,7 @@ impl PyLane {
 
     #[getter]
     fn closed(&self) -> bool {
-        self.inner.queue().is_closed()
+        self.inner.is_closed()
     }
 
     /// Runs instance `instance`'s batches on the worker behind `link` (GIL released) until
@@ -436,11 +519,12 @@ impl PyLane {
         Ok(())
     }
 
-    /// Waits up to `timeout_s` for a batch and answers it with the error: whether one was;
-    /// None once the queue is closed and empty.
+    /// Waits up to `timeout_s` for instance `instance`'s next batch and answers it with the
+    /// error: whether one was; None once the queue is closed and empty.
     fn fail_next(
         &self,
         py: Python<'_>,
+        instance: usize,
         code: &str,
         message: String,
         timeout_s: f64,
@@ -448,7 +532,7 @@ impl PyLane {
         let error = CoreError::new(code_named(code)?, message);
         let lane = &self.inner;
         let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
-        Ok(py.detach(|| lane.fail_next(&error, timeout)))
+        Ok(py.detach(|| lane.fail_next(instance, &error, timeout)))
     }
 
     /// Closes the queue and answers what is in it, and every held batch, with the error.
@@ -461,7 +545,7 @@ impl PyLane {
 
     /// The statistics, as `RequestQueue.statistics()`.
     fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        snapshot_dict(py, &self.inner.queue().stats().snapshot())
+        snapshot_dict(py, &self.inner.stats().snapshot())
     }
 
     #[allow(clippy::needless_pass_by_value)]
@@ -470,11 +554,11 @@ impl PyLane {
         py: Python<'py>,
         quantiles: Vec<f64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        summaries_dict(py, self.inner.queue().stats(), &quantiles)
+        summaries_dict(py, self.inner.stats(), &quantiles)
     }
 
     fn __len__(&self) -> usize {
-        self.inner.queue().len()
+        self.inner.len()
     }
 }
 

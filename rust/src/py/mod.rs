@@ -41,6 +41,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<infer::PyInferSignature>()?;
     m.add_class::<inflate::PyInflater>()?;
     m.add_class::<lane::PyLane>()?;
+    m.add_class::<lane::PyLaneTicket>()?;
     m.add_class::<lane::PyLaneCompletions>()?;
     m.add_class::<lane::PyLaneRegistry>()?;
     m.add_class::<lane::PyLaneWorkerLink>()?;

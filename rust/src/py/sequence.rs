@@ -52,7 +52,7 @@ impl PySequenceTicket {
 /// wait in a backlog (see the Rust `sequence` module for the rules).
 #[pyclass(name = "SequenceBatcher", module = "tritonfast._core", frozen)]
 pub(crate) struct PySequenceBatcher {
-    inner: SequenceBatcher<Py<PyAny>>,
+    pub(super) inner: SequenceBatcher<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -253,7 +253,7 @@ impl PySequenceBatcher {
     }
 }
 
-fn correlation_id_of(value: &Bound<'_, PyAny>) -> PyResult<CorrelationId> {
+pub(super) fn correlation_id_of(value: &Bound<'_, PyAny>) -> PyResult<CorrelationId> {
     if let Ok(text) = value.cast::<PyString>() {
         return Ok(CorrelationId::Text(text.to_str()?.to_owned()));
     }

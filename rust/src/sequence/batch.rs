@@ -2,6 +2,8 @@
 
 use std::time::Instant;
 
+use super::SequenceTicket;
+
 /// A request handed out in a batch, with its sequence flags.
 #[derive(Debug)]
 pub struct Taken<T> {
@@ -10,6 +12,8 @@ pub struct Taken<T> {
     pub enqueued_at: Instant,
     pub start: bool,
     pub end: bool,
+    /// Its ticket, for a canceller to find it while it runs.
+    pub ticket: SequenceTicket,
 }
 
 /// One position of a batch.

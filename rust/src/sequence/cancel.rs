@@ -31,6 +31,11 @@ impl SequenceTicket {
     pub fn cancelled(&self) -> bool {
         self.state.load(Ordering::Acquire) == CANCELLED
     }
+
+    /// Whether `other` is a ticket of the same request.
+    pub fn is(&self, other: &SequenceTicket) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
 }
 
 impl<T> SequenceBatcher<T> {

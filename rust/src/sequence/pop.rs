@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use super::cancel::{QUEUED, TAKEN};
 use super::plan::Plan;
 use super::state::State;
-use super::{Entry, SequenceBatcher, SequencePop, SlotBatch, Strategy, Taken, earliest};
+use super::{
+    Entry, SequenceBatcher, SequencePop, SequenceTicket, SlotBatch, Strategy, Taken, earliest,
+};
 
 impl<T> SequenceBatcher<T> {
     /// Waits up to `timeout` for a batch for `instance` and returns it, `TimedOut` if nothing
@@ -135,6 +137,10 @@ impl<T> State<T> {
             enqueued_at: waiting.enqueued_at,
             start: waiting.start,
             end: waiting.end,
+            ticket: SequenceTicket {
+                state: waiting.ticket,
+                enqueued_at: waiting.enqueued_at,
+            },
         })
     }
 }
