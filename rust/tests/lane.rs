@@ -268,7 +268,10 @@ fn a_worker_that_goes_away_fails_only_its_batch() {
     // With no worker to run them, later batches fail with why, until the lane is closed.
     lane.submit(fp32(&[5.0]), 1).unwrap();
     let error = CoreError::new(Code::Internal, "could not be started again");
-    assert_eq!(lane.fail_next(0, &error, Duration::from_secs(5)), Some(true));
+    assert_eq!(
+        lane.fail_next(0, &error, Duration::from_secs(5)),
+        Some(true)
+    );
     lane.close();
     assert_eq!(lane.fail_next(0, &error, Duration::from_secs(5)), None);
     assert_eq!(delivered.lock().len(), 1);

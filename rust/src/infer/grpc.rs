@@ -2,8 +2,9 @@
 //! unparsed) decoded into a [`CoreRequest`], its `raw_input_contents` left in place.
 //!
 //! The core takes on the request clients send every day: named inputs whose bytes all travel
-//! in `raw_input_contents`, outputs named without parameters, an id. Request or tensor
-//! parameters, typed `contents`, anything malformed or refused: the reference path.
+//! in `raw_input_contents`, outputs named without parameters, an id, a sequence's ID and flags.
+//! Other request parameters, tensor parameters, typed `contents`, anything malformed or
+//! refused: the reference path.
 
 use std::ops::Range;
 
@@ -328,6 +329,44 @@ mod tests {
         assert!(matches!(request.inputs[0].data, TensorData::Body(ref r) if r.len() == 8));
     }
 
+    /// A `parameters` map entry: `key` set to the `InferParameter` field `number` (a varint's
+    /// bytes for 1, 2, 5; the text for 3).
+    fn parameter(key: &str, number: u64, value: &[u8]) -> Vec<u8> {
+        let mut choice = Vec::new();
+        if number == 3 {
+            field(&mut choice, 3, value);
+        } else {
+            choice.push(u8::try_from(number << 3).unwrap());
+            choice.extend_from_slice(value);
+        }
+        let mut entry = Vec::new();
+        field(&mut entry, 1, key.as_bytes());
+        field(&mut entry, 2, &choice);
+        entry
+    }
+
+    #[test]
+    fn reads_a_sequences_parameters() {
+        let mut m = message(&[1, 2], &[0; 8]);
+        field(&mut m, 4, &parameter("sequence_id", 2, &[42]));
+        field(&mut m, 4, &parameter("sequence_start", 1, &[1]));
+        let Decoded::Request(request, _) = decode_grpc(&m, &identity()) else {
+            panic!("not taken")
+        };
+        let sequence = request.sequence.unwrap();
+        assert_eq!(sequence.id, CorrelationId::Number(42));
+        assert!(sequence.start && !sequence.end);
+        let mut text = message(&[1, 2], &[0; 8]);
+        field(&mut text, 4, &parameter("sequence_id", 3, b"abc"));
+        let Decoded::Request(request, _) = decode_grpc(&text, &identity()) else {
+            panic!("not taken")
+        };
+        assert_eq!(
+            request.sequence.unwrap().id,
+            CorrelationId::Text("abc".into())
+        );
+    }
+
     #[test]
     fn leaves_the_rest_to_the_reference_path() {
         assert_eq!(
@@ -338,6 +377,20 @@ mod tests {
             decode_grpc(&message(&[2], &[0; 8]), &identity()),
             Decoded::Reference
         );
+        let mut negative = message(&[1, 2], &[0; 8]);
+        field(
+            &mut negative,
+            4,
+            &parameter(
+                "sequence_id",
+                2,
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1],
+            ),
+        );
+        assert_eq!(decode_grpc(&negative, &identity()), Decoded::Reference);
+        let mut custom = message(&[1, 2], &[0; 8]);
+        field(&mut custom, 4, &parameter("custom", 1, &[1]));
+        assert_eq!(decode_grpc(&custom, &identity()), Decoded::Reference);
         let mut with_parameters = message(&[1, 2], &[0; 8]);
         field(&mut with_parameters, 4, b"");
         assert_eq!(

@@ -10,9 +10,9 @@ use super::datatype::DataType;
 use super::json::{self, Value};
 use super::request::{CoreInput, CoreOutput, CoreRequest, TensorData};
 use super::signature::Signature;
-use crate::sequence::CorrelationId;
 use crate::jsondata::{NumberKind, Numbers, parse_numbers};
 use crate::jsonscan;
+use crate::sequence::CorrelationId;
 
 /// Decodes `body` and checks it against `signature`.
 pub fn decode_http(body: &[u8], json_length: usize, signature: &Signature) -> Decoded {
@@ -358,6 +358,20 @@ mod tests {
     }
 
     #[test]
+    fn reads_a_sequences_parameters() {
+        let header = r#"{"parameters":{"sequence_id":"s1","sequence_end":true},
+            "inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":[1]}]}"#;
+        let Decoded::Request(request, _) =
+            decode_http(header.as_bytes(), header.len(), &identity())
+        else {
+            panic!("not taken")
+        };
+        let sequence = request.sequence.unwrap();
+        assert_eq!(sequence.id, CorrelationId::Text("s1".into()));
+        assert!(!sequence.start && sequence.end);
+    }
+
+    #[test]
     fn leaves_the_rest_to_the_reference_path() {
         for header in [
             r#"{"inputs":[]}x"#,
@@ -366,6 +380,8 @@ mod tests {
             r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[1]}]}"#,
             r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":["a"]}]}"#,
             r#"{"parameters":{"custom":1},"inputs":[]}"#,
+            r#"{"parameters":{"sequence_id":-1},"inputs":[]}"#,
+            r#"{"parameters":{"sequence_start":1},"inputs":[]}"#,
             r#"{"inputs":[{"name":"IN\u0030","datatype":"FP32","shape":[1],"data":[1]}]}"#,
         ] {
             assert_eq!(

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
+use super::LaneTicket;
 use super::call::LaneRegistry;
 use super::grpcreply::grpc_answer;
 use super::message::Slot;
@@ -33,7 +34,6 @@ use crate::infer::{
     CoreInput, CoreOutput, CoreRequest, DataType, Decoded, Signature, TensorData, decode_grpc,
     decode_http,
 };
-use super::LaneTicket;
 
 /// One step of an ensemble: its model, found in the server's [`LaneRegistry`] when a request
 /// starts (so a step model reloaded is the new version's lane from the next request on).

@@ -1,5 +1,6 @@
 //! The request path of a model whose instances run in worker processes, in the core: requests
-//! go into the model's queue already decoded ([`Lane::submit_http`] and [`Lane::submit_grpc`]
+//! go into the model's queue (or, for a stateful model, its sequence batcher: [`source`],
+//! [`sequence`]) already decoded ([`Lane::submit_http`] and [`Lane::submit_grpc`]
 //! take a request's bytes as received), each instance's driver thread forms batches, hands
 //! them to its worker through shared memory and a socket ([`message`], [`channel`],
 //! [`segment`]), and answers each request from the worker's reply: an HTTP request by writing
@@ -49,8 +50,8 @@ use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
 use response::{Framing, ResponseParts, error_answer, response_answer, slot_bytes};
 use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
 use sequence::{Controls, null_inputs};
-pub use source::{LaneTicket, REQUEST_TIMEOUT_MESSAGE};
 use source::{Entry, Popped, RunTicket, Source};
+pub use source::{LaneTicket, REQUEST_TIMEOUT_MESSAGE};
 /// Triton's answer to a request that arrives while the model's scheduler is stopping.
 pub const STOPPING_MESSAGE: &str =
     "Server is stopping, scheduler for model has stopped accepting new inference requests";
@@ -261,7 +262,14 @@ impl<E: Send> Lane<E> {
         deliver: Box<dyn Deliver<E>>,
     ) -> Result<Self, CoreError> {
         let source = Source::Queue(RequestQueue::with_config(queue)?);
-        Ok(Self::of(model_version, signature, batching, source, completions, deliver))
+        Ok(Self::of(
+            model_version,
+            signature,
+            batching,
+            source,
+            completions,
+            deliver,
+        ))
     }
 
     /// A stateful model's lane: its requests go through a sequence batcher made with `config`,
@@ -276,7 +284,14 @@ impl<E: Send> Lane<E> {
     ) -> Result<Self, CoreError> {
         let source = Source::sequence(config, controls)?;
         let batching = Batching::default();
-        Ok(Self::of(model_version, signature, batching, source, completions, deliver))
+        Ok(Self::of(
+            model_version,
+            signature,
+            batching,
+            source,
+            completions,
+            deliver,
+        ))
     }
 
     fn of(
@@ -827,37 +842,18 @@ impl<E: Send> Lane<E> {
         entries: &[Entry<E>],
         link: &mut WorkerLink,
     ) -> Result<BatchMessage, CoreError> {
-        let controls = self.source.controls();
-        let template = entries
-            .iter()
-            .find_map(|entry| entry.item.as_ref())
-            .map_or(&[][..], |item| &item.request.inputs[..]);
-        // What each position adds to its own inputs: a sequence's controls, a null request's
-        // inputs.
-        let added: Vec<Vec<CoreInput>> = entries
-            .iter()
-            .map(|entry| {
-                let (Some(controls), Some(flags)) = (controls, entry.sequence) else {
-                    return Vec::new();
-                };
-                match &entry.item {
-                    Some(item) => {
-                        let id = item.request.sequence.as_ref().map(|s| &s.id);
-                        controls.inputs(flags, id.unwrap_or(&CorrelationId::Number(0)))
-                    }
-                    None => {
-                        let mut inputs = null_inputs(template);
-                        inputs.extend(controls.inputs(flags, &CorrelationId::Number(0)));
-                        inputs
-                    }
-                }
-            })
-            .collect();
+        let added = self.added_inputs(entries);
         let no_body: &[u8] = &[];
         let inputs_of = |index: usize| {
             let entry = &entries[index];
-            let own = entry.item.as_ref().map_or(&[][..], |item| &item.request.inputs[..]);
-            let body = entry.item.as_ref().map_or(no_body, |item| (*item.body).as_ref());
+            let own = entry
+                .item
+                .as_ref()
+                .map_or(&[][..], |item| &item.request.inputs[..]);
+            let body = entry
+                .item
+                .as_ref()
+                .map_or(no_body, |item| (*item.body).as_ref());
             own.iter()
                 .map(move |input| (input, body))
                 .chain(added[index].iter().map(move |input| (input, no_body)))
@@ -899,28 +895,7 @@ impl<E: Send> Lane<E> {
                 });
                 offset = aligned(offset + bytes.len());
             }
-            requests.push(match &entry.item {
-                Some(item) => BatchRequest {
-                    id: item.request.id.clone(),
-                    parameters: item.parameters.clone(),
-                    outputs: item
-                        .request
-                        .outputs
-                        .as_ref()
-                        .map(|outputs| outputs.iter().map(|o| o.name.clone()).collect()),
-                    inputs,
-                    output_places: item.request.output_places.clone(),
-                    trace: item.request.trace,
-                },
-                None => BatchRequest {
-                    id: String::new(),
-                    parameters: String::new(),
-                    outputs: None,
-                    inputs,
-                    output_places: Vec::new(),
-                    trace: 0,
-                },
-            });
+            requests.push(batch_request(entry.item.as_ref(), inputs));
         }
         Ok(BatchMessage {
             model_name: self.model_name.clone(),
@@ -931,6 +906,59 @@ impl<E: Send> Lane<E> {
             cancel_len: link.cancel.len() as u64,
             requests,
         })
+    }
+}
+
+impl<E: Send> Lane<E> {
+    /// What each position of a batch adds to its own inputs: a sequence's controls, and a null
+    /// request's inputs (zeros shaped like the batch's first request's).
+    fn added_inputs(&self, entries: &[Entry<E>]) -> Vec<Vec<CoreInput>> {
+        let controls = self.source.controls();
+        let template = entries
+            .iter()
+            .find_map(|entry| entry.item.as_ref())
+            .map_or(&[][..], |item| &item.request.inputs[..]);
+        entries
+            .iter()
+            .map(|entry| {
+                let (Some(controls), Some(flags)) = (controls, entry.sequence) else {
+                    return Vec::new();
+                };
+                if let Some(item) = &entry.item {
+                    let id = item.request.sequence.as_ref().map(|s| &s.id);
+                    return controls.inputs(flags, id.unwrap_or(&CorrelationId::Number(0)));
+                }
+                let mut inputs = null_inputs(template);
+                inputs.extend(controls.inputs(flags, &CorrelationId::Number(0)));
+                inputs
+            })
+            .collect()
+    }
+}
+
+/// A batch position's description for the worker: its request's, or a null request's.
+fn batch_request<E>(item: Option<&LaneItem<E>>, inputs: Vec<Slot>) -> BatchRequest {
+    match item {
+        Some(item) => BatchRequest {
+            id: item.request.id.clone(),
+            parameters: item.parameters.clone(),
+            outputs: item
+                .request
+                .outputs
+                .as_ref()
+                .map(|outputs| outputs.iter().map(|o| o.name.clone()).collect()),
+            inputs,
+            output_places: item.request.output_places.clone(),
+            trace: item.request.trace,
+        },
+        None => BatchRequest {
+            id: String::new(),
+            parameters: String::new(),
+            outputs: None,
+            inputs,
+            output_places: Vec::new(),
+            trace: 0,
+        },
     }
 }
 

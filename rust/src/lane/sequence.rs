@@ -65,7 +65,12 @@ impl Controls {
                     FlagKind::End => flags.end,
                 };
             let bytes = if on { &control.on } else { &control.off };
-            inputs.push(owned(&control.name, control.datatype, &shape, bytes.clone()));
+            inputs.push(owned(
+                &control.name,
+                control.datatype,
+                &shape,
+                bytes.clone(),
+            ));
         }
         if let Some((name, datatype)) = &self.corrid {
             let bytes = corrid_bytes(*datatype, id);
@@ -170,10 +175,16 @@ mod tests {
         };
         let inputs = controls().inputs(start, &CorrelationId::Number((7 << 32) | 5));
         let values: Vec<&[u8]> = inputs.iter().map(bytes).collect();
-        assert_eq!(values, [&[1, 0, 0, 0][..], &[0; 4], &[1, 0, 0, 0], &[5, 0, 0, 0]]);
+        assert_eq!(
+            values,
+            [&[1, 0, 0, 0][..], &[0; 4], &[1, 0, 0, 0], &[5, 0, 0, 0]]
+        );
         assert_eq!(inputs[0].shape, [1, 1]);
         let null = controls().inputs(SequenceFlags::default(), &CorrelationId::Number(0));
-        assert!(null.iter().all(|input| bytes(input).iter().all(|&b| b == 0)));
+        assert!(
+            null.iter()
+                .all(|input| bytes(input).iter().all(|&b| b == 0))
+        );
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub const SEQUENCE_EXPIRED_MESSAGE: &str = "timeout of the corresponding sequenc
 pub const REQUEST_TIMEOUT_MESSAGE: &str = "Request timeout expired";
 
 /// A lane's batches' source.
+// (One per lane, made once: the variants' sizes do not matter.)
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Source<E> {
     Queue(RequestQueue<LaneItem<E>>),
     Sequence(SequenceBatcher<LaneItem<E>>, Controls),
@@ -143,9 +145,10 @@ impl<E> Source<E> {
             Source::Sequence(batcher, _) => match batcher.pop_batch(instance, timeout) {
                 SequencePop::Closed => Popped::Closed,
                 SequencePop::TimedOut => Popped::TimedOut,
-                SequencePop::Cancelled(items) => {
-                    Popped::Rejected(items, CoreError::new(Code::Cancelled, SEQUENCE_CANCELLED_MESSAGE))
-                }
+                SequencePop::Cancelled(items) => Popped::Rejected(
+                    items,
+                    CoreError::new(Code::Cancelled, SEQUENCE_CANCELLED_MESSAGE),
+                ),
                 SequencePop::Expired(items) => {
                     Popped::Rejected(items, CoreError::unavailable(SEQUENCE_EXPIRED_MESSAGE))
                 }

@@ -218,7 +218,12 @@ fn py_place(place: ObjectPlace) -> PyPlace {
 }
 
 /// A request's handle, for `Lane.cancel`.
-#[pyclass(name = "LaneTicket", module = "tritonfast._core", frozen, freelist = 256)]
+#[pyclass(
+    name = "LaneTicket",
+    module = "tritonfast._core",
+    frozen,
+    freelist = 256
+)]
 pub(crate) struct PyLaneTicket {
     inner: LaneTicket,
 }
