@@ -23,8 +23,8 @@ use tritonfast_core::lane::completions::Completions;
 use tritonfast_core::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use tritonfast_core::lane::response::Framing;
 use tritonfast_core::lane::{
-    Answer, Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Sink, Submitted,
-    WorkerLink,
+    Answer, Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Scheduling, Sink,
+    Submitted, WorkerLink,
 };
 use tritonfast_core::outbox::Outbox;
 use tritonfast_core::queue::QueueConfig;
@@ -56,8 +56,7 @@ fn lane() -> (Arc<Lane<u32>>, Delivered, Arc<Completions>) {
     let lane = Lane::new(
         "1".into(),
         signature,
-        Batching::default(),
-        QueueConfig::default(),
+        Scheduling::Queue(QueueConfig::default(), Batching::default()),
         Arc::clone(&completions),
         Box::new(Collect(Arc::clone(&delivered))),
     )
@@ -292,8 +291,7 @@ fn calling_lane(model: &str, registry: &Arc<LaneRegistry<u32>>) -> (Arc<Lane<u32
     let lane = Lane::new(
         "1".into(),
         signature,
-        Batching::default(),
-        QueueConfig::default(),
+        Scheduling::Queue(QueueConfig::default(), Batching::default()),
         Arc::new(Completions::new().unwrap()),
         Box::new(Collect(Arc::clone(&delivered))),
     )

@@ -172,6 +172,14 @@ pub struct Batching {
     pub keyed_by_names: bool,
 }
 
+/// Where a lane's requests wait: a queue with its configuration and batching rules, or (a
+/// stateful model's) a sequence batcher and the control inputs its requests get.
+#[derive(Debug, Clone)]
+pub enum Scheduling {
+    Queue(QueueConfig, Batching),
+    Sequences(SequenceConfig, Controls),
+}
+
 /// A worker process as a driver reaches it.
 #[derive(Debug)]
 pub struct WorkerLink {
@@ -253,56 +261,23 @@ impl<E> std::fmt::Debug for Lane<E> {
 }
 
 impl<E: Send> Lane<E> {
+    /// A lane whose requests go through a queue or a sequence batcher, as `scheduling` says.
     pub fn new(
         model_version: String,
         signature: Signature,
-        batching: Batching,
-        queue: QueueConfig,
+        scheduling: Scheduling,
         completions: Arc<Completions>,
         deliver: Box<dyn Deliver<E>>,
     ) -> Result<Self, CoreError> {
-        let source = Source::Queue(RequestQueue::with_config(queue)?);
-        Ok(Self::of(
-            model_version,
-            signature,
-            batching,
-            source,
-            completions,
-            deliver,
-        ))
-    }
-
-    /// A stateful model's lane: its requests go through a sequence batcher made with `config`,
-    /// and the model gets `controls` with each.
-    pub fn for_sequences(
-        model_version: String,
-        signature: Signature,
-        config: SequenceConfig,
-        controls: Controls,
-        completions: Arc<Completions>,
-        deliver: Box<dyn Deliver<E>>,
-    ) -> Result<Self, CoreError> {
-        let source = Source::sequence(config, controls)?;
-        let batching = Batching::default();
-        Ok(Self::of(
-            model_version,
-            signature,
-            batching,
-            source,
-            completions,
-            deliver,
-        ))
-    }
-
-    fn of(
-        model_version: String,
-        signature: Signature,
-        batching: Batching,
-        source: Source<E>,
-        completions: Arc<Completions>,
-        deliver: Box<dyn Deliver<E>>,
-    ) -> Self {
-        Lane {
+        let (source, batching) = match scheduling {
+            Scheduling::Queue(queue, batching) => {
+                (Source::Queue(RequestQueue::with_config(queue)?), batching)
+            }
+            Scheduling::Sequences(config, controls) => {
+                (Source::sequence(config, controls)?, Batching::default())
+            }
+        };
+        Ok(Lane {
             model_name: signature.model().to_owned(),
             model_version,
             signature,
@@ -315,7 +290,7 @@ impl<E: Send> Lane<E> {
             instances: 0,
             registry: None,
             calls: Mutex::new(Vec::new()),
-        }
+        })
     }
 
     /// This lane's `instances` take calls their models make to the models in `registry`.

@@ -30,8 +30,8 @@ use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
 use crate::lane::sequence::{Controls, FlagControl, FlagKind};
 use crate::lane::{
-    Answer, Batching, Body, Deliver, DriveEnd, HttpReply, Lane, LaneItem, LaneTicket, Marks, Sink,
-    Submitted, WorkerLink, no_body,
+    Answer, Batching, Body, Deliver, DriveEnd, HttpReply, Lane, LaneItem, LaneTicket, Marks,
+    Scheduling, Sink, Submitted, WorkerLink, no_body,
 };
 
 /// A duplicate of `fd`, owned by the core.
@@ -301,30 +301,19 @@ impl PyLane {
         let signature = signature.get().inner.clone();
         let completions = Arc::clone(&completions.get().0);
         let deliver = Box::new(PyDeliver(deliver));
-        let lane = if let Ok(batcher) = queue.cast::<PySequenceBatcher>() {
-            Lane::for_sequences(
-                model_version,
-                signature,
-                batcher.get().inner.config().clone(),
-                controls_of(controls.unwrap_or_default())?,
-                completions,
-                deliver,
-            )?
+        let scheduling = if let Ok(batcher) = queue.cast::<PySequenceBatcher>() {
+            let controls = controls_of(controls.unwrap_or_default())?;
+            Scheduling::Sequences(batcher.get().inner.config().clone(), controls)
         } else {
-            let queue = queue.cast::<PyRequestQueue>()?;
-            Lane::new(
-                model_version,
-                signature,
-                Batching {
-                    dynamic,
-                    keyed_inputs,
-                    keyed_by_names,
-                },
-                queue.get().inner.config().clone(),
-                completions,
-                deliver,
-            )?
+            let batching = Batching {
+                dynamic,
+                keyed_inputs,
+                keyed_by_names,
+            };
+            let queue = queue.cast::<PyRequestQueue>()?.get().inner.config().clone();
+            Scheduling::Queue(queue, batching)
         };
+        let lane = Lane::new(model_version, signature, scheduling, completions, deliver)?;
         let lane = match registry {
             Some(registry) => lane.with_calls(instances, Arc::clone(&registry.get().0)),
             None => lane,
