@@ -1,7 +1,8 @@
 //! A lane driven end to end against a stand-in worker (a thread speaking the worker's side of
 //! the channel, as the worker process's Python does): requests from Python and from HTTP
 //! connections answered, statistics counted, a worker that goes away failing only its batch,
-//! a closed lane ending its driver.
+//! a closed lane ending its driver, a stateful model's requests handed over with their
+//! controls.
 
 // Sizes here are small, and the test runs on 64-bit Linux only.
 #![allow(clippy::cast_possible_truncation)]
@@ -16,18 +17,22 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tritonfast_core::error::{Code, CoreError};
-use tritonfast_core::infer::{CoreInput, CoreRequest, DataType, Signature, TensorData, TensorSpec};
+use tritonfast_core::infer::{
+    CoreInput, CoreRequest, DataType, SequenceFields, Signature, TensorData, TensorSpec,
+};
 use tritonfast_core::lane::call::{CallAnswer, CallMessage, CallTensor, LaneRegistry};
 use tritonfast_core::lane::channel::Channel;
 use tritonfast_core::lane::completions::Completions;
 use tritonfast_core::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use tritonfast_core::lane::response::Framing;
+use tritonfast_core::lane::sequence::{Controls, FlagControl, FlagKind};
 use tritonfast_core::lane::{
     Answer, Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Scheduling, Sink,
     Submitted, WorkerLink,
 };
 use tritonfast_core::outbox::Outbox;
 use tritonfast_core::queue::QueueConfig;
+use tritonfast_core::sequence::{CorrelationId, SequenceConfig, Strategy};
 use tritonfast_core::shm::{AttachedSegment, OwnedSegment};
 
 /// Numbers the stand-in workers' segments (tests run side by side in one process).
@@ -414,4 +419,128 @@ fn calls_a_model_makes_are_queued_in_their_targets_lane_and_answered_on_its_chan
     for worker in workers {
         worker.join().unwrap();
     }
+}
+
+/// A stateful model's lane: INT32 START/END/READY controls and a UINT64 CORRID, direct
+/// strategy, two slots on one instance.
+fn sequence_lane() -> (Arc<Lane<u32>>, Delivered) {
+    let spec = TensorSpec {
+        name: "INPUT0".into(),
+        datatype: "FP32".into(),
+        dims: vec![-1],
+        optional: false,
+    };
+    let signature = Signature::new("counter", 2, vec![spec], vec!["OUTPUT0".into()]);
+    let flag = |name: &str, kind| FlagControl {
+        name: name.into(),
+        kind,
+        datatype: DataType::Int32,
+        off: 0i32.to_le_bytes().to_vec(),
+        on: 1i32.to_le_bytes().to_vec(),
+    };
+    let controls = Controls {
+        flags: vec![
+            flag("START", FlagKind::Start),
+            flag("END", FlagKind::End),
+            flag("READY", FlagKind::Ready),
+        ],
+        corrid: Some(("CORRID".into(), DataType::Uint64)),
+        batched: true,
+    };
+    let config = SequenceConfig {
+        model: "counter".into(),
+        instances: 1,
+        max_batch_size: 2,
+        strategy: Strategy::Direct {
+            max_queue_delay: Duration::ZERO,
+            minimum_slot_utilization: 0.0,
+        },
+        max_sequence_idle: Duration::from_mins(1),
+        latency_summaries: false,
+    };
+    let delivered = Delivered::default();
+    let lane = Lane::new(
+        "1".into(),
+        signature,
+        Scheduling::Sequences(config, controls),
+        Arc::new(Completions::new().unwrap()),
+        Box::new(Collect(Arc::clone(&delivered))),
+    )
+    .unwrap();
+    (Arc::new(lane), delivered)
+}
+
+fn in_sequence(value: f32, id: u64, start: bool, end: bool, sink: u32) -> LaneItem<u32> {
+    let mut item = fp32(&[value]);
+    item.request.sequence = Some(SequenceFields {
+        id: CorrelationId::Number(id),
+        start,
+        end,
+    });
+    item.sink = Sink::External(sink);
+    item
+}
+
+/// A request's tensors as the stand-in worker echoed them: its input, then its controls.
+fn echoed(answer: &Result<Answer, CoreError>) -> Vec<Vec<u8>> {
+    let Ok(Answer::Response(response)) = answer else {
+        panic!("no response: {answer:?}")
+    };
+    response.outputs.iter().map(|o| o.data.clone()).collect()
+}
+
+#[test]
+fn a_sequence_lane_adds_the_controls_and_answers_no_null_request() {
+    let (lane, delivered) = sequence_lane();
+    let (server_end, worker_end) = UnixStream::pair().unwrap();
+    let stand_in = worker(worker_end, usize::MAX);
+    let mut link = WorkerLink::new(server_end.into(), "lanetest").unwrap();
+    let driver = {
+        let lane = Arc::clone(&lane);
+        thread::spawn(move || lane.drive(0, &mut link))
+    };
+    let int32 = |v: i32| v.to_le_bytes().to_vec();
+    // Sequence 5 takes slot 0, sequence 9 slot 1; once 5 ended, 9's requests run with a
+    // null request in slot 0 (answered to nobody, not counted).
+    for (item, answers) in [
+        (in_sequence(1.0, 5, true, false, 1), 1),
+        (in_sequence(2.0, 9, true, false, 2), 2),
+        (in_sequence(3.0, 5, false, true, 3), 3),
+        (in_sequence(4.0, 9, false, true, 4), 4),
+    ] {
+        lane.submit(item, 1).unwrap();
+        wait_until(|| delivered.lock().len() == answers);
+    }
+    let answered = delivered.lock().clone();
+    assert_eq!(
+        answered.iter().map(|(sink, _)| *sink).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    let (start, end, ready) = (int32(1), int32(1), int32(1));
+    let (off, id) = (int32(0), |n: u64| n.to_le_bytes().to_vec());
+    assert_eq!(
+        echoed(&answered[0].1)[1..],
+        [start.clone(), off.clone(), ready.clone(), id(5)]
+    );
+    assert_eq!(
+        echoed(&answered[2].1)[1..],
+        [off.clone(), end, ready.clone(), id(5)]
+    );
+    assert_eq!(
+        echoed(&answered[3].1)[1..],
+        [off.clone(), int32(1), ready, id(9)]
+    );
+    assert_eq!(lane.stats().snapshot().success.count, 4);
+
+    // A request of no live sequence is refused, and nothing is queued.
+    let refused = lane
+        .submit(in_sequence(5.0, 7, false, false, 5), 1)
+        .unwrap_err();
+    assert_eq!(refused.code, Code::InvalidArg);
+    assert!(lane.is_empty());
+
+    lane.close();
+    assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
+    drop(lane);
+    stand_in.join().unwrap();
 }
