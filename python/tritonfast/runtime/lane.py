@@ -133,7 +133,7 @@ def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelIns
         return False
     if config.HasField("sequence_batching"):
         batching = config.sequence_batching
-        if batching.iterative_sequence or batching.state or core_controls(config) is None:
+        if batching.iterative_sequence or batching.state:
             return False
     if any(shape_checked_inputs(config).values()):  # shape tensors: batched by content
         return False

@@ -112,12 +112,48 @@ def slots_per_instance(config: ModelConfig) -> int:
 # -- control inputs ----------------------------------------------------------------------
 
 
+_FLAG_KINDS = {
+    Control.CONTROL_SEQUENCE_START: "start",
+    Control.CONTROL_SEQUENCE_END: "end",
+    Control.CONTROL_SEQUENCE_READY: "ready",
+}
+
+CoreControls = tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]
+
+
+def core_controls(config: ModelConfig) -> CoreControls:
+    """``config``'s control inputs, as the core's lane writes them and :class:`Controls` builds
+    them for the other schedulers: each flag control's name, kind (``"start"``, ``"end"``,
+    ``"ready"``), datatype and false and true values as bytes; the CORRID control's name and
+    datatype; and whether the model batches. (The configuration's checks, in
+    ``config/sequence.py``, leave only these kinds and datatypes.)"""
+    flags: list[tuple[str, str, str, bytes, bytes]] = []
+    corrid: tuple[str, str] | None = None
+    for control_input in config.sequence_batching.control_input:
+        for control in control_input.control:
+            if control.kind == Control.CONTROL_SEQUENCE_CORRID:
+                corrid = (control_input.name, WIRE_DATATYPES[control.data_type])
+                continue
+            for values, datatype in (
+                (control.int32_false_true, "INT32"),
+                (control.fp32_false_true, "FP32"),
+                (control.bool_false_true, "BOOL"),
+            ):
+                if len(values) == 2:
+                    off, on = (
+                        np.array(value, dtype=NUMPY_DTYPES[datatype]).tobytes() for value in values
+                    )
+                    flags.append((control_input.name, _FLAG_KINDS[control.kind], datatype, off, on))
+                    break
+    return flags, corrid, config.max_batch_size > 0
+
+
 @dataclass(frozen=True, slots=True)
 class _Flag:
     """A START, END or READY control: its tensor for false and for true (shared, read-only)."""
 
     name: str
-    kind: int
+    kind: str
     datatype: str
     false: np.ndarray
     true: np.ndarray
@@ -134,32 +170,20 @@ class Controls:
     """Builds the control inputs of the requests handed to the model."""
 
     def __init__(self, config: ModelConfig) -> None:
-        self._shape: tuple[int, ...] = (1, 1) if config.max_batch_size > 0 else (1,)
-        self._flags: list[_Flag] = []
+        flags, corrid, batched = core_controls(config)
+        self._shape: tuple[int, ...] = (1, 1) if batched else (1,)
+        self._flags = [
+            _Flag(name, kind, datatype, self._constant(off, datatype), self._constant(on, datatype))
+            for name, kind, datatype, off, on in flags
+        ]
         self._corrid: _CorrId | None = None
-        for control_input in config.sequence_batching.control_input:
-            for control in control_input.control:
-                self._add(control_input.name, control)
-
-    def _add(self, name: str, control: Any) -> None:
-        if control.kind == Control.CONTROL_SEQUENCE_CORRID:
-            datatype = WIRE_DATATYPES[control.data_type]
+        if corrid is not None:
+            name, datatype = corrid
             self._corrid = _CorrId(name, datatype, NUMPY_DTYPES[datatype])
-            return
-        for values, datatype in (
-            (control.int32_false_true, "INT32"),
-            (control.fp32_false_true, "FP32"),
-            (control.bool_false_true, "BOOL"),
-        ):
-            if len(values) == 2:
-                false, true = (self._constant(value, datatype) for value in values)
-                self._flags.append(_Flag(name, control.kind, datatype, false, true))
-                return
 
-    def _constant(self, value: Any, datatype: str) -> np.ndarray:
-        array = np.full(self._shape, value, dtype=NUMPY_DTYPES[datatype])
-        array.flags.writeable = False
-        return array
+    def _constant(self, value: bytes, datatype: str) -> np.ndarray:
+        # (Read-only: a view of bytes.)
+        return np.frombuffer(value, dtype=NUMPY_DTYPES[datatype]).reshape(self._shape)
 
     def __bool__(self) -> bool:
         return bool(self._flags) or self._corrid is not None
@@ -173,9 +197,9 @@ class Controls:
         tensors = []
         for flag in self._flags:
             on = ready and (
-                flag.kind == Control.CONTROL_SEQUENCE_READY
-                or (flag.kind == Control.CONTROL_SEQUENCE_START and start)
-                or (flag.kind == Control.CONTROL_SEQUENCE_END and end)
+                flag.kind == "ready"
+                or (flag.kind == "start" and start)
+                or (flag.kind == "end" and end)
             )
             data = flag.true if on else flag.false
             tensors.append(InputTensor(flag.name, flag.datatype, shape, data))
@@ -197,49 +221,6 @@ class Controls:
             value = corrid & ((1 << width) - 1)
             data = np.array(value, dtype=np.uint64).astype(control.dtype).reshape(self._shape)
         return InputTensor(control.name, control.datatype, self._shape, data)
-
-
-# The CORRID datatypes Triton accepts (TYPE_STRING is BYTES on the wire).
-_CORRID_DATATYPES = frozenset({"INT32", "UINT32", "INT64", "UINT64", "BYTES"})
-_FLAG_KINDS = {
-    Control.CONTROL_SEQUENCE_START: "start",
-    Control.CONTROL_SEQUENCE_END: "end",
-    Control.CONTROL_SEQUENCE_READY: "ready",
-}
-
-CoreControls = tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]
-
-
-def core_controls(config: ModelConfig) -> CoreControls | None:
-    """``config``'s control inputs as the core's lane writes them (see :class:`Controls`,
-    which builds the same tensors for the other schedulers): each flag control's name, kind,
-    datatype and false and true values as bytes, the CORRID control's name and datatype, and
-    whether the model batches. None when a control is one the core does not write."""
-    flags: list[tuple[str, str, str, bytes, bytes]] = []
-    corrid: tuple[str, str] | None = None
-    for control_input in config.sequence_batching.control_input:
-        for control in control_input.control:
-            if control.kind == Control.CONTROL_SEQUENCE_CORRID:
-                datatype = WIRE_DATATYPES.get(control.data_type)
-                if datatype not in _CORRID_DATATYPES:
-                    return None
-                corrid = (control_input.name, datatype)
-                continue
-            kind = _FLAG_KINDS.get(control.kind)
-            if kind is None:
-                return None
-            for values, datatype in (
-                (control.int32_false_true, "INT32"),
-                (control.fp32_false_true, "FP32"),
-                (control.bool_false_true, "BOOL"),
-            ):
-                if len(values) == 2:
-                    off, on = (
-                        np.array(value, dtype=NUMPY_DTYPES[datatype]).tobytes() for value in values
-                    )
-                    flags.append((control_input.name, kind, datatype, off, on))
-                    break
-    return flags, corrid, config.max_batch_size > 0
 
 
 # -- implicit state ----------------------------------------------------------------------

@@ -61,6 +61,20 @@ pub struct CoreOutput {
     pub binary: bool,
 }
 
+impl CoreOutput {
+    /// The outputs `names` asks for, as a request that is not HTTP names them (binary is
+    /// HTTP's question).
+    pub fn named(names: Vec<String>) -> Vec<CoreOutput> {
+        names
+            .into_iter()
+            .map(|name| CoreOutput {
+                name,
+                binary: false,
+            })
+            .collect()
+    }
+}
+
 /// A decoded inference request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CoreRequest {

@@ -103,16 +103,7 @@ impl CallMessage {
         w.str(&self.parameters);
         w.u64(self.priority);
         w.u64(self.timeout_us);
-        match &self.outputs {
-            None => w.u8(0),
-            Some(names) => {
-                w.u8(1);
-                w.count(names.len());
-                for name in names {
-                    w.str(name);
-                }
-            }
-        }
+        w.names(self.outputs.as_deref());
         w.count(self.inputs.len());
         for t in &self.inputs {
             tensor(&mut w, t);
@@ -132,12 +123,7 @@ impl CallMessage {
         let parameters = r.str()?;
         let priority = r.u64()?;
         let timeout_us = r.u64()?;
-        let outputs = if r.u8()? == 0 {
-            None
-        } else {
-            let n = r.count(4)?;
-            Some((0..n).map(|_| r.str()).collect::<Result<_, _>>()?)
-        };
+        let outputs = r.names()?;
         let n = r.count(16)?;
         let inputs = (0..n)
             .map(|_| read_tensor(&mut r))

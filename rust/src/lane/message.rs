@@ -137,6 +137,19 @@ impl Writer {
             }
         }
     }
+    /// A list of names, or none (a request that names no outputs).
+    pub fn names(&mut self, names: Option<&[String]>) {
+        match names {
+            None => self.u8(0),
+            Some(names) => {
+                self.u8(1);
+                self.count(names.len());
+                for name in names {
+                    self.str(name);
+                }
+            }
+        }
+    }
     pub fn place(&mut self, place: &ObjectPlace) {
         self.str(&place.path);
         self.u64(place.device);
@@ -236,6 +249,14 @@ impl<'a> Reader<'a> {
             place,
         })
     }
+    /// What [`Writer::names`] wrote.
+    pub fn names(&mut self) -> Result<Option<Vec<String>>, CoreError> {
+        if self.u8()? == 0 {
+            return Ok(None);
+        }
+        let n = self.count(4)?;
+        Ok(Some((0..n).map(|_| self.str()).collect::<Result<_, _>>()?))
+    }
     pub fn place(&mut self) -> Result<ObjectPlace, CoreError> {
         Ok(ObjectPlace {
             path: self.str()?,
@@ -267,16 +288,7 @@ impl BatchMessage {
         for r in &self.requests {
             w.str(&r.id);
             w.str(&r.parameters);
-            match &r.outputs {
-                None => w.u8(0),
-                Some(names) => {
-                    w.u8(1);
-                    w.count(names.len());
-                    for n in names {
-                        w.str(n);
-                    }
-                }
-            }
+            w.names(r.outputs.as_deref());
             w.count(r.inputs.len());
             for s in &r.inputs {
                 w.slot(s);
@@ -304,12 +316,7 @@ impl BatchMessage {
         for _ in 0..count {
             let id = r.str()?;
             let parameters = r.str()?;
-            let outputs = if r.u8()? == 0 {
-                None
-            } else {
-                let n = r.count(4)?;
-                Some((0..n).map(|_| r.str()).collect::<Result<_, _>>()?)
-            };
+            let outputs = r.names()?;
             let n = r.count(4)?;
             let inputs = (0..n).map(|_| r.slot()).collect::<Result<_, _>>()?;
             let n = r.count(4)?;

@@ -829,9 +829,13 @@ impl<E: Send> Lane<E> {
                 .item
                 .as_ref()
                 .map_or(no_body, |item| (*item.body).as_ref());
-            own.iter()
-                .map(move |input| (input, body))
-                .chain(added[index].iter().map(move |input| (input, no_body)))
+            own.iter().map(move |input| (input, body)).chain(
+                added
+                    .get(index)
+                    .into_iter()
+                    .flatten()
+                    .map(move |input| (input, no_body)),
+            )
         };
         let mut total = 0;
         for index in 0..entries.len() {
@@ -886,9 +890,12 @@ impl<E: Send> Lane<E> {
 
 impl<E: Send> Lane<E> {
     /// What each position of a batch adds to its own inputs: a sequence's controls, and a null
-    /// request's inputs (zeros shaped like the batch's first request's).
+    /// request's inputs (zeros shaped like the batch's first request's). Nothing (no
+    /// allocation) for a lane without sequences.
     fn added_inputs(&self, entries: &[Entry<E>]) -> Vec<Vec<CoreInput>> {
-        let controls = self.source.controls();
+        let Some(controls) = self.source.controls() else {
+            return Vec::new();
+        };
         let template = entries
             .iter()
             .find_map(|entry| entry.item.as_ref())
@@ -896,7 +903,7 @@ impl<E: Send> Lane<E> {
         entries
             .iter()
             .map(|entry| {
-                let (Some(controls), Some(flags)) = (controls, entry.sequence) else {
+                let Some(flags) = entry.sequence else {
                     return Vec::new();
                 };
                 if let Some(item) = &entry.item {
@@ -969,15 +976,7 @@ fn call_request(call: CallMessage) -> Result<(CoreRequest, String), CoreError> {
     let request = CoreRequest {
         id: call.id,
         inputs,
-        outputs: call.outputs.map(|names| {
-            names
-                .into_iter()
-                .map(|name| CoreOutput {
-                    name,
-                    binary: false,
-                })
-                .collect()
-        }),
+        outputs: call.outputs.map(CoreOutput::named),
         priority: (call.priority > 0).then_some(call.priority),
         timeout_us: (call.timeout_us > 0).then_some(call.timeout_us),
         ..CoreRequest::default()

@@ -403,12 +403,9 @@ impl PyLane {
                     // is held).
                     None => TensorData::Owned(unsafe { borrowed_bytes(address, len) }.to_vec()),
                 };
-                let datatype = DataType::from_name(&datatype).ok_or_else(|| {
-                    CoreError::bad_value(format!("unknown datatype '{datatype}'"))
-                })?;
                 Ok(CoreInput {
                     name,
-                    datatype,
+                    datatype: datatype_named(&datatype)?,
                     shape,
                     data,
                 })
@@ -417,15 +414,7 @@ impl PyLane {
         let request = CoreRequest {
             id: request_id,
             inputs,
-            outputs: outputs.map(|names| {
-                names
-                    .into_iter()
-                    .map(|name| CoreOutput {
-                        name,
-                        binary: false,
-                    })
-                    .collect()
-            }),
+            outputs: outputs.map(CoreOutput::named),
             binary_default: false,
             priority: Some(priority),
             timeout_us: Some(timeout_us),
