@@ -385,11 +385,14 @@ class Lane:
         registry: LaneRegistry | None = None,
         controls: tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]
         | None = None,
+        regions: SharedMemoryRegistry | None = None,
     ) -> Self:
         """``queue``: a queue with the rules to follow (its configuration is copied), or a
         sequence batcher and its requests' ``controls`` (flags as name, kind, datatype, false
         and true bytes; CORRID as name and datatype; whether the model batches);
-        ``deliver(items, extra, marks)`` answers requests submitted from Python."""
+        ``deliver(items, extra, marks)`` answers requests submitted from Python; ``regions``:
+        the system shared-memory regions its requests may name (without, such requests take
+        the reference path)."""
 
     def submit_http(
         self,

@@ -43,6 +43,9 @@ const PIECES: &[&str] = &[
     "\"parameters\"",
     "\"binary_data_size\"",
     "\"binary_data\"",
+    "\"shared_memory_region\"",
+    "\"shared_memory_offset\"",
+    "\"shared_memory_byte_size\"",
     "\"id\"",
     "true",
     "1",
@@ -99,6 +102,10 @@ const PROTO_PIECES: &[&[u8]] = &[
     b"\x10",
     b"\x00\x00\x80\x3f",
     b"\x22\x00",
+    b"\x0a\x14shared_memory_region",
+    b"\x0a\x17shared_memory_byte_size",
+    b"\x12\x04\x1a\x02in",
+    b"\x12\x02\x10\x08",
     b"\xff\xff\xff\xff\x0f",
 ];
 

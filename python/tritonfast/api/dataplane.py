@@ -100,6 +100,8 @@ class DataPlane:
         self.tracer = tracer or Tracer()
         self._live = True
         self._shared_memory = shared_memory or SharedMemory()
+        # Its system shared-memory regions, for the lanes to find requests' regions in.
+        self.shared_memory_regions = self._shared_memory.system_regions
 
     @property
     def repository(self) -> ModelRepository:

@@ -26,7 +26,7 @@ from tritonfast.runtime.instance import Caller, running_instance
 from tritonfast.runtime.responses import Streamed
 
 if TYPE_CHECKING:
-    from tritonfast._core import LaneCompletions, LaneRegistry
+    from tritonfast._core import LaneCompletions, LaneRegistry, SharedMemoryRegistry
     from tritonfast.api.dataplane import DataPlane
     from tritonfast.custommetrics import ServerCustomMetrics
 
@@ -53,6 +53,10 @@ class ServerHandle:
     @property
     def lane_registry(self) -> LaneRegistry:
         return self._dataplane.lane_registry
+
+    @property
+    def shared_memory_regions(self) -> SharedMemoryRegistry:
+        return self._dataplane.shared_memory_regions
 
     def infer(self, request: InferRequest) -> InferResponse:
         """Send ``request`` and wait for its one response; raises its TritonError, or NotRun

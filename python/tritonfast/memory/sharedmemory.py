@@ -34,7 +34,8 @@ OFFSET = "shared_memory_offset"
 BYTE_SIZE = "shared_memory_byte_size"
 PARAMETERS = (REGION, OFFSET, BYTE_SIZE)
 # Tensors from this size on get an ObjectPlace: below it a copy costs about what the system
-# calls that check the object do.
+# calls that check the object do. (The core's lanes place the tensors of the requests they
+# decode from the same size on.)
 PLACED_BYTES = 256 * 1024
 SHM_DIR = "/dev/shm"
 
@@ -122,6 +123,12 @@ class SharedMemory:
         # System regions' objects by region name: (path, device, inode, offset of the region
         # in the object), for ObjectPlaces.
         self._objects: dict[str, tuple[str, int, int, int]] = {}
+
+    @property
+    def system_regions(self) -> SharedMemoryRegistry:
+        """The system regions, as the core holds them (the models' lanes find requests'
+        regions there)."""
+        return self._system
 
     # -- the system shared-memory extension ---------------------------------------------------
     def system_status(self, name: str = "") -> list[dict[str, Any]]:

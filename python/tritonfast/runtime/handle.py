@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-from tritonfast._core import LaneCompletions, LaneRegistry
+from tritonfast._core import LaneCompletions, LaneRegistry, SharedMemoryRegistry
 from tritonfast.custommetrics import ServerCustomMetrics
 from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import TritonError, UnavailableError
@@ -52,6 +52,12 @@ class Handle(Protocol):
     def lane_completions(self) -> LaneCompletions | None:
         """Where the core tells the server's HTTP frontend which requests it answered (see
         runtime.lane); None in a worker process."""
+        ...
+
+    @property
+    def shared_memory_regions(self) -> SharedMemoryRegistry | None:
+        """The server's system shared-memory regions, for the requests its models' lanes
+        take (see runtime.lane); None in a worker process."""
         ...
 
     def infer(self, request: InferRequest) -> InferResponse: ...

@@ -200,6 +200,7 @@ class LaneScheduler(Scheduler):
             instances=len(instances),
             registry=server.lane_registry,
             controls=core_controls(config) if self._sequences else None,
+            regions=server.shared_memory_regions,
         )
         for index, instance in enumerate(instances):
             driven = cast(CoreDriven, instance)

@@ -1,17 +1,17 @@
 //! A gRPC `ModelInferRequest` (`inference.GRPCInferenceService/ModelInfer`, as received,
 //! unparsed) decoded into a [`CoreRequest`], its `raw_input_contents` left in place.
 //!
-//! The core takes on the request clients send every day: named inputs whose bytes all travel
-//! in `raw_input_contents`, outputs named without parameters, an id, a sequence's ID and flags.
-//! Other request parameters, tensor parameters, typed `contents`, anything malformed or
-//! refused: the reference path.
+//! The core takes on the request clients send every day: named inputs whose bytes travel in
+//! `raw_input_contents` or lie in a shared-memory region, outputs named without parameters or
+//! bound for a region, an id, a sequence's ID and flags. Other request or tensor parameters,
+//! typed `contents`, anything malformed or refused: the reference path.
 
 use std::ops::Range;
 
 use super::Decoded;
 use super::datatype::DataType;
 use super::http::fits;
-use super::request::{CoreInput, CoreOutput, CoreRequest, TensorData};
+use super::request::{CoreInput, CoreOutput, CoreRequest, OutputRegion, RegionRef, TensorData};
 use super::signature::Signature;
 use crate::sequence::CorrelationId;
 
@@ -167,21 +167,30 @@ fn request(b: &[u8]) -> Option<CoreRequest> {
             _ => return None, // a field this core does not know
         }
     }
-    if raws.len() != inputs.len() {
+    // Inputs in shared memory take no entry of `raw_input_contents`.
+    if raws.len() != inputs.iter().filter(|input| input.region.is_none()).count() {
         return None;
     }
-    for ((name, datatype, shape), range) in inputs.into_iter().zip(&raws) {
-        let count = shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))?;
-        if !fits(datatype, count, &b[range.clone()]) {
-            return None;
-        }
+    let mut raws = raws.into_iter();
+    for input in inputs {
+        let data = if let Some(region) = input.region {
+            TensorData::Region(region)
+        } else {
+            let range = raws.next()?;
+            let count = input
+                .shape
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))?;
+            if !fits(input.datatype, count, &b[range.clone()]) {
+                return None;
+            }
+            TensorData::Body(range)
+        };
         request.inputs.push(CoreInput {
-            name,
-            datatype,
-            shape,
-            data: TensorData::Body(range.clone()),
+            name: input.name,
+            datatype: input.datatype,
+            shape: input.shape,
+            data,
         });
     }
     if !outputs.is_empty() {
@@ -194,26 +203,9 @@ fn request(b: &[u8]) -> Option<CoreRequest> {
 /// non-negative `int64_param` or a `string_param`) and flags (`bool_param`), each given once;
 /// any other parameter takes the reference path.
 fn parameter(b: &[u8], range: Range<usize>, request: &mut CoreRequest) -> Option<()> {
-    let mut key = None;
-    let mut value = None;
-    let mut all = fields(b, range);
-    while let Some((number, wire)) = all.next_field().ok()? {
-        match (number, wire) {
-            (1, Wire::Bytes(r)) if key.is_none() => key = Some(text(b, &r)?),
-            (2, Wire::Bytes(r)) if value.is_none() => value = Some(r),
-            _ => return None,
-        }
-    }
-    // InferParameter: a oneof of bool (1), int64 (2), string (3), double (4), uint64 (5).
-    let mut choice = None;
-    let mut inner = fields(b, value?);
-    while let Some(field) = inner.next_field().ok()? {
-        if choice.replace(field).is_some() {
-            return None;
-        }
-    }
+    let (key, choice) = map_entry(b, range)?;
     let sequence = request.sequence.get_or_insert_default();
-    match (key?.as_str(), choice?) {
+    match (key.as_str(), choice) {
         ("sequence_id", (2, Wire::Varint(id))) if i64::try_from(id).is_ok() => {
             sequence.id = CorrelationId::Number(id);
         }
@@ -225,11 +217,86 @@ fn parameter(b: &[u8], range: Range<usize>, request: &mut CoreRequest) -> Option
     Some(())
 }
 
-/// An `InferInputTensor`: name, datatype and shape only.
-fn input(b: &[u8], range: Range<usize>) -> Option<(String, DataType, Vec<u64>)> {
+/// An entry of a `parameters` map: its key and the one field its `InferParameter` sets (a
+/// oneof of bool (1), int64 (2), string (3), double (4), uint64 (5)).
+fn map_entry(b: &[u8], range: Range<usize>) -> Option<(String, (u64, Wire))> {
+    let mut key = None;
+    let mut value = None;
+    let mut all = fields(b, range);
+    while let Some((number, wire)) = all.next_field().ok()? {
+        match (number, wire) {
+            (1, Wire::Bytes(r)) if key.is_none() => key = Some(text(b, &r)?),
+            (2, Wire::Bytes(r)) if value.is_none() => value = Some(r),
+            _ => return None,
+        }
+    }
+    let mut choice = None;
+    let mut inner = fields(b, value?);
+    while let Some(field) = inner.next_field().ok()? {
+        if choice.replace(field).is_some() {
+            return None;
+        }
+    }
+    Some((key?, choice?))
+}
+
+/// A tensor's shared-memory parameters, as read so far.
+#[derive(Default)]
+struct Window {
+    region: Option<String>,
+    offset: Option<u64>,
+    byte_size: Option<u64>,
+}
+
+impl Window {
+    /// Takes one `parameters` entry: a region's name (`string_param`), an offset or size (a
+    /// non-negative `int64_param`, as Triton reads them); None for anything else.
+    fn read(&mut self, b: &[u8], range: Range<usize>) -> Option<()> {
+        let (key, choice) = map_entry(b, range)?;
+        match (key.as_str(), choice) {
+            ("shared_memory_region", (3, Wire::Bytes(r))) if self.region.is_none() => {
+                self.region = Some(text(b, &r)?);
+            }
+            ("shared_memory_offset", (2, Wire::Varint(n))) if self.offset.is_none() => {
+                self.offset = Some(dim(n)?);
+            }
+            ("shared_memory_byte_size", (2, Wire::Varint(n))) if self.byte_size.is_none() => {
+                self.byte_size = Some(dim(n)?);
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    /// The window, if the parameters name one whole (a region and its size at least); None
+    /// for none; the reference path's when they name one in part.
+    fn named(self) -> Result<Option<RegionRef>, ()> {
+        match (self.region, self.byte_size) {
+            (Some(region), Some(byte_size)) => Ok(Some(RegionRef {
+                region,
+                offset: self.offset.unwrap_or(0),
+                byte_size,
+            })),
+            (None, None) if self.offset.is_none() => Ok(None),
+            _ => Err(()),
+        }
+    }
+}
+
+/// An `InferInputTensor` as read: its data in `raw_input_contents` or a region.
+struct Input {
+    name: String,
+    datatype: DataType,
+    shape: Vec<u64>,
+    region: Option<RegionRef>,
+}
+
+/// An `InferInputTensor`: name, datatype, shape and, for one in shared memory, its window.
+fn input(b: &[u8], range: Range<usize>) -> Option<Input> {
     let mut name = None;
     let mut datatype = None;
     let mut shape = Vec::new();
+    let mut window = Window::default();
     let mut all = fields(b, range);
     while let Some((number, value)) = all.next_field().ok()? {
         match (number, value) {
@@ -244,10 +311,16 @@ fn input(b: &[u8], range: Range<usize>) -> Option<(String, DataType, Vec<u64>)> 
                     shape.push(dim(packed.varint()?)?);
                 }
             }
-            _ => return None, // parameters, contents, a repeated or mistyped field
+            (4, Wire::Bytes(r)) => window.read(b, r)?,
+            _ => return None, // contents, a repeated or mistyped field
         }
     }
-    Some((name?, datatype?, shape))
+    Some(Input {
+        name: name?,
+        datatype: datatype?,
+        shape,
+        region: window.named().ok()?,
+    })
 }
 
 /// A dimension: an `int64` on the wire, the core's only if it is not negative.
@@ -255,19 +328,22 @@ fn dim(value: u64) -> Option<u64> {
     i64::try_from(value).is_ok().then_some(value)
 }
 
-/// An `InferRequestedOutputTensor` naming an output, without parameters.
+/// An `InferRequestedOutputTensor` naming an output, without parameters or with a region's.
 fn output(b: &[u8], range: Range<usize>) -> Option<CoreOutput> {
     let mut name = None;
+    let mut window = Window::default();
     let mut all = fields(b, range);
     while let Some((number, value)) = all.next_field().ok()? {
         match (number, value) {
             (1, Wire::Bytes(r)) if name.is_none() => name = Some(text(b, &r)?),
+            (2, Wire::Bytes(r)) => window.read(b, r)?,
             _ => return None,
         }
     }
     Some(CoreOutput {
         name: name?,
         binary: false,
+        region: window.named().ok()?.map(OutputRegion::Named),
     })
 }
 
@@ -365,6 +441,51 @@ mod tests {
             request.sequence.unwrap().id,
             CorrelationId::Text("abc".into())
         );
+    }
+
+    /// A tensor's `parameters` naming a window of region `region`.
+    fn window(out: &mut Vec<u8>, number: u64, region: &str, byte_size: u8) {
+        field(
+            out,
+            number,
+            &parameter("shared_memory_region", 3, region.as_bytes()),
+        );
+        field(
+            out,
+            number,
+            &parameter("shared_memory_byte_size", 2, &[byte_size]),
+        );
+    }
+
+    #[test]
+    fn reads_shared_memory_windows() {
+        // INPUT0 in a region (no raw contents), OUTPUT0 to one.
+        let mut tensor = Vec::new();
+        field(&mut tensor, 1, b"INPUT0");
+        field(&mut tensor, 2, b"FP32");
+        field(&mut tensor, 3, &[1, 2]);
+        window(&mut tensor, 4, "in", 8);
+        let mut output = Vec::new();
+        field(&mut output, 1, b"OUTPUT0");
+        window(&mut output, 2, "out", 8);
+        let mut m = Vec::new();
+        field(&mut m, 1, b"identity");
+        field(&mut m, 5, &tensor);
+        field(&mut m, 6, &output);
+        let Decoded::Request(request, _) = decode_grpc(&m, &identity()) else {
+            panic!("not taken")
+        };
+        let named = |region: &str| RegionRef {
+            region: region.into(),
+            offset: 0,
+            byte_size: 8,
+        };
+        assert_eq!(request.inputs[0].data, TensorData::Region(named("in")));
+        let outputs = request.outputs.unwrap();
+        assert_eq!(outputs[0].region, Some(OutputRegion::Named(named("out"))));
+        // The same input with raw contents besides: the reference path's.
+        field(&mut m, 7, &[0; 8]);
+        assert_eq!(decode_grpc(&m, &identity()), Decoded::Reference);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use super::Decoded;
 use super::datatype::DataType;
 use super::json::{self, Value};
-use super::request::{CoreInput, CoreOutput, CoreRequest, TensorData};
+use super::request::{CoreInput, CoreOutput, CoreRequest, OutputRegion, RegionRef, TensorData};
 use super::signature::Signature;
 use crate::jsondata::{NumberKind, Numbers, parse_numbers};
 use crate::jsonscan;
@@ -21,6 +21,8 @@ pub fn decode_http(body: &[u8], json_length: usize, signature: &Signature) -> De
     };
     match signature.check(&request) {
         Ok(batch_size) => Decoded::Request(request, batch_size),
+        // The reference path finds the regions first, and words their errors first.
+        Err(_) if request.uses_regions() => Decoded::Reference,
         Err(error) => Decoded::Refused(error),
     }
 }
@@ -135,15 +137,18 @@ fn input(entry: &Value<'_>, body: &[u8], offset: &mut usize) -> Option<CoreInput
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))?;
     let mut binary_size = None;
+    let mut region = Window::default();
     if let Some(parameters) = entry.get("parameters") {
         for (key, value) in members(parameters)? {
             match *key {
                 "binary_data_size" => binary_size = Some(unsigned(value)?),
-                _ => return None,
+                _ => region.read(key, value)?,
             }
         }
     }
     let data = match (binary_size, entry.get("data")) {
+        (None, None) => TensorData::Region(region.named()?),
+        _ if region.given() => return None,
         (Some(size), None) => {
             let start = *offset;
             let end = start.checked_add(usize::try_from(size).ok()?)?;
@@ -275,18 +280,63 @@ fn flatten<'v, 'a>(value: &'v Value<'a>, out: &mut Vec<&'v Value<'a>>) -> Option
 fn output(entry: &Value<'_>) -> Option<CoreOutput> {
     let name = string(entry.get("name")?)?;
     let mut binary = false;
+    let mut region = Window::default();
     if let Some(parameters) = entry.get("parameters") {
         for (key, value) in members(parameters)? {
             match (*key, value) {
                 ("binary_data", Value::Bool(flag)) => binary = *flag,
-                _ => return None,
+                _ => region.read(key, value)?,
             }
         }
     }
+    let region = if region.given() {
+        if binary {
+            return None; // both: an error the reference path words
+        }
+        Some(OutputRegion::Named(region.named()?))
+    } else {
+        None
+    };
     Some(CoreOutput {
         name: name.to_owned(),
         binary,
+        region,
     })
+}
+
+/// A tensor's shared-memory parameters, as read so far.
+#[derive(Default)]
+struct Window<'a> {
+    region: Option<&'a str>,
+    offset: Option<u64>,
+    byte_size: Option<u64>,
+}
+
+impl<'a> Window<'a> {
+    /// Takes one of the three parameters (each a string or an unsigned integer, as Triton
+    /// reads them); None for any other parameter or value.
+    fn read(&mut self, key: &str, value: &Value<'a>) -> Option<()> {
+        match key {
+            "shared_memory_region" => self.region = Some(string(value)?),
+            "shared_memory_offset" => self.offset = Some(unsigned(value)?),
+            "shared_memory_byte_size" => self.byte_size = Some(unsigned(value)?),
+            _ => return None,
+        }
+        Some(())
+    }
+
+    fn given(&self) -> bool {
+        self.region.is_some() || self.offset.is_some() || self.byte_size.is_some()
+    }
+
+    /// The window, when the parameters name one whole (a region and its size at least).
+    fn named(&self) -> Option<RegionRef> {
+        Some(RegionRef {
+            region: self.region?.to_owned(),
+            offset: self.offset.unwrap_or(0),
+            byte_size: self.byte_size?,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -326,7 +376,8 @@ mod tests {
             request.outputs.unwrap()[0],
             CoreOutput {
                 name: "OUTPUT0".into(),
-                binary: true
+                binary: true,
+                region: None,
             }
         );
     }
@@ -372,11 +423,44 @@ mod tests {
     }
 
     #[test]
+    fn reads_shared_memory_windows() {
+        let header = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],
+            "parameters":{"shared_memory_region":"in","shared_memory_byte_size":8,
+            "shared_memory_offset":16}}],"outputs":[{"name":"OUTPUT0","parameters":
+            {"shared_memory_region":"out","shared_memory_byte_size":8,"binary_data":false}}]}"#;
+        let Decoded::Request(request, _) =
+            decode_http(header.as_bytes(), header.len(), &identity())
+        else {
+            panic!("not taken")
+        };
+        let window = |region: &str, offset| RegionRef {
+            region: region.into(),
+            offset,
+            byte_size: 8,
+        };
+        assert_eq!(request.inputs[0].data, TensorData::Region(window("in", 16)));
+        let outputs = request.outputs.unwrap();
+        assert_eq!(
+            outputs[0].region,
+            Some(OutputRegion::Named(window("out", 0)))
+        );
+    }
+
+    #[test]
     fn leaves_the_rest_to_the_reference_path() {
         for header in [
             r#"{"inputs":[]}x"#,
             r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":[1],
+                "parameters":{"shared_memory_region":"r","shared_memory_byte_size":4}}]}"#,
+            r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],
                 "parameters":{"shared_memory_region":"r"}}]}"#,
+            r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],
+                "parameters":{"shared_memory_offset":0,"shared_memory_byte_size":4}}]}"#,
+            r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2],
+                "parameters":{"shared_memory_region":"r","shared_memory_byte_size":4}}]}"#,
+            r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":[1]}],
+                "outputs":[{"name":"OUTPUT0","parameters":{"shared_memory_region":"r",
+                "shared_memory_byte_size":4,"binary_data":true}}]}"#,
             r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[1]}]}"#,
             r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":["a"]}]}"#,
             r#"{"parameters":{"custom":1},"inputs":[]}"#,

@@ -6,8 +6,10 @@
 //! flags) and answer each with
 //! a [`Decoded`]: the request, ready for the model's queue; Triton's error for a request that
 //! does not fit its model (worded as Triton words it); or [`Decoded::Reference`], for anything
-//! else (a document Triton's parser would refuse, shared-memory references, classification,
-//! custom parameters, escapes in names, ...). Those take the server's reference path, the
+//! else (a document Triton's parser would refuse, classification, custom parameters, escapes in
+//! names, ...).  A tensor in a client's shared-memory region is decoded as the region's name
+//! and window ([`RegionRef`]), which the model's lane finds in the server's registry before it
+//! queues the request; any error about such a request is the reference path's to word. Those take the server's reference path, the
 //! Python codec and validator, which reads and answers every request as Triton does. A
 //! differential test holds the two to the same answers wherever the core answers.
 
@@ -21,7 +23,11 @@ mod signature;
 pub use datatype::DataType;
 pub use grpc::{decode_grpc, grpc_target};
 pub use http::decode_http;
-pub use request::{CoreInput, CoreOutput, CoreRequest, ObjectPlace, SequenceFields, TensorData};
+pub(crate) use http::fits;
+pub use request::{
+    CoreInput, CoreOutput, CoreRequest, ObjectPlace, OutputRegion, RegionRef, RegionWindow,
+    SequenceFields, TensorData,
+};
 pub use signature::{Signature, TensorSpec, request_prefix};
 
 use crate::error::CoreError;

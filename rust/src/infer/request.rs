@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::datatype::DataType;
 use crate::sequence::CorrelationId;
+use crate::shm::Region;
 
 /// Where a tensor lies in a client's system shared-memory object: the object's path and
 /// identity (device, inode: a worker maps it only if it is still the same object) and the
@@ -20,6 +21,33 @@ pub struct ObjectPlace {
     pub byte_size: u64,
 }
 
+/// A window of a registered shared-memory region, as a request names it (Triton's
+/// `shared_memory_region`, `shared_memory_offset` and `shared_memory_byte_size` parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionRef {
+    pub region: String,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+/// A window of a region found in the server's registry: held, so that unregistering the region
+/// while the request runs leaves it mapped.
+#[derive(Debug, Clone)]
+pub struct RegionWindow {
+    pub region: Arc<Region>,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+impl PartialEq for RegionWindow {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.region, &other.region)
+            && (self.offset, self.byte_size) == (other.offset, other.byte_size)
+    }
+}
+
+impl Eq for RegionWindow {}
+
 /// Where an input's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TensorData {
@@ -31,6 +59,9 @@ pub enum TensorData {
     Shared(Arc<Vec<u8>>),
     /// In a client's shared-memory object, `len` bytes: the worker reads it there.
     Placed(ObjectPlace, u64),
+    /// In a registered region, as the request names it: found there before the request is
+    /// queued (it becomes `Owned` or `Placed`).
+    Region(RegionRef),
 }
 
 impl TensorData {
@@ -40,7 +71,7 @@ impl TensorData {
             TensorData::Body(range) => &body[range.clone()],
             TensorData::Owned(bytes) => bytes,
             TensorData::Shared(bytes) => bytes,
-            TensorData::Placed(..) => &[],
+            TensorData::Placed(..) | TensorData::Region(_) => &[],
         }
     }
 }
@@ -59,6 +90,18 @@ pub struct CoreInput {
 pub struct CoreOutput {
     pub name: String,
     pub binary: bool,
+    /// Where in a client's shared memory it goes, if it does.
+    pub region: Option<OutputRegion>,
+}
+
+/// Where an output bound for shared memory goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputRegion {
+    /// As the request names it.
+    Named(RegionRef),
+    /// Found in the registry: the core writes the output there, unless the worker wrote it
+    /// into the client's object itself (the request's `output_places` name it).
+    Window(RegionWindow),
 }
 
 impl CoreOutput {
@@ -70,6 +113,7 @@ impl CoreOutput {
             .map(|name| CoreOutput {
                 name,
                 binary: false,
+                region: None,
             })
             .collect()
     }
@@ -98,6 +142,25 @@ pub struct CoreRequest {
     /// Its sequence parameters (`sequence_id`, `sequence_start`, `sequence_end`), when it set
     /// any.
     pub sequence: Option<SequenceFields>,
+}
+
+impl CoreRequest {
+    /// Whether any of its tensors lies in a client's shared-memory region.
+    pub fn uses_regions(&self) -> bool {
+        self.inputs
+            .iter()
+            .any(|input| matches!(input.data, TensorData::Region(_)))
+            || self
+                .outputs
+                .iter()
+                .flatten()
+                .any(|output| output.region.is_some())
+    }
+
+    /// The output it names `name`, if it names that one.
+    pub fn output(&self, name: &str) -> Option<&CoreOutput> {
+        self.outputs.as_ref()?.iter().find(|o| o.name == name)
+    }
 }
 
 /// A request's place in a sequence, as its parameters give it.

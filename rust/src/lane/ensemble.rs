@@ -314,13 +314,16 @@ impl<E: Send> Ensemble<E> {
         lanes: Vec<StepLane<E>>,
         sink: Sink<E>,
     ) -> Started<E> {
+        if request.uses_regions() {
+            return Started::Reference; // shared memory: the reference path's
+        }
         let mut tensors = HashMap::with_capacity(request.inputs.len());
         for input in request.inputs.drain(..) {
             let data = match input.data {
                 TensorData::Owned(bytes) => Arc::new(bytes),
                 TensorData::Shared(bytes) => bytes,
                 TensorData::Body(range) => Arc::new(body[range].to_vec()),
-                TensorData::Placed(..) => return Started::Reference,
+                TensorData::Placed(..) | TensorData::Region(_) => return Started::Reference,
             };
             let tensor = Tensor {
                 datatype: input.datatype,
@@ -482,6 +485,7 @@ impl<E: Send> EnsembleRun<E> {
                     .map(|(name, _)| CoreOutput {
                         name: name.clone(),
                         binary: false,
+                        region: None,
                     })
                     .collect(),
             ),

@@ -3,7 +3,7 @@
 //! encoder serializes it (fields in number order, empty strings left out, shapes packed).
 
 use super::message::Slot;
-use super::response::{ResponseParts, slot_bytes};
+use super::response::{ResponseParts, in_region, slot_bytes};
 use crate::error::CoreError;
 use crate::infer::CoreRequest;
 
@@ -70,7 +70,8 @@ pub fn grpc_answer(
             continue;
         }
         bytes_field(&mut message, 5, &output_tensor(slot));
-        raws.push(if slot.place.is_some() {
+        // An output in shared memory keeps its (empty) entry, so that entries match outputs.
+        raws.push(if in_region(request, slot) {
             &[][..]
         } else {
             slot_bytes(response.segment, slot)?

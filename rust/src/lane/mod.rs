@@ -19,6 +19,7 @@ pub mod completions;
 pub mod ensemble;
 pub mod grpcreply;
 pub mod message;
+pub mod regions;
 pub mod response;
 pub mod segment;
 pub mod sequence;
@@ -40,6 +41,7 @@ use crate::infer::{
 use crate::outbox::Stream;
 use crate::queue::{QUEUE_FULL_MESSAGE, QueueConfig, RequestMeta, RequestQueue};
 use crate::sequence::{CorrelationId, SequenceConfig};
+use crate::shm::RegionRegistry;
 use crate::stats::{ComputeTimes, ModelStats};
 use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, stuck_message};
 use channel::Channel;
@@ -250,6 +252,9 @@ pub struct Lane<E> {
     registry: Option<Arc<LaneRegistry<E>>>,
     /// Per instance: its model's calls to the server in flight (the core's and Python's).
     calls: Mutex<Vec<Arc<AtomicUsize>>>,
+    /// The clients' shared-memory regions its requests may name; None: such requests take the
+    /// reference path.
+    regions: Option<Arc<RegionRegistry>>,
 }
 
 impl<E> std::fmt::Debug for Lane<E> {
@@ -290,7 +295,15 @@ impl<E: Send> Lane<E> {
             instances: 0,
             registry: None,
             calls: Mutex::new(Vec::new()),
+            regions: None,
         })
+    }
+
+    /// This lane's requests may name the shared-memory regions in `regions`.
+    #[must_use]
+    pub fn with_regions(mut self, regions: Arc<RegionRegistry>) -> Self {
+        self.regions = Some(regions);
+        self
     }
 
     /// This lane's `instances` take calls their models make to the models in `registry`.
@@ -356,8 +369,8 @@ impl<E: Send> Lane<E> {
         match decode_http((*body).as_ref(), json_length, &self.signature) {
             Decoded::Reference => Submitted::Reference,
             Decoded::Refused(error) => Submitted::Refused(error),
-            Decoded::Request(request, batch_size) => {
-                if !self.takes(&request) {
+            Decoded::Request(mut request, batch_size) => {
+                if !self.takes(&mut request) {
                     return Submitted::Reference;
                 }
                 let item = LaneItem {
@@ -376,10 +389,10 @@ impl<E: Send> Lane<E> {
     /// goes to the reference path (which words gRPC's errors).
     pub fn submit_grpc(&self, message: Body, sink: E) -> Submitted {
         let decoded = decode_grpc((*message).as_ref(), &self.signature);
-        let Decoded::Request(request, batch_size) = decoded else {
+        let Decoded::Request(mut request, batch_size) = decoded else {
             return Submitted::Reference;
         };
-        if !self.takes(&request) {
+        if !self.takes(&mut request) {
             return Submitted::Reference;
         }
         let item = LaneItem {
@@ -392,14 +405,21 @@ impl<E: Send> Lane<E> {
     }
 
     /// Whether a decoded request is this lane's to queue: a sequence's request goes to a
-    /// sequence batcher, any other request to a queue. (The reference path answers the rest:
-    /// a sequence parameter sent to a model without sequences, a request of no sequence sent
-    /// to one with.)
-    fn takes(&self, request: &CoreRequest) -> bool {
-        match &request.sequence {
+    /// sequence batcher, any other request to a queue, and the shared-memory regions it names
+    /// must all be there (they are found now). (The reference path answers the rest: a
+    /// sequence parameter sent to a model without sequences, a request of no sequence sent to
+    /// one with, a region not registered or too small, ...)
+    fn takes(&self, request: &mut CoreRequest) -> bool {
+        let scheduled = match &request.sequence {
             Some(sequence) => self.source.is_sequence() && !sequence.id.is_none(),
             None => !self.source.is_sequence(),
+        };
+        if !scheduled || !request.uses_regions() {
+            return scheduled;
         }
+        self.regions
+            .as_ref()
+            .is_some_and(|regions| regions::resolve(request, regions))
     }
 
     /// Queues a request the core decoded. A sequence's request its batcher refuses goes to the
@@ -1072,11 +1092,11 @@ fn http_outcome(
     segment: &[u8],
     framing: Framing,
 ) -> Vec<u8> {
-    match parts_of(outcome, segment) {
-        Ok(parts) => response_answer(request, &parts, framing)
-            .unwrap_or_else(|error| error_answer(&error, framing)),
-        Err(error) => error_answer(&error, framing),
-    }
+    let answer = parts_of(outcome, segment).and_then(|parts| {
+        regions::write_outputs(request, parts.outputs, segment)?;
+        response_answer(request, &parts, framing)
+    });
+    answer.unwrap_or_else(|error| error_answer(&error, framing))
 }
 
 /// A worker's response and the segment its outputs lie in; or its error.
@@ -1107,12 +1127,23 @@ fn grpc_outcome(
     outcome: &Outcome,
     segment: &[u8],
 ) -> Result<Answer, CoreError> {
-    if let Ok(parts) = parts_of(outcome, segment)
-        && let Some(encoded) = grpc_answer(request, &parts)?
-    {
-        return Ok(Answer::Encoded(encoded));
+    if let Ok(parts) = parts_of(outcome, segment) {
+        regions::write_outputs(request, parts.outputs, segment)?;
+        if let Some(encoded) = grpc_answer(request, &parts)? {
+            return Ok(Answer::Encoded(encoded));
+        }
     }
-    owned_outcome(outcome, segment).map(Answer::Response)
+    let mut response = owned_outcome(outcome, segment)?;
+    for output in &mut response.outputs {
+        if request
+            .output(&output.name)
+            .is_some_and(|o| o.region.is_some())
+        {
+            output.in_place = true; // in the client's region now: the encoder says so
+            output.data = Vec::new();
+        }
+    }
+    Ok(Answer::Response(response))
 }
 
 fn owned_outcome(outcome: &Outcome, segment: &[u8]) -> Result<OwnedResponse, CoreError> {

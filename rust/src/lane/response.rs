@@ -133,8 +133,8 @@ pub fn response_answer(
                 None => continue,
             },
         };
-        // (Outputs written into a client's object come back only to requests from Python.)
-        let bytes = if slot.place.is_some() {
+        let shared = in_region(request, slot);
+        let bytes = if shared {
             &[]
         } else {
             slot_bytes(response.segment, slot)?
@@ -155,7 +155,9 @@ pub fn response_answer(
             let _ = write_int(&mut json, *d);
         }
         json.push(b']');
-        if binary_wanted {
+        if shared {
+            // The data is in the client's shared memory: the entry says what it is, no more.
+        } else if binary_wanted {
             let _ = write!(
                 Text(&mut json),
                 ",\"parameters\":{{\"binary_data_size\":{}}}",
@@ -191,6 +193,15 @@ pub fn response_answer(
         out.extend_from_slice(part);
     }
     Ok(out)
+}
+
+/// Whether output `slot` went into a client's shared memory (written there by the worker, or
+/// by the core for a region the request names).
+pub fn in_region(request: &CoreRequest, slot: &Slot) -> bool {
+    slot.place.is_some()
+        || request
+            .output(&slot.name)
+            .is_some_and(|o| o.region.is_some())
 }
 
 /// The bytes of `slot` within `segment`.

@@ -50,7 +50,7 @@ impl PyInferSignature {
     }
 
     /// The HTTP request `body` (its JSON header `json_length` bytes long) decoded and checked;
-    /// None when the reference path must decide. Raises Triton's error for a request its
+    /// None when the reference path must decide (shared-memory references included). Raises Triton's error for a request its
     /// model refuses.
     fn decode_http<'py>(
         &self,
@@ -63,6 +63,7 @@ impl PyInferSignature {
         let decoded = py.detach(|| decode_http(bytes, json_length, &self.inner));
         let (request, batch_size) = match decoded {
             Decoded::Reference => return Ok(None),
+            Decoded::Request(request, _) if request.uses_regions() => return Ok(None),
             Decoded::Refused(error) => return Err(to_py_err(py, &error)),
             Decoded::Request(request, batch_size) => (request, batch_size),
         };

@@ -18,6 +18,7 @@ use super::outbox::PyOutStream;
 use super::pool::{borrowed_bytes, contiguous_bytes};
 use super::queue::{PyRequestQueue, summaries_dict};
 use super::sequence::{PySequenceBatcher, correlation_id_of};
+use super::shm::PySharedMemoryRegistry;
 use super::stats::snapshot_dict;
 use crate::error::{Code, CoreError};
 use crate::infer::{
@@ -281,9 +282,11 @@ impl PyLane {
     /// copied), or for a stateful model a `SequenceBatcher` (likewise) with its requests'
     /// `controls`; `deliver(items, extra, marks)` answers requests submitted from Python,
     /// called with a batch's `[(sink, result)]`, what its worker sent besides, and its compute
-    /// marks (`perf_counter_ns` values: start, inputs handed over, outputs back, end).
+    /// marks (`perf_counter_ns` values: start, inputs handed over, outputs back, end);
+    /// `regions`: the system shared-memory regions its requests may name (without, such
+    /// requests take the reference path).
     #[new]
-    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names, instances=0, registry=None, controls=None))]
+    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names, instances=0, registry=None, controls=None, regions=None))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         signature: &Bound<'_, PyInferSignature>,
@@ -297,6 +300,7 @@ impl PyLane {
         instances: usize,
         registry: Option<&Bound<'_, PyLaneRegistry>>,
         controls: Option<PyControls>,
+        regions: Option<&Bound<'_, PySharedMemoryRegistry>>,
     ) -> PyResult<Self> {
         let signature = signature.get().inner.clone();
         let completions = Arc::clone(&completions.get().0);
@@ -316,6 +320,10 @@ impl PyLane {
         let lane = Lane::new(model_version, signature, scheduling, completions, deliver)?;
         let lane = match registry {
             Some(registry) => lane.with_calls(instances, Arc::clone(&registry.get().0)),
+            None => lane,
+        };
+        let lane = match regions {
+            Some(regions) => lane.with_regions(regions.get().regions()),
             None => lane,
         };
         Ok(Self {

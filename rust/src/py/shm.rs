@@ -17,6 +17,13 @@ pub(crate) struct PySharedMemoryRegistry {
     registry: Arc<RegionRegistry>,
 }
 
+impl PySharedMemoryRegistry {
+    /// The registry itself, for the lanes whose requests name its regions.
+    pub(crate) fn regions(&self) -> Arc<RegionRegistry> {
+        Arc::clone(&self.registry)
+    }
+}
+
 #[pymethods]
 impl PySharedMemoryRegistry {
     #[new]

@@ -56,6 +56,7 @@ class WorkerHandle:
         self.custom_metrics = ServerCustomMetrics(metrics)
         self.lane_completions = None  # the server's HTTP frontend is not here
         self.lane_registry = None  # (nor its lanes)
+        self.shared_memory_regions = None  # (nor the clients' regions)
         # Set by the worker once it has the core's channel: makes a call over it, or returns
         # None when the call must go over the pipe.
         self.direct: Callable[[InferRequest], InferResponse | None] | None = None

@@ -6,9 +6,10 @@ and checks it, queues it, runs its batch on the worker and serializes the reply
 (``ModelInferResponse`` with ``raw_output_contents``); the event loop only sends that reply,
 once per batch woken (a lone call's reply goes out from the driver thread itself). What the
 core's decoder does not take on goes to the servicer (the reference path), which answers
-every call as Triton does: request or tensor parameters, typed ``contents``, shared memory,
-and every request its model refuses (the reference path words gRPC's errors); so do all
-calls while tracing or header forwarding is on.
+every call as Triton does: request or tensor parameters (but a sequence's and system shared
+memory's), typed ``contents``, CUDA shared memory, and every request its model refuses or
+whose regions do not fit (the reference path words gRPC's errors); so do all calls while
+tracing or header forwarding is on.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ A request takes the reference path (``app.infer``), which answers every request 
 does, whenever anything about it is not the everyday case: tracing, header forwarding or an
 API restriction on, a compressed body or answer, ``Expect``, a small body still arriving, a
 body over the body budget, a raw binary body, a connection that closes after the answer, a
-response cache, or a request the core's decoder leaves to the reference path (shared memory,
-classification, parameters it does not know, invalid requests: their errors are worded
-there).
+response cache, or a request the core's decoder leaves to the reference path (CUDA shared
+memory, a system region not registered or too small, classification, parameters it does not
+know, invalid requests: their errors are worded there).
 """
 
 from __future__ import annotations
