@@ -1,6 +1,6 @@
 """Type stubs for ``tritonfast._core``, the Rust core (built from ``rust/src/py``)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, final
 
 from typing_extensions import Self
@@ -308,6 +308,13 @@ class LaneWorkerLink:
     def __new__(cls, fd: int, tag: str) -> Self:
         """``fd``: the server's end of the channel (duplicated); the segments of its batches
         carry ``tag`` in their names."""
+    @staticmethod
+    def in_process(
+        runner: Callable[[tuple[Any, ...]], tuple[str, int, list[tuple[Any, ...]]]], tag: str
+    ) -> LaneWorkerLink:
+        """An instance in this process: ``runner(batch)`` runs each batch (on the driver
+        thread, with the GIL) and returns ``(segment, segment_len, results)``, as a worker
+        replies; an exception it raises fails the batch with INTERNAL and its text."""
 
 @final
 class LaneWorkerChannel:

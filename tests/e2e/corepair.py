@@ -53,12 +53,15 @@ def grpc_answer(call: Any, message: bytes) -> tuple[str, Any]:
         return str(error.code()), error.details()
 
 
-def server_pair(repositories: list[Path], logs: Path) -> Iterator[tuple[RunningServer, ...]]:
+def server_pair(
+    repositories: list[Path], logs: Path, backend: str = "python"
+) -> Iterator[tuple[RunningServer, ...]]:
     """For a module's ``servers`` fixture: a server on ``repositories`` whose core takes the
-    requests, and one on the reference path; both stopped cleanly at the end."""
+    requests, and one on the reference path (``backend``'s core path off); both stopped
+    cleanly at the end."""
     core = start_server(repositories, logs / "core.log")
     reference = start_server(
-        repositories, logs / "reference.log", "--backend-config=python,core-path=off"
+        repositories, logs / "reference.log", f"--backend-config={backend},core-path=off"
     )
     yield core, reference
     assert core.stop() == 0, core.log()

@@ -59,7 +59,9 @@ fn request(body: &[u8], json_length: usize) -> Option<CoreRequest> {
         return None;
     }
     if let Some(outputs) = outputs {
-        request.outputs = Some(array(outputs)?.iter().map(output).collect::<Option<_>>()?);
+        let named: Vec<CoreOutput> = array(outputs)?.iter().map(output).collect::<Option<_>>()?;
+        // An empty list names no output: every output comes back, as in Triton.
+        request.outputs = (!named.is_empty()).then_some(named);
     }
     Some(request)
 }
@@ -393,6 +395,18 @@ mod tests {
         };
         let expected: Vec<u8> = [1f32, 2f32].iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(request.inputs[0].data, TensorData::Owned(expected));
+    }
+
+    #[test]
+    fn an_empty_output_list_names_every_output() {
+        let header = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":[1]}],
+            "outputs":[]}"#;
+        let Decoded::Request(request, _) =
+            decode_http(header.as_bytes(), header.len(), &identity())
+        else {
+            panic!("not taken")
+        };
+        assert_eq!(request.outputs, None);
     }
 
     #[test]

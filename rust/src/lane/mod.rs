@@ -182,10 +182,35 @@ pub enum Scheduling {
     Sequences(SequenceConfig, Controls),
 }
 
-/// A worker process as a driver reaches it.
+/// Runs a batch in this process (an instance the server's Python holds, such as an ONNX
+/// Runtime session): the same batch and reply a worker's channel carries, and the same
+/// segments, handed over by a call instead of a socket.
+pub trait BatchRunner: Send + Sync {
+    /// The reply to `batch`; an error fails the batch (the instance stays).
+    fn run(&self, batch: BatchMessage) -> Result<ReplyMessage, CoreError>;
+}
+
+/// How a driver hands an instance its batches.
+enum Exchange {
+    /// Over a worker process's channel.
+    Worker(Arc<Channel>),
+    /// By a call, in this process.
+    InProcess(Box<dyn BatchRunner>),
+}
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exchange::Worker(channel) => f.debug_tuple("Worker").field(channel).finish(),
+            Exchange::InProcess(_) => f.write_str("InProcess"),
+        }
+    }
+}
+
+/// An instance as a driver reaches it: a worker process, or a runner in this process.
 #[derive(Debug)]
 pub struct WorkerLink {
-    channel: Arc<Channel>,
+    exchange: Exchange,
     inputs: InputSegment,
     outputs: OutputSegment,
     cancel: Arc<CancelFlags>,
@@ -196,8 +221,17 @@ impl WorkerLink {
     /// cancellation flags go into segments whose names carry `tag` (`tritonfast-in-<tag>-...`,
     /// `tritonfast-cancel-<tag>-...`).
     pub fn new(fd: OwnedFd, tag: &str) -> Result<Self, CoreError> {
+        Self::with(Exchange::Worker(Arc::new(Channel::new(fd))), tag)
+    }
+
+    /// An instance in this process, whose batches `runner` runs (segments named as above).
+    pub fn in_process(runner: Box<dyn BatchRunner>, tag: &str) -> Result<Self, CoreError> {
+        Self::with(Exchange::InProcess(runner), tag)
+    }
+
+    fn with(exchange: Exchange, tag: &str) -> Result<Self, CoreError> {
         Ok(WorkerLink {
-            channel: Arc::new(Channel::new(fd)),
+            exchange,
             inputs: InputSegment::new(&format!("tritonfast-in-{tag}")),
             outputs: OutputSegment::default(),
             cancel: Arc::new(CancelFlags::new(&format!("tritonfast-cancel-{tag}"))?),
@@ -643,23 +677,19 @@ impl<E: Send> Lane<E> {
                 flags: Arc::clone(&link.cancel),
             }),
         );
-        let exchanged = link
-            .channel
-            .send(&message.encode())
-            .map(|()| monotonic_ns())
-            .and_then(|sent| Ok((sent, self.reply_of_batch(instance, link)?)));
+        let exchanged = self.exchange(instance, link, message);
         self.set_running(instance, None);
         let Ok((sent_ns, reply)) = exchanged else {
             return Err(items);
         };
         let replied_ns = monotonic_ns();
-        let reply = match ReplyMessage::decode(&reply) {
+        let reply = match reply {
             Ok(reply) if reply.results.len() == items.len() => reply,
-            Ok(_) | Err(_) => {
-                let error = CoreError::internal(format!(
-                    "the worker of model '{}' answered a batch wrongly",
-                    self.model_name
-                ));
+            Ok(_) => {
+                self.answer_all(items, &self.answered_wrongly(), true);
+                return Ok(());
+            }
+            Err(error) => {
                 self.answer_all(items, &error, true);
                 return Ok(());
             }
@@ -723,17 +753,48 @@ impl<E: Send> Lane<E> {
         Ok(())
     }
 
+    /// Hands `message` to the instance: when it was handed over, and the reply (or why there
+    /// is none to read); an error when the worker went away.
+    fn exchange(
+        &self,
+        instance: usize,
+        link: &WorkerLink,
+        message: BatchMessage,
+    ) -> Result<(u64, Result<ReplyMessage, CoreError>), CoreError> {
+        match &link.exchange {
+            Exchange::Worker(channel) => {
+                channel.send(&message.encode())?;
+                let sent = monotonic_ns();
+                let reply = self.reply_of_batch(instance, channel)?;
+                let reply = ReplyMessage::decode(&reply).map_err(|_| self.answered_wrongly());
+                Ok((sent, reply))
+            }
+            Exchange::InProcess(runner) => Ok((monotonic_ns(), runner.run(message))),
+        }
+    }
+
+    fn answered_wrongly(&self) -> CoreError {
+        CoreError::internal(format!(
+            "the worker of model '{}' answered a batch wrongly",
+            self.model_name
+        ))
+    }
+
     /// The worker's reply to the batch it runs; the calls its model makes meanwhile are
     /// served as they come.
-    fn reply_of_batch(&self, instance: usize, link: &WorkerLink) -> Result<Vec<u8>, CoreError> {
+    fn reply_of_batch(
+        &self,
+        instance: usize,
+        channel: &Arc<Channel>,
+    ) -> Result<Vec<u8>, CoreError> {
         loop {
-            let message = link.channel.recv()?;
+            let message = channel.recv()?;
             if message.first() != Some(&CALL_TAG) {
                 return Ok(message);
             }
-            let answer = self.serve_call(instance, &message, &link.channel);
+            let answer = self.serve_call(instance, &message, channel);
             if let Some(answer) = answer {
-                link.channel.send(&answer.encode())?;
+                channel.send(&answer.encode())?;
             }
         }
     }

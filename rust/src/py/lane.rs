@@ -31,8 +31,8 @@ use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
 use crate::lane::sequence::{Controls, FlagControl, FlagKind};
 use crate::lane::{
-    Answer, Batching, Body, Deliver, DriveEnd, HttpReply, Lane, LaneItem, LaneTicket, Marks,
-    Scheduling, Sink, Submitted, WorkerLink, no_body,
+    Answer, BatchRunner, Batching, Body, Deliver, DriveEnd, HttpReply, Lane, LaneItem, LaneTicket,
+    Marks, Scheduling, Sink, Submitted, WorkerLink, no_body,
 };
 
 /// A duplicate of `fd`, owned by the core.
@@ -588,6 +588,15 @@ impl PyLaneWorkerLink {
     fn new(fd: i32, tag: &str) -> PyResult<Self> {
         Ok(Self(Mutex::new(WorkerLink::new(duplicate(fd)?, tag)?)))
     }
+
+    /// An instance in this process: `runner(batch)` runs each batch (on the driver thread,
+    /// with the GIL) and returns `(segment, segment_len, results)`, as a worker replies; an
+    /// exception it raises fails the batch with INTERNAL and its text.
+    #[staticmethod]
+    fn in_process(runner: Py<PyAny>, tag: &str) -> PyResult<Self> {
+        let link = WorkerLink::in_process(Box::new(PyRunner(runner)), tag)?;
+        Ok(Self(Mutex::new(link)))
+    }
 }
 
 /// The worker's end of its channel.
@@ -637,35 +646,7 @@ impl PyLaneWorkerChannel {
         let Some(message) = message else {
             return Ok(None);
         };
-        let requests = message
-            .requests
-            .into_iter()
-            .map(|r| {
-                let slots = r
-                    .inputs
-                    .into_iter()
-                    .map(|s| py_slot(py, s))
-                    .collect::<PyResult<Vec<_>>>()?;
-                let places: Option<HashMap<String, PyPlace>> =
-                    (!r.output_places.is_empty()).then(|| {
-                        let places = r.output_places.into_iter();
-                        places
-                            .map(|(name, place)| (name, py_place(place)))
-                            .collect()
-                    });
-                Ok((r.id, r.parameters, r.outputs, slots, places, r.trace))
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        let fields = (
-            message.model_name,
-            message.model_version,
-            message.segment,
-            message.segment_len,
-            message.cancel_segment,
-            message.cancel_len,
-            requests,
-        );
-        Ok(Some(fields.into_pyobject(py)?))
+        Ok(Some(batch_tuple(py, message)?))
     }
 
     /// Makes a call to another model over the channel and waits for its answer (GIL
@@ -756,52 +737,117 @@ impl PyLaneWorkerChannel {
         results: &Bound<'_, PyList>,
         extra: &[u8],
     ) -> PyResult<()> {
-        let mut outcomes = Vec::with_capacity(results.len());
-        for result in results.iter() {
-            let kind: String = result.get_item(0)?.extract()?;
-            outcomes.push(if kind == "ok" {
-                let (_, model_name, model_version, id, parameters, slots): (
-                    String,
-                    String,
-                    String,
-                    String,
-                    String,
-                    Vec<Bound<'_, PyAny>>,
-                ) = result.extract()?;
-                let outputs = slots
-                    .iter()
-                    .map(|slot| {
-                        let place: Option<PyPlace> = slot.get_item(5)?.extract()?;
-                        Ok(Slot {
-                            name: slot.get_item(0)?.extract()?,
-                            datatype: slot.get_item(1)?.extract()?,
-                            shape: slot.get_item(2)?.extract()?,
-                            offset: slot.get_item(3)?.extract()?,
-                            len: slot.get_item(4)?.extract()?,
-                            place: place.map(object_place),
-                        })
-                    })
-                    .collect::<PyResult<Vec<_>>>()?;
-                Outcome::Response {
-                    model_name,
-                    model_version,
-                    id,
-                    parameters,
-                    outputs,
-                }
-            } else {
-                let (_, code, message): (String, String, String) = result.extract()?;
-                Outcome::Error(code_named(&code)?, message)
-            });
-        }
-        let message = ReplyMessage {
-            segment,
-            segment_len,
-            results: outcomes,
-            extra: extra.to_vec(),
-        }
-        .encode();
+        let message = reply_message(segment, segment_len, results, extra)?.encode();
         let channel = &self.0;
         without_gil(py, || channel.send(&message))
+    }
+}
+
+/// A batch as the worker's Python reads it: `(model_name, model_version, segment,
+/// segment_len, cancel_segment, cancel_len, requests)`, each request `(id, parameters_json,
+/// output_names, slots, output_places, trace)`.
+fn batch_tuple(py: Python<'_>, message: BatchMessage) -> PyResult<Bound<'_, PyTuple>> {
+    let requests = message
+        .requests
+        .into_iter()
+        .map(|r| {
+            let slots = r
+                .inputs
+                .into_iter()
+                .map(|s| py_slot(py, s))
+                .collect::<PyResult<Vec<_>>>()?;
+            let places: Option<HashMap<String, PyPlace>> =
+                (!r.output_places.is_empty()).then(|| {
+                    let places = r.output_places.into_iter();
+                    places
+                        .map(|(name, place)| (name, py_place(place)))
+                        .collect()
+                });
+            Ok((r.id, r.parameters, r.outputs, slots, places, r.trace))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let fields = (
+        message.model_name,
+        message.model_version,
+        message.segment,
+        message.segment_len,
+        message.cancel_segment,
+        message.cancel_len,
+        requests,
+    );
+    fields.into_pyobject(py)
+}
+
+/// A batch's reply from the worker's Python: `results` holds `("ok", model_name,
+/// model_version, id, parameters_json, slots)` or `("error", code, message)` per request,
+/// slots as `(name, datatype, shape, offset, nbytes, place)`.
+fn reply_message(
+    segment: String,
+    segment_len: u64,
+    results: &Bound<'_, PyList>,
+    extra: &[u8],
+) -> PyResult<ReplyMessage> {
+    let mut outcomes = Vec::with_capacity(results.len());
+    for result in results.iter() {
+        let kind: String = result.get_item(0)?.extract()?;
+        outcomes.push(if kind == "ok" {
+            let (_, model_name, model_version, id, parameters, slots): (
+                String,
+                String,
+                String,
+                String,
+                String,
+                Vec<Bound<'_, PyAny>>,
+            ) = result.extract()?;
+            let outputs = slots
+                .iter()
+                .map(|slot| {
+                    let place: Option<PyPlace> = slot.get_item(5)?.extract()?;
+                    Ok(Slot {
+                        name: slot.get_item(0)?.extract()?,
+                        datatype: slot.get_item(1)?.extract()?,
+                        shape: slot.get_item(2)?.extract()?,
+                        offset: slot.get_item(3)?.extract()?,
+                        len: slot.get_item(4)?.extract()?,
+                        place: place.map(object_place),
+                    })
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            Outcome::Response {
+                model_name,
+                model_version,
+                id,
+                parameters,
+                outputs,
+            }
+        } else {
+            let (_, code, message): (String, String, String) = result.extract()?;
+            Outcome::Error(code_named(&code)?, message)
+        });
+    }
+    Ok(ReplyMessage {
+        segment,
+        segment_len,
+        results: outcomes,
+        extra: extra.to_vec(),
+    })
+}
+
+/// An instance in the server's process, run by a Python callable with the GIL: it gets each
+/// batch as [`batch_tuple`] and returns `(segment, segment_len, results)` as
+/// [`reply_message`] reads them.
+struct PyRunner(Py<PyAny>);
+
+impl BatchRunner for PyRunner {
+    fn run(&self, batch: BatchMessage) -> Result<ReplyMessage, CoreError> {
+        Python::attach(|py| {
+            let reply = (|| {
+                let returned = self.0.call1(py, (batch_tuple(py, batch)?,))?;
+                let (segment, segment_len, results): (String, u64, Bound<'_, PyList>) =
+                    returned.extract(py)?;
+                reply_message(segment, segment_len, &results, &[])
+            })();
+            reply.map_err(|error| CoreError::internal(error.value(py).to_string()))
+        })
     }
 }

@@ -1,18 +1,26 @@
 """The ``onnxruntime`` backend's hooks: complete the configuration from the model, check it
-against the model, and give each instance a session of its own."""
+against the model, and give each instance a session of its own. A version's requests take
+the core's path (:mod:`tritonfast.backends.inprocesslane`: decoded and batched in the core,
+each batch handed to a session by a call) when the scheduler its config asks for allows,
+unless ``--backend-config=onnxruntime,core-path=off``."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
+from tritonfast.backends.inprocesslane import core_path_on, driven
 from tritonfast.backends.onnxruntime import modelio
 from tritonfast.backends.onnxruntime.instance import OnnxInstance
 from tritonfast.backends.onnxruntime.session import import_onnxruntime, open_session
 from tritonfast.errors import InvalidArgumentError
+from tritonfast.runtime.handle import Handle
+from tritonfast.runtime.lane import LaneScheduler, lane_eligible
+from tritonfast.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,44 @@ class OnnxRuntimeBackend(Backend):
             self._ort, self.model_file(config, version), config, kind, verbose=_verbose()
         )
         modelio.auto_complete(config, modelio.model_io(session), self._default_max_batch_size())
+
+    def validate(self, config: model_config_pb2.ModelConfig) -> None:
+        core_path_on(self.name, self.settings)
+
+    def create_scheduler(
+        self,
+        name: str,
+        config: model_config_pb2.ModelConfig,
+        instances: list[ModelInstance],
+        loop: asyncio.AbstractEventLoop,
+        server: Handle | None = None,
+        *,
+        version: int = 0,
+        **options: bool,
+    ) -> Scheduler:
+        # The core takes the version's requests and hands each batch to a session by a
+        # call (backends/inprocesslane.py), unless core-path=off or the config needs more.
+        completions = None if server is None else server.lane_completions
+        if (
+            server is not None
+            and completions is not None
+            and core_path_on(self.name, self.settings)
+        ):
+            lane_instances = driven(instances, config.name, name)
+            if lane_eligible(config, lane_instances):
+                return LaneScheduler(
+                    name,
+                    config,
+                    lane_instances,
+                    loop,
+                    version=str(version),
+                    server=server,
+                    completions=completions,
+                    latency_summaries=bool(options.get("latency_summaries")),
+                )
+        return super().create_scheduler(
+            name, config, instances, loop, server, version=version, **options
+        )
 
     def runs_on_event_loop(self, config: model_config_pb2.ModelConfig) -> bool:
         # session.run releases the GIL: on an instance thread it overlaps with the event

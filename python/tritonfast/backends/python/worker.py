@@ -1,9 +1,9 @@
 """The worker process's side of a Python model instance run in its own process
 (:mod:`.process` is the server's): :func:`worker_main` imports and initializes the model,
-then serves the batches the server sends, reading their inputs from the server's segment and
-writing outputs into its own (:mod:`.segmentlayout`): over the core's channel (typed
-messages, :class:`~tritonfast._core.LaneWorkerChannel`) when the server's core drives the
-instance, else over the pipe;
+then serves the batches the server sends (:mod:`.channelbatch` reads their inputs from the
+server's segment, runs them and writes outputs into the worker's own): over the core's
+channel (typed messages, :class:`~tritonfast._core.LaneWorkerChannel`) when the server's core
+drives the instance, else over the pipe;
 :func:`auto_complete_main` runs a model's ``auto_complete_config``. The model's calls to the
 server (BLS, model control, metric values) go over the same pipe (:mod:`.workerbls`), its
 logs and a decoupled model's responses too (:mod:`.workerlog`, :mod:`.workerstream`)."""
@@ -11,7 +11,6 @@ logs and a decoupled model's responses too (:mod:`.workerlog`, :mod:`.workerstre
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import logging
 import pickle
@@ -21,28 +20,23 @@ import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, cast
-
-import orjson
+from typing import Any
 
 from tritonfast._core import LaneWorkerChannel
 from tritonfast._proto import model_config_pb2
-from tritonfast.backends.base import PhaseClock
 from tritonfast.backends.python import workerbls, workerlog
-from tritonfast.backends.python.segmentlayout import Laid, raw_bytes, read_tensor, write_tensors
-from tritonfast.backends.python.sharedobjects import Place, SharedObjects
+from tritonfast.backends.python.channelbatch import (
+    Batches,
+    BatchRequest,
+    answer_of,
+    describe_results,
+    release_flags,
+)
 from tritonfast.backends.python.workercalls import ChannelCalls
 from tritonfast.backends.python.workerstream import WorkerStreams
 from tritonfast.custommetrics import CustomMetrics, Labels, State
-from tritonfast.data.types import (
-    RELEASE_RESCHEDULE,
-    InferRequest,
-    InputTensor,
-    OutputTensor,
-    RequestedOutput,
-)
-from tritonfast.errors import InternalError, TritonError
-from tritonfast.memory.shmsegment import SegmentReader, SegmentWriter
+from tritonfast.data.types import RELEASE_RESCHEDULE
+from tritonfast.errors import TritonError
 from tritonfast.runtime import handle
 from tritonfast.runtime.responses import Result
 
@@ -70,11 +64,6 @@ def auto_complete_main(conn: Connection, model_file: str, config_bytes: bytes) -
         conn.send(("error", (exc.code.value, exc.message)))
         return
     conn.send(("ok", config.SerializeToString()))
-
-
-def _trace(token: int) -> workerbls.TraceToken | None:
-    """A request's trace as the worker holds it (its token; 0: untraced)."""
-    return workerbls.TraceToken(token) if token else None
 
 
 def worker_main(
@@ -187,16 +176,10 @@ class _Worker:
         metrics: CustomMetrics,
     ) -> None:
         self._pipe = pipe
-        self._in_batch = in_batch  # set while a batch runs (the server reads the pipe then)
         self._streams = streams
-        self._instance = instance
-        self._model_name = model_name
-        self._instance_name = instance_name
         self._metrics = metrics  # the worker's custom metrics, sent with each reply
-        self._inputs = SegmentReader()
-        self._cancel_flags = SegmentReader()
-        self._outputs = SegmentWriter(output_prefix)
-        self._objects = SharedObjects()
+        # (in_batch: set while a batch runs; the server reads the pipe then.)
+        self._batches = Batches(instance, model_name, instance_name, output_prefix, in_batch)
 
     def serve(
         self,
@@ -217,7 +200,10 @@ class _Worker:
                         channel = None  # still brings finalize
                         continue
                     if batch is not None:
-                        self._run_channel_batch(channel, batch, metrics_source, calls)
+                        out_name, out_size, results = self._batches.run(batch, calls)
+                        state = self._metrics.state_if_changed()
+                        extra = b"" if state is None else pickle.dumps((metrics_source, state))
+                        channel.reply(out_name, out_size, results, extra)
                         continue
                 message = self._pipe.next_work()
                 if message[0] == "finalize":
@@ -227,133 +213,39 @@ class _Worker:
         except (EOFError, ConnectionError):  # the server went away
             return
         finally:
-            self._objects.close()
-            self._outputs.close()
-            self._inputs.close()
-            self._cancel_flags.close()
+            self._batches.close()
 
     def _finalize(self) -> None:
+        batches = self._batches
         try:
-            self._instance.finalize()
+            batches.instance.finalize()
         except TritonError as exc:  # to the server's log, in one line
             logging.getLogger(workerlog.MODEL_LOGGER).error(
-                "finalize failed for instance %s: %s", self._instance_name, exc.message
+                "finalize failed for instance %s: %s", batches.instance_name, exc.message
             )
         self._streams.send(("finalized",))
 
     def _run_batch(self, message: tuple[Any, ...]) -> None:
+        """A batch from the pipe (a decoupled model's, whose responses go through the
+        streams when ``tokens`` are given)."""
         _, name, size, described, flags_name, flags_size, tokens = message
-        flags = self._cancel_flags.map(flags_name, flags_size).buffer
-        requests, failed = self._requests(name, size, described, flags, tokens)
-        returned = self._execute(requests)
-        release = _release_flags(requests, failed, len(described))
+        batches = self._batches
+        requests, failed = batches.requests(
+            name, size, described, batches.flags(flags_name, flags_size), copy=tokens is not None
+        )
+        if tokens is not None:
+            for token, request in zip(tokens, requests, strict=True):
+                request.sender = self._streams.sender(token, request)
+        returned = batches.execute(requests)
+        release = release_flags(requests, failed, len(described))
         if tokens is not None:
             self._end_streams(requests, returned, release)
         else:
             self._reply(requests, returned, failed, described, release)
 
-    def _execute(self, requests: list[_WorkerRequest]) -> Sequence[Result | None] | None:
-        """Run the model on a batch's requests (the server may be called meanwhile)."""
-        self._in_batch.set()
-        try:
-            returned = (
-                self._instance.execute(cast(list[InferRequest], requests), PhaseClock())
-                if requests
-                else []
-            )
-        finally:
-            self._in_batch.clear()
-        for request in requests:
-            request.detach()  # the cancellation bytes now belong to the next batch
-        return cast(Sequence[Result | None] | None, returned)
-
-    def _run_channel_batch(
-        self,
-        channel: LaneWorkerChannel,
-        batch: tuple[Any, ...],
-        metrics_source: str,
-        calls: ChannelCalls | None,
-    ) -> None:
-        """A batch from the core: its requests described in the channel's message, its reply
-        written back there (parameters as JSON text, errors by code name)."""
-        model, version, name, size, flags_name, flags_size, described = batch
-        requests, failed = self._requests(
-            name,
-            size,
-            [
-                (model, version, i, orjson.loads(p) if p else {}, o, s, _trace(t), places)
-                for i, p, o, s, places, t in described
-            ],
-            self._cancel_flags.map(flags_name, flags_size).buffer,
-            None,
-        )
-        if calls is not None:
-            calls.open()
-        try:
-            returned = self._execute(requests)
-        finally:
-            if calls is not None:
-                calls.close()  # (waits for a call still in flight: its answer comes first)
-        answers: list[Result | None] = (
-            [None] * len(requests) if returned is None else list(returned)
-        )
-        results: list[Result | None] = [
-            _no_reschedule(request, self._instance_name)
-            if request.release_flags & RELEASE_RESCHEDULE
-            else _answer_of(request, result, self._instance_name)
-            for request, result in zip(requests, answers, strict=True)
-        ]
-        for index in sorted(failed):
-            results.insert(index, failed[index])
-        _, out_name, out_size, laid = _describe_results(
-            self._outputs, results, [d[4] for d in described], self._objects
-        )
-        state = self._metrics.state_if_changed()
-        channel.reply(
-            out_name,
-            out_size,
-            [_channel_result(entry) for entry in laid],
-            b"" if state is None else pickle.dumps((metrics_source, state)),
-        )
-
-    def _requests(
-        self,
-        name: str,
-        size: int,
-        described: list[tuple[Any, ...]],
-        flags: Any,
-        tokens: list[int] | None,
-    ) -> tuple[list[_WorkerRequest], dict[int, TritonError]]:
-        """The batch's requests, over its input segment; and, by position, those that failed
-        already (a client's object it could not map). ``flags``: the batch's cancellation
-        bytes (None: its requests are never seen cancelled)."""
-        segment = self._inputs.map(name, size)
-        self._objects.start_batch()
-        requests: list[_WorkerRequest] = []
-        failed: dict[int, TritonError] = {}
-        for index, d in enumerate(described):
-            try:
-                requests.append(
-                    _request(
-                        segment.buffer,
-                        self._model_name,
-                        d,
-                        flags,
-                        index,
-                        self._objects,
-                        copy=tokens is not None,
-                    )
-                )
-            except TritonError as error:
-                failed[index] = error
-        if tokens is not None:
-            for token, request in zip(tokens, requests, strict=True):
-                request.sender = self._streams.sender(token, request)
-        return requests, failed
-
     def _end_streams(
         self,
-        requests: list[_WorkerRequest],
+        requests: list[BatchRequest],
         returned: Sequence[Result | None] | None,
         release: list[int] | None,
     ) -> None:
@@ -368,7 +260,7 @@ class _Worker:
 
     def _reply(
         self,
-        requests: list[_WorkerRequest],
+        requests: list[BatchRequest],
         returned: Sequence[Result | None] | None,
         failed: dict[int, TritonError],
         described: list[tuple[Any, ...]],
@@ -378,16 +270,18 @@ class _Worker:
         answers: list[Result | None] = (
             [None] * len(requests) if returned is None else list(returned)
         )
+        instance_name = self._batches.instance_name
         results: list[Result | None] = [
             None  # rescheduled: it runs again, and answers then
             if result is None and request.release_flags & RELEASE_RESCHEDULE
-            else _answer_of(request, result, self._instance_name)
+            else answer_of(request, result, instance_name)
             for request, result in zip(requests, answers, strict=True)
         ]
         for index in sorted(failed):
             results.insert(index, failed[index])
         places = [d[7] for d in described]
-        reply = _describe_results(self._outputs, results, places, self._objects)
+        batches = self._batches
+        reply = describe_results(batches.outputs, results, places, batches.objects)
         self._streams.send((*reply, self._metrics.state_if_changed(), release))
 
 
@@ -447,185 +341,3 @@ class _PipeReader:
             with self._changed:
                 self._reading = False
                 self._changed.notify_all()
-
-
-class _WorkerRequest(InferRequest):
-    """A request in the worker: ``cancelled`` reads its byte of the cancellation segment; its
-    ``sink``, made when first asked for (by the model's response sender), is the future the
-    worker takes the one response of a request answered through its sender from."""
-
-    __slots__ = ("_flags", "_index", "_sink")
-    _flags: Any
-    _index: int
-    _sink: concurrent.futures.Future[Any] | None
-
-    @property  # type: ignore[override]
-    def sink(self) -> concurrent.futures.Future[Any]:
-        sink = self._sink
-        if sink is None:
-            sink = self._sink = concurrent.futures.Future()
-        return sink
-
-    @sink.setter
-    def sink(self, value: Any) -> None:
-        self._sink = value
-
-    @property  # type: ignore[override]
-    def cancelled(self) -> bool:
-        flags = self._flags  # None once its batch returned
-        return flags is not None and bool(flags[self._index])
-
-    @cancelled.setter
-    def cancelled(self, value: bool) -> None:
-        pass  # only the server raises the flag
-
-    def detach(self) -> None:
-        """Its batch returned: from now on only the server's cancel messages count."""
-        self._flags = None
-
-
-def _no_reschedule(request: _WorkerRequest, instance_name: str) -> TritonError:
-    """A request the model rescheduled, though the core drives only models that cannot be
-    (no iterative sequence): it ends with Triton's error."""
-    return InternalError(
-        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model"
-        f" instance '{instance_name}' does not support rescheduling: it takes"
-        " sequence_batching { iterative_sequence: true }"
-    )
-
-
-def _channel_result(described: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A result of :func:`_describe_results` as the core's channel carries it."""
-    if described[0] == "ok":
-        _, model_name, model_version, response_id, parameters, slots = described
-        text = orjson.dumps(parameters, default=str).decode() if parameters else ""
-        return ("ok", model_name, str(model_version), response_id or "", text, slots)
-    if described[0] == "error":
-        return described
-    return ("error", "INTERNAL", "a request that is not decoupled was rescheduled")
-
-
-def _release_flags(
-    requests: list[_WorkerRequest], failed: dict[int, TritonError], count: int
-) -> list[int] | None:
-    """The release flags the model set (pb_utils set_release_flags), in the batch's order;
-    None when it set none."""
-    if not any(request.release_flags for request in requests):
-        return None
-    flags = [0] * count
-    positions = (index for index in range(count) if index not in failed)
-    for index, request in zip(positions, requests, strict=False):
-        flags[index] = request.release_flags
-    return flags
-
-
-def _answer_of(request: _WorkerRequest, result: Result | None, instance_name: str) -> Result:
-    """A request's response: the one ``execute`` returned, or else the one the model sent
-    through its response sender (waited for: the model may send it from a thread of its own,
-    after ``execute`` returned)."""
-    if result is not None:
-        return result
-    sink = request._sink
-    if request.sender is None or sink is None:  # (a sink alone: is_cancelled() asked for one)
-        return InternalError(
-            f"model instance '{instance_name}' returned no response for request"
-            f" '{request.id}' and did not use its response sender"
-        )
-    try:
-        return cast(Result, sink.result())
-    except TritonError as error:
-        return error
-
-
-def _request(
-    buffer: Any,
-    model: str,
-    described: tuple[Any, ...],
-    flags: Any,
-    index: int,
-    objects: SharedObjects,
-    *,
-    copy: bool,
-) -> _WorkerRequest:
-    """A request of the batch in ``buffer``; ``copy``: its inputs are copied out of the
-    segment (a decoupled model's requests outlive their batch: threads or coroutines of the
-    model may read them after ``execute`` returned, when the segment holds the next batch)."""
-    model_name, model_version, request_id, parameters, output_names, slots, trace, _ = described
-    request = _WorkerRequest(
-        model_name=model_name,
-        model_version=model_version,
-        id=request_id,
-        trace=trace,
-        inputs=[
-            InputTensor(
-                slot[0], slot[1], slot[2], read_tensor(buffer, slot, model, objects, copy=copy)
-            )
-            for slot in slots
-        ],
-        outputs=None if output_names is None else [RequestedOutput(n) for n in output_names],
-        parameters=parameters,
-    )
-    request._flags = flags
-    request._index = index
-    return request
-
-
-def _describe_results(
-    writer: SegmentWriter,
-    results: list[Result | None],
-    places: list[dict[str, Place] | None],
-    objects: SharedObjects,
-) -> tuple[str, str, int, list[tuple[Any, ...]]]:
-    """The reply to a batch: outputs with a place in a client's object written there, the
-    others into the writer's segment. None: a rescheduled request (no response yet)."""
-    laid: list[list[Laid]] = []
-    for index, (result, placed) in enumerate(zip(results, places, strict=True)):
-        if result is None or isinstance(result, TritonError):
-            laid.append([])
-            continue
-        try:
-            laid.append([_laid_output(t, placed, objects) for t in result.outputs])
-        except TritonError as error:
-            results[index] = error
-            laid.append([])
-    tensors = [tensor for outputs in laid for tensor in outputs]
-    name, size, slots = write_tensors(writer, tensors) if tensors else ("", 0, [])
-    described: list[tuple[Any, ...]] = []
-    position = 0
-    for result in results:
-        if result is None:
-            described.append(("none",))
-            continue
-        if isinstance(result, TritonError):
-            described.append(("error", result.code.value, result.message))
-            continue
-        count = len(result.outputs)
-        described.append(
-            (
-                "ok",
-                result.model_name,
-                result.model_version,
-                result.id,
-                result.parameters,
-                slots[position : position + count],
-            )
-        )
-        position += count
-    return "results", name, size, described
-
-
-def _laid_output(
-    tensor: OutputTensor, places: dict[str, Place] | None, objects: SharedObjects
-) -> Laid:
-    """An output to describe; one bound for a client's object is written there first."""
-    place = places.get(tensor.name) if places is not None else None
-    window = None
-    if place is not None:
-        # Changed since the server looked: the server writes it, as in-process.
-        with contextlib.suppress(TritonError):
-            window = objects.window(place)
-    if place is None or window is None:
-        return (tensor.name, tensor.datatype, tensor.shape, tensor.data, None)
-    raw = raw_bytes(tensor.datatype, tensor.data)
-    SharedObjects.put(window, raw, tensor.name)
-    return (tensor.name, tensor.datatype, tensor.shape, raw, place)

@@ -150,8 +150,9 @@ def decode_infer_request(
 
     if "outputs" in doc:
         outputs = _require(doc["outputs"], list, "outputs")
-        request.outputs = [_decode_output(entry) for entry in outputs]
-        if any(sharedmemory.REGION in o.parameters for o in request.outputs):
+        # An empty list names no output: every output comes back, as in Triton.
+        request.outputs = [_decode_output(entry) for entry in outputs] or None
+        if any(sharedmemory.REGION in o.parameters for o in request.outputs or ()):
             request.uses_shared_memory = True
     return request, binary_default
 

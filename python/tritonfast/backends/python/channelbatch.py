@@ -1,0 +1,357 @@
+"""An instance's batches as the server's core hands them over (a worker process's over the
+core's channel, an in-process instance's by a call): the requests read from the core's input
+segment (:mod:`.segmentlayout`; large tensors in a client's shared memory mapped there,
+:mod:`.sharedobjects`), the instance's ``execute`` run on them, and their results written
+into the instance's own output segment and described for the core's reply
+(:class:`Batches`). Worker processes use the same pieces for the batches their pipe brings
+(:mod:`.worker`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
+
+import orjson
+
+from tritonfast.backends.base import PhaseClock
+from tritonfast.backends.python import workerbls
+from tritonfast.backends.python.segmentlayout import Laid, raw_bytes, read_tensor, write_tensors
+from tritonfast.backends.python.sharedobjects import Place, SharedObjects
+from tritonfast.data.types import (
+    RELEASE_RESCHEDULE,
+    InferRequest,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
+from tritonfast.errors import InternalError, TritonError
+from tritonfast.memory.shmsegment import SegmentReader, SegmentWriter
+from tritonfast.runtime.modelinstance import ModelInstance
+from tritonfast.runtime.responses import Result
+
+log = logging.getLogger(__name__)
+
+
+class Calls(Protocol):
+    """The calls to the server a batch's model may make while it runs (a worker's, over the
+    channel: see workercalls.ChannelCalls)."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Batches:
+    """One instance's batches: the segments they travel in, and the instance they run on."""
+
+    def __init__(
+        self,
+        instance: ModelInstance,
+        model_name: str,
+        instance_name: str,
+        output_prefix: str,
+        in_batch: threading.Event | None = None,
+    ) -> None:
+        self.instance = instance
+        self.model_name = model_name
+        self.instance_name = instance_name
+        self._in_batch = in_batch  # set while a batch runs, if given
+        self._inputs = SegmentReader()
+        self._cancel_flags = SegmentReader()
+        self.outputs = SegmentWriter(output_prefix)
+        self.objects = SharedObjects()
+
+    def close(self) -> None:
+        self.objects.close()
+        self.outputs.close()
+        self._inputs.close()
+        self._cancel_flags.close()
+
+    def flags(self, name: str, size: int) -> Any:
+        """The batch's cancellation bytes, in the segment the server named."""
+        return self._cancel_flags.map(name, size).buffer
+
+    def requests(
+        self, name: str, size: int, described: list[tuple[Any, ...]], flags: Any, *, copy: bool
+    ) -> tuple[list[BatchRequest], dict[int, TritonError]]:
+        """The batch's requests, over its input segment; and, by position, those that failed
+        already (a client's object it could not map). ``flags``: the batch's cancellation
+        bytes (None: its requests are never seen cancelled); ``copy``: see :func:`request_of`."""
+        segment = self._inputs.map(name, size)
+        self.objects.start_batch()
+        requests: list[BatchRequest] = []
+        failed: dict[int, TritonError] = {}
+        for index, d in enumerate(described):
+            try:
+                requests.append(
+                    request_of(
+                        segment.buffer, self.model_name, d, flags, index, self.objects, copy=copy
+                    )
+                )
+            except TritonError as error:
+                failed[index] = error
+        return requests, failed
+
+    def execute(self, requests: list[BatchRequest]) -> Sequence[Result | None] | None:
+        """Run the model on a batch's requests (the server may be called meanwhile)."""
+        if self._in_batch is not None:
+            self._in_batch.set()
+        try:
+            returned = (
+                self.instance.execute(cast(list[InferRequest], requests), PhaseClock())
+                if requests
+                else []
+            )
+        finally:
+            if self._in_batch is not None:
+                self._in_batch.clear()
+        for request in requests:
+            request.detach()  # the cancellation bytes now belong to the next batch
+        return cast(Sequence[Result | None] | None, returned)
+
+    def _answers(self, requests: list[BatchRequest]) -> list[Result | None]:
+        """What ``execute`` returned for each request (None: see its sender); a failure of
+        the backend's own fails the batch, worded as the instance threads word it."""
+        try:
+            returned = self.execute(requests)
+        except TritonError as failed:
+            return [failed] * len(requests)
+        except Exception as exc:  # a backend bug fails this batch, not the server
+            log.exception("instance %s failed to execute a batch", self.instance_name)
+            return [InternalError(f"instance {self.instance_name}: {exc}")] * len(requests)
+        if returned is None:
+            return [None] * len(requests)
+        if len(returned) != len(requests):
+            error = InternalError(
+                f"instance {self.instance_name} returned {len(returned)} responses for"
+                f" {len(requests)} requests"
+            )
+            return [error] * len(requests)
+        return list(returned)
+
+    def run(
+        self, batch: tuple[Any, ...], calls: Calls | None = None
+    ) -> tuple[str, int, list[tuple[Any, ...]]]:
+        """A batch from the core (as ``LaneWorkerChannel.next`` gives it): run, its outputs
+        written; the reply's segment, its size and each request's result, as the core reads
+        them (parameters as JSON text, errors by code name)."""
+        model, version, name, size, flags_name, flags_size, described = batch
+        requests, failed = self.requests(
+            name,
+            size,
+            [
+                (model, version, i, orjson.loads(p) if p else {}, o, s, _trace(t), places)
+                for i, p, o, s, places, t in described
+            ],
+            self.flags(flags_name, flags_size),
+            copy=False,
+        )
+        if calls is not None:
+            calls.open()
+        try:
+            answers = self._answers(requests)
+        finally:
+            if calls is not None:
+                calls.close()  # (waits for a call still in flight: its answer comes first)
+        results: list[Result | None] = [
+            no_reschedule(request, self.instance_name)
+            if request.release_flags & RELEASE_RESCHEDULE
+            else answer_of(request, result, self.instance_name)
+            for request, result in zip(requests, answers, strict=True)
+        ]
+        for index in sorted(failed):
+            results.insert(index, failed[index])
+        _, out_name, out_size, laid = describe_results(
+            self.outputs, results, [d[4] for d in described], self.objects
+        )
+        return out_name, out_size, [channel_result(entry) for entry in laid]
+
+
+def _trace(token: int) -> workerbls.TraceToken | None:
+    """A request's trace as the instance holds it (its token; 0: untraced)."""
+    return workerbls.TraceToken(token) if token else None
+
+
+class BatchRequest(InferRequest):
+    """A request in the worker: ``cancelled`` reads its byte of the cancellation segment; its
+    ``sink``, made when first asked for (by the model's response sender), is the future the
+    worker takes the one response of a request answered through its sender from."""
+
+    __slots__ = ("_flags", "_index", "_sink")
+    _flags: Any
+    _index: int
+    _sink: concurrent.futures.Future[Any] | None
+
+    @property  # type: ignore[override]
+    def sink(self) -> concurrent.futures.Future[Any]:
+        sink = self._sink
+        if sink is None:
+            sink = self._sink = concurrent.futures.Future()
+        return sink
+
+    @sink.setter
+    def sink(self, value: Any) -> None:
+        self._sink = value
+
+    @property  # type: ignore[override]
+    def cancelled(self) -> bool:
+        flags = self._flags  # None once its batch returned
+        return flags is not None and bool(flags[self._index])
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        pass  # only the server raises the flag
+
+    def detach(self) -> None:
+        """Its batch returned: from now on only the server's cancel messages count."""
+        self._flags = None
+
+
+def no_reschedule(request: BatchRequest, instance_name: str) -> TritonError:
+    """A request the model rescheduled, though the core drives only models that cannot be
+    (no iterative sequence): it ends with Triton's error."""
+    return InternalError(
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model"
+        f" instance '{instance_name}' does not support rescheduling: it takes"
+        " sequence_batching { iterative_sequence: true }"
+    )
+
+
+def channel_result(described: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A result of :func:`describe_results` as the core's channel carries it."""
+    if described[0] == "ok":
+        _, model_name, model_version, response_id, parameters, slots = described
+        text = orjson.dumps(parameters, default=str).decode() if parameters else ""
+        return ("ok", model_name, str(model_version), response_id or "", text, slots)
+    if described[0] == "error":
+        return described
+    return ("error", "INTERNAL", "a request that is not decoupled was rescheduled")
+
+
+def release_flags(
+    requests: list[BatchRequest], failed: dict[int, TritonError], count: int
+) -> list[int] | None:
+    """The release flags the model set (pb_utils set_release_flags), in the batch's order;
+    None when it set none."""
+    if not any(request.release_flags for request in requests):
+        return None
+    flags = [0] * count
+    positions = (index for index in range(count) if index not in failed)
+    for index, request in zip(positions, requests, strict=False):
+        flags[index] = request.release_flags
+    return flags
+
+
+def answer_of(request: BatchRequest, result: Result | None, instance_name: str) -> Result:
+    """A request's response: the one ``execute`` returned, or else the one the model sent
+    through its response sender (waited for: the model may send it from a thread of its own,
+    after ``execute`` returned)."""
+    if result is not None:
+        return result
+    sink = request._sink
+    if request.sender is None or sink is None:  # (a sink alone: is_cancelled() asked for one)
+        return InternalError(
+            f"model instance '{instance_name}' returned no response for request"
+            f" '{request.id}' and did not use its response sender"
+        )
+    try:
+        return cast(Result, sink.result())
+    except TritonError as error:
+        return error
+
+
+def request_of(
+    buffer: Any,
+    model: str,
+    described: tuple[Any, ...],
+    flags: Any,
+    index: int,
+    objects: SharedObjects,
+    *,
+    copy: bool,
+) -> BatchRequest:
+    """A request of the batch in ``buffer``; ``copy``: its inputs are copied out of the
+    segment (a decoupled model's requests outlive their batch: threads or coroutines of the
+    model may read them after ``execute`` returned, when the segment holds the next batch)."""
+    model_name, model_version, request_id, parameters, output_names, slots, trace, _ = described
+    request = BatchRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=request_id,
+        trace=trace,
+        inputs=[
+            InputTensor(
+                slot[0], slot[1], slot[2], read_tensor(buffer, slot, model, objects, copy=copy)
+            )
+            for slot in slots
+        ],
+        outputs=None if output_names is None else [RequestedOutput(n) for n in output_names],
+        parameters=parameters,
+    )
+    request._flags = flags
+    request._index = index
+    return request
+
+
+def describe_results(
+    writer: SegmentWriter,
+    results: list[Result | None],
+    places: list[dict[str, Place] | None],
+    objects: SharedObjects,
+) -> tuple[str, str, int, list[tuple[Any, ...]]]:
+    """The reply to a batch: outputs with a place in a client's object written there, the
+    others into the writer's segment. None: a rescheduled request (no response yet)."""
+    laid: list[list[Laid]] = []
+    for index, (result, placed) in enumerate(zip(results, places, strict=True)):
+        if result is None or isinstance(result, TritonError):
+            laid.append([])
+            continue
+        try:
+            laid.append([laid_output(t, placed, objects) for t in result.outputs])
+        except TritonError as error:
+            results[index] = error
+            laid.append([])
+    tensors = [tensor for outputs in laid for tensor in outputs]
+    name, size, slots = write_tensors(writer, tensors) if tensors else ("", 0, [])
+    described: list[tuple[Any, ...]] = []
+    position = 0
+    for result in results:
+        if result is None:
+            described.append(("none",))
+            continue
+        if isinstance(result, TritonError):
+            described.append(("error", result.code.value, result.message))
+            continue
+        count = len(result.outputs)
+        described.append(
+            (
+                "ok",
+                result.model_name,
+                result.model_version,
+                result.id,
+                result.parameters,
+                slots[position : position + count],
+            )
+        )
+        position += count
+    return "results", name, size, described
+
+
+def laid_output(
+    tensor: OutputTensor, places: dict[str, Place] | None, objects: SharedObjects
+) -> Laid:
+    """An output to describe; one bound for a client's object is written there first."""
+    place = places.get(tensor.name) if places is not None else None
+    window = None
+    if place is not None:
+        # Changed since the server looked: the server writes it, as in-process.
+        with contextlib.suppress(TritonError):
+            window = objects.window(place)
+    if place is None or window is None:
+        return (tensor.name, tensor.datatype, tensor.shape, tensor.data, None)
+    raw = raw_bytes(tensor.datatype, tensor.data)
+    SharedObjects.put(window, raw, tensor.name)
+    return (tensor.name, tensor.datatype, tensor.shape, raw, place)
