@@ -11,10 +11,14 @@ times:
 
 * c=16, one row per request: req/s of the MLP / req/s of the identity model;
 * c=16, 16 rows per request: rows/s of the MLP / rows/s of ``session.run`` on batches of 16
-  back to back, measured in this process while the server is idle;
+  back to back, measured in this process while the server is idle, with ORT's default
+  threads (every core) and with one intra-op thread (as the served session);
 * c=1, one row: p50 latency of the MLP minus the identity model's.
 
     python bench/e2e/onnx_mlp.py [DUR_SECONDS] [ROUNDS]      (6 s, 2 rounds)
+
+``TRITONFAST_ARGS`` adds arguments to the server's command line (split on blanks), e.g.
+``--backend-config=onnxruntime,core-path=off``.
 
 Needs wrk, onnx and onnxruntime. Prints a table; judges nothing.
 """
@@ -101,8 +105,12 @@ def wrk(url: str, path: Path, hlen: int, connections: int, seconds: float) -> di
     return fields
 
 
-def direct_rows_per_second(model_file: Path, seconds: float) -> float:
-    session = ort.InferenceSession(str(model_file))
+def direct_rows_per_second(model_file: Path, seconds: float, threads: int = 0) -> float:
+    """``session.run`` on batches of 16 back to back; ``threads``: intra-op threads (0: ORT's
+    default, every core)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model_file), options)
     batch = np.random.default_rng(1).standard_normal((16, 256), np.float32)
     runs = 0
     end = time.perf_counter() + seconds
@@ -125,6 +133,7 @@ def main() -> None:
         [
             *(sys.executable, "-m", "tritonfast", "serve", f"--model-repository={repo}"),
             *(f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"),
+            *os.environ.get("TRITONFAST_ARGS", "").split(),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -166,6 +175,7 @@ def run_rows(work: Path, model_file: Path, http: int, seconds: float, rounds: in
     url = f"http://127.0.0.1:{http}/v2/models/%s/infer"
     results: dict[str, list[dict[str, float]]] = {}
     direct_rates = []
+    one_thread_rates = []
     for _ in range(rounds):
         for label, model, connections in (
             ("identity c16", "identity", 16),
@@ -179,6 +189,7 @@ def run_rows(work: Path, model_file: Path, http: int, seconds: float, rounds: in
             wrk(url % model, path, hlen, connections, 1.0)  # warm-up
             results.setdefault(label, []).append(wrk(url % model, path, hlen, connections, seconds))
         direct_rates.append(direct_rows_per_second(model_file, seconds))
+        one_thread_rates.append(direct_rows_per_second(model_file, seconds, threads=1))
 
     def median(label: str, field: str) -> float:
         return statistics.median(r[field] for r in results[label])
@@ -190,7 +201,9 @@ def run_rows(work: Path, model_file: Path, http: int, seconds: float, rounds: in
             f" {median(label, 'p99_us'):>8.0f}"
         )
     direct_rate = statistics.median(direct_rates)
+    one_thread_rate = statistics.median(one_thread_rates)
     print(f"direct session.run, batches of 16: {direct_rate:.0f} rows/s")
+    print(f"direct session.run, batches of 16, one intra-op thread: {one_thread_rate:.0f} rows/s")
     print()
     print(
         "c16 one row: mlp / identity req/s ="
@@ -198,7 +211,9 @@ def run_rows(work: Path, model_file: Path, http: int, seconds: float, rounds: in
     )
     print(
         "c16 16 rows: server rows/s / direct rows/s ="
-        f" {16 * median('mlp16 c16', 'req_s') / direct_rate:.2f}  (target >= 0.5)"
+        f" {16 * median('mlp16 c16', 'req_s') / direct_rate:.2f}  (target >= 0.5);"
+        " against one intra-op thread (the server's session options):"
+        f" {16 * median('mlp16 c16', 'req_s') / one_thread_rate:.2f}"
     )
     print(
         "c1 p50: mlp - identity ="

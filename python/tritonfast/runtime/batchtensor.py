@@ -21,14 +21,46 @@ from tritonfast.memory.bufferpool import POOL
 
 
 def gather(arrays: list[np.ndarray]) -> np.ndarray:
-    """``arrays`` (same dtype and non-batch dimensions) concatenated along dimension 0."""
+    """``arrays`` (same dtype and non-batch dimensions) concatenated along dimension 0: one
+    array or arrays that already lie back to back (a batch the core laid out in its segment)
+    as they are, others copied."""
     first = arrays[0]
     shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
     if first.dtype.hasobject:  # BYTES elements are references, not bytes to copy
         return np.concatenate(arrays)
+    if len(arrays) == 1:
+        return first
+    if _back_to_back(arrays):
+        return np.lib.stride_tricks.as_strided(first, shape, first.strides, writeable=False)
     parts = [np.ascontiguousarray(a) for a in arrays]
     buffer: Any = POOL.gather(parts)
     return np.asarray(buffer).view(first.dtype).reshape(shape)
+
+
+def _back_to_back(arrays: list[np.ndarray]) -> bool:
+    """Whether ``arrays`` are contiguous views of one buffer, each starting where the one
+    before it ends (then one view of the first spans them all: the buffer outlives it)."""
+    owner = _owner(arrays[0])
+    if owner is None:
+        return False
+    end = arrays[0].__array_interface__["data"][0]
+    for array in arrays:
+        if not array.flags.c_contiguous or _owner(array) is not owner:
+            return False
+        if array.__array_interface__["data"][0] != end:
+            return False
+        end += array.nbytes
+    return True
+
+
+def _owner(array: np.ndarray) -> Any:
+    """The object whose memory ``array`` views (None: the array owns its memory)."""
+    owner: Any = array
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    if isinstance(owner, memoryview):
+        owner = owner.obj
+    return None if owner is array else owner
 
 
 def scatter(batched: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
