@@ -16,6 +16,9 @@ Rows (``ROWS``, space-separated; all by default):
   GIL: that caps ``stream`` near 5k responses/s whatever the server).
 - ``sse``: the same model and load through ``POST /v2/models/stream_repeat/generate_stream``
   (Server-Sent Events over HTTP/1.1), one connection per stream.
+- ``first``: the time to a first response with nothing else running: one gRPC stream, then
+  one Server-Sent Events connection, each sending LONE requests of one response (N = 1) one
+  after another. Reports requests/s and each one's median time to its first response.
 
 With ``SERVER_PGID`` set (bench/e2e/peer_ab.sh sets it), each row also reports the server's
 CPU time per request or response, from /proc for that process group.
@@ -42,6 +45,7 @@ import tritonclient.grpc as grpcclient
 
 SEQUENCES, STEPS = 16, 100
 STREAMS, REQUESTS, RESPONSES = 4, 5, 1000
+LONE = 200
 TIMEOUT_S = 120
 
 
@@ -210,6 +214,54 @@ def sse_streams(http_url: str) -> tuple[int, dict[str, float]]:
     return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
 
 
+# -- first ----------------------------------------------------------------------------------------
+def lone_requests(http_url: str, grpc_url: str) -> tuple[int, dict[str, float]]:
+    """LONE one-response requests on one gRPC stream, then on one SSE connection."""
+    grpc_first: list[float] = []
+    client = grpcclient.InferenceServerClient(grpc_url)
+    replies: queue.Queue[tuple[object, object, float]] = queue.Queue()
+    client.start_stream(
+        callback=lambda result, error: replies.put((result, error, time.perf_counter()))
+    )
+    tensor = grpcclient.InferInput("N", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+    try:
+        for request in range(LONE):
+            sent = time.perf_counter()
+            client.async_stream_infer("stream_repeat", [tensor], request_id=f"lone-{request}")
+            result, error, arrived = replies.get(timeout=TIMEOUT_S)
+            if error is not None:
+                raise Failed(str(error))
+            if int(result.as_numpy("OUT")[0]) != 0:  # type: ignore[attr-defined]
+                raise Failed(f"lone request {request}: a wrong response")
+            grpc_first.append(arrived - sent)
+    finally:
+        client.stop_stream()
+        client.close()
+    host, port = http_url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
+    sse_first: list[float] = []
+    try:
+        for request in range(LONE):
+            sent = time.perf_counter()
+            connection.request("POST", "/v2/models/stream_repeat/generate_stream", '{"N": 1}')
+            reply = connection.getresponse()
+            events = []
+            for line in reply:
+                if line.startswith(b"data:"):
+                    if not events:
+                        sse_first.append(time.perf_counter() - sent)
+                    events.append(line)
+            if reply.status != 200 or len(events) != 1 or json.loads(events[0][5:])["OUT"] != 0:
+                raise Failed(f"lone SSE request {request}: {reply.status} {events!r}")
+    finally:
+        connection.close()
+    return 2 * LONE, {
+        "grpc_first_response_p50_ms": median_ms(grpc_first),
+        "sse_first_response_p50_ms": median_ms(sse_first),
+    }
+
+
 def run_all(one: Callable[[int], None], errors: list[str], count: int = STREAMS) -> None:
     """``one(0)`` .. ``one(count - 1)`` on threads of their own; the first error fails."""
     threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
@@ -235,8 +287,9 @@ def main() -> None:
         "stream": (lambda: grpc_streams(grpc_url), "responses/s"),
         "stream4p": (lambda: grpc_streams_in_processes(grpc_url), "responses/s"),
         "sse": (lambda: sse_streams(http_url), "responses/s"),
+        "first": (lambda: lone_requests(http_url, grpc_url), "requests/s"),
     }
-    for row in os.environ.get("ROWS", "seq stream stream4p sse").split():
+    for row in os.environ.get("ROWS", "seq stream stream4p sse first").split():
         run, unit = loads[row]
         try:
             rate, figures = measured(run)
