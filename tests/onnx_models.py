@@ -12,6 +12,7 @@ from tritonfast.onnxgen import finish, mlp, write_onnx
 
 __all__ = [
     "accumulator",
+    "control_echo",
     "fixed_shape",
     "mixed_types",
     "mlp",
@@ -124,6 +125,24 @@ def unknown_operator() -> onnx.ModelProto:
     )
     model.ir_version = 8
     return model
+
+
+def control_echo() -> onnx.ModelProto:
+    """A sequence model's controls given back: X [batch, 1] FP32 -> X_OUT, START and READY
+    [batch, 1] INT32 -> START_OUT and READY_OUT, CORRID [batch, 1] UINT64 -> CORR."""
+    pairs = [("X", "X_OUT"), ("START", "START_OUT"), ("READY", "READY_OUT"), ("CORRID", "CORR")]
+    types = {"X": TensorProto.FLOAT, "START": TensorProto.INT32, "READY": TensorProto.INT32}
+
+    def value(name: str, elem: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, ["batch", 1])
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [a], [b]) for a, b in pairs],
+        "control_echo",
+        [value(a, types.get(a, TensorProto.UINT64)) for a, _ in pairs],
+        [value(b, types.get(a, TensorProto.UINT64)) for a, b in pairs],
+    )
+    return finish(graph)
 
 
 def accumulator() -> onnx.ModelProto:

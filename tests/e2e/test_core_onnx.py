@@ -35,6 +35,27 @@ output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 8 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
 dynamic_batching { max_queue_delay_microseconds: 100 }
 """
+CONTROL_ECHO = """
+backend: "onnxruntime"
+max_batch_size: 4
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  direct { }
+}
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [
+  { name: "X_OUT" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "START_OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "READY_OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "CORR" data_type: TYPE_UINT64 dims: [ 1 ] }
+]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
 OPTIONAL = """
 backend: "onnxruntime"
 max_batch_size: 0
@@ -80,6 +101,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningS
     write(repo, "optional", onnx_models.with_optional_input(), OPTIONAL)
     write(repo, "fixed", onnx_models.fixed_shape())
     write(repo, "reshape_to_four", onnx_models.reshape_to_four())
+    write(repo, "control_echo", onnx_models.control_echo(), CONTROL_ECHO)
     yield from server_pair([Path(repo)], tmp_path_factory.mktemp("core_onnx"), "onnxruntime")
 
 
@@ -190,6 +212,41 @@ def test_grpc_calls_get_the_reference_answers(
     data = message.SerializeToString()
     core, reference = grpc_calls
     assert grpc_answer(core, data) == grpc_answer(reference, data)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.booleans(), st.booleans(), st.floats(-8, 8, width=32)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_sequences_get_the_reference_answers(
+    connections: tuple[Connection, Connection], steps: list[tuple[int, bool, bool, float]]
+) -> None:
+    """A sequence model on the core's path (the core writes its START, READY and CORRID
+    inputs): scripts of interleaved sequences (IDs 1-3; START, END, no START) give what the
+    reference scheduler gives."""
+    core, reference = connections
+    for sequence_id, start, end, value in steps:
+        doc = {
+            "parameters": {
+                "sequence_id": sequence_id,
+                "sequence_start": start,
+                "sequence_end": end,
+            },
+            "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [value]}],
+        }
+        message = ("/v2/models/control_echo/infer", json.dumps(doc).encode(), {})
+        assert core.ask(*message) == reference.ask(*message)
+    for sequence_id in (1, 2, 3):  # end whatever is still open, alike
+        doc = {
+            "parameters": {"sequence_id": sequence_id, "sequence_end": True},
+            "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [0]}],
+        }
+        message = ("/v2/models/control_echo/infer", json.dumps(doc).encode(), {})
+        assert core.ask(*message) == reference.ask(*message)
 
 
 def test_the_core_runs_the_sessions(
