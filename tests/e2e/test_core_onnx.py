@@ -56,6 +56,39 @@ output [
 ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
+SMALL_MLP = """
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 8 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+"""
+# The two MLPs in a row: run by the core when both are on its path.
+MLP_CHAIN = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [
+  { name: "MID" data_type: TYPE_FP32 dims: [ 8 ] },
+  { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "mlp"
+      model_version: -1
+      input_map { key: "INPUT" value: "IN" }
+      output_map { key: "OUTPUT" value: "MID" }
+    },
+    {
+      model_name: "small_mlp"
+      model_version: -1
+      input_map { key: "INPUT" value: "MID" }
+      output_map { key: "OUTPUT" value: "OUT" }
+    }
+  ]
+}
+"""
 OPTIONAL = """
 backend: "onnxruntime"
 max_batch_size: 0
@@ -82,6 +115,7 @@ MODELS: dict[str, tuple[bool, list[tuple[str, str, list[int]]]]] = {
     "optional": (False, [("A", "FP32", [-1, 2]), ("B", "FP32", [1, 2])]),
     "fixed": (False, [("X", "FP32", [2, 3])]),
     "reshape_to_four": (True, [("X", "FP32", [-1])]),
+    "mlp_chain": (True, [("IN", "FP32", [16])]),
 }
 OUTPUTS = {
     "mlp": ["OUTPUT"],
@@ -89,6 +123,7 @@ OUTPUTS = {
     "optional": ["SUM"],
     "fixed": ["Y"],
     "reshape_to_four": ["Y"],
+    "mlp_chain": ["MID", "OUT"],
 }
 
 
@@ -102,6 +137,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningS
     write(repo, "fixed", onnx_models.fixed_shape())
     write(repo, "reshape_to_four", onnx_models.reshape_to_four())
     write(repo, "control_echo", onnx_models.control_echo(), CONTROL_ECHO)
+    write(repo, "small_mlp", onnx_models.mlp(8, 16, 4, seed=1), SMALL_MLP)
+    (repo / "mlp_chain" / "1").mkdir(parents=True)
+    (repo / "mlp_chain" / "config.pbtxt").write_text(MLP_CHAIN)
     yield from server_pair([Path(repo)], tmp_path_factory.mktemp("core_onnx"), "onnxruntime")
 
 
