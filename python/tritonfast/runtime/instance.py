@@ -333,7 +333,7 @@ class InstanceLoop:
             return [exc] * len(requests)
         except Exception as exc:  # a backend bug fails this batch, not the server
             log.exception("instance %s failed to execute a batch", self.name)
-            return [InternalError(f"instance {self.name}: {exc}")] * len(requests)
+            return [backend_failed(self.name, exc)] * len(requests)
         if results is None:
             _refuse_reschedules(self.name, requests, None)
             if all(request.sender is not None for request in requests):
@@ -349,12 +349,20 @@ class InstanceLoop:
                 for request in requests
             ]
         if len(results) != len(requests):
-            error = InternalError(
-                f"instance {self.name} returned {len(results)} responses for"
-                f" {len(requests)} requests"
-            )
-            return [error] * len(requests)
+            return [miscounted(self.name, len(results), len(requests))] * len(requests)
         return _refuse_reschedules(self.name, requests, results)
+
+
+def backend_failed(instance_name: str, exc: Exception) -> InternalError:
+    """What every request of a batch gets when the backend's ``execute`` raised something
+    other than a TritonError (a bug of its own)."""
+    return InternalError(f"instance {instance_name}: {exc}")
+
+
+def miscounted(instance_name: str, got: int, wanted: int) -> InternalError:
+    """What every request of a batch gets when ``execute`` returned the wrong number of
+    results."""
+    return InternalError(f"instance {instance_name} returned {got} responses for {wanted} requests")
 
 
 _COMPUTE_STAMPS = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")

@@ -30,6 +30,7 @@ from tritonfast.data.types import (
 )
 from tritonfast.errors import InternalError, TritonError
 from tritonfast.memory.shmsegment import SegmentReader, SegmentWriter
+from tritonfast.runtime.instance import backend_failed, miscounted
 from tritonfast.runtime.modelinstance import ModelInstance
 from tritonfast.runtime.responses import Result
 
@@ -121,15 +122,11 @@ class Batches:
             return [failed] * len(requests)
         except Exception as exc:  # a backend bug fails this batch, not the server
             log.exception("instance %s failed to execute a batch", self.instance_name)
-            return [InternalError(f"instance {self.instance_name}: {exc}")] * len(requests)
+            return [backend_failed(self.instance_name, exc)] * len(requests)
         if returned is None:
             return [None] * len(requests)
         if len(returned) != len(requests):
-            error = InternalError(
-                f"instance {self.instance_name} returned {len(returned)} responses for"
-                f" {len(requests)} requests"
-            )
-            return [error] * len(requests)
+            return [miscounted(self.instance_name, len(returned), len(requests))] * len(requests)
         return list(returned)
 
     def run(
