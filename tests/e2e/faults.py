@@ -50,6 +50,20 @@ def census(pid: int) -> Census:
     return Census(len(os.listdir(f"/proc/{pid}/fd")), len(descendants(pid)), rss_mib(pid))
 
 
+def settled_growth(
+    pid: int, before: Census, within: Callable[[Census], bool], timeout: float = 10
+) -> Census:
+    """What the server holds more than ``before`` once that is ``within`` bounds: a census
+    may catch a worker starting (its pipe and channel open at both ends for a moment), which
+    settles; a leak does not, and the last census comes back for the test to fail on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        grew = census(pid).grew_by(before)
+        if within(grew) or time.monotonic() >= deadline:
+            return grew
+        time.sleep(0.01)
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
