@@ -8,7 +8,8 @@ the GIL, on the driver thread, and the core answers each request.
 
 A backend opts in by wrapping its instances (:func:`driven`) and giving them to a
 :class:`~tritonfast.runtime.lane.LaneScheduler` when :func:`~tritonfast.runtime.lane.
-lane_eligible` allows; ``--backend-config=<backend>,core-path=off`` keeps its own scheduler.
+lane_eligible` allows, unless ``--backend-config=<backend>,core-path=off``
+(:func:`~tritonfast.runtime.lane.core_path_on`).
 """
 
 from __future__ import annotations
@@ -16,33 +17,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from tritonfast._core import LaneWorkerLink
 from tritonfast.backends.python.channelbatch import Batches
 from tritonfast.data.types import InferRequest
-from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
+from tritonfast.errors import InternalError, TritonError
 from tritonfast.runtime.instance import Caller
 from tritonfast.runtime.modelinstance import ModelInstance, PhaseClock
 from tritonfast.runtime.responses import Result
 
-# --backend-config=<backend>,core-path=on|off: whether its versions take the core's path.
-CORE_PATH_SETTING = "core-path"
-CORE_PATH_VALUES = ("on", "off")
-
 _serials = itertools.count()
-
-
-def core_path_on(backend: str, settings: Mapping[str, str]) -> bool:
-    """Whether the backend's settings leave the core's path on (the default)."""
-    value = settings.get(CORE_PATH_SETTING, "on")
-    if value not in CORE_PATH_VALUES:
-        raise InvalidArgumentError(
-            f"--backend-config={backend},{CORE_PATH_SETTING} must be one of"
-            f" {', '.join(CORE_PATH_VALUES)}, not '{value}'"
-        )
-    return value == "on"
 
 
 class InProcessDriven(ModelInstance):

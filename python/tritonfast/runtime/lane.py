@@ -25,7 +25,7 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -44,7 +44,7 @@ from tritonfast._core import (
 from tritonfast._proto import model_config_pb2
 from tritonfast.data import rawtensor
 from tritonfast.data.types import InferRequest, InferResponse, InputTensor, OutputTensor
-from tritonfast.errors import Code, TritonError, error_for
+from tritonfast.errors import Code, InvalidArgumentError, TritonError, error_for
 from tritonfast.memory.sharedmemory import NO_DATA
 from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.histogram import Histogram
@@ -123,6 +123,24 @@ class LaneCaller:
             yield
         finally:
             self._lane.calling(self._index, False)
+
+
+# --backend-config=<backend>,core-path=on|off: whether the backend's versions the core can drive
+# take its path (on by default; off keeps the server's Python on every request of them).
+CORE_PATH_SETTING = "core-path"
+CORE_PATH_VALUES = ("on", "off")
+
+
+def core_path_on(backend: str, settings: Mapping[str, str]) -> bool:
+    """Whether ``backend``'s settings leave the core's path on; Triton's kind of error for a
+    value that is neither."""
+    value = settings.get(CORE_PATH_SETTING, "on")
+    if value not in CORE_PATH_VALUES:
+        raise InvalidArgumentError(
+            f"--backend-config={backend},{CORE_PATH_SETTING} must be one of"
+            f" {', '.join(CORE_PATH_VALUES)}, not '{value}'"
+        )
+    return value == "on"
 
 
 def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelInstance]) -> bool:

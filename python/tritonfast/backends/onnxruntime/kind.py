@@ -13,13 +13,13 @@ from pathlib import Path
 
 from tritonfast._proto import model_config_pb2
 from tritonfast.backends.base import Backend, InstancePlacement, ModelInstance
-from tritonfast.backends.inprocesslane import core_path_on, driven
+from tritonfast.backends.inprocesslane import driven
 from tritonfast.backends.onnxruntime import modelio
 from tritonfast.backends.onnxruntime.instance import OnnxInstance
 from tritonfast.backends.onnxruntime.session import import_onnxruntime, open_session
 from tritonfast.errors import InvalidArgumentError
 from tritonfast.runtime.handle import Handle
-from tritonfast.runtime.lane import LaneScheduler, lane_eligible
+from tritonfast.runtime.lane import LaneScheduler, core_path_on, lane_eligible
 from tritonfast.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)

@@ -26,13 +26,8 @@ from tritonfast.backends.python.process import (
 from tritonfast.backends.python.workerprocess import auto_complete_in_worker
 from tritonfast.errors import InternalError, InvalidArgumentError
 from tritonfast.runtime.handle import Handle
-from tritonfast.runtime.lane import LaneScheduler, lane_eligible
+from tritonfast.runtime.lane import LaneScheduler, core_path_on, lane_eligible
 from tritonfast.runtime.scheduler import Scheduler
-
-# --backend-config=python,core-path=on|off: whether versions the core can drive take its path
-# (on by default; off sends every batch through the event loop's worker path).
-CORE_PATH_SETTING = "core-path"
-CORE_PATH_VALUES = ("on", "off")
 
 
 class PythonBackend(Backend):
@@ -43,7 +38,6 @@ class PythonBackend(Backend):
         super().__init__(model_dir, settings)
         self._classes: dict[int, type] = {}  # each version's TritonPythonModel, imported once
         self._default_mode = self.settings.get(MODE_SETTING, DEFAULT_MODE)
-        self._core_path = self.settings.get(CORE_PATH_SETTING, "on")
 
     def model_class(self, config: model_config_pb2.ModelConfig, version: int) -> type:
         model_class = self._classes.get(version)
@@ -69,11 +63,7 @@ class PythonBackend(Backend):
                 f" not '{self._default_mode}'"
             )
         self.mode(config)  # raises for an unknown mode
-        if self._core_path not in CORE_PATH_VALUES:
-            raise InvalidArgumentError(
-                f"--backend-config=python,{CORE_PATH_SETTING} must be one of"
-                f" {', '.join(CORE_PATH_VALUES)}, not '{self._core_path}'"
-            )
+        core_path_on(self.name, self.settings)
 
     def create_scheduler(
         self,
@@ -86,7 +76,7 @@ class PythonBackend(Backend):
         version: int = 0,
         **options: bool,
     ) -> Scheduler:
-        if self._core_path == "on" and lane_eligible(config, instances):
+        if core_path_on(self.name, self.settings) and lane_eligible(config, instances):
             if server is None or server.lane_completions is None:
                 raise InternalError(f"model '{config.name}' needs the server it runs in")
             return LaneScheduler(
