@@ -1,4 +1,5 @@
-"""Batch tensors from the core's pool: gather is np.concatenate into a pooled buffer."""
+"""Batch tensors from the core's pool: gather is np.concatenate into a pooled buffer, or no copy
+at all when the arrays already lie back to back in one buffer (a batch the core laid out)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ def test_gather_equals_concatenate_and_scatter_undoes_it(dtype, rows, width) -> 
     for piece, original in zip(batchtensor.scatter(batched, rows), arrays, strict=True):
         np.testing.assert_array_equal(piece, original)
         assert piece.base is not None  # a view, not a copy
+
+
+def test_arrays_back_to_back_in_one_buffer_are_viewed_not_copied() -> None:
+    segment = bytearray(256)
+    view = memoryview(segment)
+    first = np.frombuffer(view[0:32], np.float32).reshape(2, 4)
+    second = np.frombuffer(view[32:48], np.float32).reshape(1, 4)
+    apart = np.frombuffer(view[64:80], np.float32).reshape(1, 4)
+    np.frombuffer(segment, np.float32)[:] = np.arange(64)
+    batched = batchtensor.gather([first, second])
+    np.testing.assert_array_equal(batched, np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert not batched.flags.writeable
+    np.frombuffer(segment, np.float32)[8] = -1  # second's first element: the same memory
+    assert batched[2, 0] == -1
+    # A gap between them, or arrays of their own: copied.
+    np.testing.assert_array_equal(batchtensor.gather([first, apart]), np.vstack([first, apart]))
+    owned = [np.ones((1, 4), np.float32), np.ones((1, 4), np.float32)]
+    assert batchtensor.gather(owned).shape == (2, 4)
+    # One array: itself.
+    assert batchtensor.gather([first]) is first
 
 
 def test_non_contiguous_and_object_inputs() -> None:
