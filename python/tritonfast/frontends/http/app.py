@@ -58,8 +58,6 @@ HTTP_ENDPOINT = "HTTP end point"
 LARGE_BYTES = 1 << 16
 # A compressed body inflates this much at a time (counted against the body budget as it grows).
 INFLATE_STEP_BYTES = 1 << 24
-# JSON request headers from this size on are parsed off the event loop.
-LARGE_JSON_BYTES = 1 << 20
 
 
 def _error(err: TritonError, extra: str = "") -> Answer:
@@ -267,7 +265,7 @@ async def infer(
                 config = dataplane.model_config(model_name, model_version)
                 infer_request = rawrequest.decode(body, config, model_name, model_version)
                 binary_default = True
-            elif length >= LARGE_JSON_BYTES:
+            elif length >= codec.LARGE_JSON_BYTES:
                 # Parsing (or refusing) megabytes of JSON takes long: on a low-priority thread
                 # (api.bulkwork) the loop keeps answering other clients.
                 infer_request, binary_default = await dataplane.bulk_work.run(

@@ -35,6 +35,8 @@ from tritonfast.frontends.http import jsonparse, tensordata
 from tritonfast.memory import sharedmemory
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# JSON request headers from this size on are read off the event loop (a low-priority thread).
+LARGE_JSON_BYTES = 1 << 20
 
 # Triton's HttpCodeFromError.
 HTTP_STATUS: dict[Code, int] = {

@@ -13,10 +13,11 @@ A large body, received into a buffer of its own, goes to the core once all of it
 A request takes the reference path (``app.infer``), which answers every request as Triton
 does, whenever anything about it is not the everyday case: tracing, header forwarding or an
 API restriction on, a compressed body or answer, ``Expect``, a small body still arriving, a
-body over the body budget, a raw binary body, a connection that closes after the answer, a
-response cache, or a request the core's decoder leaves to the reference path (CUDA shared
-memory, a system region not registered or too small, classification, parameters it does not
-know, invalid requests: their errors are worded there).
+body over the body budget, a raw binary body, a JSON header of ``codec.LARGE_JSON_BYTES`` or
+more (read on a low-priority thread there, off the event loop), a connection that closes after
+the answer, a response cache, or a request the core's decoder leaves to the reference path
+(CUDA shared memory, a system region not registered or too small, classification, parameters
+it does not know, invalid requests: their errors are worded there).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class CorePath:
         except TritonError:
             return None
         if length == 0:  # a raw binary body
+            return None
+        if length >= codec.LARGE_JSON_BYTES:
+            # Megabytes of JSON take long to read (or to refuse): the reference path does it
+            # on a low-priority thread, where the core would do it on the event loop's.
             return None
         token = next(self._tokens)
         try:
