@@ -143,6 +143,34 @@ def core_path_on(backend: str, settings: Mapping[str, str]) -> bool:
     return value == "on"
 
 
+def lane_scheduler(
+    name: str,
+    config: model_config_pb2.ModelConfig,
+    instances: list[ModelInstance],
+    loop: asyncio.AbstractEventLoop,
+    server: Handle | None,
+    version: int,
+    options: Mapping[str, bool],
+    trace_token: Callable[[Any], int] | None = None,
+) -> LaneScheduler | None:
+    """A backend's version on the core's path: its :class:`LaneScheduler` when ``server``
+    can take one (None: it cannot, the backend schedules the version its own way). The
+    backend has decided that the core takes it (:func:`core_path_on`, :func:`lane_eligible`)."""
+    if server is None or server.lane_completions is None:
+        return None
+    return LaneScheduler(
+        name,
+        config,
+        instances,
+        loop,
+        version=str(version),
+        server=server,
+        completions=server.lane_completions,
+        latency_summaries=bool(options.get("latency_summaries")),
+        trace_token=trace_token,
+    )
+
+
 def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelInstance]) -> bool:
     """Whether the core can take ``config``'s requests all the way to ``instances``."""
     if not instances or config.model_transaction_policy.decoupled:

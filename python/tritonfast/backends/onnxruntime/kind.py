@@ -19,7 +19,7 @@ from tritonfast.backends.onnxruntime.instance import OnnxInstance
 from tritonfast.backends.onnxruntime.session import import_onnxruntime, open_session
 from tritonfast.errors import InvalidArgumentError
 from tritonfast.runtime.handle import Handle
-from tritonfast.runtime.lane import LaneScheduler, core_path_on, lane_eligible
+from tritonfast.runtime.lane import core_path_on, lane_eligible, lane_scheduler
 from tritonfast.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -70,24 +70,14 @@ class OnnxRuntimeBackend(Backend):
     ) -> Scheduler:
         # The core takes the version's requests and hands each batch to a session by a
         # call (backends/inprocesslane.py), unless core-path=off or the config needs more.
-        completions = None if server is None else server.lane_completions
-        if (
-            server is not None
-            and completions is not None
-            and core_path_on(self.name, self.settings)
-        ):
+        if core_path_on(self.name, self.settings):
             lane_instances = driven(instances, config.name, name)
             if lane_eligible(config, lane_instances):
-                return LaneScheduler(
-                    name,
-                    config,
-                    lane_instances,
-                    loop,
-                    version=str(version),
-                    server=server,
-                    completions=completions,
-                    latency_summaries=bool(options.get("latency_summaries")),
+                scheduler = lane_scheduler(
+                    name, config, lane_instances, loop, server, version, options
                 )
+                if scheduler is not None:
+                    return scheduler
         return super().create_scheduler(
             name, config, instances, loop, server, version=version, **options
         )

@@ -26,7 +26,7 @@ from tritonfast.backends.python.process import (
 from tritonfast.backends.python.workerprocess import auto_complete_in_worker
 from tritonfast.errors import InternalError, InvalidArgumentError
 from tritonfast.runtime.handle import Handle
-from tritonfast.runtime.lane import LaneScheduler, core_path_on, lane_eligible
+from tritonfast.runtime.lane import core_path_on, lane_eligible, lane_scheduler
 from tritonfast.runtime.scheduler import Scheduler
 
 
@@ -77,19 +77,12 @@ class PythonBackend(Backend):
         **options: bool,
     ) -> Scheduler:
         if core_path_on(self.name, self.settings) and lane_eligible(config, instances):
-            if server is None or server.lane_completions is None:
-                raise InternalError(f"model '{config.name}' needs the server it runs in")
-            return LaneScheduler(
-                name,
-                config,
-                instances,
-                loop,
-                version=str(version),
-                server=server,
-                completions=server.lane_completions,
-                latency_summaries=bool(options.get("latency_summaries")),
-                trace_token=_trace_token,
+            scheduler = lane_scheduler(
+                name, config, instances, loop, server, version, options, _trace_token
             )
+            if scheduler is None:
+                raise InternalError(f"model '{config.name}' needs the server it runs in")
+            return scheduler
         return super().create_scheduler(
             name, config, instances, loop, server, version=version, **options
         )
