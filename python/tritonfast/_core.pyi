@@ -414,9 +414,10 @@ class Lane:
         ``LaneTicket``); None for the reference path; raises Triton's error for a refused
         one."""
 
-    def submit_grpc(self, message: bytes, sink: Any) -> LaneTicket | None:
+    def submit_grpc(self, message: bytes, sink: Any, stream: bool = False) -> LaneTicket | None:
         """A gRPC ``ModelInferRequest`` as received, queued (a ``LaneTicket``); its reply,
-        serialized, goes to ``deliver`` with ``sink``; None for the reference path."""
+        serialized (``stream``: as a stream's ``ModelStreamInferResponse``), goes to
+        ``deliver`` with ``sink``; None for the reference path."""
 
     def submit(
         self,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -235,6 +236,34 @@ def test_grpc_calls_get_the_reference_paths_answers(
 ) -> None:
     core, reference = grpc_calls
     assert grpc_answer(core, message) == grpc_answer(reference, message)
+
+
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def _stream_replies(channel: Any, messages: list[bytes]) -> list[bytes]:
+    """Every reply of one ModelStreamInfer stream that sends ``messages``, as sent."""
+    call = channel.stream_stream(STREAM_INFER, request_serializer=None, response_deserializer=None)
+    return list(call(iter(messages), timeout=60))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(grpc_requests(), min_size=1, max_size=6))
+def test_stream_requests_get_the_reference_paths_replies(
+    stream_channels: tuple[Any, Any], messages: list[bytes]
+) -> None:
+    """The same requests on a ModelStreamInfer stream: the core serializes the replies of
+    those it takes, in request order with the others."""
+    core, reference = stream_channels
+    assert _stream_replies(core, messages) == _stream_replies(reference, messages)
+
+
+@pytest.fixture(scope="module")
+def stream_channels(servers: tuple[RunningServer, ...]) -> Iterator[tuple[Any, Any]]:
+    channels = tuple(grpc.insecure_channel(s.grpc_url) for s in servers)
+    yield channels
+    for channel in channels:
+        channel.close()
 
 
 def test_the_core_answers_grpc_calls(

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use super::LaneTicket;
 use super::call::LaneRegistry;
-use super::grpcreply::grpc_answer;
+use super::grpcreply::{GrpcForm, grpc_answer};
 use super::message::Slot;
 use super::response::{ResponseParts, error_answer, response_answer};
 use super::segment::aligned;
@@ -300,7 +300,8 @@ impl<E: Send> Ensemble<E> {
         };
         match decode_grpc(message, &self.signature) {
             Decoded::Request(request, batch_size) => {
-                self.start(request, message, batch_size, lanes, Sink::Grpc(sink))
+                let sink = Sink::Grpc(sink, GrpcForm::Unary);
+                self.start(request, message, batch_size, lanes, sink)
             }
             Decoded::Refused(_) | Decoded::Reference => Started::Reference,
         }
@@ -626,11 +627,15 @@ impl<E: Send> EnsembleRun<E> {
                     .unwrap_or_else(|error| error_answer(&error, framing));
                 Some(Ended::Http(reply, answer))
             }
-            Sink::Grpc(sink) | Sink::External(sink) => {
+            Sink::Grpc(sink, _) | Sink::External(sink) => {
                 let answer = response.and_then(|built| {
-                    grpc_answer(&self.request, &parts_of(&self.ensemble, &built))?
-                        .map(Answer::Encoded)
-                        .ok_or_else(|| CoreError::internal("an ensemble answer with parameters"))
+                    grpc_answer(
+                        &self.request,
+                        &parts_of(&self.ensemble, &built),
+                        GrpcForm::Unary,
+                    )?
+                    .map(Answer::Encoded)
+                    .ok_or_else(|| CoreError::internal("an ensemble answer with parameters"))
                 });
                 Some(Ended::External(sink, answer))
             }

@@ -43,12 +43,30 @@ fn output_tensor(slot: &Slot) -> Vec<u8> {
     tensor
 }
 
-/// The serialized `ModelInferResponse` to `request`; None when the response carries
-/// parameters (the reference encoder writes those), an error when an output's bytes are not
-/// where its slot says.
+/// How a gRPC reply is framed: a `ModelInfer` call's `ModelInferResponse`, or the
+/// `ModelStreamInferResponse` a `ModelStreamInfer` stream writes for a request's one response
+/// (the `ModelInferResponse` as its `infer_response`, marked `triton_final_response`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpcForm {
+    Unary,
+    Stream,
+}
+
+/// The `parameters` map entry `triton_final_response: bool_param true`.
+fn final_parameter() -> Vec<u8> {
+    let mut entry = Vec::with_capacity(28);
+    string_field(&mut entry, 1, "triton_final_response");
+    bytes_field(&mut entry, 2, &[0x08, 0x01]);
+    entry
+}
+
+/// The serialized reply to `request` in `form`; None when the response carries parameters
+/// (the reference encoder writes those), an error when an output's bytes are not where its
+/// slot says.
 pub fn grpc_answer(
     request: &CoreRequest,
     response: &ResponseParts<'_>,
+    form: GrpcForm,
 ) -> Result<Option<Vec<u8>>, CoreError> {
     if !response.parameters.is_empty() && response.parameters != "{}" {
         return Ok(None);
@@ -62,6 +80,9 @@ pub fn grpc_answer(
         response.id
     };
     string_field(&mut message, 3, id);
+    if form == GrpcForm::Stream {
+        bytes_field(&mut message, 4, &final_parameter());
+    }
     let mut raws = Vec::new();
     for slot in response.outputs {
         if let Some(wanted) = &request.outputs
@@ -79,6 +100,11 @@ pub fn grpc_answer(
     }
     for raw in raws {
         bytes_field(&mut message, 6, raw);
+    }
+    if form == GrpcForm::Stream {
+        let mut reply = Vec::with_capacity(message.len() + 8);
+        bytes_field(&mut reply, 2, &message);
+        return Ok(Some(reply));
     }
     Ok(Some(message))
 }

@@ -47,6 +47,7 @@ use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, stuck_mess
 use channel::Channel;
 use completions::Completions;
 use ensemble::{Ended, Spent, StepSink};
+pub use grpcreply::GrpcForm;
 use grpcreply::grpc_answer;
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
 use response::{Framing, ResponseParts, error_answer, response_answer, slot_bytes};
@@ -73,8 +74,8 @@ pub enum Sink<E> {
     Http(HttpReply),
     /// The server's Python (another frontend, a model's call): answered through [`Deliver`].
     External(E),
-    /// A gRPC call: its serialized reply handed to [`Deliver`].
-    Grpc(E),
+    /// A gRPC call or a stream's request: its serialized reply handed to [`Deliver`].
+    Grpc(E, GrpcForm),
     /// A step of an ensemble the core runs.
     Step(StepSink<E>),
     /// A model's call (BLS) the core takes: answered on the caller's channel.
@@ -418,10 +419,11 @@ impl<E: Send> Lane<E> {
         }
     }
 
-    /// Decodes a gRPC `ModelInferRequest` (as received) and queues it; its answer goes to
-    /// [`Deliver`] serialized. A request the core does not take on, or that its model refuses,
-    /// goes to the reference path (which words gRPC's errors).
-    pub fn submit_grpc(&self, message: Body, sink: E) -> Submitted {
+    /// Decodes a gRPC `ModelInferRequest` (as received, from a call or a stream) and queues
+    /// it; its answer goes to [`Deliver`] serialized in `form`. A request the core does not
+    /// take on, or that its model refuses, goes to the reference path (which words gRPC's
+    /// errors).
+    pub fn submit_grpc(&self, message: Body, sink: E, form: GrpcForm) -> Submitted {
         let decoded = decode_grpc((*message).as_ref(), &self.signature);
         let Decoded::Request(mut request, batch_size) = decoded else {
             return Submitted::Reference;
@@ -433,7 +435,7 @@ impl<E: Send> Lane<E> {
             parameters: reference_parameters(&request),
             request,
             body: message,
-            sink: Sink::Grpc(sink),
+            sink: Sink::Grpc(sink, form),
         };
         self.push_decoded(item, batch_size)
     }
@@ -727,8 +729,8 @@ impl<E: Send> Lane<E> {
                 Sink::External(sink) => {
                     externals.push((sink, owned_outcome(outcome, segment).map(Answer::Response)));
                 }
-                Sink::Grpc(sink) => {
-                    externals.push((sink, grpc_outcome(&request, outcome, segment)));
+                Sink::Grpc(sink, form) => {
+                    externals.push((sink, grpc_outcome(&request, outcome, segment, form)));
                 }
                 Sink::Step(sink) => {
                     steps.push((sink, owned_outcome(outcome, segment), queued_for));
@@ -1133,7 +1135,9 @@ fn answer_error<E: Send>(
             let _ = reply.stream.write_now(&error_answer(error, reply.framing));
             tokens.push(reply.token);
         }
-        Sink::External(sink) | Sink::Grpc(sink) => externals.push((sink, Err(error.clone()))),
+        Sink::External(sink) | Sink::Grpc(sink, _) => {
+            externals.push((sink, Err(error.clone())));
+        }
         Sink::Call(sink) => sink.answer(&CallAnswer::Error(error.code, error.message.clone())),
         Sink::Step(sink) => match sink.answered(Err(error.clone()), &Spent::default()) {
             Some(Ended::Http(reply, answer)) => {
@@ -1187,10 +1191,11 @@ fn grpc_outcome(
     request: &CoreRequest,
     outcome: &Outcome,
     segment: &[u8],
+    form: GrpcForm,
 ) -> Result<Answer, CoreError> {
     if let Ok(parts) = parts_of(outcome, segment) {
         regions::write_outputs(request, parts.outputs, segment)?;
-        if let Some(encoded) = grpc_answer(request, &parts)? {
+        if let Some(encoded) = grpc_answer(request, &parts, form)? {
             return Ok(Answer::Encoded(encoded));
         }
     }

@@ -31,8 +31,8 @@ use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
 use crate::lane::sequence::{Controls, FlagControl, FlagKind};
 use crate::lane::{
-    Answer, BatchRunner, Batching, Body, Deliver, DriveEnd, HttpReply, Lane, LaneItem, LaneTicket,
-    Marks, Scheduling, Sink, Submitted, WorkerLink, no_body,
+    Answer, BatchRunner, Batching, Body, Deliver, DriveEnd, GrpcForm, HttpReply, Lane, LaneItem,
+    LaneTicket, Marks, Scheduling, Sink, Submitted, WorkerLink, no_body,
 };
 
 /// A duplicate of `fd`, owned by the core.
@@ -356,17 +356,25 @@ impl PyLane {
     }
 
     /// A gRPC `ModelInferRequest` as received, decoded and queued without the GIL; its reply,
-    /// serialized, is handed to `deliver` with `sink`. A `Ticket` once queued; None when the
-    /// reference path must take it; raises Triton's error when it cannot be queued.
+    /// serialized (`stream`: as the `ModelStreamInferResponse` of a stream's request), is
+    /// handed to `deliver` with `sink`. A `Ticket` once queued; None when the reference path
+    /// must take it; raises Triton's error when it cannot be queued.
+    #[pyo3(signature = (message, sink, stream=false))]
     fn submit_grpc(
         &self,
         py: Python<'_>,
         message: &Bound<'_, PyBytes>,
         sink: Py<PyAny>,
+        stream: bool,
     ) -> PyResult<Option<PyLaneTicket>> {
         let message = lent_body(message)?;
         let lane = &self.inner;
-        match py.detach(|| lane.submit_grpc(message, sink)) {
+        let form = if stream {
+            GrpcForm::Stream
+        } else {
+            GrpcForm::Unary
+        };
+        match py.detach(|| lane.submit_grpc(message, sink, form)) {
             Submitted::Queued(queued) => Ok(Some(ticket(queued))),
             Submitted::Reference => Ok(None),
             Submitted::Refused(error) => Err(to_py_err(py, &error)),

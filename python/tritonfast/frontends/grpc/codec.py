@@ -467,6 +467,21 @@ def _response_without_data(
     return message, raws
 
 
+# The reply parameter that marks a stream request's last reply.
+FINAL_PARAMETER = "triton_final_response"
+
+
+def stream_reply(
+    response: InferResponse, requested: list[str] | None, request_id: str, final: bool
+) -> pb.ModelStreamInferResponse:
+    """The stream message carrying one response of a request, ``final`` if its last."""
+    reply = pb.ModelStreamInferResponse(
+        infer_response=encode_infer_response(response, requested, request_id)
+    )
+    reply.infer_response.parameters[FINAL_PARAMETER].bool_param = final
+    return reply
+
+
 def stream_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:
     """The stream message Triton sends for a failed request (the stream stays open)."""
     reply = pb.ModelStreamInferResponse(error_message=message)

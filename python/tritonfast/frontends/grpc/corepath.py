@@ -10,13 +10,18 @@ every call as Triton does: request or tensor parameters (but a sequence's and sy
 memory's), typed ``contents``, CUDA shared memory, and every request its model refuses or
 whose regions do not fit (the reference path words gRPC's errors); so do all calls while
 tracing or header forwarding is on.
+
+A ``ModelStreamInfer`` stream's requests to such a model go to its lane the same way
+(:func:`stream_lane`, :class:`StreamReply`): the core serializes the request's
+``ModelStreamInferResponse``, which the stream writes in its turn.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
-from tritonfast._core import grpc_model
+from tritonfast._core import Lane, grpc_model
 from tritonfast.api.dataplane import DataPlane
 from tritonfast.data.types import InferResponse
 from tritonfast.errors import Code, TritonError, error_for
@@ -25,6 +30,51 @@ from tritonfast.runtime.lane import response_of
 
 if TYPE_CHECKING:
     from tritonfast.frontends.grpc.core import _Call
+
+
+def stream_lane(dataplane: DataPlane, data: bytes) -> Lane | None:
+    """The lane a stream's request (``data``, a ``ModelInferRequest`` as received) may be
+    handed to whole; None when the stream session must take it (tracing or header
+    forwarding on, an unknown model, one the core does not drive or an ensemble)."""
+    if dataplane.tracer.enabled or dataplane.forwards_headers("GRPC"):
+        return None
+    target = grpc_model(data)
+    if target is None:
+        return None
+    lane = dataplane.lane_for(*target)
+    return lane if isinstance(lane, Lane) else None
+
+
+class StreamReply:
+    """Where the core's answer to one request of a stream goes: ``future``, resolved on the
+    event loop with the serialized ``ModelStreamInferResponse``."""
+
+    __slots__ = ("_data", "_future")
+
+    def __init__(self, future: asyncio.Future[bytes], data: bytes) -> None:
+        self._future = future
+        self._data = data
+
+    def send_early(self, described: tuple[Any, ...]) -> None:
+        """(Stream replies go out in request order, from the loop.)"""
+
+    def answered(self, described: tuple[Any, ...]) -> None:
+        future = self._future
+        if future.done():  # cancelled: the stream is over
+            return
+        kind = described[0]
+        if kind == "bytes":
+            future.set_result(described[1])
+            return
+        message, _ = codec.parse_infer_request(self._data)
+        if kind == "error":
+            reply = codec.stream_error(described[2], message.id)
+        else:  # a response with parameters: the reference encoder writes it
+            response = response_of(described)
+            assert isinstance(response, InferResponse)  # (errors came as "error")
+            requested = [o.name for o in message.outputs] if message.outputs else None
+            reply = codec.stream_reply(response, requested, message.id, True)
+        future.set_result(reply.SerializeToString())
 
 
 class GrpcCorePath:

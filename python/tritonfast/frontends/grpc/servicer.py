@@ -382,6 +382,11 @@ def _budgeted(handler: grpc.RpcMethodHandler, budget: BodyBudget) -> grpc.RpcMet
     return handler._replace(unary_unary=unary_unary)
 
 
+def _stream_reply_bytes(reply: pb.ModelStreamInferResponse | bytes) -> bytes:
+    """A stream's reply as sent: serialized here, or already by the core."""
+    return reply if type(reply) is bytes else reply.SerializeToString()  # type: ignore[union-attr]
+
+
 def _method_handlers(
     dataplane: DataPlane, restrictions: Mapping[str, Restriction] | None = None
 ) -> dict[str, grpc.RpcMethodHandler]:
@@ -394,7 +399,7 @@ def _method_handlers(
     # The stream reads raw messages: one that does not parse fails alone (see .stream).
     inference.handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         servicer.ModelStreamInfer,
-        response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+        response_serializer=_stream_reply_bytes,
     )
     health = _HandlerCapture()
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), health)

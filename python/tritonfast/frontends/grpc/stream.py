@@ -3,8 +3,9 @@ of responses, written as Triton writes them.
 
 - Requests run concurrently (up to :data:`STREAM_WINDOW` at once; reading pauses beyond).
 - A single-response model's reply goes out in request order, after the replies of the
-  single-response requests read before it; a decoupled model's responses go out as they come,
-  interleaved with everything else.
+  single-response requests read before it (for a model the core drives, the core decodes
+  the request and serializes its reply: :mod:`.corepath`); a decoupled model's responses go
+  out as they come, interleaved with everything else.
 - Every reply carries the ``triton_final_response`` parameter (whether it is the request's
   last). A final flag with no response is written as an empty reply only when the request set
   ``triton_enable_empty_final_response``.
@@ -30,10 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
+from tritonfast._core import Lane
 from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.data.types import InferResponse
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.grpc import codec
+from tritonfast.frontends.grpc.corepath import StreamReply, stream_lane
 from tritonfast.memory.bodybudget import COUNTED_BYTES
 
 if TYPE_CHECKING:
@@ -47,7 +50,7 @@ OUT_AHEAD = 16
 # The request parameter that asks for flag-only final replies, and the reply parameter that
 # marks a request's last reply.
 EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
-FINAL_PARAMETER = "triton_final_response"
+FINAL_PARAMETER = codec.FINAL_PARAMETER
 
 _END = object()  # the writer's signal that nothing more will come
 
@@ -63,14 +66,15 @@ class StreamSession:
         self._out_room = asyncio.Event()  # set while fewer than OUT_AHEAD replies wait
         self._out_room.set()
         self._window = asyncio.Semaphore(STREAM_WINDOW)
-        self._running: set[asyncio.Task[Any]] = set()
-        # Single-response requests' replies, in request order, until their turn.
-        self._ordered: deque[asyncio.Future[pb.ModelStreamInferResponse]] = deque()
+        self._running: set[asyncio.Future[Any]] = set()
+        # Single-response requests' replies (messages, or bytes the core serialized), in
+        # request order, until their turn.
+        self._ordered: deque[asyncio.Future[Any]] = deque()
         self._reading_done = False
         self._read_error: BaseException | None = None
         self._reader: asyncio.Future[None] | None = None
 
-    async def replies(self) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    async def replies(self) -> AsyncIterator[pb.ModelStreamInferResponse | bytes]:
         self._reader = asyncio.ensure_future(self._read())
         try:
             out, room = self._out, self._out_room
@@ -108,6 +112,16 @@ class StreamSession:
                 if held and not self._budget.take(held):
                     self._refuse(self._budget.refusal(held).message)
                     continue
+                lane = stream_lane(self._dataplane, data)
+                if lane is not None:
+                    try:
+                        await self._window.acquire()
+                    except BaseException:
+                        self._budget.give(held)
+                        raise
+                    if self._start_in_core(lane, data, held):
+                        continue
+                    self._window.release()
                 try:
                     message = pb.ModelInferRequest.FromString(data)
                     del data
@@ -138,12 +152,30 @@ class StreamSession:
         self._ordered.append(refused)
         self._flush_ordered(refused)
 
-    def _put(self, reply: pb.ModelStreamInferResponse) -> None:
+    def _put(self, reply: pb.ModelStreamInferResponse | bytes) -> None:
         """Queue ``reply`` for the writer; from :data:`OUT_AHEAD` waiting on, there is no room
         (until the writer has taken half)."""
         self._out.put_nowait(reply)
         if self._out.qsize() >= OUT_AHEAD:
             self._out_room.clear()
+
+    def _start_in_core(self, lane: Lane, data: bytes, held: int) -> bool:
+        """Hand a request to its model's lane whole (see ``corepath.stream_lane``): its
+        serialized reply takes its turn like any single response. False when the core leaves
+        it to the session."""
+        reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        try:
+            ticket = lane.submit_grpc(data, StreamReply(reply, data), True)
+        except TritonError:  # (a full queue, say): the session words it
+            ticket = None
+        if ticket is None:
+            return False
+        reply.add_done_callback(lambda done: lane.cancel(ticket) if done.cancelled() else None)
+        self._ordered.append(reply)
+        reply.add_done_callback(self._flush_ordered)
+        self._running.add(reply)
+        reply.add_done_callback(functools.partial(self._finished, held))
+        return True
 
     def _start(self, message: pb.ModelInferRequest, held: int) -> None:
         try:
@@ -160,7 +192,7 @@ class StreamSession:
         self._running.add(task)
         task.add_done_callback(functools.partial(self._finished, held))
 
-    def _finished(self, held: int, task: asyncio.Task[Any]) -> None:
+    def _finished(self, held: int, task: asyncio.Future[Any]) -> None:
         if held:
             self._budget.give(held)
         self._running.discard(task)
@@ -230,7 +262,7 @@ class StreamSession:
                 result = item.result
                 encode_start = perf_counter_ns()
                 if isinstance(result, InferResponse):
-                    yield _reply(result, requested, message.id, item.final)
+                    yield codec.stream_reply(result, requested, message.id, item.final)
                 elif isinstance(result, TritonError):
                     yield _error_reply(result, message)
                 elif empty_final:  # a bare final flag, written only when asked for
@@ -241,16 +273,6 @@ class StreamSession:
             failure = error
         if failure is not None:
             yield _error_reply(failure, message)
-
-
-def _reply(
-    response: InferResponse, requested: list[str] | None, request_id: str, final: bool
-) -> pb.ModelStreamInferResponse:
-    reply = pb.ModelStreamInferResponse(
-        infer_response=codec.encode_infer_response(response, requested, request_id)
-    )
-    reply.infer_response.parameters[FINAL_PARAMETER].bool_param = final
-    return reply
 
 
 def _error_reply(error: TritonError, message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
