@@ -474,13 +474,23 @@ impl Region {
     /// # Errors
     /// `INVALID_ARG` when the range does not lie inside the region.
     pub fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, CoreError> {
-        let source = self.address(offset, len)?;
-        // Checked against the mapped length, so it fits in usize.
-        let len = usize::try_from(len).unwrap_or(0);
-        let mut out = vec![0u8; len];
-        // SAFETY: `address` checked the range; `out` is a fresh buffer of `len` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(source, out.as_mut_ptr(), len) };
+        // Checked against the mapped length by `read_into`, so it fits in usize.
+        let mut out = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        self.read_into(offset, &mut out)?;
         Ok(out)
+    }
+
+    /// Copies `destination.len()` bytes at `offset` into `destination`.
+    ///
+    /// # Errors
+    /// `INVALID_ARG` when the range does not lie inside the region.
+    pub fn read_into(&self, offset: u64, destination: &mut [u8]) -> Result<(), CoreError> {
+        let len = destination.len();
+        let source = self.address(offset, u64::try_from(len).unwrap_or(u64::MAX))?;
+        // SAFETY: `address` checked the range; `destination` is a Rust slice of its own, which
+        // cannot overlap the shared mapping (no slice of the mapping is ever made).
+        unsafe { std::ptr::copy_nonoverlapping(source, destination.as_mut_ptr(), len) };
+        Ok(())
     }
 }
 

@@ -48,14 +48,20 @@ impl Deliver<u32> for Collect {
     }
 }
 
-fn lane() -> (Arc<Lane<u32>>, Delivered, Arc<Completions>) {
+/// The signature of an identity model: FP32 `INPUT0` of any length -> `OUTPUT0`, batching up
+/// to `max_batch_size`.
+fn fp32_identity(model: &str, max_batch_size: u64) -> Signature {
     let spec = TensorSpec {
         name: "INPUT0".into(),
         datatype: "FP32".into(),
         dims: vec![-1],
         optional: false,
     };
-    let signature = Signature::new("identity", 8, vec![spec], vec!["OUTPUT0".into()]);
+    Signature::new(model, max_batch_size, vec![spec], vec!["OUTPUT0".into()])
+}
+
+fn lane() -> (Arc<Lane<u32>>, Delivered, Arc<Completions>) {
+    let signature = fp32_identity("identity", 8);
     let delivered = Delivered::default();
     let completions = Arc::new(Completions::new().unwrap());
     let lane = Lane::new(
@@ -285,13 +291,7 @@ fn a_worker_that_goes_away_fails_only_its_batch() {
 
 /// A lane of `identity` (FP32 in, FP32 out) named `model`, taking calls through `registry`.
 fn calling_lane(model: &str, registry: &Arc<LaneRegistry<u32>>) -> (Arc<Lane<u32>>, Delivered) {
-    let spec = TensorSpec {
-        name: "INPUT0".into(),
-        datatype: "FP32".into(),
-        dims: vec![-1],
-        optional: false,
-    };
-    let signature = Signature::new(model, 8, vec![spec], vec!["OUTPUT0".into()]);
+    let signature = fp32_identity(model, 8);
     let delivered = Delivered::default();
     let lane = Lane::new(
         "1".into(),
@@ -424,13 +424,7 @@ fn calls_a_model_makes_are_queued_in_their_targets_lane_and_answered_on_its_chan
 /// A stateful model's lane: INT32 START/END/READY controls and a UINT64 CORRID, direct
 /// strategy, two slots on one instance.
 fn sequence_lane() -> (Arc<Lane<u32>>, Delivered) {
-    let spec = TensorSpec {
-        name: "INPUT0".into(),
-        datatype: "FP32".into(),
-        dims: vec![-1],
-        optional: false,
-    };
-    let signature = Signature::new("counter", 2, vec![spec], vec!["OUTPUT0".into()]);
+    let signature = fp32_identity("counter", 2);
     let flag = |name: &str, kind| FlagControl {
         name: name.into(),
         kind,

@@ -11,7 +11,9 @@ use std::ops::Range;
 use super::Decoded;
 use super::datatype::DataType;
 use super::http::fits;
-use super::request::{CoreInput, CoreOutput, CoreRequest, OutputRegion, RegionRef, TensorData};
+use super::request::{
+    CoreInput, CoreOutput, CoreRequest, OutputRegion, RegionParams, RegionRef, TensorData,
+};
 use super::signature::Signature;
 use crate::sequence::CorrelationId;
 
@@ -240,46 +242,16 @@ fn map_entry(b: &[u8], range: Range<usize>) -> Option<(String, (u64, Wire))> {
     Some((key?, choice?))
 }
 
-/// A tensor's shared-memory parameters, as read so far.
-#[derive(Default)]
-struct Window {
-    region: Option<String>,
-    offset: Option<u64>,
-    byte_size: Option<u64>,
-}
-
-impl Window {
-    /// Takes one `parameters` entry: a region's name (`string_param`), an offset or size (a
-    /// non-negative `int64_param`, as Triton reads them); None for anything else.
-    fn read(&mut self, b: &[u8], range: Range<usize>) -> Option<()> {
-        let (key, choice) = map_entry(b, range)?;
-        match (key.as_str(), choice) {
-            ("shared_memory_region", (3, Wire::Bytes(r))) if self.region.is_none() => {
-                self.region = Some(text(b, &r)?);
-            }
-            ("shared_memory_offset", (2, Wire::Varint(n))) if self.offset.is_none() => {
-                self.offset = Some(dim(n)?);
-            }
-            ("shared_memory_byte_size", (2, Wire::Varint(n))) if self.byte_size.is_none() => {
-                self.byte_size = Some(dim(n)?);
-            }
-            _ => return None,
+/// One `parameters` entry of a tensor in shared memory: the region's name a `string_param`,
+/// the offset and size non-negative `int64_param`s, as Triton reads them; None for anything
+/// else.
+fn region_parameter(region: &mut RegionParams, b: &[u8], range: Range<usize>) -> Option<()> {
+    match map_entry(b, range)? {
+        (key, (3, Wire::Bytes(r))) if key == "shared_memory_region" => {
+            region.set_region(text(b, &r)?)
         }
-        Some(())
-    }
-
-    /// The window, if the parameters name one whole (a region and its size at least); None
-    /// for none; the reference path's when they name one in part.
-    fn named(self) -> Result<Option<RegionRef>, ()> {
-        match (self.region, self.byte_size) {
-            (Some(region), Some(byte_size)) => Ok(Some(RegionRef {
-                region,
-                offset: self.offset.unwrap_or(0),
-                byte_size,
-            })),
-            (None, None) if self.offset.is_none() => Ok(None),
-            _ => Err(()),
-        }
+        (key, (2, Wire::Varint(n))) => region.set_number(&key, dim(n)?),
+        _ => None,
     }
 }
 
@@ -296,7 +268,7 @@ fn input(b: &[u8], range: Range<usize>) -> Option<Input> {
     let mut name = None;
     let mut datatype = None;
     let mut shape = Vec::new();
-    let mut window = Window::default();
+    let mut region = RegionParams::default();
     let mut all = fields(b, range);
     while let Some((number, value)) = all.next_field().ok()? {
         match (number, value) {
@@ -311,7 +283,7 @@ fn input(b: &[u8], range: Range<usize>) -> Option<Input> {
                     shape.push(dim(packed.varint()?)?);
                 }
             }
-            (4, Wire::Bytes(r)) => window.read(b, r)?,
+            (4, Wire::Bytes(r)) => region_parameter(&mut region, b, r)?,
             _ => return None, // contents, a repeated or mistyped field
         }
     }
@@ -319,7 +291,7 @@ fn input(b: &[u8], range: Range<usize>) -> Option<Input> {
         name: name?,
         datatype: datatype?,
         shape,
-        region: window.named().ok()?,
+        region: region.named().ok()?,
     })
 }
 
@@ -331,19 +303,19 @@ fn dim(value: u64) -> Option<u64> {
 /// An `InferRequestedOutputTensor` naming an output, without parameters or with a region's.
 fn output(b: &[u8], range: Range<usize>) -> Option<CoreOutput> {
     let mut name = None;
-    let mut window = Window::default();
+    let mut region = RegionParams::default();
     let mut all = fields(b, range);
     while let Some((number, value)) = all.next_field().ok()? {
         match (number, value) {
             (1, Wire::Bytes(r)) if name.is_none() => name = Some(text(b, &r)?),
-            (2, Wire::Bytes(r)) => window.read(b, r)?,
+            (2, Wire::Bytes(r)) => region_parameter(&mut region, b, r)?,
             _ => return None,
         }
     }
     Some(CoreOutput {
         name: name?,
         binary: false,
-        region: window.named().ok()?.map(OutputRegion::Named),
+        region: region.named().ok()?.map(OutputRegion::Named),
     })
 }
 

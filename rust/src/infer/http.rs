@@ -8,7 +8,7 @@
 use super::Decoded;
 use super::datatype::DataType;
 use super::json::{self, Value};
-use super::request::{CoreInput, CoreOutput, CoreRequest, OutputRegion, RegionRef, TensorData};
+use super::request::{CoreInput, CoreOutput, CoreRequest, OutputRegion, RegionParams, TensorData};
 use super::signature::Signature;
 use crate::jsondata::{NumberKind, Numbers, parse_numbers};
 use crate::jsonscan;
@@ -139,18 +139,19 @@ fn input(entry: &Value<'_>, body: &[u8], offset: &mut usize) -> Option<CoreInput
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))?;
     let mut binary_size = None;
-    let mut region = Window::default();
+    let mut region = RegionParams::default();
     if let Some(parameters) = entry.get("parameters") {
         for (key, value) in members(parameters)? {
             match *key {
                 "binary_data_size" => binary_size = Some(unsigned(value)?),
-                _ => region.read(key, value)?,
+                _ => region_parameter(&mut region, key, value)?,
             }
         }
     }
+    let region = region.named().ok()?;
     let data = match (binary_size, entry.get("data")) {
-        (None, None) => TensorData::Region(region.named()?),
-        _ if region.given() => return None,
+        (None, None) => TensorData::Region(region?),
+        _ if region.is_some() => return None,
         (Some(size), None) => {
             let start = *offset;
             let end = start.checked_add(usize::try_from(size).ok()?)?;
@@ -282,23 +283,19 @@ fn flatten<'v, 'a>(value: &'v Value<'a>, out: &mut Vec<&'v Value<'a>>) -> Option
 fn output(entry: &Value<'_>) -> Option<CoreOutput> {
     let name = string(entry.get("name")?)?;
     let mut binary = false;
-    let mut region = Window::default();
+    let mut region = RegionParams::default();
     if let Some(parameters) = entry.get("parameters") {
         for (key, value) in members(parameters)? {
             match (*key, value) {
                 ("binary_data", Value::Bool(flag)) => binary = *flag,
-                _ => region.read(key, value)?,
+                _ => region_parameter(&mut region, key, value)?,
             }
         }
     }
-    let region = if region.given() {
-        if binary {
-            return None; // both: an error the reference path words
-        }
-        Some(OutputRegion::Named(region.named()?))
-    } else {
-        None
-    };
+    let region = region.named().ok()?.map(OutputRegion::Named);
+    if binary && region.is_some() {
+        return None; // both: an error the reference path words
+    }
     Some(CoreOutput {
         name: name.to_owned(),
         binary,
@@ -306,45 +303,19 @@ fn output(entry: &Value<'_>) -> Option<CoreOutput> {
     })
 }
 
-/// A tensor's shared-memory parameters, as read so far.
-#[derive(Default)]
-struct Window<'a> {
-    region: Option<&'a str>,
-    offset: Option<u64>,
-    byte_size: Option<u64>,
-}
-
-impl<'a> Window<'a> {
-    /// Takes one of the three parameters (each a string or an unsigned integer, as Triton
-    /// reads them); None for any other parameter or value.
-    fn read(&mut self, key: &str, value: &Value<'a>) -> Option<()> {
-        match key {
-            "shared_memory_region" => self.region = Some(string(value)?),
-            "shared_memory_offset" => self.offset = Some(unsigned(value)?),
-            "shared_memory_byte_size" => self.byte_size = Some(unsigned(value)?),
-            _ => return None,
-        }
-        Some(())
-    }
-
-    fn given(&self) -> bool {
-        self.region.is_some() || self.offset.is_some() || self.byte_size.is_some()
-    }
-
-    /// The window, when the parameters name one whole (a region and its size at least).
-    fn named(&self) -> Option<RegionRef> {
-        Some(RegionRef {
-            region: self.region?.to_owned(),
-            offset: self.offset.unwrap_or(0),
-            byte_size: self.byte_size?,
-        })
+/// One of a tensor's shared-memory parameters: the region's name a string, the offset and
+/// size unsigned integers, as Triton reads them; None for any other parameter or value.
+fn region_parameter(region: &mut RegionParams, key: &str, value: &Value<'_>) -> Option<()> {
+    match key {
+        "shared_memory_region" => region.set_region(string(value)?.to_owned()),
+        _ => region.set_number(key, unsigned(value)?),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::infer::TensorSpec;
+    use crate::infer::{RegionRef, TensorSpec};
 
     fn identity() -> Signature {
         let spec = |name: &str| TensorSpec {

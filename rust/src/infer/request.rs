@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::datatype::DataType;
+use crate::error::CoreError;
 use crate::sequence::CorrelationId;
 use crate::shm::Region;
 
@@ -28,6 +29,46 @@ pub struct RegionRef {
     pub region: String,
     pub offset: u64,
     pub byte_size: u64,
+}
+
+/// A tensor's shared-memory parameters as a decoder reads them, each at most once.
+#[derive(Debug, Default)]
+pub(crate) struct RegionParams {
+    region: Option<String>,
+    offset: Option<u64>,
+    byte_size: Option<u64>,
+}
+
+impl RegionParams {
+    /// `shared_memory_region`; None when it was given already.
+    pub(crate) fn set_region(&mut self, name: String) -> Option<()> {
+        self.region.is_none().then(|| self.region = Some(name))
+    }
+
+    /// `shared_memory_offset` or `shared_memory_byte_size`; None for another name, or one
+    /// given already.
+    pub(crate) fn set_number(&mut self, key: &str, value: u64) -> Option<()> {
+        let slot = match key {
+            "shared_memory_offset" => &mut self.offset,
+            "shared_memory_byte_size" => &mut self.byte_size,
+            _ => return None,
+        };
+        slot.is_none().then(|| *slot = Some(value))
+    }
+
+    /// The window they name: None when no parameter was given; an error when they name one
+    /// in part (no region or no size: the reference path words that).
+    pub(crate) fn named(self) -> Result<Option<RegionRef>, ()> {
+        match (self.region, self.byte_size) {
+            (Some(region), Some(byte_size)) => Ok(Some(RegionRef {
+                region,
+                offset: self.offset.unwrap_or(0),
+                byte_size,
+            })),
+            (None, None) if self.offset.is_none() => Ok(None),
+            _ => Err(()),
+        }
+    }
 }
 
 /// A window of a region found in the server's registry: held, so that unregistering the region
@@ -60,19 +101,43 @@ pub enum TensorData {
     /// In a client's shared-memory object, `len` bytes: the worker reads it there.
     Placed(ObjectPlace, u64),
     /// In a registered region, as the request names it: found there before the request is
-    /// queued (it becomes `Owned` or `Placed`).
+    /// queued (it becomes `Window`, `Placed`, or for BYTES `Owned`).
     Region(RegionRef),
+    /// In a registered region, found there: copied from the region straight into the batch's
+    /// segment.
+    Window(RegionWindow),
 }
 
 impl TensorData {
-    /// The tensor's bytes, given the body they may lie in (none for a placed one).
+    /// The tensor's bytes, given the body they may lie in (none for one in a client's
+    /// shared memory: see [`Self::len`]).
     pub fn bytes<'a>(&'a self, body: &'a [u8]) -> &'a [u8] {
         match self {
             TensorData::Body(range) => &body[range.clone()],
             TensorData::Owned(bytes) => bytes,
             TensorData::Shared(bytes) => bytes,
-            TensorData::Placed(..) | TensorData::Region(_) => &[],
+            TensorData::Placed(..) | TensorData::Region(_) | TensorData::Window(_) => &[],
         }
+    }
+
+    /// How many bytes it takes in a batch's segment.
+    pub fn len(&self, body: &[u8]) -> usize {
+        match self {
+            TensorData::Window(window) => usize::try_from(window.byte_size).unwrap_or(usize::MAX),
+            _ => self.bytes(body).len(),
+        }
+    }
+
+    /// Copies it into `destination` (`self.len(body)` bytes).
+    ///
+    /// # Errors
+    /// A region's window its object no longer backs.
+    pub fn copy_into(&self, body: &[u8], destination: &mut [u8]) -> Result<(), CoreError> {
+        if let TensorData::Window(window) = self {
+            return window.region.read_into(window.offset, destination);
+        }
+        destination.copy_from_slice(self.bytes(body));
+        Ok(())
     }
 }
 

@@ -324,7 +324,9 @@ impl<E: Send> Ensemble<E> {
                 TensorData::Owned(bytes) => Arc::new(bytes),
                 TensorData::Shared(bytes) => bytes,
                 TensorData::Body(range) => Arc::new(body[range].to_vec()),
-                TensorData::Placed(..) | TensorData::Region(_) => return Started::Reference,
+                TensorData::Placed(..) | TensorData::Region(_) | TensorData::Window(_) => {
+                    return Started::Reference;
+                }
             };
             let tensor = Tensor {
                 datatype: input.datatype,

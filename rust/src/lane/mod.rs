@@ -923,7 +923,7 @@ impl<E: Send> Lane<E> {
         let mut total = 0;
         for index in 0..entries.len() {
             for (input, body) in inputs_of(index) {
-                total = aligned(total + input.data.bytes(body).len());
+                total = aligned(total + input.data.len(body));
             }
         }
         let (segment, name) = link.inputs.reserve(total)?;
@@ -933,15 +933,15 @@ impl<E: Send> Lane<E> {
         for (index, entry) in entries.iter().enumerate() {
             let mut inputs = Vec::new();
             for (input, body) in inputs_of(index) {
-                let bytes = input.data.bytes(body);
-                // SAFETY: `offset + bytes.len()` <= `total` <= the segment's length; the worker
-                // reads the segment only after the batch is sent, and one batch is in flight.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(offset), bytes.len());
-                };
+                let size = input.data.len(body);
+                // SAFETY: `offset + size` <= `total` <= the segment's length, which no one else
+                // touches meanwhile: the worker reads the segment only after the batch is sent,
+                // and one batch is in flight.
+                let destination = unsafe { std::slice::from_raw_parts_mut(base.add(offset), size) };
+                input.data.copy_into(body, destination)?;
                 let (len, place) = match &input.data {
                     TensorData::Placed(place, len) => (*len, Some(place.clone())),
-                    _ => (bytes.len() as u64, None),
+                    _ => (size as u64, None),
                 };
                 inputs.push(Slot {
                     name: input.name.clone(),
@@ -955,7 +955,7 @@ impl<E: Send> Lane<E> {
                     len,
                     place,
                 });
-                offset = aligned(offset + bytes.len());
+                offset = aligned(offset + size);
             }
             requests.push(batch_request(entry.item.as_ref(), inputs));
         }

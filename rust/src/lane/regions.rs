@@ -1,9 +1,10 @@
 //! A request's tensors in clients' shared-memory regions, found in the server's registry
 //! before the request is queued, and its outputs written there once it has run.
 //!
-//! An input window becomes the tensor's bytes (copied: the worker's segment takes them), or,
-//! from [`PLACED_BYTES`] on, a place in the client's object that the worker maps and reads
-//! itself. An output window is held until the answer: the core copies the output into it,
+//! An input window is held with the request and copied from the region straight into its
+//! batch's segment, or, from [`PLACED_BYTES`] on, becomes a place in the client's object that
+//! the worker maps and reads itself (a BYTES tensor is read at once, for its framing to be
+//! checked). An output window is held until the answer: the core copies the output into it,
 //! unless the worker wrote it there itself (from [`PLACED_BYTES`] on, while the client's object
 //! is still the one registered). The answer then carries the output's name, datatype and shape
 //! only.
@@ -46,19 +47,25 @@ fn resolve_all(request: &mut CoreRequest, regions: &RegionRegistry) -> Option<()
             .shape
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d))?;
-        let place = match input.datatype.element_size() {
+        region.address(named.offset, named.byte_size).ok()?;
+        input.data = match input.datatype.element_size() {
             Some(size) if count.checked_mul(size as u64)? != named.byte_size => return None,
-            Some(_) => object_place(&region, named),
-            None => None, // (BYTES are read: their framing is checked here)
-        };
-        input.data = if let Some(place) = place {
-            TensorData::Placed(place, named.byte_size)
-        } else {
-            let bytes = region.read(named.offset, named.byte_size).ok()?;
-            if !fits(input.datatype, usize::try_from(count).ok()?, &bytes) {
-                return None;
+            Some(_) => match object_place(&region, named) {
+                Some(place) => TensorData::Placed(place, named.byte_size),
+                None => TensorData::Window(RegionWindow {
+                    region,
+                    offset: named.offset,
+                    byte_size: named.byte_size,
+                }),
+            },
+            None => {
+                // BYTES: read now, for their framing to be checked.
+                let bytes = region.read(named.offset, named.byte_size).ok()?;
+                if !fits(input.datatype, usize::try_from(count).ok()?, &bytes) {
+                    return None;
+                }
+                TensorData::Owned(bytes)
             }
-            TensorData::Owned(bytes)
         };
     }
     let mut places = Vec::new();
@@ -81,15 +88,14 @@ fn resolve_all(request: &mut CoreRequest, regions: &RegionRegistry) -> Option<()
     Some(())
 }
 
-/// Where a window of `PLACED_BYTES` or more lies in its region's object, for the worker to
-/// map; None for a smaller one, one outside its region, or one whose object the worker can no
-/// longer open by its name (unlinked or replaced since it was registered: the worker then
-/// gets a copy from the server's mapping).
+/// Where a window of `PLACED_BYTES` or more (checked to lie in its region) lies in the
+/// region's object, for the worker to map; None for a smaller one, or one whose object the
+/// worker can no longer open by its name (unlinked or replaced since it was registered: the
+/// worker then gets a copy from the server's mapping).
 fn object_place(region: &Region, named: &RegionRef) -> Option<ObjectPlace> {
     if named.byte_size < PLACED_BYTES {
         return None;
     }
-    region.address(named.offset, named.byte_size).ok()?;
     let (device, inode) = region.object_identity()?;
     let info = region.info();
     // (The key is a checked POSIX object name.)
@@ -212,10 +218,11 @@ mod tests {
             ..CoreRequest::default()
         };
         assert!(resolve(&mut request, &regions));
-        assert_eq!(
-            request.inputs[0].data,
-            TensorData::Owned(7f32.to_le_bytes().to_vec())
-        );
+        // The small input is copied from the region when its batch is laid out.
+        assert!(matches!(request.inputs[0].data, TensorData::Window(_)));
+        let mut copied = [0u8; 4];
+        request.inputs[0].data.copy_into(&[], &mut copied).unwrap();
+        assert_eq!(copied, 7f32.to_le_bytes());
         let TensorData::Placed(place, len) = &request.inputs[1].data else {
             panic!("not placed: {:?}", request.inputs[1].data)
         };

@@ -26,22 +26,26 @@ from tritonfast.api.dataplane import DataPlane
 from tritonfast.data.types import InferResponse
 from tritonfast.errors import Code, TritonError, error_for
 from tritonfast.frontends.grpc import codec
-from tritonfast.runtime.lane import response_of
+from tritonfast.runtime.lane import CoreLane, response_of
 
 if TYPE_CHECKING:
     from tritonfast.frontends.grpc.core import _Call
 
 
-def stream_lane(dataplane: DataPlane, data: bytes) -> Lane | None:
-    """The lane a stream's request (``data``, a ``ModelInferRequest`` as received) may be
-    handed to whole; None when the stream session must take it (tracing or header
-    forwarding on, an unknown model, one the core does not drive or an ensemble)."""
+def lane_of(dataplane: DataPlane, data: bytes) -> CoreLane | None:
+    """The lane (a model's or an ensemble's) a ``ModelInferRequest`` as received (``data``)
+    may be handed to whole; None when Python must take it (tracing or header forwarding on,
+    an unknown model, one the core does not drive)."""
     if dataplane.tracer.enabled or dataplane.forwards_headers("GRPC"):
         return None
     target = grpc_model(data)
-    if target is None:
-        return None
-    lane = dataplane.lane_for(*target)
+    return None if target is None else dataplane.lane_for(*target)
+
+
+def stream_lane(dataplane: DataPlane, data: bytes) -> Lane | None:
+    """As :func:`lane_of`, for a stream's request: a model's lane only (a stream's requests
+    to an ensemble go through the stream session)."""
+    lane = lane_of(dataplane, data)
     return lane if isinstance(lane, Lane) else None
 
 
@@ -84,13 +88,7 @@ class GrpcCorePath:
         self._dataplane = dataplane
 
     def __call__(self, call: _Call, data: bytes) -> bool:
-        dataplane = self._dataplane
-        if dataplane.tracer.enabled or dataplane.forwards_headers("GRPC"):
-            return False
-        target = grpc_model(data)
-        if target is None:
-            return False
-        lane = dataplane.lane_for(*target)
+        lane = lane_of(self._dataplane, data)
         if lane is None:
             return False
         try:
