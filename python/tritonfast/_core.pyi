@@ -305,9 +305,10 @@ class LaneWorkerLink:
     """The server's end of one worker's channel from the core, and the segments its batches
     travel in."""
 
-    def __new__(cls, fd: int, tag: str) -> Self:
+    def __new__(cls, fd: int, tag: str, died_message: str | None = None) -> Self:
         """``fd``: the server's end of the channel (duplicated); the segments of its batches
-        carry ``tag`` in their names."""
+        carry ``tag`` in their names; ``died_message``: what a decoupled request's stream ends
+        with when the worker goes away first."""
     @staticmethod
     def in_process(
         runner: Callable[[tuple[Any, ...]], tuple[str, int, list[tuple[Any, ...]]]], tag: str
@@ -339,6 +340,7 @@ class LaneWorkerChannel:
                     list[tuple[str, str, tuple[int, ...], int, int, Any]],
                     dict[str, tuple[str, int, int, int, int]] | None,
                     int,
+                    int,
                 ]
             ],
         ]
@@ -346,8 +348,8 @@ class LaneWorkerChannel:
     ):
         """Waits (GIL released) for the next batch: ``(model_name, model_version, segment,
         segment_len, cancel_segment, cancel_len, requests)``, each request ``(id,
-        parameters_json, output_names, slots, output_places, trace)``; None when ``pipe_fd``
-        became readable first."""
+        parameters_json, output_names, slots, output_places, trace, stream)`` (``stream``: a
+        decoupled request's token, else 0); None when ``pipe_fd`` became readable first."""
 
     def call(
         self,
@@ -364,9 +366,14 @@ class LaneWorkerChannel:
         ``("ok", model_name, model_version, id, parameters_json, [(name, datatype, shape,
         bytes)])``, ``("not_run" | "error", code, message)`` or ``("reroute",)``."""
 
+    def stream(self, items: list[tuple[int, tuple[Any, ...] | None, bool]]) -> None:
+        """Sends a decoupled model's responses, ``[(token, described, final)]``:
+        ``("ok", model_name, model_version, id, parameters_json, [(name, datatype, shape,
+        data)])``, ``("error", code, message)`` or None (a bare final flag); from any thread."""
+
     def reply(self, segment: str, segment_len: int, results: list[Any], extra: bytes) -> None:
         """Sends a batch's reply: ``("ok", model_name, model_version, id, parameters_json,
-        slots)`` or ``("error", code, message)`` per request."""
+        slots)``, ``("error", code, message)`` or ``("streamed",)`` per request."""
 
 @final
 class LaneTicket:
@@ -393,13 +400,18 @@ class Lane:
         controls: tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]
         | None = None,
         regions: SharedMemoryRegistry | None = None,
+        streamed: Callable[[list[tuple[Any, tuple[Any, ...] | None, bool]]], None] | None = None,
+        cancel_stream: Callable[[int, int], None] | None = None,
     ) -> Self:
         """``queue``: a queue with the rules to follow (its configuration is copied), or a
         sequence batcher and its requests' ``controls`` (flags as name, kind, datatype, false
         and true bytes; CORRID as name and datatype; whether the model batches);
         ``deliver(items, extra, marks)`` answers requests submitted from Python; ``regions``:
         the system shared-memory regions its requests may name (without, such requests take
-        the reference path)."""
+        the reference path); ``streamed(items)``: a decoupled model's lane, whose responses
+        are handed over as its workers send them, ``[(sink, result, final)]``, and
+        ``cancel_stream(instance, token)`` tells a worker that an open stream's consumer went
+        away."""
 
     def submit_http(
         self,
@@ -436,7 +448,15 @@ class Lane:
         """A request decoded and checked by Python, answered through ``deliver``;
         ``sequence``: its correlation ID and START and END flags."""
 
-    def cancel(self, ticket: LaneTicket) -> bool: ...
+    def cancel(self, ticket: LaneTicket) -> bool:
+        """Removes a queued request (True), or flags a running one, or has the worker of an
+        open stream told (``cancel_stream``)."""
+
+    def end_streams(self, code: str, message: str) -> None:
+        """Ends every open stream with the error."""
+
+    @property
+    def decoupled(self) -> bool: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...

@@ -26,6 +26,7 @@ use tritonfast_core::lane::completions::Completions;
 use tritonfast_core::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use tritonfast_core::lane::response::Framing;
 use tritonfast_core::lane::sequence::{Controls, FlagControl, FlagKind};
+use tritonfast_core::lane::streams::Streamed;
 use tritonfast_core::lane::{
     Answer, Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Scheduling, Sink,
     Submitted, WorkerLink,
@@ -45,6 +46,13 @@ struct Collect(Delivered);
 impl Deliver<u32> for Collect {
     fn deliver(&self, results: Vec<(u32, Result<Answer, CoreError>)>, _: Vec<u8>, _: Marks) {
         self.0.lock().extend(results);
+    }
+
+    fn stream(&self, parts: Vec<Streamed<u32>>) {
+        panic!(
+            "a lane that is not decoupled streamed {} responses",
+            parts.len()
+        );
     }
 }
 

@@ -8,8 +8,12 @@ Python (gRPC, the HTTP reference path, models' calls, ensembles) go into the sam
 :meth:`~LaneScheduler.open_stream`), are answered from the driver threads once per batch
 (:meth:`LaneScheduler._deliver`), and the workers are started again when they die.
 
+A decoupled model's responses are streamed: each request's as its worker sends them, handed to
+its stream here (:meth:`LaneScheduler._streamed`) or, for a gRPC stream's request the core
+decoded, serialized by the core for the stream's writer.
+
 A version takes this path (:func:`lane_eligible`) when every instance is a worker the core
-can drive (:class:`CoreDriven`: not decoupled) and its scheduler is the default, the dynamic
+can drive (:class:`CoreDriven`) and its scheduler is the default, the dynamic
 batcher without shape tensors, or the sequence batcher (the core adds each request's control
 inputs) without implicit state or iterative sequences; everything else keeps the queue
 schedulers of :mod:`.scheduler`.
@@ -27,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from time import perf_counter_ns
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -47,11 +52,12 @@ from tritonfast.data.types import InferRequest, InferResponse, InputTensor, Outp
 from tritonfast.errors import Code, InvalidArgumentError, TritonError, error_for
 from tritonfast.memory.sharedmemory import NO_DATA
 from tritonfast.runtime.handle import Handle
-from tritonfast.runtime.histogram import Histogram
+from tritonfast.runtime.histogram import Histogram, first_response_buckets
 from tritonfast.runtime.instance import Caller
 from tritonfast.runtime.modelinstance import ModelInstance
-from tritonfast.runtime.responses import ResponseStream, Result, Sink, settle
+from tritonfast.runtime.responses import STREAM_BUFFER, ResponseStream, Result, Sink, settle
 from tritonfast.runtime.scheduler import (
+    STOPPED_MESSAGE,
     UNLOADED_MESSAGE,
     Scheduler,
     answer_of,
@@ -67,6 +73,8 @@ log = logging.getLogger(__name__)
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
+# How often a worker's held-back responses look whether their stream's client went away.
+_ROOM_POLL_S = 0.05
 # How long a driver waits for a batch to fail while its worker cannot be started again,
 # before it tries once more to start one.
 _RETRY_WAIT_S = 0.2
@@ -99,6 +107,15 @@ class CoreDriven(Protocol):
 
     core_caller: Caller | None
     """Set by the scheduler: whose calls its model's calls to the server are."""
+
+
+class StreamingDriven(CoreDriven, Protocol):
+    """A worker the core drives whose model may be decoupled (``process.py``)."""
+
+    def core_cancel(self, token: int) -> None:
+        """Tell the worker that the consumer of stream ``token`` (a decoupled request whose
+        batch returned) went away."""
+        ...
 
 
 class LaneCaller:
@@ -167,13 +184,14 @@ def lane_scheduler(
         server=server,
         completions=server.lane_completions,
         latency_summaries=bool(options.get("latency_summaries")),
+        histogram_latencies=bool(options.get("histogram_latencies")),
         trace_token=trace_token,
     )
 
 
 def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelInstance]) -> bool:
     """Whether the core can take ``config``'s requests all the way to ``instances``."""
-    if not instances or config.model_transaction_policy.decoupled:
+    if not instances:
         return False
     if config.HasField("ensemble_scheduling"):
         return False
@@ -214,9 +232,19 @@ class LaneScheduler(Scheduler):
         server: Handle,
         completions: LaneCompletions,
         latency_summaries: bool = False,
+        histogram_latencies: bool = False,
         trace_token: Callable[[Any], int] | None = None,
     ) -> None:
         self._loop = loop
+        # A decoupled model's requests' responses are streamed (see _streamed); the time to
+        # each request's first is kept with histogram_latencies.
+        self._decoupled = config.model_transaction_policy.decoupled
+        self._first_response: Histogram | None = None
+        if histogram_latencies and self._decoupled:
+            self._first_response = Histogram(first_response_buckets(config))
+        # Signalled when a client takes a streamed response (see _hold_back).
+        self._room = threading.Condition()
+        self._unloading = False
         # A traced request's token for its worker (the parent of the calls its model makes).
         self._trace_token = trace_token
         self._name = name
@@ -247,6 +275,8 @@ class LaneScheduler(Scheduler):
             registry=server.lane_registry,
             controls=core_controls(config) if self._sequences else None,
             regions=server.shared_memory_regions,
+            streamed=self._streamed if self._decoupled else None,
+            cancel_stream=self._cancel_stream if self._decoupled else None,
         )
         for index, instance in enumerate(instances):
             driven = cast(CoreDriven, instance)
@@ -317,6 +347,59 @@ class LaneScheduler(Scheduler):
             with contextlib.suppress(RuntimeError):  # the loop is gone: so are the callers
                 self._loop.call_soon_threadsafe(_settle_all, on_loop)
 
+    def _streamed(self, items: list[tuple[Any, tuple[Any, ...] | None, bool]]) -> None:
+        """On a worker's reader thread: a decoupled model's responses, as the worker sent
+        them (a result None: a bare final flag); then held back while a stream they went to
+        has as many waiting as its client may be ahead."""
+        on_loop: list[tuple[Any, Any, bool]] = []
+        for sink, described, final in items:
+            if type(sink) is not _Sink:  # a frontend's (a gRPC stream's request): it reads it
+                on_loop.append((sink, described, final))
+                continue
+            result = None if described is None else response_of(described)
+            if type(sink.target) is Future:  # a caller waiting on another thread
+                settle(sink.target, result, final)
+            else:
+                on_loop.append((sink, result, final))
+        if on_loop:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: so are the callers
+                self._loop.call_soon_threadsafe(self._settle_streamed, on_loop)
+        self._hold_back(items)
+
+    def _hold_back(self, items: list[tuple[Any, Any, bool]]) -> None:
+        """Backpressure: while a stream just sent to holds :data:`STREAM_BUFFER` responses
+        its client has not taken (or a gRPC stream's writer as many replies), this worker's
+        responses wait here, and so, once the channel fills, do its model's sends. Not once
+        the model is unloading: its requests must be able to finish."""
+        for sink, _, final in items:
+            if final:
+                continue
+            full = sink.held_back if type(sink) is not _Sink else _stream_full(sink.target)
+            with self._room:
+                while full() and not self._unloading:
+                    self._room.wait(_ROOM_POLL_S)
+
+    def _settle_streamed(self, items: list[tuple[Any, Any, bool]]) -> None:
+        """On the event loop: streamed responses, in the order they came (a frontend's
+        request's first one observed here; Python's requests' in open_stream)."""
+        histogram = self._first_response
+        for sink, result, final in items:
+            if type(sink) is _Sink:
+                settle(sink.target, result, final)
+                continue
+            if histogram is not None and (started := sink.first_response()) is not None:
+                histogram.observe((perf_counter_ns() - started) / 1e6)
+            sink.streamed(result, final)
+
+    def _cancel_stream(self, instance: int, token: int) -> None:
+        """The consumer of an open stream (its batch over) went away: its worker is told."""
+        cast(StreamingDriven, self._instances[instance]).core_cancel(token)
+
+    def _took(self) -> None:
+        """On the loop: a client took a streamed response."""
+        with self._room:
+            self._room.notify_all()
+
     # -- taking requests --------------------------------------------------------------------
     def _enqueue(self, request: InferRequest, sink: Sink, batch_size: int) -> LaneTicket:
         mark_enqueued(request, sink)
@@ -325,13 +408,15 @@ class LaneScheduler(Scheduler):
         if params:
             priority = unsigned_parameter(params.get("priority", 0), _U32)
             timeout = unsigned_parameter(params.get("timeout", 0), _U64)
-        places = request.input_places
+        # (A decoupled request outlives its batch: its worker gets copies, and its responses
+        # are not written into a client's memory there.)
+        places = None if self._decoupled else request.input_places
         inputs = [
             (t.name, t.datatype, list(t.shape), *_input_data(t, places)) for t in request.inputs
         ]
         outputs = None if request.outputs is None else [o.name for o in request.outputs]
         output_places = None
-        if request.output_places:
+        if request.output_places and not self._decoupled:
             output_places = [(n, _place(p)) for n, p in request.output_places.items()]
         text = json.dumps(params, default=str) if params else ""
         trace = 0
@@ -371,6 +456,12 @@ class LaneScheduler(Scheduler):
         stream = ResponseStream(self._loop)
         ticket = self._enqueue(request, stream, batch_size)
         lane = self.lane
+        histogram = self._first_response
+        if histogram is not None:
+            started = perf_counter_ns()
+            stream.on_first(lambda: histogram.observe((perf_counter_ns() - started) / 1e6))
+        if self._decoupled:
+            stream.on_taken(self._took)
 
         def cancel() -> None:
             lane.cancel(ticket)
@@ -395,20 +486,24 @@ class LaneScheduler(Scheduler):
         return len(self.lane)
 
     def first_response_histogram(self) -> Histogram | None:
-        return None
+        return self._first_response
 
     def stop(self, timeout: float) -> None:
         self.lane.close()
+        self._unloading = True
         for instance in self._instances:
             instance.unloading()
         deadline = time.monotonic() + timeout
         for instance in self._instances:
             instance.stop_by(deadline)
+        # (A driver returns once its queue is empty and its decoupled streams have ended.)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        # Time is up: what is still queued is answered, the workers finalize (one still
-        # running a batch is stopped, which fails that batch), the drivers end.
+        # Time is up: what is still queued is answered, streams still open end, the workers
+        # finalize (one still running a batch is stopped, which fails that batch), the
+        # drivers end.
         self.lane.abandon(Code.UNAVAILABLE.value, UNLOADED_MESSAGE)
+        self.lane.end_streams(Code.UNAVAILABLE.value, STOPPED_MESSAGE)
         for instance in self._instances:
             instance.finalize()
         for thread in self._threads:
@@ -488,6 +583,14 @@ def _settle_all(items: list[tuple[Any, Any]]) -> None:
             settle(sink.target, result, True)
         else:
             sink.answered(result)
+
+
+def _stream_full(target: Any) -> Callable[[], bool]:
+    """Whether ``target`` (a request's sink) holds as many responses as its client may be
+    ahead (a gone or finished stream never is)."""
+    if not isinstance(target, ResponseStream):
+        return lambda: False
+    return lambda: target.waiting >= STREAM_BUFFER and not (target.cancelled or target.finished)
 
 
 def _count(request: InferRequest, marks: Any) -> None:

@@ -22,9 +22,11 @@ use super::message::{Reader, Writer};
 use super::{Lane, OwnedResponse};
 use crate::error::{Code, CoreError};
 
-/// The first byte of what a worker sends: a batch's reply, or a call.
+/// The first byte of what a worker sends: a batch's reply, a call, or a decoupled model's
+/// responses (`super::streams`).
 pub const REPLY_TAG: u8 = 0;
 pub const CALL_TAG: u8 = 1;
+pub const STREAM_TAG: u8 = 2;
 
 /// An input of a call: name, datatype, shape and its bytes (in the message).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -213,7 +213,7 @@ impl<E> std::fmt::Debug for StepSink<E> {
     }
 }
 
-impl<E: Send> StepSink<E> {
+impl<E: Send + Sync> StepSink<E> {
     /// The step's result, on the driver thread that ran it (or failed it): the run's answer
     /// when this was what it waited for.
     pub fn answered(
@@ -225,7 +225,7 @@ impl<E: Send> StepSink<E> {
     }
 }
 
-impl<E: Send> Ensemble<E> {
+impl<E: Send + Sync> Ensemble<E> {
     /// `outputs`: the ensemble's outputs in its configuration's order; `steps`: every step,
     /// their models looked up in `registry`.
     pub fn new(
@@ -259,11 +259,12 @@ impl<E: Send> Ensemble<E> {
         let batches = self.signature.max_batch_size() > 0;
         let mut lanes = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
-            // (A sequence model's requests need the ensemble's correlation ID: Python's.)
+            // (A sequence model's requests need the ensemble's correlation ID: Python's; a
+            // decoupled model's streamed responses are Python's to route.)
             let lane = self
                 .registry
                 .find(&step.model, &step.version)
-                .filter(|lane| !lane.is_sequence())?;
+                .filter(|lane| !lane.is_sequence() && !lane.is_decoupled())?;
             let change = match (lane.signature().max_batch_size() > 0, batches) {
                 (true, false) => 1,
                 (false, true) => -1,
@@ -418,7 +419,7 @@ impl<E: Send> Ensemble<E> {
     }
 }
 
-impl<E: Send> EnsembleRun<E> {
+impl<E: Send + Sync> EnsembleRun<E> {
     /// Starts every step whose inputs exist: true when none runs and none can start (the
     /// request is complete, or stuck); an error when a step's request is refused.
     fn advance(self: &Arc<Self>, state: &mut RunState<E>) -> Result<bool, CoreError> {
@@ -635,6 +636,7 @@ impl<E: Send> EnsembleRun<E> {
                         &self.request,
                         &parts_of(&self.ensemble, &built),
                         GrpcForm::Unary,
+                        true,
                     )?
                     .map(Answer::Encoded)
                     .ok_or_else(|| CoreError::internal("an ensemble answer with parameters"))

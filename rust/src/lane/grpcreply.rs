@@ -44,29 +44,32 @@ fn output_tensor(slot: &Slot) -> Vec<u8> {
 }
 
 /// How a gRPC reply is framed: a `ModelInfer` call's `ModelInferResponse`, or the
-/// `ModelStreamInferResponse` a `ModelStreamInfer` stream writes for a request's one response
-/// (the `ModelInferResponse` as its `infer_response`, marked `triton_final_response`).
+/// `ModelStreamInferResponse` a `ModelStreamInfer` stream writes for a response of a request
+/// (the `ModelInferResponse` as its `infer_response`, with `triton_final_response` saying
+/// whether it is the request's last).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GrpcForm {
     Unary,
     Stream,
 }
 
-/// The `parameters` map entry `triton_final_response: bool_param true`.
-fn final_parameter() -> Vec<u8> {
+/// The `parameters` map entry `triton_final_response: bool_param <last>` (a false
+/// `bool_param` is written, as the reference encoder writes it: the field is in a oneof).
+fn final_parameter(last: bool) -> Vec<u8> {
     let mut entry = Vec::with_capacity(28);
     string_field(&mut entry, 1, "triton_final_response");
-    bytes_field(&mut entry, 2, &[0x08, 0x01]);
+    bytes_field(&mut entry, 2, &[0x08, u8::from(last)]);
     entry
 }
 
-/// The serialized reply to `request` in `form`; None when the response carries parameters
-/// (the reference encoder writes those), an error when an output's bytes are not where its
-/// slot says.
+/// The serialized reply to `request` in `form` (`last`: a stream's reply is its request's
+/// last); None when the response carries parameters (the reference encoder writes those), an
+/// error when an output's bytes are not where its slot says.
 pub fn grpc_answer(
     request: &CoreRequest,
     response: &ResponseParts<'_>,
     form: GrpcForm,
+    last: bool,
 ) -> Result<Option<Vec<u8>>, CoreError> {
     if !response.parameters.is_empty() && response.parameters != "{}" {
         return Ok(None);
@@ -81,7 +84,7 @@ pub fn grpc_answer(
     };
     string_field(&mut message, 3, id);
     if form == GrpcForm::Stream {
-        bytes_field(&mut message, 4, &final_parameter());
+        bytes_field(&mut message, 4, &final_parameter(last));
     }
     let mut raws = Vec::new();
     for slot in response.outputs {

@@ -36,6 +36,8 @@ pub struct BatchRequest {
     /// The token of the request's trace (the parent of the calls the model makes for it);
     /// 0 for an untraced request.
     pub trace: u64,
+    /// The token its streamed responses carry (a decoupled model's request); 0: none.
+    pub stream: u64,
 }
 
 /// A batch for the worker to run: requests of one model version.
@@ -63,6 +65,8 @@ pub enum Outcome {
         outputs: Vec<Slot>,
     },
     Error(Code, String),
+    /// Answered through its stream (a decoupled model's request: see `super::streams`).
+    Streamed,
 }
 
 /// The worker's answer to a batch.
@@ -135,6 +139,31 @@ impl Writer {
                 self.u8(1);
                 self.place(place);
             }
+        }
+    }
+    /// A request's result.
+    pub fn outcome(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Response {
+                model_name,
+                model_version,
+                id,
+                parameters,
+                outputs,
+            } => {
+                self.u8(0);
+                self.response_head(model_name, model_version, id, parameters);
+                self.count(outputs.len());
+                for s in outputs {
+                    self.slot(s);
+                }
+            }
+            Outcome::Error(code, message) => {
+                self.u8(1);
+                self.str(code.name());
+                self.str(message);
+            }
+            Outcome::Streamed => self.u8(2),
         }
     }
     /// A list of names, or none (a request that names no outputs).
@@ -249,6 +278,29 @@ impl<'a> Reader<'a> {
             place,
         })
     }
+    /// What [`Writer::outcome`] wrote.
+    pub fn outcome(&mut self) -> Result<Outcome, CoreError> {
+        Ok(match self.u8()? {
+            0 => {
+                let (model_name, model_version, id, parameters) = self.response_head()?;
+                let n = self.count(4)?;
+                let outputs = (0..n).map(|_| self.slot()).collect::<Result<_, _>>()?;
+                Outcome::Response {
+                    model_name,
+                    model_version,
+                    id,
+                    parameters,
+                    outputs,
+                }
+            }
+            1 => {
+                let code = self.code()?;
+                Outcome::Error(code, self.str()?)
+            }
+            2 => Outcome::Streamed,
+            _ => return Err(malformed()),
+        })
+    }
     /// What [`Writer::names`] wrote.
     pub fn names(&mut self) -> Result<Option<Vec<String>>, CoreError> {
         if self.u8()? == 0 {
@@ -299,6 +351,7 @@ impl BatchMessage {
                 w.place(place);
             }
             w.u64(r.trace);
+            w.u64(r.stream);
         }
         w.buf
     }
@@ -324,6 +377,7 @@ impl BatchMessage {
                 .map(|_| Ok((r.str()?, r.place()?)))
                 .collect::<Result<_, CoreError>>()?;
             let trace = r.u64()?;
+            let stream = r.u64()?;
             requests.push(BatchRequest {
                 id,
                 parameters,
@@ -331,6 +385,7 @@ impl BatchMessage {
                 inputs,
                 output_places,
                 trace,
+                stream,
             });
         }
         r.done()?;
@@ -354,27 +409,7 @@ impl ReplyMessage {
         w.u64(self.segment_len);
         w.count(self.results.len());
         for result in &self.results {
-            match result {
-                Outcome::Response {
-                    model_name,
-                    model_version,
-                    id,
-                    parameters,
-                    outputs,
-                } => {
-                    w.u8(0);
-                    w.response_head(model_name, model_version, id, parameters);
-                    w.count(outputs.len());
-                    for s in outputs {
-                        w.slot(s);
-                    }
-                }
-                Outcome::Error(code, message) => {
-                    w.u8(1);
-                    w.str(code.name());
-                    w.str(message);
-                }
-            }
+            w.outcome(result);
         }
         w.bytes(&self.extra);
         w.buf
@@ -391,21 +426,7 @@ impl ReplyMessage {
         let count = r.count(1)?;
         let mut results = Vec::with_capacity(count);
         for _ in 0..count {
-            results.push(if r.u8()? == 0 {
-                let (model_name, model_version, id, parameters) = r.response_head()?;
-                let n = r.count(4)?;
-                let outputs = (0..n).map(|_| r.slot()).collect::<Result<_, _>>()?;
-                Outcome::Response {
-                    model_name,
-                    model_version,
-                    id,
-                    parameters,
-                    outputs,
-                }
-            } else {
-                let code = r.code()?;
-                Outcome::Error(code, r.str()?)
-            });
+            results.push(r.outcome()?);
         }
         let extra = r.bytes()?.to_vec();
         r.done()?;
@@ -466,6 +487,7 @@ mod tests {
                     ],
                     output_places: vec![("OUT".into(), place())],
                     trace: 7,
+                    stream: 0,
                 },
                 BatchRequest {
                     id: String::new(),
@@ -474,6 +496,7 @@ mod tests {
                     inputs: vec![],
                     output_places: vec![],
                     trace: 0,
+                    stream: 12,
                 },
             ],
         };
@@ -490,6 +513,7 @@ mod tests {
                     outputs: vec![slot("OUT")],
                 },
                 Outcome::Error(Code::InvalidArg, "no".into()),
+                Outcome::Streamed,
             ],
             extra: vec![1, 2, 3],
         };

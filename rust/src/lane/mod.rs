@@ -24,11 +24,12 @@ pub mod response;
 pub mod segment;
 pub mod sequence;
 pub mod source;
+pub mod streams;
 
 use std::hash::{Hash, Hasher};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -43,7 +44,7 @@ use crate::queue::{QUEUE_FULL_MESSAGE, QueueConfig, RequestMeta, RequestQueue};
 use crate::sequence::{CorrelationId, SequenceConfig};
 use crate::shm::RegionRegistry;
 use crate::stats::{ComputeTimes, ModelStats};
-use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, stuck_message};
+use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, STREAM_TAG, stuck_message};
 use channel::Channel;
 use completions::Completions;
 use ensemble::{Ended, Spent, StepSink};
@@ -55,6 +56,10 @@ use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
 use sequence::{Controls, null_inputs};
 use source::{Entry, Popped, RunTicket, Source};
 pub use source::{LaneTicket, REQUEST_TIMEOUT_MESSAGE};
+use streams::{OpenStream, OpenStreams, Replies, StreamMessage, StreamSink, Streamed};
+/// How long a driver waits for a batch before it looks again whether its worker is gone.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
 /// Triton's answer to a request that arrives while the model's scheduler is stopping.
 pub const STOPPING_MESSAGE: &str =
     "Server is stopping, scheduler for model has stopped accepting new inference requests";
@@ -146,6 +151,11 @@ pub trait Deliver<E>: Send + Sync {
     /// empty), and the batch's compute marks (see [`Marks`]). Called on a driver thread,
     /// before the batch's HTTP answers are written.
     fn deliver(&self, results: Vec<(E, Result<Answer, CoreError>)>, extra: Vec<u8>, marks: Marks);
+
+    /// Responses of decoupled requests (see [`streams`]), in the order the worker sent them.
+    /// Called on a worker's reader thread, which reads nothing more from that worker until
+    /// it returns (a consumer that falls behind may hold it back so).
+    fn stream(&self, parts: Vec<Streamed<E>>);
 }
 
 /// When a batch's computation started, its inputs were handed over, its outputs began to come
@@ -215,6 +225,8 @@ pub struct WorkerLink {
     inputs: InputSegment,
     outputs: OutputSegment,
     cancel: Arc<CancelFlags>,
+    /// What a decoupled request's stream ends with when the worker goes away first.
+    died_message: String,
 }
 
 impl WorkerLink {
@@ -236,7 +248,15 @@ impl WorkerLink {
             inputs: InputSegment::new(&format!("tritonfast-in-{tag}")),
             outputs: OutputSegment::default(),
             cancel: Arc::new(CancelFlags::new(&format!("tritonfast-cancel-{tag}"))?),
+            died_message: "the worker process exited before it sent the final response".into(),
         })
+    }
+
+    /// What the open streams of a decoupled model end with when its worker goes away.
+    #[must_use]
+    pub fn with_died_message(mut self, message: String) -> Self {
+        self.died_message = message;
+        self
     }
 }
 
@@ -290,6 +310,11 @@ pub struct Lane<E> {
     /// The clients' shared-memory regions its requests may name; None: such requests take the
     /// reference path.
     regions: Option<Arc<RegionRegistry>>,
+    /// Whether its model is decoupled: its requests' responses are streamed ([`streams`]).
+    decoupled: bool,
+    streams: OpenStreams<E>,
+    /// The last stream token given out.
+    tokens: AtomicU64,
 }
 
 impl<E> std::fmt::Debug for Lane<E> {
@@ -300,7 +325,7 @@ impl<E> std::fmt::Debug for Lane<E> {
     }
 }
 
-impl<E: Send> Lane<E> {
+impl<E: Send + Sync> Lane<E> {
     /// A lane whose requests go through a queue or a sequence batcher, as `scheduling` says.
     pub fn new(
         model_version: String,
@@ -331,7 +356,23 @@ impl<E: Send> Lane<E> {
             registry: None,
             calls: Mutex::new(Vec::new()),
             regions: None,
+            decoupled: false,
+            streams: OpenStreams::default(),
+            tokens: AtomicU64::new(0),
         })
+    }
+
+    /// Its model is decoupled: each request's responses are streamed, as the worker sends
+    /// them. Such a lane takes requests from Python and gRPC streams' requests; HTTP and
+    /// unary gRPC requests, and those naming shared-memory regions, take the reference path.
+    #[must_use]
+    pub fn decoupled(mut self) -> Self {
+        self.decoupled = true;
+        self
+    }
+
+    pub fn is_decoupled(&self) -> bool {
+        self.decoupled
     }
 
     /// This lane's requests may name the shared-memory regions in `regions`.
@@ -401,6 +442,9 @@ impl<E: Send> Lane<E> {
 
     /// Decodes an HTTP request's body (its JSON header `json_length` bytes) and queues it.
     pub fn submit_http(&self, body: Body, json_length: usize, reply: HttpReply) -> Submitted {
+        if self.decoupled {
+            return Submitted::Reference;
+        }
         match decode_http((*body).as_ref(), json_length, &self.signature) {
             Decoded::Reference => Submitted::Reference,
             Decoded::Refused(error) => Submitted::Refused(error),
@@ -424,6 +468,9 @@ impl<E: Send> Lane<E> {
     /// take on, or that its model refuses, goes to the reference path (which words gRPC's
     /// errors).
     pub fn submit_grpc(&self, message: Body, sink: E, form: GrpcForm) -> Submitted {
+        if self.decoupled && form == GrpcForm::Unary {
+            return Submitted::Reference;
+        }
         let decoded = decode_grpc((*message).as_ref(), &self.signature);
         let Decoded::Request(mut request, batch_size) = decoded else {
             return Submitted::Reference;
@@ -452,6 +499,9 @@ impl<E: Send> Lane<E> {
         };
         if !scheduled || !request.uses_regions() {
             return scheduled;
+        }
+        if self.decoupled {
+            return false; // (a stream's responses are not written into regions here)
         }
         self.regions
             .as_ref()
@@ -545,22 +595,141 @@ impl<E: Send> Lane<E> {
         Ok(false)
     }
 
+    /// The instance and stream token of the open stream of `ticket`'s request (a decoupled
+    /// request whose batch returned before its final response): the worker is told its
+    /// consumer went away by the server's Python, over the worker's pipe.
+    pub fn stream_of(&self, ticket: &LaneTicket) -> Option<(usize, u64)> {
+        self.streams.find(ticket)
+    }
+
+    /// Ends every open stream with `error` (the model is unloading, and its time is up).
+    pub fn end_streams(&self, error: &CoreError) {
+        let ended = self.streams.end_where(|_, _| true);
+        self.fail_streams(ended, error);
+    }
+
+    fn fail_streams(&self, ended: Vec<OpenStream<E>>, error: &CoreError) {
+        if ended.is_empty() {
+            return;
+        }
+        let parts = ended
+            .into_iter()
+            .map(|stream| (stream.sink.sink(), Some(Err(error.clone())), true))
+            .collect();
+        self.deliver.stream(parts);
+    }
+
     /// Closes the queue: submits fail from now on; drivers run what is queued, then return.
     pub fn close(&self) {
         self.source.close();
     }
 
     /// Runs instance `instance`'s batches on the worker behind `link` until the queue is
-    /// closed and empty, or the worker goes away.
+    /// closed and empty (and, for a decoupled model, its streams have ended), or the worker
+    /// goes away.
     pub fn drive(&self, instance: usize, link: &mut WorkerLink) -> DriveEnd {
         name_this_thread(c"tritonfast-lane");
+        let channel = match &link.exchange {
+            Exchange::Worker(channel) if self.decoupled => Arc::clone(channel),
+            _ => return self.drive_batches(instance, link, None),
+        };
+        // A decoupled model's worker sends at any time: a reader thread takes what it sends.
+        let Ok(replies) = Replies::new() else {
+            return DriveEnd::Died; // (no descriptors left: as good as a dead worker)
+        };
+        let died = link.died_message.clone();
+        std::thread::scope(|scope| {
+            scope.spawn(|| self.read_worker(instance, &channel, &replies, &died));
+            let end = self.drive_batches(instance, link, Some(&replies));
+            if end == DriveEnd::Closed {
+                // The streams still open get their responses until they end (or are ended).
+                self.streams
+                    .wait_ended(instance, IDLE_POLL, || replies.is_gone());
+            }
+            replies.stop();
+            end
+        })
+    }
+
+    /// Reads what a decoupled model's worker sends until it goes away or the driver stops
+    /// reading: responses to their streams, calls to their targets, batch replies to the
+    /// driver. A worker gone ends its open streams with `died`.
+    fn read_worker(&self, instance: usize, channel: &Arc<Channel>, replies: &Replies, died: &str) {
+        name_this_thread(c"tritonfast-read");
+        let error = loop {
+            match channel.wait(replies.stop_fd()) {
+                Ok(true) if !replies.is_stopping() => {}
+                Ok(_) => break None,
+                Err(error) => break Some(error),
+            }
+            let message = match channel.recv() {
+                Ok(message) => message,
+                Err(error) => break Some(error),
+            };
+            match message.first() {
+                Some(&CALL_TAG) => {
+                    if let Some(answer) = self.serve_call(instance, &message, channel)
+                        && let Err(error) = channel.send(&answer.encode())
+                    {
+                        break Some(error);
+                    }
+                }
+                Some(&STREAM_TAG) => self.forward_streamed(&message),
+                _ => replies.put(message),
+            }
+        };
+        replies.end(
+            error
+                .clone()
+                .unwrap_or_else(|| CoreError::disconnected("the worker's reader stopped")),
+        );
+        if error.is_some() {
+            let ended = self
+                .streams
+                .end_where(|_, stream| stream.instance == instance);
+            self.fail_streams(ended, &CoreError::internal(died));
+        }
+    }
+
+    /// Hands a worker's streamed responses to their requests' sinks.
+    fn forward_streamed(&self, message: &[u8]) {
+        let Ok(message) = StreamMessage::decode(message) else {
+            return; // (the worker's side is ours: a bug, which its streams' ends would show)
+        };
+        let mut parts = Vec::with_capacity(message.parts.len());
+        for part in &message.parts {
+            let answered = self.streams.with(part.token, part.last, |stream| {
+                let answer = part
+                    .outcome
+                    .as_ref()
+                    .map(|outcome| stream_answer(stream, outcome, &message.data, part.last));
+                (stream.sink.sink(), answer)
+            });
+            if let Some((sink, answer)) = answered {
+                parts.push((sink, answer, part.last));
+            }
+        }
+        if !parts.is_empty() {
+            self.deliver.stream(parts);
+        }
+    }
+
+    fn drive_batches(
+        &self,
+        instance: usize,
+        link: &mut WorkerLink,
+        replies: Option<&Replies>,
+    ) -> DriveEnd {
         loop {
-            match self.source.pop(instance, Duration::from_millis(200)) {
+            if replies.is_some_and(Replies::is_gone) {
+                return DriveEnd::Died; // between batches: no batch to hold
+            }
+            match self.source.pop(instance, IDLE_POLL) {
                 Popped::Closed => return DriveEnd::Closed,
                 Popped::TimedOut => {}
                 Popped::Rejected(items, error) => self.answer_items(items, &error),
                 Popped::Batch(entries) => {
-                    if let Err(items) = self.run(instance, entries, link) {
+                    if let Err(items) = self.run(instance, entries, link, replies) {
                         let mut held = self.held.lock();
                         if held.len() <= instance {
                             held.resize_with(instance + 1, || None);
@@ -657,10 +826,11 @@ impl<E: Send> Lane<E> {
         instance: usize,
         mut items: Vec<Entry<E>>,
         link: &mut WorkerLink,
+        replies: Option<&Replies>,
     ) -> Result<(), Vec<Entry<E>>> {
         let dequeued_at = Instant::now();
         let started_ns = monotonic_ns();
-        let message = match self.write_inputs(&items, link) {
+        let mut message = match self.write_inputs(&items, link) {
             Ok(message) => message,
             Err(error) => {
                 self.answer_all(items, &error, true);
@@ -671,7 +841,10 @@ impl<E: Send> Lane<E> {
         let tickets = items
             .iter_mut()
             .map(|entry| std::mem::replace(&mut entry.ticket, RunTicket::None))
-            .collect();
+            .collect::<Vec<_>>();
+        let tokens = self
+            .decoupled
+            .then(|| self.open_streams(instance, &mut items, &mut message, &tickets));
         self.set_running(
             instance,
             Some(Running {
@@ -679,12 +852,17 @@ impl<E: Send> Lane<E> {
                 flags: Arc::clone(&link.cancel),
             }),
         );
-        let exchanged = self.exchange(instance, link, message);
+        let exchanged = self.exchange(instance, link, message, replies);
         self.set_running(instance, None);
         let Ok((sent_ns, reply)) = exchanged else {
-            return Err(items);
+            return Err(items); // (a decoupled batch's streams end with the worker's reader)
         };
         let replied_ns = monotonic_ns();
+        if let Some(tokens) = tokens {
+            let marks = [started_ns, sent_ns, replied_ns, monotonic_ns()];
+            self.settle_streamed(&items, &tokens, reply, dequeued_at, marks);
+            return Ok(());
+        }
         let reply = match reply {
             Ok(reply) if reply.results.len() == items.len() => reply,
             Ok(_) => {
@@ -730,7 +908,7 @@ impl<E: Send> Lane<E> {
                     externals.push((sink, owned_outcome(outcome, segment).map(Answer::Response)));
                 }
                 Sink::Grpc(sink, form) => {
-                    externals.push((sink, grpc_outcome(&request, outcome, segment, form)));
+                    externals.push((sink, grpc_outcome(&request, outcome, segment, form, true)));
                 }
                 Sink::Step(sink) => {
                     steps.push((sink, owned_outcome(outcome, segment), queued_for));
@@ -741,12 +919,7 @@ impl<E: Send> Lane<E> {
         // The statistics and the phases of requests made by others (an ensemble's steps)
         // count the same nanoseconds.
         let marks = [started_ns, sent_ns, replied_ns, monotonic_ns()];
-        let between = |a: u64, b: u64| Duration::from_nanos(b.saturating_sub(a));
-        let compute = ComputeTimes {
-            input: between(marks[0], marks[1]),
-            infer: between(marks[1], marks[2]),
-            output: between(marks[2], marks[3]),
-        };
+        let compute = compute_times(marks);
         answer_steps(steps, compute, &mut answers, &mut externals);
         self.deliver_and_write(externals, reply.extra, answers, marks);
         self.source
@@ -762,12 +935,16 @@ impl<E: Send> Lane<E> {
         instance: usize,
         link: &WorkerLink,
         message: BatchMessage,
+        replies: Option<&Replies>,
     ) -> Result<(u64, Result<ReplyMessage, CoreError>), CoreError> {
         match &link.exchange {
             Exchange::Worker(channel) => {
                 channel.send(&message.encode())?;
                 let sent = monotonic_ns();
-                let reply = self.reply_of_batch(instance, channel)?;
+                let reply = match replies {
+                    Some(replies) => replies.take()?, // (the reader serves the calls)
+                    None => self.reply_of_batch(instance, channel)?,
+                };
                 let reply = ReplyMessage::decode(&reply).map_err(|_| self.answered_wrongly());
                 Ok((sent, reply))
             }
@@ -817,8 +994,10 @@ impl<E: Send> Lane<E> {
             .registry
             .as_ref()
             .and_then(|registry| registry.find(&call.model_name, &call.model_version));
-        let Some(target) = target.filter(|target| !target.is_sequence()) else {
-            // (A sequence's calls go through Python, which keeps their correlation IDs.)
+        let Some(target) = target.filter(|target| !target.is_sequence() && !target.decoupled)
+        else {
+            // (A sequence's calls go through Python, which keeps their correlation IDs; a
+            // decoupled model's responses are streamed to the caller by Python.)
             return Some(CallAnswer::Reroute);
         };
         // The caller waits from before its call is checked: of two calls that would close a
@@ -853,6 +1032,108 @@ impl<E: Send> Lane<E> {
             Ok(_) => None,
             Err(error) => refused(error),
         }
+    }
+
+    /// Gives each request of a decoupled batch a stream token (by position; 0 for a null
+    /// request) and moves its sink into the open streams, before the batch goes out: its
+    /// first response may come before the batch's reply.
+    fn open_streams(
+        &self,
+        instance: usize,
+        items: &mut [Entry<E>],
+        message: &mut BatchMessage,
+        tickets: &[RunTicket],
+    ) -> Vec<u64> {
+        let mut tokens = vec![0; items.len()];
+        let mut refused = Vec::new();
+        for (index, entry) in items.iter_mut().enumerate() {
+            let Some(item) = entry.item.take() else {
+                continue;
+            };
+            let LaneItem { request, sink, .. } = item;
+            let sink = match sink {
+                Sink::External(sink) => StreamSink::External(Arc::new(sink)),
+                Sink::Grpc(sink, _) => StreamSink::Grpc(Arc::new(sink)),
+                other => {
+                    // (Such requests never reach a decoupled lane: see submit_http, serve_call.)
+                    refused.push(other);
+                    continue;
+                }
+            };
+            let token = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
+            tokens[index] = token;
+            message.requests[index].stream = token;
+            let ticket = tickets.get(index).cloned().unwrap_or(RunTicket::None);
+            let stream = OpenStream {
+                instance,
+                sink,
+                request,
+                ticket,
+            };
+            self.streams.open(token, stream);
+        }
+        if !refused.is_empty() {
+            let error = CoreError::internal(format!(
+                "model '{}' is decoupled: its responses are streamed",
+                self.model_name
+            ));
+            let (mut externals, mut done) = (Vec::new(), Vec::new());
+            for sink in refused {
+                answer_error(sink, &error, &mut externals, &mut done);
+            }
+            self.finish_answers(externals, Vec::new(), &done);
+        }
+        tokens
+    }
+
+    /// A decoupled batch's reply: its responses went through its requests' streams; a request
+    /// that failed (its inputs, or the whole batch) ends its stream with the error.
+    fn settle_streamed(
+        &self,
+        items: &[Entry<E>],
+        tokens: &[u64],
+        reply: Result<ReplyMessage, CoreError>,
+        dequeued_at: Instant,
+        marks: Marks,
+    ) {
+        let reply = match reply {
+            Ok(reply) if reply.results.len() == items.len() => Ok(reply),
+            Ok(_) => Err(self.answered_wrongly()),
+            Err(error) => Err(error),
+        };
+        let mut successes = Vec::with_capacity(items.len());
+        let mut ended = Vec::new();
+        for (index, entry) in items.iter().enumerate() {
+            let token = tokens[index];
+            if token == 0 {
+                continue; // a null request
+            }
+            let failure = match &reply {
+                Ok(reply) => match &reply.results[index] {
+                    Outcome::Streamed => None,
+                    Outcome::Error(code, message) => Some(CoreError::new(*code, message.clone())),
+                    Outcome::Response { .. } => Some(self.answered_wrongly()),
+                },
+                Err(error) => Some(error.clone()),
+            };
+            successes.push((entry.timing, failure.is_none()));
+            if let Some(error) = failure
+                && let Some(sink) = self.streams.with(token, true, |s| s.sink.sink())
+            {
+                ended.push((sink, Some(Err(error)), true));
+            }
+        }
+        if !ended.is_empty() {
+            self.deliver.stream(ended);
+        }
+        if let Ok(reply) = reply
+            && !reply.extra.is_empty()
+        {
+            self.deliver.deliver(Vec::new(), reply.extra, marks);
+        }
+        self.source
+            .stats()
+            .record_execution(successes, dequeued_at, compute_times(marks));
     }
 
     /// Whether instance `instance` runs a batch now.
@@ -971,7 +1252,7 @@ impl<E: Send> Lane<E> {
     }
 }
 
-impl<E: Send> Lane<E> {
+impl<E: Send + Sync> Lane<E> {
     /// What each position of a batch adds to its own inputs: a sequence's controls, and a null
     /// request's inputs (zeros shaped like the batch's first request's). Nothing (no
     /// allocation) for a lane without sequences.
@@ -1015,6 +1296,7 @@ fn batch_request<E>(item: Option<&LaneItem<E>>, inputs: Vec<Slot>) -> BatchReque
             inputs,
             output_places: item.request.output_places.clone(),
             trace: item.request.trace,
+            stream: 0,
         },
         None => BatchRequest {
             id: String::new(),
@@ -1023,6 +1305,7 @@ fn batch_request<E>(item: Option<&LaneItem<E>>, inputs: Vec<Slot>) -> BatchReque
             inputs,
             output_places: Vec::new(),
             trace: 0,
+            stream: 0,
         },
     }
 }
@@ -1069,7 +1352,7 @@ fn call_request(call: CallMessage) -> Result<(CoreRequest, String), CoreError> {
 
 /// Hands ensemble steps' results to their runs; the answers of the runs they finish join the
 /// batch's.
-fn answer_steps<E: Send>(
+fn answer_steps<E: Send + Sync>(
     steps: Vec<(StepSink<E>, Result<OwnedResponse, CoreError>, Duration)>,
     compute: ComputeTimes,
     answers: &mut Vec<(HttpReply, Vec<u8>)>,
@@ -1087,6 +1370,16 @@ fn answer_steps<E: Send>(
             Some(Ended::External(sink, result)) => externals.push((sink, result)),
             None => {}
         }
+    }
+}
+
+/// A batch's compute phases from its marks.
+fn compute_times(marks: Marks) -> ComputeTimes {
+    let between = |a: u64, b: u64| Duration::from_nanos(b.saturating_sub(a));
+    ComputeTimes {
+        input: between(marks[0], marks[1]),
+        infer: between(marks[1], marks[2]),
+        output: between(marks[2], marks[3]),
     }
 }
 
@@ -1124,7 +1417,7 @@ fn reference_parameters(request: &CoreRequest) -> String {
     format!("{{{}}}", fields.join(","))
 }
 
-fn answer_error<E: Send>(
+fn answer_error<E: Send + Sync>(
     sink: Sink<E>,
     error: &CoreError,
     externals: &mut Vec<(E, Result<Answer, CoreError>)>,
@@ -1182,20 +1475,24 @@ fn parts_of<'a>(outcome: &'a Outcome, segment: &'a [u8]) -> Result<ResponseParts
             segment,
         }),
         Outcome::Error(code, message) => Err(CoreError::new(*code, message.clone())),
+        Outcome::Streamed => Err(CoreError::internal(
+            "a worker answered a request through a stream it does not have",
+        )),
     }
 }
 
 /// A gRPC call's answer: its reply serialized here, or the response for the reference
-/// encoder when it carries parameters.
+/// encoder when it carries parameters. `last`: a stream's reply is its request's last.
 fn grpc_outcome(
     request: &CoreRequest,
     outcome: &Outcome,
     segment: &[u8],
     form: GrpcForm,
+    last: bool,
 ) -> Result<Answer, CoreError> {
     if let Ok(parts) = parts_of(outcome, segment) {
         regions::write_outputs(request, parts.outputs, segment)?;
-        if let Some(encoded) = grpc_answer(request, &parts, form)? {
+        if let Some(encoded) = grpc_answer(request, &parts, form, last)? {
             return Ok(Answer::Encoded(encoded));
         }
     }
@@ -1210,6 +1507,19 @@ fn grpc_outcome(
         }
     }
     Ok(Answer::Response(response))
+}
+
+/// One streamed response as its request's sink takes it; its outputs' bytes in `data`.
+fn stream_answer<E>(
+    stream: &OpenStream<E>,
+    outcome: &Outcome,
+    data: &[u8],
+    last: bool,
+) -> Result<Answer, CoreError> {
+    match stream.sink {
+        StreamSink::External(_) => owned_outcome(outcome, data).map(Answer::Response),
+        StreamSink::Grpc(_) => grpc_outcome(&stream.request, outcome, data, GrpcForm::Stream, last),
+    }
 }
 
 fn owned_outcome(outcome: &Outcome, segment: &[u8]) -> Result<OwnedResponse, CoreError> {

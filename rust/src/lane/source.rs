@@ -38,8 +38,9 @@ pub enum LaneTicket {
     Sequence(SequenceTicket),
 }
 
-/// A running request's ticket, for a cancellation to find its batch position.
-#[derive(Debug)]
+/// A running request's ticket, for a cancellation to find its batch position (or its open
+/// stream).
+#[derive(Debug, Clone)]
 pub(crate) enum RunTicket {
     Queue(Arc<TicketState>),
     Sequence(SequenceTicket),

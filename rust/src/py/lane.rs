@@ -30,6 +30,7 @@ use crate::lane::completions::Completions;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
 use crate::lane::sequence::{Controls, FlagControl, FlagKind};
+use crate::lane::streams::{StreamMessage, StreamPart, Streamed};
 use crate::lane::{
     Answer, BatchRunner, Batching, Body, Deliver, DriveEnd, GrpcForm, HttpReply, Lane, LaneItem,
     LaneTicket, Marks, Scheduling, Sink, Submitted, WorkerLink, no_body,
@@ -77,8 +78,50 @@ impl PyLaneCompletions {
     }
 }
 
-/// Answers external requests by calling the server's Python.
-struct PyDeliver(Py<PyAny>);
+/// Answers external requests by calling the server's Python: `deliver` a batch's answers,
+/// `streamed` (a decoupled model's lane) its streams' responses.
+struct PyDeliver {
+    deliver: Py<PyAny>,
+    streamed: Option<Py<PyAny>>,
+}
+
+/// An answer as Python reads it: `("bytes", reply)`, `("ok", model_name, model_version, id,
+/// parameters_json, [(name, datatype, shape, bytes, in_place)])` or `("error", code,
+/// message)`.
+fn described_answer(
+    py: Python<'_>,
+    result: Result<Answer, CoreError>,
+) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match result {
+        Ok(Answer::Encoded(reply)) => ("bytes", PyBytes::new(py, &reply))
+            .into_pyobject(py)?
+            .into_any(),
+        Ok(Answer::Response(response)) => {
+            let outputs = response
+                .outputs
+                .into_iter()
+                .map(|o| {
+                    let shape = PyTuple::new(py, o.shape)?;
+                    let data = PyBytes::new(py, &o.data);
+                    Ok((o.name, o.datatype, shape, data, o.in_place))
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            (
+                "ok",
+                response.model_name,
+                response.model_version,
+                response.id,
+                response.parameters,
+                outputs,
+            )
+                .into_pyobject(py)?
+                .into_any()
+        }
+        Err(error) => ("error", error.code.name(), error.message)
+            .into_pyobject(py)?
+            .into_any(),
+    })
+}
 
 impl Deliver<Py<PyAny>> for PyDeliver {
     fn deliver(
@@ -91,38 +134,33 @@ impl Deliver<Py<PyAny>> for PyDeliver {
             let call = || -> PyResult<()> {
                 let items = PyList::empty(py);
                 for (sink, result) in results {
-                    let described = match result {
-                        Ok(Answer::Encoded(reply)) => ("bytes", PyBytes::new(py, &reply))
-                            .into_pyobject(py)?
-                            .into_any(),
-                        Ok(Answer::Response(response)) => {
-                            let outputs = response
-                                .outputs
-                                .into_iter()
-                                .map(|o| {
-                                    let shape = PyTuple::new(py, o.shape)?;
-                                    let data = PyBytes::new(py, &o.data);
-                                    Ok((o.name, o.datatype, shape, data, o.in_place))
-                                })
-                                .collect::<PyResult<Vec<_>>>()?;
-                            (
-                                "ok",
-                                response.model_name,
-                                response.model_version,
-                                response.id,
-                                response.parameters,
-                                outputs,
-                            )
-                                .into_pyobject(py)?
-                                .into_any()
-                        }
-                        Err(error) => ("error", error.code.name(), error.message)
-                            .into_pyobject(py)?
-                            .into_any(),
-                    };
-                    items.append((sink, described))?;
+                    items.append((sink, described_answer(py, result)?))?;
                 }
-                self.0.call1(py, (items, PyBytes::new(py, &extra), marks))?;
+                self.deliver
+                    .call1(py, (items, PyBytes::new(py, &extra), marks))?;
+                Ok(())
+            };
+            if let Err(err) = call() {
+                err.write_unraisable(py, None);
+            }
+        });
+    }
+
+    fn stream(&self, parts: Vec<Streamed<Py<PyAny>>>) {
+        let Some(streamed) = &self.streamed else {
+            return; // (a lane made without it is not decoupled: it streams nothing)
+        };
+        Python::attach(|py| {
+            let call = || -> PyResult<()> {
+                let items = PyList::empty(py);
+                for (sink, answer, last) in parts {
+                    let described = match answer {
+                        Some(answer) => Some(described_answer(py, answer)?),
+                        None => None,
+                    };
+                    items.append((sink.clone_ref(py), described, last))?;
+                }
+                streamed.call1(py, (items,))?;
                 Ok(())
             };
             if let Err(err) = call() {
@@ -189,6 +227,9 @@ fn lent_body(body: &Bound<'_, PyAny>) -> PyResult<Body> {
 #[pyclass(name = "Lane", module = "tritonfast._core", frozen)]
 pub(crate) struct PyLane {
     pub(super) inner: Arc<Lane<Py<PyAny>>>,
+    /// A decoupled model's lane: `cancel_stream(instance, token)` tells a worker that the
+    /// consumer of an open stream went away.
+    cancel_stream: Option<Py<PyAny>>,
 }
 
 /// An input handed over from Python: `(name, datatype, shape, data)`, `data` a C-contiguous
@@ -284,9 +325,12 @@ impl PyLane {
     /// called with a batch's `[(sink, result)]`, what its worker sent besides, and its compute
     /// marks (`perf_counter_ns` values: start, inputs handed over, outputs back, end);
     /// `regions`: the system shared-memory regions its requests may name (without, such
-    /// requests take the reference path).
+    /// requests take the reference path); `streamed(items)`: a decoupled model's lane, whose
+    /// requests' responses are handed over as the worker sends them, `[(sink, result,
+    /// final)]` (result None: a bare final flag), and `cancel_stream(instance, token)` tells
+    /// a worker that the consumer of one of its open streams went away.
     #[new]
-    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names, instances=0, registry=None, controls=None, regions=None))]
+    #[pyo3(signature = (signature, model_version, queue, completions, deliver, *, dynamic, keyed_inputs, keyed_by_names, instances=0, registry=None, controls=None, regions=None, streamed=None, cancel_stream=None))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         signature: &Bound<'_, PyInferSignature>,
@@ -301,10 +345,13 @@ impl PyLane {
         registry: Option<&Bound<'_, PyLaneRegistry>>,
         controls: Option<PyControls>,
         regions: Option<&Bound<'_, PySharedMemoryRegistry>>,
+        streamed: Option<Py<PyAny>>,
+        cancel_stream: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let signature = signature.get().inner.clone();
         let completions = Arc::clone(&completions.get().0);
-        let deliver = Box::new(PyDeliver(deliver));
+        let decoupled = streamed.is_some();
+        let deliver = Box::new(PyDeliver { deliver, streamed });
         let scheduling = if let Ok(batcher) = queue.cast::<PySequenceBatcher>() {
             let controls = controls_of(controls.unwrap_or_default())?;
             Scheduling::Sequences(batcher.get().inner.config().clone(), controls)
@@ -326,8 +373,10 @@ impl PyLane {
             Some(regions) => lane.with_regions(regions.get().regions()),
             None => lane,
         };
+        let lane = if decoupled { lane.decoupled() } else { lane };
         Ok(Self {
             inner: Arc::new(lane),
+            cancel_stream,
         })
     }
 
@@ -451,9 +500,33 @@ impl PyLane {
         Ok(ticket(self.inner.submit(item, batch_size)?))
     }
 
-    /// Removes a queued request; True if it had not been taken yet.
-    fn cancel(&self, ticket: &Bound<'_, PyLaneTicket>) -> PyResult<bool> {
-        Ok(self.inner.cancel(&ticket.get().inner)?)
+    /// Removes a queued request (True); or raises a running one's cancellation flag; or,
+    /// for a decoupled request whose batch returned, has its worker told (`cancel_stream`).
+    fn cancel(&self, py: Python<'_>, ticket: &Bound<'_, PyLaneTicket>) -> PyResult<bool> {
+        let ticket = &ticket.get().inner;
+        if self.inner.cancel(ticket)? {
+            return Ok(true);
+        }
+        if let Some(cancel_stream) = &self.cancel_stream
+            && let Some((instance, token)) = self.inner.stream_of(ticket)
+        {
+            cancel_stream.call1(py, (instance, token))?;
+        }
+        Ok(false)
+    }
+
+    /// Ends every open stream with the error.
+    fn end_streams(&self, py: Python<'_>, code: &str, message: String) -> PyResult<()> {
+        let error = CoreError::new(code_named(code)?, message);
+        let lane = &self.inner;
+        py.detach(|| lane.end_streams(&error));
+        Ok(())
+    }
+
+    /// Whether its model's responses are streamed.
+    #[getter]
+    fn decoupled(&self) -> bool {
+        self.inner.is_decoupled()
     }
 
     /// Submits fail from now on; drivers run what is queued, then return.
@@ -591,10 +664,17 @@ pub(crate) struct PyLaneWorkerLink(Mutex<WorkerLink>);
 #[pymethods]
 impl PyLaneWorkerLink {
     /// `fd`: the server's end of the channel (duplicated); the segments of its batches carry
-    /// `tag` in their names.
+    /// `tag` in their names; `died_message`: what a decoupled request's stream ends with when
+    /// the worker goes away first.
     #[new]
-    fn new(fd: i32, tag: &str) -> PyResult<Self> {
-        Ok(Self(Mutex::new(WorkerLink::new(duplicate(fd)?, tag)?)))
+    #[pyo3(signature = (fd, tag, died_message=None))]
+    fn new(fd: i32, tag: &str, died_message: Option<String>) -> PyResult<Self> {
+        let link = WorkerLink::new(duplicate(fd)?, tag)?;
+        let link = match died_message {
+            Some(message) => link.with_died_message(message),
+            None => link,
+        };
+        Ok(Self(Mutex::new(link)))
     }
 
     /// An instance in this process: `runner(batch)` runs each batch (on the driver thread,
@@ -641,7 +721,7 @@ impl PyLaneWorkerChannel {
 
     /// Waits (GIL released) for the next batch: `(model_name, model_version, segment,
     /// segment_len, cancel_segment, cancel_len, requests)`, each request `(id,
-    /// parameters_json, output_names, slots, output_places, trace)`; None when `pipe_fd` became
+    /// parameters_json, output_names, slots, output_places, trace, stream)`; None when `pipe_fd` became
     /// readable first (something other than a batch came).
     fn next<'py>(&self, py: Python<'py>, pipe_fd: i32) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let channel = &self.0;
@@ -734,6 +814,16 @@ impl PyLaneWorkerChannel {
         Ok(described)
     }
 
+    /// Sends a decoupled model's responses, `[(token, described, final)]`: `described` is
+    /// `("ok", model_name, model_version, id, parameters_json, [(name, datatype, shape,
+    /// data)])` (`data` bytes or a C-contiguous uint8 array), `("error", code, message)`, or
+    /// None for a bare final flag. Any thread of the worker's may send (GIL released).
+    fn stream(&self, py: Python<'_>, items: &Bound<'_, PyList>) -> PyResult<()> {
+        let message = stream_message(items)?.encode();
+        let channel = &self.0;
+        without_gil(py, || channel.send(&message))
+    }
+
     /// Sends a batch's reply: `results` holds `("ok", model_name, model_version, id,
     /// parameters_json, slots)` or `("error", code, message)` per request, slots as
     /// `(name, datatype, shape, offset, nbytes, ...)`.
@@ -753,7 +843,8 @@ impl PyLaneWorkerChannel {
 
 /// A batch as the worker's Python reads it: `(model_name, model_version, segment,
 /// segment_len, cancel_segment, cancel_len, requests)`, each request `(id, parameters_json,
-/// output_names, slots, output_places, trace)`.
+/// output_names, slots, output_places, trace, stream)` (`stream`: the token of a decoupled
+/// request's responses, else 0).
 fn batch_tuple(py: Python<'_>, message: BatchMessage) -> PyResult<Bound<'_, PyTuple>> {
     let requests = message
         .requests
@@ -771,7 +862,15 @@ fn batch_tuple(py: Python<'_>, message: BatchMessage) -> PyResult<Bound<'_, PyTu
                         .map(|(name, place)| (name, py_place(place)))
                         .collect()
                 });
-            Ok((r.id, r.parameters, r.outputs, slots, places, r.trace))
+            Ok((
+                r.id,
+                r.parameters,
+                r.outputs,
+                slots,
+                places,
+                r.trace,
+                r.stream,
+            ))
         })
         .collect::<PyResult<Vec<_>>>()?;
     let fields = (
@@ -787,8 +886,9 @@ fn batch_tuple(py: Python<'_>, message: BatchMessage) -> PyResult<Bound<'_, PyTu
 }
 
 /// A batch's reply from the worker's Python: `results` holds `("ok", model_name,
-/// model_version, id, parameters_json, slots)` or `("error", code, message)` per request,
-/// slots as `(name, datatype, shape, offset, nbytes, place)`.
+/// model_version, id, parameters_json, slots)`, `("error", code, message)` or
+/// `("streamed",)` (answered through its stream) per request, slots as `(name, datatype,
+/// shape, offset, nbytes, place)`.
 fn reply_message(
     segment: String,
     segment_len: u64,
@@ -798,7 +898,9 @@ fn reply_message(
     let mut outcomes = Vec::with_capacity(results.len());
     for result in results.iter() {
         let kind: String = result.get_item(0)?.extract()?;
-        outcomes.push(if kind == "ok" {
+        outcomes.push(if kind == "streamed" {
+            Outcome::Streamed
+        } else if kind == "ok" {
             let (_, model_name, model_version, id, parameters, slots): (
                 String,
                 String,
@@ -839,6 +941,65 @@ fn reply_message(
         results: outcomes,
         extra: extra.to_vec(),
     })
+}
+
+/// A streamed response as the worker's Python describes it: `("ok", model_name,
+/// model_version, id, parameters_json, [(name, datatype, shape, data)])`.
+type PyStreamed<'py> = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    Vec<(String, String, Vec<i64>, Bound<'py, PyAny>)>,
+);
+
+/// Streamed responses from the worker's Python (see `PyLaneWorkerChannel::stream`): their
+/// tensors' bytes laid one after another in the message's data.
+fn stream_message(items: &Bound<'_, PyList>) -> PyResult<StreamMessage> {
+    let mut message = StreamMessage::default();
+    for item in items.iter() {
+        let (token, described, last): (u64, Option<Bound<'_, PyTuple>>, bool) = item.extract()?;
+        let outcome = match described {
+            None => None,
+            Some(described) => {
+                let kind: String = described.get_item(0)?.extract()?;
+                Some(if kind == "ok" {
+                    let (_, model_name, model_version, id, parameters, tensors): PyStreamed<'_> =
+                        described.extract()?;
+                    let mut outputs = Vec::with_capacity(tensors.len());
+                    for (name, datatype, shape, data) in tensors {
+                        let bytes = request_body(&data)?;
+                        outputs.push(Slot {
+                            name,
+                            datatype,
+                            shape,
+                            offset: message.data.len() as u64,
+                            len: bytes.len() as u64,
+                            place: None,
+                        });
+                        message.data.extend_from_slice(bytes);
+                    }
+                    Outcome::Response {
+                        model_name,
+                        model_version,
+                        id,
+                        parameters,
+                        outputs,
+                    }
+                } else {
+                    let (_, code, text): (String, String, String) = described.extract()?;
+                    Outcome::Error(code_named(&code)?, text)
+                })
+            }
+        };
+        message.parts.push(StreamPart {
+            token,
+            outcome,
+            last,
+        });
+    }
+    Ok(message)
 }
 
 /// An instance in the server's process, run by a Python callable with the GIL: it gets each

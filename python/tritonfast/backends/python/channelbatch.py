@@ -32,9 +32,15 @@ from tritonfast.errors import InternalError, TritonError
 from tritonfast.memory.shmsegment import SegmentReader, SegmentWriter
 from tritonfast.runtime.instance import backend_failed, miscounted
 from tritonfast.runtime.modelinstance import ModelInstance
-from tritonfast.runtime.responses import Result
+from tritonfast.runtime.responses import ResponseSender, Result
 
 log = logging.getLogger(__name__)
+
+
+class Streams(Protocol):
+    """Where a decoupled batch's responses go (a worker's: see workerstream.WorkerStreams)."""
+
+    def sender(self, token: int, request: InferRequest) -> ResponseSender: ...
 
 
 class Calls(Protocol):
@@ -130,22 +136,31 @@ class Batches:
         return list(returned)
 
     def run(
-        self, batch: tuple[Any, ...], calls: Calls | None = None
+        self,
+        batch: tuple[Any, ...],
+        calls: Calls | None = None,
+        streams: Streams | None = None,
     ) -> tuple[str, int, list[tuple[Any, ...]]]:
         """A batch from the core (as ``LaneWorkerChannel.next`` gives it): run, its outputs
         written; the reply's segment, its size and each request's result, as the core reads
-        them (parameters as JSON text, errors by code name)."""
+        them (parameters as JSON text, errors by code name). With ``streams`` (a decoupled
+        model's batch), each request's responses go through the sender made for its stream
+        token instead, and its result says so."""
         model, version, name, size, flags_name, flags_size, described = batch
         requests, failed = self.requests(
             name,
             size,
             [
                 (model, version, i, orjson.loads(p) if p else {}, o, s, _trace(t), places)
-                for i, p, o, s, places, t in described
+                for i, p, o, s, places, t, _ in described
             ],
             self.flags(flags_name, flags_size),
-            copy=False,
+            copy=streams is not None,
         )
+        if streams is not None:
+            positions = [index for index in range(len(described)) if index not in failed]
+            for index, request in zip(positions, requests, strict=True):
+                request.sender = streams.sender(described[index][6], request)
         if calls is not None:
             calls.open()
         try:
@@ -153,6 +168,8 @@ class Batches:
         finally:
             if calls is not None:
                 calls.close()  # (waits for a call still in flight: its answer comes first)
+        if streams is not None:
+            return "", 0, self._streamed(requests, answers, failed)
         results: list[Result | None] = [
             no_reschedule(request, self.instance_name)
             if request.release_flags & RELEASE_RESCHEDULE
@@ -165,6 +182,32 @@ class Batches:
             self.outputs, results, [d[4] for d in described], self.objects
         )
         return out_name, out_size, [channel_result(entry) for entry in laid]
+
+    def _streamed(
+        self,
+        requests: list[BatchRequest],
+        answers: list[Result | None],
+        failed: dict[int, TritonError],
+    ) -> list[tuple[Any, ...]]:
+        """A decoupled batch's results: its responses went through its requests' senders;
+        what ``execute`` returned (an error) ends a stream, as in-process streams end."""
+        for request, result in zip(requests, answers, strict=True):
+            if result is not None and request.sender is not None:
+                with contextlib.suppress(TritonError):  # already closed
+                    request.sender.send(result, final=True)
+        results: list[tuple[Any, ...]] = [
+            ("error", *_coded(no_reschedule(request, self.instance_name)))
+            if request.release_flags & RELEASE_RESCHEDULE
+            else ("streamed",)
+            for request in requests
+        ]
+        for index in sorted(failed):
+            results.insert(index, ("error", *_coded(failed[index])))
+        return results
+
+
+def _coded(error: TritonError) -> tuple[str, str]:
+    return (error.code.value, error.message)
 
 
 def _trace(token: int) -> workerbls.TraceToken | None:

@@ -34,20 +34,20 @@ cancellation segment (one byte per request of the batch), which the worker's req
 
 Batches of models the server's core takes all the way (:mod:`tritonfast.runtime.lane`) go to
 the worker over a channel of the core's (typed messages, written and read without the GIL on
-the lane's driver threads): :attr:`ProcessInstance.core_driven`. The pipe then carries the
-rest (logs, metric values, the calls the model makes through the server's Python, finalize),
-read on the event loop. Other batches (with ``core-path=off``, and decoupled models') are
-driven from the event loop: the loop writes each batch for the worker and reads everything the
-worker sends (:mod:`.looppipe`, through ``execute_later``), with no instance thread or GIL
-hand-over in between. Those whose code may wait on the server (BLS) run from the instance's
-thread instead (``execute``; a decoupled one's responses are read by a
+the lane's driver threads): :attr:`ProcessInstance.core_driven`; so do a decoupled model's
+responses, sent from ``execute`` or from the model's own threads after it returned (read by
+the core, see ``rust/src/lane/streams.rs``). The pipe then carries the rest (logs, metric
+values, the calls the model makes through the server's Python, streams' cancellations,
+finalize), read on the event loop. With ``core-path=off`` batches are driven from the event
+loop instead: the loop writes each batch for the worker and reads everything the worker sends
+(:mod:`.looppipe`, through ``execute_later``), a decoupled model's responses included (over
+the pipe, see :mod:`.workerstream`). Those whose code may wait on the server (BLS) run from the
+instance's thread then (``execute``; a decoupled one's responses are read by a
 :class:`~.workerstream.ResponseRelay` thread). Workers are forked from a fork server that
 imported the worker's module once (:func:`~.workerprocess.worker_context`).
 
-Decoupled models' responses, sent from ``execute`` or from the model's own threads after it
-returned, travel over the pipe (see :mod:`.workerstream`). A non-decoupled model's response
-sender works too: the worker takes the one response sent through it (waiting for it if the
-model sends it after ``execute`` returned).
+A non-decoupled model's response sender works too: the worker takes the one response sent
+through it (waiting for it if the model sends it after ``execute`` returned).
 """
 
 from __future__ import annotations
@@ -231,19 +231,15 @@ class ProcessInstance(ModelInstance):
             # It may wait on the server (BLS) or on a loop of its own: batches from its
             # instance thread, which the server's calls-in-progress accounting follows.
             self.runs_elsewhere = False
-        if not self.core_driven:  # (the worker reads its batches from the pipe)
-            lane_ours.close()
-            self._lane_conn = None
-        if self._decoupled and not self.runs_elsewhere:
-            self._relay = ResponseRelay(ours, self._instance_name, self._serve_call)
 
     # -- driven by the core (runtime.lane) ----------------------------------------------------
     @property
     def core_driven(self) -> bool:
-        """Whether the worker takes its batches over the core's channel: it streams nothing
-        (the worker decides alike, see worker_main). Its model's calls to the server come over
-        its pipe, read on the loop (see core_link)."""
-        return not self._decoupled
+        """Whether the worker can take its batches over the core's channel (every worker
+        can; a decoupled model's responses come over it too). Its model's logs and the calls
+        to the server it makes outside a batch come over its pipe, read on the loop (see
+        core_link)."""
+        return True
 
     def core_link(self, loop: asyncio.AbstractEventLoop) -> LaneWorkerLink:
         """The core's link to the current worker; its pipe (logs, metric values, finalize) is
@@ -253,7 +249,20 @@ class ProcessInstance(ModelInstance):
             raise InternalError(f"instance '{self._instance_name}' has no worker")
         self._watch_pipe(loop)
         with conn:  # the link holds its own descriptor of the channel
-            return LaneWorkerLink(conn.fileno(), self._lane_tag)
+            return LaneWorkerLink(conn.fileno(), self._lane_tag, self._streams_died_message())
+
+    def _streams_died_message(self) -> str:
+        return (
+            f"the worker process of model instance '{self._instance_name}' exited before it"
+            " sent the final response"
+        )
+
+    def core_cancel(self, token: int) -> None:
+        """The consumer of stream ``token`` went away: the worker's sender reports it."""
+        pipe = self._pipe
+        if pipe is not None and not pipe.closed:
+            with contextlib.suppress(OSError):  # a dead worker: its streams end anyway
+                pipe.send(("cancel", token))
 
     def _watch_pipe(self, loop: asyncio.AbstractEventLoop) -> None:
         """Have ``loop`` read the worker's pipe (made there, as every LoopPipe is)."""
@@ -345,6 +354,10 @@ class ProcessInstance(ModelInstance):
         flags = self._cancel.buffer
         tokens = None
         relay = self._relay
+        if relay is None and self._decoupled and not self.runs_elsewhere:
+            # (Made here, not when the worker starts: a worker the core drives has its pipe
+            # read on the loop.)
+            relay = self._relay = ResponseRelay(self._conn, self._instance_name, self._serve_call)
         if self._decoupled:
             tokens = [next(self._tokens) for _ in requests]
             if relay is not None:

@@ -6,7 +6,8 @@ channel (typed messages, :class:`~tritonfast._core.LaneWorkerChannel`) when the 
 drives the instance, else over the pipe;
 :func:`auto_complete_main` runs a model's ``auto_complete_config``. The model's calls to the
 server (BLS, model control, metric values) go over the same pipe (:mod:`.workerbls`), its
-logs and a decoupled model's responses too (:mod:`.workerlog`, :mod:`.workerstream`)."""
+logs too (:mod:`.workerlog`); a decoupled model's responses go where its batch came from
+(:mod:`.workerstream`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from tritonfast._core import LaneWorkerChannel
 from tritonfast._proto import model_config_pb2
@@ -94,16 +95,18 @@ def worker_main(
     if instance is None:
         return
     server.open()
-    # The server's core drives the instance over the channel unless the model streams its
-    # responses (see process.ProcessInstance.core_driven).
-    channel = calls = None
-    if not config.model_transaction_policy.decoupled:
-        channel = LaneWorkerChannel(lane_conn.fileno())
-        # The calls the model makes while a batch from the channel runs (see workercalls).
-        server.direct = calls = ChannelCalls(channel)
+    # Batches come over the core's channel when the server's core drives the instance (see
+    # process.ProcessInstance.core_driven), else over the pipe.
+    channel = LaneWorkerChannel(lane_conn.fileno())
+    # The calls the model makes while a batch from the channel runs (see workercalls).
+    server.direct = calls = ChannelCalls(channel)
+    # A decoupled model's responses to the channel's batches go over the channel.
+    channel_streams = (
+        streams.over_channel(channel) if config.model_transaction_policy.decoupled else None
+    )
     _Worker(
         pipe, in_batch, streams, instance, config.name, instance_name, output_prefix, metrics
-    ).serve(channel, conn.fileno(), metrics_source, calls)
+    ).serve(channel, conn.fileno(), metrics_source, calls, channel_streams)
 
 
 def _install_server_handle(
@@ -187,10 +190,12 @@ class _Worker:
         pipe_fd: int,
         metrics_source: str,
         calls: ChannelCalls | None,
+        channel_streams: WorkerStreams | None,
     ) -> None:
         """Runs batches until the server says finalize or goes away: from the core's
-        ``channel`` when there is one (the pipe then brings only finalize), else from the
-        pipe."""
+        ``channel`` while it is open (the pipe then brings only finalize and cancellations),
+        else from the pipe. ``channel_streams``: where a decoupled model's responses to the
+        channel's batches go."""
         try:
             while True:
                 if channel is not None:
@@ -200,12 +205,21 @@ class _Worker:
                         channel = None  # still brings finalize
                         continue
                     if batch is not None:
-                        out_name, out_size, results = self._batches.run(batch, calls)
+                        run = self._batches.run(batch, calls, channel_streams)
+                        if channel_streams is not None:
+                            channel_streams.flush()  # (its responses before its reply)
                         state = self._metrics.state_if_changed()
                         extra = b"" if state is None else pickle.dumps((metrics_source, state))
-                        channel.reply(out_name, out_size, results, extra)
+                        channel.reply(*run, extra)
                         continue
-                message = self._pipe.next_work()
+                    # The pipe has something: a cancellation is taken in passing; a batch or
+                    # finalize is served below.
+                    taken = self._pipe.next_work(wait=False)
+                    if taken is None:
+                        continue
+                    message = taken
+                else:
+                    message = self._pipe.next_work()
                 if message[0] == "finalize":
                     self._finalize()
                     return
@@ -302,15 +316,31 @@ class _PipeReader:
         self._reading = False  # someone is in recv
         self._gone = False  # the server went away
 
-    def next_work(self) -> tuple[Any, ...]:
-        """The next batch (or finalize); EOFError once the server is gone."""
-        return self._take(self._work)
+    @overload
+    def next_work(self) -> tuple[Any, ...]: ...
+    @overload
+    def next_work(self, wait: bool) -> tuple[Any, ...] | None: ...
+
+    def next_work(self, wait: bool = True) -> tuple[Any, ...] | None:
+        """The next batch (or finalize); EOFError once the server is gone. ``wait`` False:
+        None when the pipe has nothing for the loop now (what was there, if anything, was
+        a cancellation or for someone else)."""
+        return self._take(self._work, wait)
 
     def next_answer(self) -> tuple[Any, ...]:
         """The next answer to the server call under way; EOFError once the server is gone."""
         return self._take(self._answers)
 
-    def _take(self, mine: collections.deque[tuple[Any, ...]]) -> tuple[Any, ...]:
+    @overload
+    def _take(self, mine: collections.deque[tuple[Any, ...]]) -> tuple[Any, ...]: ...
+    @overload
+    def _take(
+        self, mine: collections.deque[tuple[Any, ...]], wait: bool
+    ) -> tuple[Any, ...] | None: ...
+
+    def _take(
+        self, mine: collections.deque[tuple[Any, ...]], wait: bool = True
+    ) -> tuple[Any, ...] | None:
         with self._changed:
             while not mine and self._reading and not self._gone:
                 self._changed.wait()
@@ -318,6 +348,8 @@ class _PipeReader:
                 return mine.popleft()
             if self._gone:
                 raise EOFError("the server went away")
+            if not wait and not self._conn.poll(0):
+                return None
             self._reading = True
         try:
             while True:
@@ -330,13 +362,15 @@ class _PipeReader:
                 kind = message[0]
                 if kind == "cancel":
                     self._streams.cancel(message[1])
-                    continue
-                theirs = self._answers if kind in workerbls.ANSWERS else self._work
-                if theirs is mine:
-                    return message
-                with self._changed:
-                    theirs.append(message)
-                    self._changed.notify_all()
+                else:
+                    theirs = self._answers if kind in workerbls.ANSWERS else self._work
+                    if theirs is mine:
+                        return message
+                    with self._changed:
+                        theirs.append(message)
+                        self._changed.notify_all()
+                if not wait:
+                    return None
         finally:
             with self._changed:
                 self._reading = False

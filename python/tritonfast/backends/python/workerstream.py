@@ -2,15 +2,18 @@
 the request's sender in the server.
 
 The worker gives each request of a decoupled model a :class:`~tritonfast.runtime.responses.
-ResponseSender` (with Triton's rules) whose responses go over the instance's pipe in
-``("responses", [(token, result, final), ...])`` messages: the output tensors travel in the
-message itself (pickled), not through the instance's output segment, because a stream's
-responses outlive the batch that segment belongs to. On the server, the event loop reads the
-pipe (:mod:`.looppipe`), or, for a model driven from its instance thread (one that may call
-the server), a :class:`ResponseRelay` thread does: either passes each response to the stream
-of the request with that token, takes the batch's own reply, and tells the worker which
-streams' consumers went away (``("cancel", token)``), which the worker's senders then report
-through ``is_cancelled()``.
+ResponseSender` (with Triton's rules) whose responses go to the server with its request's
+token: the output tensors travel in the message itself, not through the instance's output
+segment, because a stream's responses outlive the batch that segment belongs to. A batch the
+server's core sent over its channel has its responses sent back over that channel
+(:meth:`WorkerStreams.over_channel`, typed messages the core reads: ``rust/src/lane/
+streams.rs``). A batch that came over the pipe (``core-path=off``) has them sent over the pipe,
+pickled, in ``("responses", [(token, result, final), ...])`` messages: the event loop reads
+them (:mod:`.looppipe`), or, for a model driven from its instance thread (one that may call
+the server), a :class:`ResponseRelay` thread does. Either way the server passes each response
+to the stream of the request with that token, takes the batch's own reply, and tells the
+worker over the pipe which streams' consumers went away (``("cancel", token)``), which the
+worker's senders then report through ``is_cancelled()``.
 
 Coalescing: every message costs both processes a wake-up, which on a busy machine costs more
 than a small response itself. So a response sent within :data:`LINGER_S` of the previous
@@ -35,7 +38,11 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import orjson
+
+from tritonfast._core import LaneWorkerChannel
 from tritonfast.backends.python import workerbls, workerlog
+from tritonfast.data import rawtensor
 from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import Code, InternalError, TritonError, error_for
 from tritonfast.runtime.responses import ResponseSender, Result
@@ -60,6 +67,26 @@ def describe(result: Result) -> Described:
         return ("error", result.code.value, result.message)
     tensors = [(t.name, t.datatype, t.shape, t.data) for t in result.outputs]
     return ("ok", result.model_name, result.model_version, result.id, result.parameters, tensors)
+
+
+def channel_described(result: Result) -> Described:
+    """A response as the core's channel carries it (``LaneWorkerChannel.stream``): parameters
+    as JSON text, tensors as their wire bytes."""
+    if isinstance(result, TritonError):
+        return ("error", result.code.value, result.message)
+    tensors = [
+        (t.name, t.datatype, list(t.shape), rawtensor.to_raw(t.datatype, t.data))
+        for t in result.outputs
+    ]
+    parameters = orjson.dumps(result.parameters, default=str).decode() if result.parameters else ""
+    return (
+        "ok",
+        result.model_name,
+        str(result.model_version),
+        result.id or "",
+        parameters,
+        tensors,
+    )
 
 
 def rebuild(described: Described) -> Result:
@@ -188,6 +215,9 @@ class WorkerStreams:
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
+        # How held-back responses go out, and how each is described for that.
+        self._ship: Callable[[list[tuple[int, Described | None, bool]]], None] = self._to_pipe
+        self._describe: Callable[[Result], Described] = describe
         # Reentrant: a ResponseSender collected while the lock is held (its finalizer ends its
         # stream, see responses.ResponseSender.__del__) sends through here from the same thread.
         self._lock = threading.RLock()
@@ -200,11 +230,29 @@ class WorkerStreams:
         self._flusher_wake = threading.Condition(self._lock)
         self._flusher: threading.Thread | None = None
 
+    def over_channel(self, channel: LaneWorkerChannel) -> WorkerStreams:
+        """Streams of the batches the server's core sends over its ``channel`` (tokens the
+        core gave): their responses go over that channel, coalesced alike; the cancellations
+        the server sends over the pipe reach both."""
+        streams = WorkerStreams(self._conn)
+        streams._cancelled = self._cancelled
+        streams._ship = channel.stream
+        streams._describe = channel_described
+        return streams
+
+    def _to_pipe(self, pending: list[tuple[int, Described | None, bool]]) -> None:
+        self._conn.send(("responses", pending))
+
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock:
             self._flush()
             self._conn.send(message)
             self._last_sent = time.monotonic()
+
+    def flush(self) -> None:
+        """Send the responses held back now (before a batch's reply, which follows them)."""
+        with self._lock:
+            self._flush()
 
     def cancel(self, token: int) -> None:
         self._cancelled.add(token)
@@ -240,7 +288,7 @@ class WorkerStreams:
         self._flush_due = None
         if self._pending:
             pending, self._pending, self._pending_bytes = self._pending, [], 0
-            self._conn.send(("responses", pending))
+            self._ship(pending)
 
     def _run_flusher(self) -> None:
         """Sends held-back responses once they are due, when the model sends nothing more."""
@@ -262,7 +310,7 @@ class WorkerStreams:
         went away while its batch runs (the cancellation bytes)."""
 
         def deliver(result: Result | None, final: bool) -> None:
-            described = None if result is None else describe(result)
+            described = None if result is None else self._describe(result)
             size = (
                 sum(t.data.nbytes for t in result.outputs)
                 if isinstance(result, InferResponse)

@@ -13,12 +13,16 @@ tracing or header forwarding is on.
 
 A ``ModelStreamInfer`` stream's requests to such a model go to its lane the same way
 (:func:`stream_lane`, :class:`StreamReply`): the core serializes the request's
-``ModelStreamInferResponse``, which the stream writes in its turn.
+``ModelStreamInferResponse``, which the stream writes in its turn. A decoupled model's
+responses are serialized by the core as its worker sends them and written as they come
+(:class:`StreamedReplies`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tritonfast._core import Lane, grpc_model
@@ -79,6 +83,55 @@ class StreamReply:
             requested = [o.name for o in message.outputs] if message.outputs else None
             reply = codec.stream_reply(response, requested, message.id, True)
         future.set_result(reply.SerializeToString())
+
+
+class StreamedReplies:
+    """Where the core's responses to one request of a stream to a decoupled model go: each
+    serialized reply handed to ``put`` as it comes (on the event loop), ``done`` resolved
+    with the final flag. ``full`` tells the core's reader thread to hold the model's next
+    responses back (the stream's writer is that far behind)."""
+
+    __slots__ = ("_data", "_done", "_put", "_started", "held_back")
+
+    def __init__(
+        self,
+        put: Callable[[bytes], None],
+        full: Callable[[], bool],
+        done: asyncio.Future[None],
+        data: bytes,
+    ) -> None:
+        self._put = put
+        self.held_back = full
+        self._done = done
+        self._data = data
+        self._started: int | None = perf_counter_ns()
+
+    def first_response(self) -> int | None:
+        """When the request was handed over (``perf_counter_ns``), the first time it is asked
+        (its first response came: see the first-response histogram); None after."""
+        started, self._started = self._started, None
+        return started
+
+    def streamed(self, described: tuple[Any, ...] | None, final: bool) -> None:
+        done = self._done
+        if done.done():  # cancelled: the stream is over
+            return
+        if described is not None:
+            self._put(self._reply(described, final))
+        if final:
+            done.set_result(None)
+
+    def _reply(self, described: tuple[Any, ...], final: bool) -> bytes:
+        kind = described[0]
+        if kind == "bytes":
+            return bytes(described[1])
+        message, _ = codec.parse_infer_request(self._data)
+        if kind == "error":
+            return codec.stream_error(described[2], message.id).SerializeToString()
+        response = response_of(described)  # with parameters: the reference encoder's
+        assert isinstance(response, InferResponse)  # (errors came as "error")
+        requested = [o.name for o in message.outputs] if message.outputs else None
+        return codec.stream_reply(response, requested, message.id, final).SerializeToString()
 
 
 class GrpcCorePath:

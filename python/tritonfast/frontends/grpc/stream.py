@@ -36,7 +36,7 @@ from tritonfast._proto import grpc_service_pb2 as pb
 from tritonfast.data.types import InferResponse
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.grpc import codec
-from tritonfast.frontends.grpc.corepath import StreamReply, stream_lane
+from tritonfast.frontends.grpc.corepath import StreamedReplies, StreamReply, stream_lane
 from tritonfast.memory.bodybudget import COUNTED_BYTES
 
 if TYPE_CHECKING:
@@ -161,8 +161,10 @@ class StreamSession:
 
     def _start_in_core(self, lane: Lane, data: bytes, held: int) -> bool:
         """Hand a request to its model's lane whole (see ``corepath.stream_lane``): its
-        serialized reply takes its turn like any single response. False when the core leaves
-        it to the session."""
+        serialized reply takes its turn like any single response (a decoupled model's
+        replies go out as they come). False when the core leaves it to the session."""
+        if lane.decoupled:
+            return self._stream_in_core(lane, data, held)
         reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         try:
             ticket = lane.submit_grpc(data, StreamReply(reply, data), True)
@@ -175,6 +177,23 @@ class StreamSession:
         reply.add_done_callback(self._flush_ordered)
         self._running.add(reply)
         reply.add_done_callback(functools.partial(self._finished, held))
+        return True
+
+    def _stream_in_core(self, lane: Lane, data: bytes, held: int) -> bool:
+        """A decoupled model's request in its lane: the core serializes each response as the
+        worker sends it; they are written as they come."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        out = self._out
+        replies = StreamedReplies(self._put, lambda: out.qsize() >= OUT_AHEAD, done, data)
+        try:
+            ticket = lane.submit_grpc(data, replies, True)
+        except TritonError:  # (a full queue, say): the session words it
+            ticket = None
+        if ticket is None:
+            return False
+        done.add_done_callback(lambda over: lane.cancel(ticket) if over.cancelled() else None)
+        self._running.add(done)
+        done.add_done_callback(functools.partial(self._finished, held))
         return True
 
     def _start(self, message: pb.ModelInferRequest, held: int) -> None:

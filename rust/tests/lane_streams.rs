@@ -1,0 +1,323 @@
+//! A decoupled model's lane driven end to end against a stand-in worker: each request's
+//! responses arrive after its batch's reply, as the model's threads would send them; a
+//! consumer that goes away is named to the caller; a worker that goes away ends the streams
+//! still open; a closed lane's driver waits for the open streams to end.
+
+// Sizes here are small, and the test runs on 64-bit Linux only.
+#![allow(clippy::cast_possible_truncation)]
+
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tritonfast_core::error::{Code, CoreError};
+use tritonfast_core::infer::{CoreInput, CoreRequest, DataType, Signature, TensorData, TensorSpec};
+use tritonfast_core::lane::channel::Channel;
+use tritonfast_core::lane::completions::Completions;
+use tritonfast_core::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
+use tritonfast_core::lane::streams::{StreamMessage, StreamPart, Streamed};
+use tritonfast_core::lane::{
+    Answer, Batching, Deliver, DriveEnd, Lane, LaneItem, Marks, Scheduling, Sink, WorkerLink,
+};
+use tritonfast_core::queue::QueueConfig;
+use tritonfast_core::shm::AttachedSegment;
+
+/// What reached each sink: its responses (None: a bare final flag) and final flags.
+type Parts = Arc<Mutex<Vec<(u32, Option<Result<Answer, CoreError>>, bool)>>>;
+
+struct CollectStreams(Parts);
+
+impl Deliver<u32> for CollectStreams {
+    fn deliver(&self, results: Vec<(u32, Result<Answer, CoreError>)>, _: Vec<u8>, _: Marks) {
+        assert!(
+            results.is_empty(),
+            "a decoupled lane answered {results:?} whole"
+        );
+    }
+
+    fn stream(&self, parts: Vec<Streamed<u32>>) {
+        let mut all = self.0.lock();
+        for (sink, answer, last) in parts {
+            all.push((*sink, answer, last));
+        }
+    }
+}
+
+fn decoupled_lane() -> (Arc<Lane<u32>>, Parts) {
+    let spec = TensorSpec {
+        name: "IN".into(),
+        datatype: "INT32".into(),
+        dims: vec![-1],
+        optional: false,
+    };
+    let signature = Signature::new("repeat", 0, vec![spec], vec!["OUT".into()]);
+    let parts = Parts::default();
+    let lane = Lane::new(
+        "1".into(),
+        signature,
+        Scheduling::Queue(QueueConfig::default(), Batching::default()),
+        Arc::new(Completions::new().unwrap()),
+        Box::new(CollectStreams(Arc::clone(&parts))),
+    )
+    .unwrap()
+    .decoupled();
+    (Arc::new(lane), parts)
+}
+
+fn int32s(sink: u32, values: &[i32]) -> LaneItem<u32> {
+    LaneItem {
+        request: CoreRequest {
+            inputs: vec![CoreInput {
+                name: "IN".into(),
+                datatype: DataType::Int32,
+                shape: vec![values.len() as u64],
+                data: TensorData::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            }],
+            ..CoreRequest::default()
+        },
+        body: tritonfast_core::lane::no_body(),
+        parameters: String::new(),
+        sink: Sink::External(sink),
+    }
+}
+
+/// The worker's side of a repeat model: replies to each batch at once (every request
+/// streamed), then sends each request's values one response each, then a bare final flag;
+/// with `die_early`, goes away after the first response instead.
+fn repeat_worker(end: UnixStream, die_early: bool) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let channel = Channel::new(end.into());
+        while let Ok(message) = channel.recv() {
+            let batch = BatchMessage::decode(&message).unwrap();
+            let inputs =
+                AttachedSegment::attach(&batch.segment, batch.segment_len as usize).unwrap();
+            // The requests outlive the batch: their values are read before the reply.
+            let requests: Vec<(u64, Vec<u8>)> = batch
+                .requests
+                .iter()
+                .map(|request| {
+                    let slot = &request.inputs[0];
+                    // SAFETY: the segment is mapped and holds the slot's range.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(
+                            inputs.start().add(slot.offset as usize),
+                            slot.len as usize,
+                        )
+                    };
+                    (request.stream, bytes.to_vec())
+                })
+                .collect();
+            assert!(requests.iter().all(|(token, _)| *token != 0));
+            let reply = ReplyMessage {
+                segment: String::new(),
+                segment_len: 0,
+                results: vec![Outcome::Streamed; requests.len()],
+                extra: Vec::new(),
+            };
+            channel.send(&reply.encode()).unwrap();
+            for (token, bytes) in requests {
+                for value in bytes.chunks(4) {
+                    let response = StreamMessage {
+                        data: value.to_vec(),
+                        parts: vec![StreamPart {
+                            token,
+                            outcome: Some(Outcome::Response {
+                                model_name: batch.model_name.clone(),
+                                model_version: batch.model_version.clone(),
+                                id: String::new(),
+                                parameters: String::new(),
+                                outputs: vec![Slot {
+                                    name: "OUT".into(),
+                                    datatype: "INT32".into(),
+                                    shape: vec![1],
+                                    offset: 0,
+                                    len: 4,
+                                    place: None,
+                                }],
+                            }),
+                            last: false,
+                        }],
+                    };
+                    channel.send(&response.encode()).unwrap();
+                    if die_early {
+                        return;
+                    }
+                }
+                let last = StreamMessage {
+                    data: Vec::new(),
+                    parts: vec![StreamPart {
+                        token,
+                        outcome: None,
+                        last: true,
+                    }],
+                };
+                channel.send(&last.encode()).unwrap();
+            }
+        }
+    })
+}
+
+fn wait_until(mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn values(parts: &Parts, sink: u32) -> Vec<i32> {
+    parts
+        .lock()
+        .iter()
+        .filter(|(s, answer, _)| *s == sink && matches!(answer, Some(Ok(_))))
+        .map(|(_, answer, _)| {
+            let Some(Ok(Answer::Response(response))) = answer else {
+                panic!("not a response: {answer:?}")
+            };
+            i32::from_le_bytes(response.outputs[0].data[..4].try_into().unwrap())
+        })
+        .collect()
+}
+
+fn finals(parts: &Parts, sink: u32) -> usize {
+    parts
+        .lock()
+        .iter()
+        .filter(|(s, _, last)| *s == sink && *last)
+        .count()
+}
+
+#[test]
+fn every_response_reaches_its_stream_after_the_batch_returned() {
+    let (lane, parts) = decoupled_lane();
+    let (server_end, worker_end) = UnixStream::pair().unwrap();
+    let stand_in = repeat_worker(worker_end, false);
+    let mut link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
+    let driver = {
+        let lane = Arc::clone(&lane);
+        thread::spawn(move || lane.drive(0, &mut link))
+    };
+    lane.submit(int32s(1, &[7, 8, 9]), 1).unwrap();
+    lane.submit(int32s(2, &[4]), 1).unwrap();
+    wait_until(|| finals(&parts, 1) == 1 && finals(&parts, 2) == 1);
+    assert_eq!(values(&parts, 1), [7, 8, 9]);
+    assert_eq!(values(&parts, 2), [4]);
+    // The final flag came last, alone.
+    let last_of_1 = parts.lock().iter().rev().find(|(s, ..)| *s == 1).cloned();
+    assert!(matches!(last_of_1, Some((1, None, true))));
+    let stats = lane.stats().snapshot();
+    assert_eq!(stats.success.count, 2);
+    lane.close();
+    assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
+    drop(lane);
+    stand_in.join().unwrap();
+}
+
+#[test]
+fn a_worker_that_goes_away_ends_its_open_streams() {
+    let (lane, parts) = decoupled_lane();
+    let (server_end, worker_end) = UnixStream::pair().unwrap();
+    let stand_in = repeat_worker(worker_end, true);
+    let link = WorkerLink::new(server_end.into(), "streamtest")
+        .unwrap()
+        .with_died_message("the worker of repeat_0 exited".into());
+    lane.submit(int32s(3, &[5, 6]), 1).unwrap();
+    let driver = {
+        let lane = Arc::clone(&lane);
+        let mut link = link;
+        thread::spawn(move || lane.drive(0, &mut link))
+    };
+    wait_until(|| finals(&parts, 3) == 1);
+    stand_in.join().unwrap();
+    assert_eq!(values(&parts, 3), [5]);
+    let ended = parts.lock().last().cloned().unwrap();
+    let (3, Some(Err(error)), true) = ended else {
+        panic!("not ended with an error: {ended:?}")
+    };
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (Code::Internal, "the worker of repeat_0 exited")
+    );
+    // Between batches, the driver sees the worker gone too.
+    assert_eq!(driver.join().unwrap(), DriveEnd::Died);
+}
+
+/// A worker that replies to each batch and then streams nothing: its requests' streams stay
+/// open. The stream tokens it got go to `tokens`.
+fn silent_worker(end: UnixStream, tokens: Arc<Mutex<Vec<u64>>>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let channel = Channel::new(end.into());
+        while let Ok(message) = channel.recv() {
+            let batch = BatchMessage::decode(&message).unwrap();
+            tokens
+                .lock()
+                .extend(batch.requests.iter().map(|r| r.stream));
+            let reply = ReplyMessage {
+                segment: String::new(),
+                segment_len: 0,
+                results: vec![Outcome::Streamed; batch.requests.len()],
+                extra: Vec::new(),
+            };
+            channel.send(&reply.encode()).unwrap();
+        }
+    })
+}
+
+#[test]
+fn a_closed_lane_reads_its_open_streams_until_they_are_ended() {
+    let (lane, parts) = decoupled_lane();
+    let (server_end, worker_end) = UnixStream::pair().unwrap();
+    let tokens = Arc::default();
+    let silent = silent_worker(worker_end, Arc::clone(&tokens));
+    let mut link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
+    lane.submit(int32s(4, &[1]), 1).unwrap();
+    let driver = {
+        let lane = Arc::clone(&lane);
+        thread::spawn(move || lane.drive(0, &mut link))
+    };
+    wait_until(|| lane.stats().snapshot().success.count == 1);
+    lane.close();
+    lane.end_streams(&CoreError::unavailable("the model stopped"));
+    assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
+    let ended = parts.lock().clone();
+    assert_eq!(ended.len(), 1);
+    assert!(matches!(&ended[0], (4, Some(Err(e)), true) if e.code == Code::Unavailable));
+    assert_eq!(tokens.lock().len(), 1);
+    drop(lane);
+    silent.join().unwrap();
+}
+
+#[test]
+fn a_stream_finished_after_its_lane_closed_still_reaches_its_sink() {
+    let (lane, parts) = decoupled_lane();
+    let (server_end, worker_end) = UnixStream::pair().unwrap();
+    let tokens = Arc::<Mutex<Vec<u64>>>::default();
+    // The test speaks for the worker after its batch: the final flag, through a second end
+    // of the worker's socket.
+    let speaker = Channel::new(worker_end.try_clone().unwrap().into());
+    let silent = silent_worker(worker_end, Arc::clone(&tokens));
+    let mut link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
+    lane.submit(int32s(5, &[1]), 1).unwrap();
+    let driver = {
+        let lane = Arc::clone(&lane);
+        thread::spawn(move || lane.drive(0, &mut link))
+    };
+    wait_until(|| lane.stats().snapshot().success.count == 1);
+    lane.close();
+    let token = tokens.lock()[0];
+    let last = StreamMessage {
+        data: Vec::new(),
+        parts: vec![StreamPart {
+            token,
+            outcome: None,
+            last: true,
+        }],
+    };
+    speaker.send(&last.encode()).unwrap();
+    assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
+    assert_eq!(parts.lock().clone(), [(5, None, true)]);
+    drop((lane, speaker));
+    silent.join().unwrap();
+}

@@ -1,0 +1,114 @@
+"""Decoupled models on the core's path against the reference path: the same generated
+``ModelStreamInfer`` streams (requests to models in worker processes that send their responses
+from ``execute``, from threads after it returned, or from coroutines; valid and refused ones,
+with and without empty final replies) sent to a server whose core runs the models and
+serializes their responses, and to one with ``--backend-config=python,core-path=off``: each
+request must get the same replies, byte for byte, in the same order (the replies of different
+requests interleave as their models send them)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tritonfast._proto import grpc_service_pb2 as pb
+
+from tests.conftest import ROOT, RunningServer
+from tests.e2e.corepair import server_pair
+
+STREAMING_MODELS = ROOT / "tests" / "models_streaming"
+# repeat_proc: responses from a thread after execute returned; async_repeat_proc: from a
+# coroutine (a negative value: an error response; no value: no final flag ever, so never
+# sent); square_proc: from execute itself.
+MODELS = ("repeat_proc", "async_repeat_proc", "square_proc")
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, ...]]:
+    repository = tmp_path_factory.mktemp("decoupled_models")
+    for model in MODELS:
+        shutil.copytree(STREAMING_MODELS / model, repository / model)
+    yield from server_pair([repository], tmp_path_factory.mktemp("core_streams"))
+
+
+@pytest.fixture(scope="module")
+def channels(servers: tuple[RunningServer, ...]) -> Iterator[tuple[Any, Any]]:
+    opened = tuple(grpc.insecure_channel(s.grpc_url) for s in servers)
+    yield opened
+    for channel in opened:
+        channel.close()
+
+
+@st.composite
+def stream_request(draw: Any, index: int) -> bytes:
+    model = draw(st.sampled_from(MODELS))
+    least = 0 if model == "repeat_proc" else 1
+    count = 1 if model == "square_proc" else draw(st.integers(least, 5))
+    if draw(st.integers(0, 9)) == 0:  # a shape the model refuses
+        count += 1 if count == 1 else 0
+    datatype = "INT64" if draw(st.integers(0, 14)) == 0 else "INT32"  # (refused too)
+    values = np.array(
+        draw(st.lists(st.integers(-1, 50), min_size=count, max_size=count)),
+        np.int32 if datatype == "INT32" else np.int64,
+    )
+    message = pb.ModelInferRequest(model_name=model, id=f"r{index}")
+    message.inputs.add(name="IN", datatype=datatype, shape=[count])
+    message.raw_input_contents.append(values.tobytes())
+    if draw(st.integers(0, 3)) == 0:
+        message.parameters["triton_enable_empty_final_response"].bool_param = True
+    if draw(st.booleans()):
+        message.outputs.add(name=draw(st.sampled_from(["OUT", "OUT", "IDX"])))
+    return message.SerializeToString()
+
+
+@st.composite
+def streams(draw: Any) -> list[bytes]:
+    size = draw(st.integers(1, 5))
+    return [draw(stream_request(index)) for index in range(size)]
+
+
+def _replies_by_request(channel: Any, messages: list[bytes]) -> dict[str, list[bytes]]:
+    """Every reply of one stream that sends ``messages``, as sent, by the request it
+    answers."""
+    call = channel.stream_stream(STREAM_INFER, request_serializer=None, response_deserializer=None)
+    replies: dict[str, list[bytes]] = {}
+    for reply in call(iter(messages), timeout=60):
+        request_id = pb.ModelStreamInferResponse.FromString(reply).infer_response.id
+        replies.setdefault(request_id, []).append(reply)
+    return replies
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(streams())
+def test_decoupled_streams_get_the_reference_paths_replies(
+    channels: tuple[Any, Any], messages: list[bytes]
+) -> None:
+    core, reference = channels
+    assert _replies_by_request(core, messages) == _replies_by_request(reference, messages)
+
+
+def test_the_core_streams_them(servers: tuple[RunningServer, ...], channels: Any) -> None:
+    """What the comparison above compares is the core's work: the core's server reads its
+    workers' responses on reader threads of the core's (the reference server has none)."""
+    message = pb.ModelInferRequest(model_name="repeat_proc", id="x")
+    message.inputs.add(name="IN", datatype="INT32", shape=[3])
+    message.raw_input_contents.append(np.array([1, 2, 3], np.int32).tobytes())
+    replies = _replies_by_request(channels[0], [message.SerializeToString()])
+    assert len(replies["x"]) == 3
+    core, reference = servers
+    assert _reader_threads(core.proc.pid) == len(MODELS)
+    assert _reader_threads(reference.proc.pid) == 0
+
+
+def _reader_threads(pid: int) -> int:
+    """The core's threads reading decoupled models' workers."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return sum((task / "comm").read_text().strip() == "tritonfast-read" for task in tasks)
