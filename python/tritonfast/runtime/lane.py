@@ -55,7 +55,7 @@ from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.histogram import Histogram, first_response_buckets
 from tritonfast.runtime.instance import Caller
 from tritonfast.runtime.modelinstance import ModelInstance
-from tritonfast.runtime.responses import STREAM_BUFFER, ResponseStream, Result, Sink, settle
+from tritonfast.runtime.responses import ResponseStream, Result, Room, Sink, settle, stream_room
 from tritonfast.runtime.scheduler import (
     STOPPED_MESSAGE,
     UNLOADED_MESSAGE,
@@ -73,8 +73,6 @@ log = logging.getLogger(__name__)
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
-# How often a worker's held-back responses look whether their stream's client went away.
-_ROOM_POLL_S = 0.05
 # How long a driver waits for a batch to fail while its worker cannot be started again,
 # before it tries once more to start one.
 _RETRY_WAIT_S = 0.2
@@ -242,9 +240,7 @@ class LaneScheduler(Scheduler):
         self._first_response: Histogram | None = None
         if histogram_latencies and self._decoupled:
             self._first_response = Histogram(first_response_buckets(config))
-        # Signalled when a client takes a streamed response (see _hold_back).
-        self._room = threading.Condition()
-        self._unloading = False
+        self._unloading = False  # (streamed responses are held back no more then)
         # A traced request's token for its worker (the parent of the calls its model makes).
         self._trace_token = trace_token
         self._name = name
@@ -372,12 +368,12 @@ class LaneScheduler(Scheduler):
         responses wait here, and so, once the channel fills, do its model's sends. Not once
         the model is unloading: its requests must be able to finish."""
         for sink, _, final in items:
-            if final:
-                continue
-            full = sink.held_back if type(sink) is not _Sink else _stream_full(sink.target)
-            with self._room:
-                while full() and not self._unloading:
-                    self._room.wait(_ROOM_POLL_S)
+            room = sink.room
+            if not final and room is not None:
+                room.wait(self._stopping)
+
+    def _stopping(self) -> bool:
+        return self._unloading
 
     def _settle_streamed(self, items: list[tuple[Any, Any, bool]]) -> None:
         """On the event loop: streamed responses, in the order they came (a frontend's
@@ -395,13 +391,12 @@ class LaneScheduler(Scheduler):
         """The consumer of an open stream (its batch over) went away: its worker is told."""
         cast(StreamingDriven, self._instances[instance]).core_cancel(token)
 
-    def _took(self) -> None:
-        """On the loop: a client took a streamed response."""
-        with self._room:
-            self._room.notify_all()
-
     # -- taking requests --------------------------------------------------------------------
-    def _enqueue(self, request: InferRequest, sink: Sink, batch_size: int) -> LaneTicket:
+    def _enqueue(
+        self, request: InferRequest, sink: Sink, batch_size: int, streamed: bool = False
+    ) -> LaneTicket:
+        """``streamed``: ``sink`` is a stream its responses are held back for (see
+        _hold_back)."""
         mark_enqueued(request, sink)
         params = request.parameters
         priority = timeout = 0  # (the lane applies them only under the dynamic batcher)
@@ -438,7 +433,7 @@ class LaneScheduler(Scheduler):
             priority,
             timeout,
             batch_size,
-            _Sink(sink, request),
+            _Sink(sink, request, stream_room(sink) if streamed else None),
             trace,
             sequence,
         )
@@ -454,14 +449,12 @@ class LaneScheduler(Scheduler):
 
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         stream = ResponseStream(self._loop)
-        ticket = self._enqueue(request, stream, batch_size)
+        ticket = self._enqueue(request, stream, batch_size, self._decoupled)
         lane = self.lane
         histogram = self._first_response
         if histogram is not None:
             started = perf_counter_ns()
             stream.on_first(lambda: histogram.observe((perf_counter_ns() - started) / 1e6))
-        if self._decoupled:
-            stream.on_taken(self._took)
 
         def cancel() -> None:
             lane.cancel(ticket)
@@ -565,14 +558,16 @@ def response_of(described: tuple[Any, ...]) -> Result:
 
 
 class _Sink:
-    """What the lane hands back with a Python request's result: where it goes, and the
-    request (for its trace and phase counts)."""
+    """What the lane hands back with a Python request's result: where it goes, the request
+    (for its trace and phase counts), and for a streamed one how far its consumer may fall
+    behind."""
 
-    __slots__ = ("request", "target")
+    __slots__ = ("request", "room", "target")
 
-    def __init__(self, target: Sink, request: InferRequest) -> None:
+    def __init__(self, target: Sink, request: InferRequest, room: Room | None = None) -> None:
         self.target = target
         self.request = request
+        self.room = room
 
 
 def _settle_all(items: list[tuple[Any, Any]]) -> None:
@@ -583,14 +578,6 @@ def _settle_all(items: list[tuple[Any, Any]]) -> None:
             settle(sink.target, result, True)
         else:
             sink.answered(result)
-
-
-def _stream_full(target: Any) -> Callable[[], bool]:
-    """Whether ``target`` (a request's sink) holds as many responses as its client may be
-    ahead (a gone or finished stream never is)."""
-    if not isinstance(target, ResponseStream):
-        return lambda: False
-    return lambda: target.waiting >= STREAM_BUFFER and not (target.cancelled or target.finished)
 
 
 def _count(request: InferRequest, marks: Any) -> None:

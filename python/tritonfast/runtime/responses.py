@@ -167,6 +167,42 @@ class ResponseStream:
             hook()
 
 
+# How often a producer held back by a Room looks whether it should stop waiting.
+ROOM_POLL_S = 0.05
+
+
+class Room:
+    """How far a stream's consumer (on the event loop) may fall behind a producer on another
+    thread: the producer waits (:meth:`wait`) while ``full()``, until the consumer takes
+    something (:meth:`freed`), ``over()`` says the stream is done, or the producer's ``stop``."""
+
+    __slots__ = ("_freed", "_full", "_over")
+
+    def __init__(self, full: Callable[[], bool], over: Callable[[], bool]) -> None:
+        self._full = full
+        self._over = over
+        self._freed = threading.Event()
+
+    def wait(self, stop: Callable[[], bool]) -> None:
+        while self._full() and not self._over() and not stop():
+            self._freed.clear()
+            if self._full():
+                self._freed.wait(ROOM_POLL_S)
+
+    def freed(self) -> None:
+        """From the consumer's side: it took something."""
+        self._freed.set()
+
+
+def stream_room(stream: ResponseStream) -> Room:
+    """A :class:`Room` of :data:`STREAM_BUFFER` responses for ``stream``'s producer."""
+    room = Room(
+        lambda: stream.waiting >= STREAM_BUFFER, lambda: stream.cancelled or stream.finished
+    )
+    stream.on_taken(room.freed)
+    return room
+
+
 class LoopMailbox:
     """Runs callbacks posted from any thread on one event loop, in the order posted; one
     wake-up of the loop runs everything posted since the last."""

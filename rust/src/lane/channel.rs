@@ -67,6 +67,17 @@ impl Channel {
         Ok(message)
     }
 
+    /// Whether bytes (or the end) are there to read now, without waiting.
+    pub fn readable_now(&self) -> bool {
+        let mut fd = libc::pollfd {
+            fd: self.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `fd` is one valid pollfd structure for the call's duration.
+        unsafe { libc::poll(&raw mut fd, 1, 0) > 0 }
+    }
+
     /// Waits until this channel has bytes to read (or is closed), or `other` has: true for
     /// this channel. `other` is the worker's pipe, which carries what is not a batch.
     pub fn wait(&self, other: RawFd) -> Result<bool, CoreError> {

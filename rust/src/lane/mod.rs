@@ -57,6 +57,9 @@ use sequence::{Controls, null_inputs};
 use source::{Entry, Popped, RunTicket, Source};
 pub use source::{LaneTicket, REQUEST_TIMEOUT_MESSAGE};
 use streams::{OpenStream, OpenStreams, Replies, StreamMessage, StreamSink, Streamed};
+/// The most streamed responses a worker's reader hands over together.
+const STREAMED_AT_ONCE: usize = 256;
+
 /// How long a driver waits for a batch before it looks again whether its worker is gone.
 const IDLE_POLL: Duration = Duration::from_millis(200);
 
@@ -654,30 +657,51 @@ impl<E: Send + Sync> Lane<E> {
     /// Reads what a decoupled model's worker sends until it goes away or the driver stops
     /// reading: responses to their streams, calls to their targets, batch replies to the
     /// driver. A worker gone ends its open streams with `died`.
+    ///
+    /// Responses are handed over once nothing more is there to read at once (at most
+    /// [`STREAMED_AT_ONCE`] together): under load one hand-over to the server's Python takes
+    /// many, where one each would have the reader and the event loop trade the GIL per
+    /// response.
     fn read_worker(&self, instance: usize, channel: &Arc<Channel>, replies: &Replies, died: &str) {
         name_this_thread(c"tritonfast-read");
+        let mut pending = Vec::new();
         let error = loop {
-            match channel.wait(replies.stop_fd()) {
-                Ok(true) if !replies.is_stopping() => {}
-                Ok(_) => break None,
-                Err(error) => break Some(error),
+            if pending.len() >= STREAMED_AT_ONCE || (!pending.is_empty() && !channel.readable_now())
+            {
+                self.deliver.stream(std::mem::take(&mut pending));
+            }
+            if pending.is_empty() {
+                match channel.wait(replies.stop_fd()) {
+                    Ok(true) if !replies.is_stopping() => {}
+                    Ok(_) => break None,
+                    Err(error) => break Some(error),
+                }
             }
             let message = match channel.recv() {
                 Ok(message) => message,
                 Err(error) => break Some(error),
             };
-            match message.first() {
-                Some(&CALL_TAG) => {
-                    if let Some(answer) = self.serve_call(instance, &message, channel)
-                        && let Err(error) = channel.send(&answer.encode())
-                    {
-                        break Some(error);
-                    }
+            if message.first() == Some(&STREAM_TAG) {
+                self.collect_streamed(&message, &mut pending);
+                continue;
+            }
+            // (What came before it reaches its sinks first.)
+            if !pending.is_empty() {
+                self.deliver.stream(std::mem::take(&mut pending));
+            }
+            if message.first() == Some(&CALL_TAG) {
+                if let Some(answer) = self.serve_call(instance, &message, channel)
+                    && let Err(error) = channel.send(&answer.encode())
+                {
+                    break Some(error);
                 }
-                Some(&STREAM_TAG) => self.forward_streamed(&message),
-                _ => replies.put(message),
+            } else {
+                replies.put(message);
             }
         };
+        if !pending.is_empty() {
+            self.deliver.stream(pending);
+        }
         replies.end(
             error
                 .clone()
@@ -691,12 +715,11 @@ impl<E: Send + Sync> Lane<E> {
         }
     }
 
-    /// Hands a worker's streamed responses to their requests' sinks.
-    fn forward_streamed(&self, message: &[u8]) {
+    /// A worker's streamed responses, each with its request's sink, added to `parts`.
+    fn collect_streamed(&self, message: &[u8], parts: &mut Vec<Streamed<E>>) {
         let Ok(message) = StreamMessage::decode(message) else {
             return; // (the worker's side is ours: a bug, which its streams' ends would show)
         };
-        let mut parts = Vec::with_capacity(message.parts.len());
         for part in &message.parts {
             let answered = self.streams.with(part.token, part.last, |stream| {
                 let answer = part
@@ -708,9 +731,6 @@ impl<E: Send + Sync> Lane<E> {
             if let Some((sink, answer)) = answered {
                 parts.push((sink, answer, part.last));
             }
-        }
-        if !parts.is_empty() {
-            self.deliver.stream(parts);
         }
     }
 

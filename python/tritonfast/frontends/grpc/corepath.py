@@ -31,6 +31,7 @@ from tritonfast.data.types import InferResponse
 from tritonfast.errors import Code, TritonError, error_for
 from tritonfast.frontends.grpc import codec
 from tritonfast.runtime.lane import CoreLane, response_of
+from tritonfast.runtime.responses import Room
 
 if TYPE_CHECKING:
     from tritonfast.frontends.grpc.core import _Call
@@ -88,20 +89,16 @@ class StreamReply:
 class StreamedReplies:
     """Where the core's responses to one request of a stream to a decoupled model go: each
     serialized reply handed to ``put`` as it comes (on the event loop), ``done`` resolved
-    with the final flag. ``full`` tells the core's reader thread to hold the model's next
-    responses back (the stream's writer is that far behind)."""
+    with the final flag. ``room``: how far the stream's writer may fall behind before the
+    model's next responses are held back."""
 
-    __slots__ = ("_data", "_done", "_put", "_started", "held_back")
+    __slots__ = ("_data", "_done", "_put", "_started", "room")
 
     def __init__(
-        self,
-        put: Callable[[bytes], None],
-        full: Callable[[], bool],
-        done: asyncio.Future[None],
-        data: bytes,
+        self, put: Callable[[bytes], None], room: Room, done: asyncio.Future[None], data: bytes
     ) -> None:
         self._put = put
-        self.held_back = full
+        self.room = room
         self._done = done
         self._data = data
         self._started: int | None = perf_counter_ns()

@@ -38,6 +38,7 @@ from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.grpc import codec
 from tritonfast.frontends.grpc.corepath import StreamedReplies, StreamReply, stream_lane
 from tritonfast.memory.bodybudget import COUNTED_BYTES
+from tritonfast.runtime.responses import Room
 
 if TYPE_CHECKING:
     from tritonfast.api.dataplane import DataPlane
@@ -65,6 +66,9 @@ class StreamSession:
         self._out: asyncio.Queue[Any] = asyncio.Queue()
         self._out_room = asyncio.Event()  # set while fewer than OUT_AHEAD replies wait
         self._out_room.set()
+        # The same bound for the core's threads that stream decoupled models' replies in.
+        self._room = Room(lambda: self._out.qsize() >= OUT_AHEAD, lambda: self._over)
+        self._over = False
         self._window = asyncio.Semaphore(STREAM_WINDOW)
         self._running: set[asyncio.Future[Any]] = set()
         # Single-response requests' replies (messages, or bytes the core serialized), in
@@ -81,6 +85,7 @@ class StreamSession:
             while (reply := await out.get()) is not _END:
                 if not room.is_set() and out.qsize() <= OUT_AHEAD // 2:
                     room.set()
+                self._room.freed()
                 yield reply
             if self._read_error is not None:
                 raise self._read_error  # a malformed message ends the call with its status
@@ -93,6 +98,7 @@ class StreamSession:
         """The call is over (the client may be gone): stop reading and cancel every request
         still in flight. Called by the RPC's done callback, which also runs when the call ends
         while its handler waits to write, outside this generator."""
+        self._over = True
         if self._reader is not None:
             self._reader.cancel()
         for task in list(self._running):
@@ -183,8 +189,7 @@ class StreamSession:
         """A decoupled model's request in its lane: the core serializes each response as the
         worker sends it; they are written as they come."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        out = self._out
-        replies = StreamedReplies(self._put, lambda: out.qsize() >= OUT_AHEAD, done, data)
+        replies = StreamedReplies(self._put, self._room, done, data)
         try:
             ticket = lane.submit_grpc(data, replies, True)
         except TritonError:  # (a full queue, say): the session words it
