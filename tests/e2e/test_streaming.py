@@ -451,6 +451,24 @@ def test_a_worker_models_stream_sees_its_client_leave(
     )
 
 
+def test_a_stream_whose_batch_returned_sees_its_client_leave(
+    stream_server: RunningServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    """repeat_proc's execute returns at once, its thread sends the responses: the client
+    leaving reaches the worker's sender after the batch (the server names the stream to the
+    worker)."""
+    first: queue.Queue[Any] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: first.put(result))
+    many = int32_input(list(range(1_000_000)))
+    grpc_client.async_stream_infer("repeat_proc", [many], request_id="long-gone")
+    assert first.get(timeout=WAIT_S) is not None
+    grpc_client.stop_stream(cancel_requests=True)
+    wait_for(
+        lambda: "repeat long-gone saw its cancellation" in stream_server.log(),
+        "the worker's thread to see its stream cancelled",
+    )
+
+
 def test_a_worker_dying_mid_stream_ends_it_with_an_error_and_restarts(
     grpc_client: grpcclient.InferenceServerClient,
 ) -> None:

@@ -1,5 +1,6 @@
 """Decoupled: one response per element of IN, sent from a thread after execute returns, then
-the final flag alone (as python_backend's ``repeat`` example does)."""
+the final flag alone (as python_backend's ``repeat`` example does); a stream whose client went
+away first is logged."""
 
 import threading
 
@@ -12,12 +13,14 @@ class TritonPythonModel:
         for request in requests:
             values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
             sender = request.get_response_sender()
-            threading.Thread(target=self._send, args=(sender, values.copy()), daemon=True).start()
+            args = (sender, values.copy(), request.request_id())
+            threading.Thread(target=self._send, args=args, daemon=True).start()
         return None
 
-    def _send(self, sender, values):
+    def _send(self, sender, values, request_id):
         for index, value in enumerate(values.tolist()):
             if sender.is_cancelled():
+                pb_utils.Logger.log_info(f"repeat {request_id} saw its cancellation")
                 break
             sender.send(
                 pb_utils.InferenceResponse(
