@@ -20,6 +20,9 @@ install: venv
 	# The proto generator is pinned (its protoc decides the generated code); it declares
 	# protobuf<6, which tritonclient's protobuf 6 satisfies in practice, hence --no-deps.
 	$(PYTHON) -m pip install -q --no-deps grpcio-tools==1.71.2
+	# Dynamo's frontend, for tests/e2e/test_dynamo.py: one of ai-dynamo's dependencies is a
+	# placeholder package, so it goes in without them (what it imports is in the test extra).
+	$(PYTHON) -m pip install -q --no-deps ai-dynamo==1.6.1
 
 build: venv
 	$(PYTHON) -m pip install -q --no-deps --force-reinstall .

@@ -106,6 +106,8 @@ class ServeOptions:
     allow_vertex_ai: bool | None = None
     vertex_ai_port: int | None = None
     vertex_ai_default_model: str = ""
+    dynamo: bool = False
+    dynamo_namespace: str = "tritonfast"
     ignored_flags: list[str] = field(default_factory=list)
     log_file: str = ""
     log_info: bool = True
@@ -187,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         _backends_and_headers,
         _security,
         _vertex_ai,
+        _dynamo,
         _lifecycle_and_logging,
     ):
         add_flags(serve)
@@ -461,6 +464,26 @@ def _security(serve: argparse.ArgumentParser) -> None:
         default=[],
         metavar="API[,API...]:KEY=VALUE",
         help="answer these API groups only with metadata triton-grpc-protocol-KEY: VALUE",
+    )
+
+
+def _dynamo(serve: argparse.ArgumentParser) -> None:
+    """Joining an NVIDIA Dynamo deployment (frontends/dynamo)."""
+    group = serve.add_argument_group("NVIDIA Dynamo")
+    group.add_argument(
+        "--dynamo",
+        default=False,
+        help="tritonfast only. Join a Dynamo deployment as a worker: every READY model is"
+        " announced to Dynamo's discovery (DYN_DISCOVERY_BACKEND, DYN_REQUEST_PLANE and the"
+        " variables they read) and served to its frontends and routers",
+        **_BOOL,
+    )
+    group.add_argument(
+        "--dynamo-namespace",
+        default="tritonfast",
+        metavar="NAMESPACE",
+        help="tritonfast only. The Dynamo namespace the models are announced in (their"
+        " endpoints: NAMESPACE.<--id>.<model>)",
     )
 
 

@@ -319,6 +319,17 @@ async def _start_frontends(
         await _start_vertex_ai(options, dataplane, stoppers)
     if options.allow_metrics:
         await _start_metrics(options, settings, dataplane, stoppers)
+    if options.dynamo:
+        await _start_dynamo(options, dataplane, stoppers)
+
+
+async def _start_dynamo(options: ServeOptions, dataplane: DataPlane, stoppers: list[Any]) -> None:
+    from tritonfast.frontends.dynamo.worker import DynamoWorker
+
+    worker = DynamoWorker(dataplane, options.dynamo_namespace, options.server_id)
+    dataplane.watch_models(worker.changed)
+    await worker.start()
+    stoppers.append(worker.stop)
 
 
 async def _start_grpc(

@@ -9,7 +9,7 @@ HTTP or gRPC type crosses this boundary, and nothing here imports a frontend.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from concurrent.futures import Future
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
@@ -376,6 +376,11 @@ class DataPlane:
         return self._log.update(changes)
 
     # -- model repository -------------------------------------------------------------------
+    def watch_models(self, changed: Callable[[], None]) -> None:
+        """Have ``changed()`` called on the event loop whenever a model becomes READY or begins
+        to unload."""
+        self._repository.watchers.append(changed)
+
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """``[{"name", "version", "state", "reason"}]`` for every model in the repository."""
         return self._control.index(ready_only)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,6 +114,8 @@ class ModelRepository:
         self._models: dict[str, ModelEntry] = {}
         # The lanes of the models served, for the calls models make that the core takes.
         self.lane_registry = LaneRegistry()
+        # Called on the event loop when a model becomes READY or begins to unload.
+        self.watchers: list[Callable[[], None]] = []
         # The handle of the server these models belong to, which their code reaches (BLS,
         # ensembles): set by the server once it has one, before any model loads.
         self.server: Handle | None = None
@@ -212,6 +214,8 @@ class ModelRepository:
                     lanes[str(number)] = lane
         default = str(max(entry.versions)) if entry.versions else ""
         self.lane_registry.set(entry.name, lanes, default)
+        for changed in self.watchers:
+            self._loop.call_soon_threadsafe(changed)
 
     def retire(self, entry: ModelEntry, timeout: float) -> None:
         """Stop a replaced or unloaded entry: its queued and running requests finish first.

@@ -1,0 +1,211 @@
+"""tritonfast as NVIDIA Dynamo workers (``serve --dynamo``): two servers announce their models
+to Dynamo's discovery (file discovery, every plane on loopback), Dynamo's own KServe gRPC
+frontend (``python -m dynamo.frontend --kserve-grpc-server``) routes the unchanged
+``tritonclient.grpc`` to them: inference of FP32 and BYTES models, a decoupled model's stream,
+requests shared round robin between the workers, a model loaded later announced and one
+unloaded withdrawn. Skipped without Dynamo's packages (``pip install 'tritonfast[dynamo]'``)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ROOT, TEST_MODELS, RunningServer, free_ports, start_server
+from tests.waiting import wait_for
+
+pytest.importorskip("dynamo.runtime", reason="Dynamo's runtime is not installed")
+pytest.importorskip("dynamo.frontend", reason="Dynamo's frontend is not installed")
+
+STREAMING_MODELS = ROOT / "tests" / "models_streaming"
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def dynamo_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Dynamo's environment for this module's processes: file discovery in a directory of its
+    own, TCP request plane, ZMQ event plane, everything on loopback."""
+    store = tmp_path_factory.mktemp("dynamo_kv")
+    env = {
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(store),
+        "DYN_REQUEST_PLANE": "tcp",
+        "DYN_EVENT_PLANE": "zmq",
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_SYSTEM_HOST": "127.0.0.1",
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("dynamo_models")
+    for source, model in (
+        (TEST_MODELS, "identity_fp32"),
+        (TEST_MODELS, "identity_bytes"),
+        (STREAMING_MODELS, "repeat_proc"),
+    ):
+        shutil.copytree(source / model, root / model)
+    return root
+
+
+@pytest.fixture(scope="module")
+def workers(
+    dynamo_env: dict[str, str], repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[RunningServer]]:
+    logs = tmp_path_factory.mktemp("dynamo_workers")
+    started = [
+        start_server(
+            [repository],
+            logs / f"worker{index}.log",
+            "--model-control-mode=explicit",
+            "--load-model=identity_fp32",
+            "--load-model=repeat_proc",
+            "--dynamo",
+        )
+        for index in range(2)
+    ]
+    yield started
+    for worker in started:
+        assert worker.stop() == 0, worker.log()
+
+
+@pytest.fixture(scope="module")
+def frontend(
+    workers: list[RunningServer], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """Dynamo's KServe gRPC frontend, once it routes to both workers' models."""
+    grpc_port, metrics_port = free_ports(2)
+    log_path = tmp_path_factory.mktemp("dynamo_frontend") / "frontend.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dynamo.frontend",
+                "--kserve-grpc-server",
+                f"--http-port={grpc_port}",
+                f"--grpc-metrics-port={metrics_port}",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"127.0.0.1:{grpc_port}"
+    try:
+        client = grpcclient.InferenceServerClient(url)
+        wait_for(
+            lambda: _ready(client, "identity_fp32") and _ready(client, "repeat_proc"),
+            f"the frontend to route to the workers' models:\n{log_path.read_text()}",
+            WAIT_S,
+        )
+        client.close()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _ready(client: grpcclient.InferenceServerClient, model: str) -> bool:
+    try:
+        return bool(client.is_model_ready(model))
+    except InferenceServerException:
+        return False
+
+
+@pytest.fixture
+def client(frontend: str) -> Iterator[grpcclient.InferenceServerClient]:
+    opened = grpcclient.InferenceServerClient(frontend)
+    yield opened
+    opened.close()
+
+
+def _fp32(values: list[float]) -> Any:
+    tensor = grpcclient.InferInput("INPUT0", [1, len(values)], "FP32")
+    tensor.set_data_from_numpy(np.array([values], dtype=np.float32))
+    return tensor
+
+
+def test_inference_through_dynamos_frontend(client: grpcclient.InferenceServerClient) -> None:
+    result = client.infer("identity_fp32", [_fp32([1.5, 2.5, -3.0])], request_id="d1")
+    assert result.as_numpy("OUTPUT0").tolist() == [[1.5, 2.5, -3.0]]
+    assert result.get_response().id == "d1"
+    # Triton's config, as the workers announced it.
+    config = client.get_model_config("identity_fp32").config
+    assert (config.name, config.max_batch_size) == ("identity_fp32", 8)
+
+
+def test_a_decoupled_models_responses_stream_through(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("IN", [3], "INT32")
+        tensor.set_data_from_numpy(np.array([7, 8, 9], dtype=np.int32))
+        client.async_stream_infer("repeat_proc", [tensor], request_id="s1")
+        got = []
+        for _ in range(3):
+            result, error = replies.get(timeout=WAIT_S)
+            assert error is None, error
+            got.append(int(result.as_numpy("OUT")[0]))
+        assert got == [7, 8, 9]
+    finally:
+        client.stop_stream()
+
+
+def test_requests_are_shared_round_robin(
+    client: grpcclient.InferenceServerClient, workers: list[RunningServer]
+) -> None:
+    before = [_successes(worker, "identity_fp32") for worker in workers]
+    for index in range(20):
+        client.infer("identity_fp32", [_fp32([float(index)])])
+    served = [_successes(w, "identity_fp32") - b for w, b in zip(workers, before, strict=True)]
+    assert sum(served) == 20
+    assert min(served) >= 8, served
+
+
+def _successes(worker: RunningServer, model: str) -> int:
+    own = grpcclient.InferenceServerClient(worker.grpc_url)
+    try:
+        stats = own.get_inference_statistics(model).model_stats
+        return sum(s.inference_stats.success.count for s in stats)
+    finally:
+        own.close()
+
+
+def test_models_loaded_later_are_announced_and_unloaded_ones_withdrawn(
+    client: grpcclient.InferenceServerClient, workers: list[RunningServer]
+) -> None:
+    for worker in workers:
+        own = grpcclient.InferenceServerClient(worker.grpc_url)
+        own.load_model("identity_bytes")
+        own.close()
+    wait_for(lambda: _ready(client, "identity_bytes"), "identity_bytes through the frontend")
+    tensor = grpcclient.InferInput("INPUT0", [1, 2], "BYTES")
+    tensor.set_data_from_numpy(np.array([[b"abc", b"\x00\xff"]], dtype=object))
+    result = client.infer("identity_bytes", [tensor])
+    assert result.as_numpy("OUTPUT0").tolist() == [[b"abc", b"\x00\xff"]]
+    for worker in workers:
+        own = grpcclient.InferenceServerClient(worker.grpc_url)
+        own.unload_model("identity_bytes")
+        own.close()
+    wait_for(lambda: not _ready(client, "identity_bytes"), "identity_bytes withdrawn")
