@@ -1,0 +1,121 @@
+"""Small requests through NVIDIA Dynamo's KServe gRPC frontend against tritonfast directly.
+
+Starts one tritonfast server with ``--dynamo`` (file discovery in a temporary directory,
+every plane on loopback) and Dynamo's frontend (``python -m dynamo.frontend
+--kserve-grpc-server``), then, alternating, sends REQUESTS lone requests (c=1) of a 16-element
+FP32 tensor to ``identity_fp32`` with ``tritonclient.grpc``: through the frontend, and to the
+server's own gRPC port. Prints the p50 and p90 latency of each and the difference, per round.
+
+    python bench/e2e/dynamo.py [ROUNDS] [REQUESTS]        (3 rounds of 2000)
+
+Needs ``pip install '.[dynamo]'`` and Dynamo's frontend (docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [int(sock.getsockname()[1]) for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _wait_ready(url: str, model: str, seconds: float = 60) -> None:
+    client = grpcclient.InferenceServerClient(url)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if client.is_model_ready(model):
+                return
+        except InferenceServerException:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{model} not ready at {url}")
+        time.sleep(0.1)
+
+
+def _latencies_ms(url: str, count: int) -> list[float]:
+    client = grpcclient.InferenceServerClient(url)
+    tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.arange(16, dtype=np.float32).reshape(1, 16))
+    for _ in range(100):  # warm-up
+        client.infer("identity_fp32", [tensor])
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        client.infer("identity_fp32", [tensor])
+        times.append((time.perf_counter() - started) * 1e3)
+    client.close()
+    return sorted(times)
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
+    store = tempfile.mkdtemp(prefix="dynamo-kv-")
+    env = dict(
+        os.environ,
+        DYN_DISCOVERY_BACKEND="file",
+        DYN_FILE_KV=store,
+        DYN_REQUEST_PLANE="tcp",
+        DYN_EVENT_PLANE="zmq",
+        DYN_TCP_RPC_HOST="127.0.0.1",
+        DYN_TCP_RESPONSE_STREAM_HOST="127.0.0.1",
+        DYN_EVENT_PLANE_HOST="127.0.0.1",
+        DYN_SYSTEM_HOST="127.0.0.1",
+    )
+    http, grpc, metrics, front, front_metrics = _ports(5)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tritonfast", "serve", "--model-repository",
+         str(ROOT / "tests" / "models"), "--model-control-mode=explicit",
+         "--load-model=identity_fp32", f"--http-port={http}", f"--grpc-port={grpc}",
+         f"--metrics-port={metrics}", "--dynamo"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    frontend = subprocess.Popen(
+        [sys.executable, "-m", "dynamo.frontend", "--kserve-grpc-server",
+         f"--http-port={front}", f"--grpc-metrics-port={front_metrics}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        direct_url, dynamo_url = f"127.0.0.1:{grpc}", f"127.0.0.1:{front}"
+        _wait_ready(direct_url, "identity_fp32")
+        _wait_ready(dynamo_url, "identity_fp32")
+        for index in range(1, rounds + 1):
+            direct = _latencies_ms(direct_url, count)
+            through = _latencies_ms(dynamo_url, count)
+            p50 = (direct[len(direct) // 2], through[len(through) // 2])
+            p90 = (direct[len(direct) * 9 // 10], through[len(through) * 9 // 10])
+            print(
+                f"round {index}: direct p50 {p50[0]:.3f} ms p90 {p90[0]:.3f};"
+                f" through Dynamo p50 {p50[1]:.3f} ms p90 {p90[1]:.3f};"
+                f" p50 +{p50[1] - p50[0]:.3f} ms",
+                flush=True,
+            )
+    finally:
+        for proc in (frontend, server):
+            proc.terminate()
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
