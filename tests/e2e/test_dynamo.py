@@ -3,7 +3,8 @@ to Dynamo's discovery (file discovery, every plane on loopback), Dynamo's own KS
 frontend (``python -m dynamo.frontend --kserve-grpc-server``) routes the unchanged
 ``tritonclient.grpc`` to them: inference of FP32 and BYTES models, a decoupled model's stream,
 requests shared round robin between the workers, a model loaded later announced and one
-unloaded withdrawn. Skipped without Dynamo's packages (``pip install 'tritonfast[dynamo]'``)."""
+unloaded withdrawn, a worker leaving under load. Skipped without Dynamo's packages
+(``pip install 'tritonfast[dynamo]'``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import queue
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -209,3 +211,61 @@ def test_models_loaded_later_are_announced_and_unloaded_ones_withdrawn(
         own.unload_model("identity_bytes")
         own.close()
     wait_for(lambda: not _ready(client, "identity_bytes"), "identity_bytes withdrawn")
+
+
+def test_a_worker_that_leaves_under_load_loses_no_request(
+    frontend: str,
+    workers: list[RunningServer],
+    repository: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A third worker joins, takes its share of four clients' requests, and gets SIGTERM
+    while they keep sending: it takes itself out of discovery, answers what the frontend
+    still routes to it during its grace period, finishes, and exits 0. No client sees an
+    error but one Dynamo's frontend makes itself: when a worker leaves discovery, the
+    frontend (1.6.1) cancels its requests to it whose response stream is not set up yet
+    ("Worker disconnected before response stream was established"; its --migration-limit
+    does not retry tensor requests), at most the clients' one request each in flight."""
+    os.environ["DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS"] = "3"
+    try:
+        leaver = start_server(
+            [repository],
+            tmp_path_factory.mktemp("dynamo_leaver") / "leaver.log",
+            "--model-control-mode=explicit",
+            "--load-model=identity_fp32",
+            "--dynamo",
+        )
+    finally:
+        del os.environ["DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS"]
+    failures: list[str] = []
+    sent = [0] * 4
+    stop = threading.Event()
+
+    def client_loop(index: int) -> None:
+        own = grpcclient.InferenceServerClient(frontend)
+        while not stop.is_set():
+            try:
+                result = own.infer("identity_fp32", [_fp32([float(index)])])
+                assert result.as_numpy("OUTPUT0").tolist() == [[float(index)]]
+                sent[index] += 1
+            except Exception as error:  # every kind of failure counts
+                failures.append(f"{type(error).__name__}: {error}")
+        own.close()
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: _successes(leaver, "identity_fp32") >= 20, "the new worker's share")
+        assert leaver.stop(60) == 0, leaver.log()  # (SIGTERM)
+        # The others go on serving everything after it left.
+        after = sum(sent)
+        wait_for(lambda: sum(sent) >= after + 100, "requests after the worker left")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    cancelled_by_frontend = "Worker disconnected before response stream was established"
+    assert [f for f in failures if cancelled_by_frontend not in f] == [], failures[:3]
+    assert len(failures) <= len(threads), failures
+    print(f"DRAIN requests {sum(sent)}, cancelled by the frontend {len(failures)}")

@@ -10,6 +10,14 @@ own data plane (batching, instances, sequences, statistics and metrics apply as 
 its response, or a decoupled model's responses as they come, go back as Dynamo's tensor
 messages (:mod:`.messages`).
 
+Leaving without losing a request (SIGTERM, or the server stopping otherwise): every model
+is withdrawn from discovery first; requests the routers still send while they notice are
+answered for a grace period (Dynamo's ``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``, 5 s by
+default, as Dynamo's own workers wait), and after it for as long as they keep coming (until
+none has come for :data:`QUIET_S`, at most :data:`LINGER_LIMIT_S` more: a frontend may take
+longer than the grace period to see a worker go); then the runtime stops, once the requests
+it runs have finished, and only then do the models stop.
+
 Dynamo's own environment says where discovery and the request plane are
 (``DYN_DISCOVERY_BACKEND``, default ``etcd``; ``DYN_REQUEST_PLANE``, default ``tcp``; and
 the variables those read, such as ``DYN_FILE_KV`` and ``ETCD_ENDPOINTS``). The server's HTTP
@@ -36,6 +44,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'tritonfast[dynamo]'"
+GRACE_PERIOD_ENV = "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS"
+DEFAULT_GRACE_PERIOD_S = 5.0
+# After the grace period, a leaving worker stops once no request has come for QUIET_S, or
+# LINGER_LIMIT_S later at the most.
+QUIET_S = 1.0
+LINGER_LIMIT_S = 20.0
+
+
+def grace_period_s() -> float:
+    """How long a leaving worker still answers what the routers send (see the module
+    docstring); an unreadable value is the default."""
+    try:
+        return max(0.0, float(os.environ.get(GRACE_PERIOD_ENV, DEFAULT_GRACE_PERIOD_S)))
+    except ValueError:
+        return DEFAULT_GRACE_PERIOD_S
 
 
 def endpoint_name(model_name: str) -> str:
@@ -66,8 +89,11 @@ class DynamoWorker:
         )
         # Served models: their endpoint and the task serving it.
         self._served: dict[str, tuple[Any, asyncio.Task[None]]] = {}
+        # When the last request came (loop time), for a leaving worker to see them stop.
+        self._arrivals = _Arrivals()
         self._syncing: asyncio.Task[None] | None = None
         self._again = False
+        self._leaving = False
 
     async def start(self) -> None:
         """Announce every READY model."""
@@ -76,6 +102,8 @@ class DynamoWorker:
     def changed(self) -> None:
         """(On the event loop.) A model became READY or began to unload: announce or withdraw
         it, after whatever announcing is under way."""
+        if self._leaving:
+            return
         if self._syncing is not None and not self._syncing.done():
             self._again = True
             return
@@ -120,30 +148,59 @@ class DynamoWorker:
                 "triton_model_config": config.SerializeToString(),
             },
         )
-        handler = _ModelHandler(self._dataplane, name, config.model_transaction_policy.decoupled)
+        handler = _ModelHandler(
+            self._dataplane, name, config.model_transaction_policy.decoupled, self._arrivals
+        )
         task = asyncio.ensure_future(endpoint.serve_endpoint(handler.generate))
         task.add_done_callback(lambda done: _log_end(name, done))
         self._served[name] = (endpoint, task)
         log.info("model '%s' announced to Dynamo at %s", name, path.replace(".", "/"))
 
     async def _withdraw(self, name: str) -> None:
-        from dynamo.llm import unregister_model
-
         endpoint, task = self._served.pop(name)
-        with contextlib.suppress(Exception):  # (already gone from discovery)
-            await unregister_model(endpoint)
-        with contextlib.suppress(Exception):
-            await endpoint.unregister_endpoint_instance()
+        await _unregister(endpoint)
         task.cancel()
         log.info("model '%s' withdrawn from Dynamo", name)
 
     async def stop(self) -> None:
-        """Withdraw every model, then leave the deployment."""
+        """Leave the deployment without losing a request (see the module docstring)."""
+        self._leaving = True
         if self._syncing is not None:
             self._syncing.cancel()
-        for name in sorted(self._served):
-            await self._withdraw(name)
-        self._runtime.shutdown()
+        served = list(self._served.values())
+        # (The worker's instances only, as Dynamo's own workers leave: its models' records
+        # are shared with the other workers serving them.)
+        await asyncio.gather(*(_leave(endpoint) for endpoint, _ in served))
+        withdrawn = self._arrivals.count
+        log.info("models withdrawn from Dynamo; answering what is still sent for %.1f s",
+                 grace_period_s())  # fmt: skip
+        await asyncio.sleep(grace_period_s())
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + LINGER_LIMIT_S
+        while (quiet := loop.time() - self._arrivals.last) < QUIET_S and loop.time() < give_up:
+            await asyncio.sleep(QUIET_S - quiet)
+        log.info("leaving Dynamo: %d requests came after the models were withdrawn",
+                 self._arrivals.count_since(withdrawn))  # fmt: skip
+        self._runtime.shutdown()  # (waits for the requests it runs)
+        tasks = [task for _, task in served]
+        if tasks:
+            await asyncio.wait(tasks)
+        self._served.clear()
+
+
+async def _leave(endpoint: Any) -> None:
+    """Take this worker's instance of ``endpoint`` out of the routers' choice."""
+    with contextlib.suppress(Exception):  # (already gone from discovery)
+        await endpoint.unregister_endpoint_instance()
+
+
+async def _unregister(endpoint: Any) -> None:
+    """... and withdraw its model, as this worker serves it."""
+    from dynamo.llm import unregister_model
+
+    await _leave(endpoint)
+    with contextlib.suppress(Exception):
+        await unregister_model(endpoint)
 
 
 def _log_end(name: str, task: asyncio.Task[None]) -> None:
@@ -151,17 +208,38 @@ def _log_end(name: str, task: asyncio.Task[None]) -> None:
         log.error("serving model '%s' to Dynamo failed: %s", name, task.exception())
 
 
+class _Arrivals:
+    """How many requests came, and when the last did (event-loop time)."""
+
+    __slots__ = ("count", "last")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = 0.0
+
+    def arrived(self) -> None:
+        self.count += 1
+        self.last = asyncio.get_running_loop().time()
+
+    def count_since(self, count: int) -> int:
+        return self.count - count
+
+
 class _ModelHandler:
     """Answers Dynamo's requests for one model through the data plane."""
 
-    __slots__ = ("_dataplane", "_decoupled", "_name")
+    __slots__ = ("_arrivals", "_dataplane", "_decoupled", "_name")
 
-    def __init__(self, dataplane: DataPlane, name: str, decoupled: bool) -> None:
+    def __init__(
+        self, dataplane: DataPlane, name: str, decoupled: bool, arrivals: _Arrivals
+    ) -> None:
         self._dataplane = dataplane
         self._name = name
         self._decoupled = decoupled
+        self._arrivals = arrivals
 
     async def generate(self, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        self._arrivals.arrived()
         try:
             request = request_of(message, self._name)
             if not self._decoupled:
