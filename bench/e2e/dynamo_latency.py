@@ -6,7 +6,7 @@ every plane on loopback) and Dynamo's frontend (``python -m dynamo.frontend
 FP32 tensor to ``identity_fp32`` with ``tritonclient.grpc``: through the frontend, and to the
 server's own gRPC port. Prints the p50 and p90 latency of each and the difference, per round.
 
-    python bench/e2e/dynamo.py [ROUNDS] [REQUESTS]        (3 rounds of 2000)
+    python bench/e2e/dynamo_latency.py [ROUNDS] [REQUESTS]        (3 rounds of 2000)
 
 Needs ``pip install '.[dynamo]'`` and Dynamo's frontend (docs/scale-out.md).
 """
