@@ -23,7 +23,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, os.path.dirname(__file__))
-from dynamo_latency import ROOT, _ports, _wait_ready  # noqa: E402
+from dynamo_latency import ROOT, _ports, _wait_ready
 
 CLIENTS = 4
 
