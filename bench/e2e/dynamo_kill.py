@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -23,23 +22,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, os.path.dirname(__file__))
-from dynamo_latency import ROOT, _ports, _wait_ready
+from dynamo_latency import ROOT, _ports, _wait_ready, dynamo_environment
 
 CLIENTS = 4
-
-
-def _environment() -> dict[str, str]:
-    return dict(
-        os.environ,
-        DYN_DISCOVERY_BACKEND="file",
-        DYN_FILE_KV=tempfile.mkdtemp(prefix="dynamo-kv-"),
-        DYN_REQUEST_PLANE="tcp",
-        DYN_EVENT_PLANE="zmq",
-        DYN_TCP_RPC_HOST="127.0.0.1",
-        DYN_TCP_RESPONSE_STREAM_HOST="127.0.0.1",
-        DYN_EVENT_PLANE_HOST="127.0.0.1",
-        DYN_SYSTEM_HOST="127.0.0.1",
-    )
 
 
 def _worker(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -56,7 +41,7 @@ def _worker(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def one_round(seconds: float) -> str:
-    env = _environment()
+    env = dynamo_environment()
     front, front_metrics = _ports(2)
     frontend = subprocess.Popen(
         [sys.executable, "-m", "dynamo.frontend", "--kserve-grpc-server",

@@ -68,14 +68,13 @@ def _latencies_ms(url: str, count: int) -> list[float]:
     return sorted(times)
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    count = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
-    store = tempfile.mkdtemp(prefix="dynamo-kv-")
-    env = dict(
+def dynamo_environment() -> dict[str, str]:
+    """This process's environment with Dynamo's for one host: file discovery in a new
+    temporary directory, TCP request plane, ZMQ event plane, everything on loopback."""
+    return dict(
         os.environ,
         DYN_DISCOVERY_BACKEND="file",
-        DYN_FILE_KV=store,
+        DYN_FILE_KV=tempfile.mkdtemp(prefix="dynamo-kv-"),
         DYN_REQUEST_PLANE="tcp",
         DYN_EVENT_PLANE="zmq",
         DYN_TCP_RPC_HOST="127.0.0.1",
@@ -83,6 +82,12 @@ def main() -> None:
         DYN_EVENT_PLANE_HOST="127.0.0.1",
         DYN_SYSTEM_HOST="127.0.0.1",
     )
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
+    env = dynamo_environment()
     http, grpc, metrics, front, front_metrics = _ports(5)
     server = subprocess.Popen(
         [sys.executable, "-m", "tritonfast", "serve", "--model-repository",

@@ -941,10 +941,12 @@ impl<E: Send + Sync> Lane<E> {
         let marks = [started_ns, sent_ns, replied_ns, monotonic_ns()];
         let compute = compute_times(marks);
         answer_steps(steps, compute, &mut answers, &mut externals);
-        self.deliver_and_write(externals, reply.extra, answers, marks);
+        // Counted before anyone is answered: a client that asks for the statistics once it
+        // has its answer finds its request in them.
         self.source
             .stats()
             .record_execution(successes, dequeued_at, compute);
+        self.deliver_and_write(externals, reply.extra, answers, marks);
         Ok(())
     }
 

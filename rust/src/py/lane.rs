@@ -931,8 +931,7 @@ fn reply_message(
                 outputs,
             }
         } else {
-            let (_, code, message): (String, String, String) = result.extract()?;
-            Outcome::Error(code_named(&code)?, message)
+            error_outcome(&result)?
         });
     }
     Ok(ReplyMessage {
@@ -941,6 +940,12 @@ fn reply_message(
         results: outcomes,
         extra: extra.to_vec(),
     })
+}
+
+/// A failed request's result as the worker's Python describes it: `("error", code, message)`.
+fn error_outcome(described: &Bound<'_, PyAny>) -> PyResult<Outcome> {
+    let (_, code, message): (String, String, String) = described.extract()?;
+    Ok(Outcome::Error(code_named(&code)?, message))
 }
 
 /// A streamed response as the worker's Python describes it: `("ok", model_name,
@@ -988,8 +993,7 @@ fn stream_message(items: &Bound<'_, PyList>) -> PyResult<StreamMessage> {
                         outputs,
                     }
                 } else {
-                    let (_, code, text): (String, String, String) = described.extract()?;
-                    Outcome::Error(code_named(&code)?, text)
+                    error_outcome(&described)?
                 })
             }
         };

@@ -169,36 +169,26 @@ class StreamSession:
         """Hand a request to its model's lane whole (see ``corepath.stream_lane``): its
         serialized reply takes its turn like any single response (a decoupled model's
         replies go out as they come). False when the core leaves it to the session."""
+        # Resolved with the serialized reply; for a decoupled model, once the final flag came
+        # (each reply written as it came).
+        over: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        sink: StreamReply | StreamedReplies
         if lane.decoupled:
-            return self._stream_in_core(lane, data, held)
-        reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            sink = StreamedReplies(self._put, self._room, over, data)
+        else:
+            sink = StreamReply(over, data)
         try:
-            ticket = lane.submit_grpc(data, StreamReply(reply, data), True)
+            ticket = lane.submit_grpc(data, sink, True)
         except TritonError:  # (a full queue, say): the session words it
             ticket = None
         if ticket is None:
             return False
-        reply.add_done_callback(lambda done: lane.cancel(ticket) if done.cancelled() else None)
-        self._ordered.append(reply)
-        reply.add_done_callback(self._flush_ordered)
-        self._running.add(reply)
-        reply.add_done_callback(functools.partial(self._finished, held))
-        return True
-
-    def _stream_in_core(self, lane: Lane, data: bytes, held: int) -> bool:
-        """A decoupled model's request in its lane: the core serializes each response as the
-        worker sends it; they are written as they come."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        replies = StreamedReplies(self._put, self._room, done, data)
-        try:
-            ticket = lane.submit_grpc(data, replies, True)
-        except TritonError:  # (a full queue, say): the session words it
-            ticket = None
-        if ticket is None:
-            return False
-        done.add_done_callback(lambda over: lane.cancel(ticket) if over.cancelled() else None)
-        self._running.add(done)
-        done.add_done_callback(functools.partial(self._finished, held))
+        over.add_done_callback(lambda done: lane.cancel(ticket) if done.cancelled() else None)
+        if not lane.decoupled:
+            self._ordered.append(over)
+            over.add_done_callback(self._flush_ordered)
+        self._running.add(over)
+        over.add_done_callback(functools.partial(self._finished, held))
         return True
 
     def _start(self, message: pb.ModelInferRequest, held: int) -> None:
