@@ -2,11 +2,12 @@
 
 Starts one tritonfast server with ``--dynamo`` (file discovery in a temporary directory,
 every plane on loopback) and Dynamo's frontend (``python -m dynamo.frontend
---kserve-grpc-server``), then, alternating, sends REQUESTS lone requests (c=1) of a 16-element
-FP32 tensor to ``identity_fp32`` with ``tritonclient.grpc``: through the frontend, and to the
-server's own gRPC port. Prints the p50 and p90 latency of each and the difference, per round.
+--kserve-grpc-server``), then, alternating, sends REQUESTS lone requests (c=1) of an
+ELEMENTS-element FP32 tensor to ``identity_fp32`` with ``tritonclient.grpc``: through the
+frontend, and to the server's own gRPC port. Prints the p50 and p90 latency of each and the
+difference, per round.
 
-    python bench/e2e/dynamo_latency.py [ROUNDS] [REQUESTS]        (3 rounds of 2000)
+    python bench/e2e/dynamo_latency.py [ROUNDS] [REQUESTS] [ELEMENTS]   (3 rounds of 2000, 16)
 
 Needs ``pip install '.[dynamo]'`` and Dynamo's frontend (docs/scale-out.md).
 """
@@ -53,11 +54,11 @@ def _wait_ready(url: str, model: str, seconds: float = 60) -> None:
         time.sleep(0.1)
 
 
-def _latencies_ms(url: str, count: int) -> list[float]:
+def _latencies_ms(url: str, count: int, elements: int = 16) -> list[float]:
     client = grpcclient.InferenceServerClient(url)
-    tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
-    tensor.set_data_from_numpy(np.arange(16, dtype=np.float32).reshape(1, 16))
-    for _ in range(100):  # warm-up
+    tensor = grpcclient.InferInput("INPUT0", [1, elements], "FP32")
+    tensor.set_data_from_numpy(np.arange(elements, dtype=np.float32).reshape(1, elements))
+    for _ in range(10):  # warm-up
         client.infer("identity_fp32", [tensor])
     times = []
     for _ in range(count):
@@ -87,6 +88,7 @@ def dynamo_environment() -> dict[str, str]:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
+    elements = int(sys.argv[3]) if len(sys.argv) > 3 else 16
     env = dynamo_environment()
     http, grpc, metrics, front, front_metrics = _ports(5)
     server = subprocess.Popen(
@@ -106,8 +108,8 @@ def main() -> None:
         _wait_ready(direct_url, "identity_fp32")
         _wait_ready(dynamo_url, "identity_fp32")
         for index in range(1, rounds + 1):
-            direct = _latencies_ms(direct_url, count)
-            through = _latencies_ms(dynamo_url, count)
+            direct = _latencies_ms(direct_url, count, elements)
+            through = _latencies_ms(dynamo_url, count, elements)
             p50 = (direct[len(direct) // 2], through[len(through) // 2])
             p90 = (direct[len(direct) * 9 // 10], through[len(through) * 9 // 10])
             print(
