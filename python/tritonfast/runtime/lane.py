@@ -302,7 +302,9 @@ class LaneScheduler(Scheduler):
                 link = instance.core_link(self._loop)
         except Exception:  # a bug: the version's requests would wait forever
             log.exception("the driver of %s_%d failed", self._name, index)
-            self.lane.abandon(Code.INTERNAL.value, f"the driver of {self._name} failed")
+            failed = f"the driver of {self._name} failed"
+            self.lane.abandon(Code.INTERNAL.value, failed)
+            self.lane.end_streams(Code.INTERNAL.value, failed)
 
     def _restart(self, index: int, instance: Any) -> bool:
         """Start the worker again; while it cannot, each batch fails with why. False once the
