@@ -83,6 +83,36 @@ fn int32s(sink: u32, values: &[i32]) -> LaneItem<u32> {
     }
 }
 
+/// A decoupled batch's reply: its `count` requests all answered through their streams.
+fn streamed_reply(count: usize) -> Vec<u8> {
+    let reply = ReplyMessage {
+        segment: String::new(),
+        segment_len: 0,
+        results: vec![Outcome::Streamed; count],
+        extra: Vec::new(),
+    };
+    reply.encode()
+}
+
+/// A stream's bare final flag, as the worker sends it.
+fn final_flag(token: u64) -> Vec<u8> {
+    let last = StreamMessage {
+        data: Vec::new(),
+        parts: vec![StreamPart {
+            token,
+            outcome: None,
+            last: true,
+        }],
+    };
+    last.encode()
+}
+
+/// Instance 0's driver on its own thread.
+fn drive(lane: &Arc<Lane<u32>>, mut link: WorkerLink) -> thread::JoinHandle<DriveEnd> {
+    let lane = Arc::clone(lane);
+    thread::spawn(move || lane.drive(0, &mut link))
+}
+
 /// The worker's side of a repeat model: replies to each batch at once (every request
 /// streamed), then sends each request's values one response each, then a bare final flag;
 /// with `die_early`, goes away after the first response instead.
@@ -110,13 +140,7 @@ fn repeat_worker(end: UnixStream, die_early: bool) -> thread::JoinHandle<()> {
                 })
                 .collect();
             assert!(requests.iter().all(|(token, _)| *token != 0));
-            let reply = ReplyMessage {
-                segment: String::new(),
-                segment_len: 0,
-                results: vec![Outcome::Streamed; requests.len()],
-                extra: Vec::new(),
-            };
-            channel.send(&reply.encode()).unwrap();
+            channel.send(&streamed_reply(requests.len())).unwrap();
             for (token, bytes) in requests {
                 for value in bytes.chunks(4) {
                     let response = StreamMessage {
@@ -145,15 +169,7 @@ fn repeat_worker(end: UnixStream, die_early: bool) -> thread::JoinHandle<()> {
                         return;
                     }
                 }
-                let last = StreamMessage {
-                    data: Vec::new(),
-                    parts: vec![StreamPart {
-                        token,
-                        outcome: None,
-                        last: true,
-                    }],
-                };
-                channel.send(&last.encode()).unwrap();
+                channel.send(&final_flag(token)).unwrap();
             }
         }
     })
@@ -194,11 +210,8 @@ fn every_response_reaches_its_stream_after_the_batch_returned() {
     let (lane, parts) = decoupled_lane();
     let (server_end, worker_end) = UnixStream::pair().unwrap();
     let stand_in = repeat_worker(worker_end, false);
-    let mut link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
-    let driver = {
-        let lane = Arc::clone(&lane);
-        thread::spawn(move || lane.drive(0, &mut link))
-    };
+    let link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
+    let driver = drive(&lane, link);
     lane.submit(int32s(1, &[7, 8, 9]), 1).unwrap();
     lane.submit(int32s(2, &[4]), 1).unwrap();
     wait_until(|| finals(&parts, 1) == 1 && finals(&parts, 2) == 1);
@@ -224,11 +237,7 @@ fn a_worker_that_goes_away_ends_its_open_streams() {
         .unwrap()
         .with_died_message("the worker of repeat_0 exited".into());
     lane.submit(int32s(3, &[5, 6]), 1).unwrap();
-    let driver = {
-        let lane = Arc::clone(&lane);
-        let mut link = link;
-        thread::spawn(move || lane.drive(0, &mut link))
-    };
+    let driver = drive(&lane, link);
     wait_until(|| finals(&parts, 3) == 1);
     stand_in.join().unwrap();
     assert_eq!(values(&parts, 3), [5]);
@@ -254,13 +263,7 @@ fn silent_worker(end: UnixStream, tokens: Arc<Mutex<Vec<u64>>>) -> thread::JoinH
             tokens
                 .lock()
                 .extend(batch.requests.iter().map(|r| r.stream));
-            let reply = ReplyMessage {
-                segment: String::new(),
-                segment_len: 0,
-                results: vec![Outcome::Streamed; batch.requests.len()],
-                extra: Vec::new(),
-            };
-            channel.send(&reply.encode()).unwrap();
+            channel.send(&streamed_reply(batch.requests.len())).unwrap();
         }
     })
 }
@@ -271,12 +274,9 @@ fn a_closed_lane_reads_its_open_streams_until_they_are_ended() {
     let (server_end, worker_end) = UnixStream::pair().unwrap();
     let tokens = Arc::default();
     let silent = silent_worker(worker_end, Arc::clone(&tokens));
-    let mut link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
+    let link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
     lane.submit(int32s(4, &[1]), 1).unwrap();
-    let driver = {
-        let lane = Arc::clone(&lane);
-        thread::spawn(move || lane.drive(0, &mut link))
-    };
+    let driver = drive(&lane, link);
     wait_until(|| lane.stats().snapshot().success.count == 1);
     lane.close();
     lane.end_streams(&CoreError::unavailable("the model stopped"));
@@ -298,24 +298,13 @@ fn a_stream_finished_after_its_lane_closed_still_reaches_its_sink() {
     // of the worker's socket.
     let speaker = Channel::new(worker_end.try_clone().unwrap().into());
     let silent = silent_worker(worker_end, Arc::clone(&tokens));
-    let mut link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
+    let link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
     lane.submit(int32s(5, &[1]), 1).unwrap();
-    let driver = {
-        let lane = Arc::clone(&lane);
-        thread::spawn(move || lane.drive(0, &mut link))
-    };
+    let driver = drive(&lane, link);
     wait_until(|| lane.stats().snapshot().success.count == 1);
     lane.close();
     let token = tokens.lock()[0];
-    let last = StreamMessage {
-        data: Vec::new(),
-        parts: vec![StreamPart {
-            token,
-            outcome: None,
-            last: true,
-        }],
-    };
-    speaker.send(&last.encode()).unwrap();
+    speaker.send(&final_flag(token)).unwrap();
     assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
     assert_eq!(parts.lock().clone(), [(5, None, true)]);
     drop((lane, speaker));

@@ -34,8 +34,6 @@ _serials = itertools.count()
 class InProcessDriven(ModelInstance):
     """An instance of this process whose batches the core hands over by a call."""
 
-    core_driven = True
-
     def __init__(self, instance: ModelInstance, model_name: str, instance_name: str) -> None:
         self._instance = instance
         self._model_name = model_name

@@ -83,11 +83,6 @@ _COMPUTE_STAMPS = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
 class CoreDriven(Protocol):
     """An instance whose worker the core can drive (``backends/python/process.py``)."""
 
-    @property
-    def core_driven(self) -> bool:
-        """Whether its worker takes batches over the core's channel."""
-        ...
-
     def core_link(self, loop: asyncio.AbstractEventLoop) -> LaneWorkerLink:
         """The core's link to the current worker (its pipe watched on ``loop`` meanwhile)."""
         ...
@@ -201,7 +196,7 @@ def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelIns
         return False
     if config.dynamic_batching.preserve_ordering and len(instances) > 1:
         return False
-    return all(isinstance(i, CoreDriven) and i.core_driven for i in instances)
+    return all(isinstance(i, CoreDriven) for i in instances)
 
 
 def signature_of(config: model_config_pb2.ModelConfig) -> InferSignature:

@@ -186,10 +186,6 @@ impl<E> OpenStreams<E> {
             .map(|(token, stream)| (stream.instance, *token))
     }
 
-    pub fn is_open(&self, token: u64) -> bool {
-        self.open.lock().contains_key(&token)
-    }
-
     /// Waits until instance `instance` has no open stream or `stop` says so (checked at
     /// least every `poll`).
     pub fn wait_ended(&self, instance: usize, poll: Duration, stop: impl Fn() -> bool) {

@@ -260,12 +260,20 @@ def no_reschedule(request: BatchRequest, instance_name: str) -> TritonError:
     )
 
 
+def channel_head(
+    model_name: str, model_version: Any, response_id: str | None, parameters: Any
+) -> tuple[str, str, str, str, str]:
+    """A response's ``("ok", model, version, id, parameters)`` as the core's channel carries
+    them (parameters as JSON text, empty for none), before its outputs."""
+    text = orjson.dumps(parameters, default=str).decode() if parameters else ""
+    return ("ok", model_name, str(model_version), response_id or "", text)
+
+
 def channel_result(described: tuple[Any, ...]) -> tuple[Any, ...]:
     """A result of :func:`describe_results` as the core's channel carries it."""
     if described[0] == "ok":
         _, model_name, model_version, response_id, parameters, slots = described
-        text = orjson.dumps(parameters, default=str).decode() if parameters else ""
-        return ("ok", model_name, str(model_version), response_id or "", text, slots)
+        return (*channel_head(model_name, model_version, response_id, parameters), slots)
     if described[0] == "error":
         return described
     return ("error", "INTERNAL", "a request that is not decoupled was rescheduled")

@@ -34,7 +34,7 @@ cancellation segment (one byte per request of the batch), which the worker's req
 
 Batches of models the server's core takes all the way (:mod:`tritonfast.runtime.lane`) go to
 the worker over a channel of the core's (typed messages, written and read without the GIL on
-the lane's driver threads): :attr:`ProcessInstance.core_driven`; so do a decoupled model's
+the lane's driver threads): :meth:`ProcessInstance.core_link`; so do a decoupled model's
 responses, sent from ``execute`` or from the model's own threads after it returned (read by
 the core, see ``rust/src/lane/streams.rs``). The pipe then carries the rest (logs, metric
 values, the calls the model makes through the server's Python, streams' cancellations,
@@ -176,7 +176,7 @@ class ProcessInstance(ModelInstance):
         self._stopping = threading.Lock()  # see _stop_process
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
-        # The server's end of the worker's channel from the core (see core_driven).
+        # The server's end of the worker's channel from the core (see core_link).
         self._lane_conn: Connection | None = None
         # Set by the core's scheduler: whether the core runs a batch on this worker now, and
         # whose calls its model's calls to the server are.
@@ -233,16 +233,10 @@ class ProcessInstance(ModelInstance):
             self.runs_elsewhere = False
 
     # -- driven by the core (runtime.lane) ----------------------------------------------------
-    @property
-    def core_driven(self) -> bool:
-        """Whether the worker can take its batches over the core's channel (every worker
-        can; a decoupled model's responses come over it too). Its model's logs and the calls
-        to the server it makes outside a batch come over its pipe, read on the loop (see
-        core_link)."""
-        return True
-
     def core_link(self, loop: asyncio.AbstractEventLoop) -> LaneWorkerLink:
-        """The core's link to the current worker; its pipe (logs, metric values, finalize) is
+        """The core's link to the current worker (every worker takes batches over the core's
+        channel when the core drives it; a decoupled model's responses come back over it
+        too); its pipe (logs, metric values, finalize) is
         read on ``loop`` from now on."""
         conn, self._lane_conn = self._lane_conn, None
         if conn is None:

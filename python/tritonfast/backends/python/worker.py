@@ -96,7 +96,7 @@ def worker_main(
         return
     server.open()
     # Batches come over the core's channel when the server's core drives the instance (see
-    # process.ProcessInstance.core_driven), else over the pipe.
+    # process.ProcessInstance.core_link), else over the pipe.
     channel = LaneWorkerChannel(lane_conn.fileno())
     # The calls the model makes while a batch from the channel runs (see workercalls).
     server.direct = calls = ChannelCalls(channel)

@@ -38,10 +38,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import orjson
-
 from tritonfast._core import LaneWorkerChannel
 from tritonfast.backends.python import workerbls, workerlog
+from tritonfast.backends.python.channelbatch import channel_head
 from tritonfast.data import rawtensor
 from tritonfast.data.types import InferRequest, InferResponse, OutputTensor
 from tritonfast.errors import Code, InternalError, TritonError, error_for
@@ -78,15 +77,8 @@ def channel_described(result: Result) -> Described:
         (t.name, t.datatype, list(t.shape), rawtensor.to_raw(t.datatype, t.data))
         for t in result.outputs
     ]
-    parameters = orjson.dumps(result.parameters, default=str).decode() if result.parameters else ""
-    return (
-        "ok",
-        result.model_name,
-        str(result.model_version),
-        result.id or "",
-        parameters,
-        tensors,
-    )
+    head = channel_head(result.model_name, result.model_version, result.id, result.parameters)
+    return (*head, tensors)
 
 
 def rebuild(described: Described) -> Result:
