@@ -1,5 +1,5 @@
-"""``python -m tritonfast serve …`` (and ``selfcheck tensorrt``), and the ``tritonfast``
-console script."""
+"""``python -m tritonfast serve …`` (and ``perf …``, ``selfcheck tensorrt``), and the
+``tritonfast`` console script."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from tritonfast.server import run
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["perf"]:
+        from tritonfast.perf import main as perf
+
+        return perf(args[1:])
     if args[:1] == ["selfcheck"]:
         backend = subcommand(build_parser(), "selfcheck").parse_args(args[1:]).backend
         return selfcheck(backend)

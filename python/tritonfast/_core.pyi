@@ -541,6 +541,40 @@ class Inflater:
         """The inflated bytes (once)."""
 
 @final
+class LoadRun:
+    """A running load against one server (``tritonfast perf``): requests sent from the core's
+    own event-loop threads, without the GIL. ``protocol`` is ``"http"`` (each payload a whole
+    HTTP/1.1 request) or ``"grpc"`` (each payload a serialized message for ``path``); exactly
+    one of ``concurrency`` and ``rate`` (requests per second) is given. Raises
+    ``ConnectionError`` when the server cannot be reached."""
+
+    def __new__(
+        cls,
+        protocol: str,
+        address: str,
+        payloads: list[bytes],
+        *,
+        path: str = "",
+        threads: int = 1,
+        connections_per_thread: int = 1,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        poisson: bool = False,
+        seed: int = 0,
+    ) -> Self: ...
+    def now(self) -> int:
+        """Nanoseconds since the load began, on the records' clock."""
+    def take(self) -> bytes:
+        """The requests answered since the last call: five little-endian u64 each (start,
+        sent, first byte, end in ns on the load's clock; 1 if the server answered success)."""
+    def counts(self) -> tuple[int, int]:
+        """``(succeeded, failed)`` so far."""
+    def errors(self) -> list[str]:
+        """The distinct texts of the first failures (at most 16)."""
+    def stop(self) -> None:
+        """Send nothing more; wait for what is in flight (at most 10 s)."""
+
+@final
 class OwnedBytes:
     """Bytes the core made (an inflated body, parsed numbers); ``numpy.asarray(buffer)`` is a
     writable ``uint8`` view of them, valid while any such array lives."""

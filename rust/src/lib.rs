@@ -21,6 +21,7 @@ pub mod jsonscan;
 pub mod lane;
 pub mod latency;
 pub mod outbox;
+pub mod perf;
 pub mod pool;
 pub mod queue;
 pub mod sequence;

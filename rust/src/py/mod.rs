@@ -14,6 +14,7 @@ mod jsondata;
 mod jsonscan;
 mod lane;
 mod outbox;
+mod perf;
 mod pool;
 mod queue;
 mod sequence;
@@ -48,6 +49,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lane::PyLaneWorkerChannel>()?;
     m.add_class::<outbox::PyOutbox>()?;
     m.add_class::<outbox::PyOutStream>()?;
+    m.add_class::<perf::PyLoadRun>()?;
     m.add_class::<pool::PyTensorPool>()?;
     m.add_class::<pool::PyPooledBuffer>()?;
     m.add_class::<pool::PyOwnedBytes>()?;

@@ -1,0 +1,149 @@
+"""``tritonfast perf``: read the model, prepare its requests, measure each level, report."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterator
+
+from tritonfast._core import LoadRun
+from tritonfast.perf import inputs, payloads, report
+from tritonfast.perf.measure import Level, LoadError, measure_level
+from tritonfast.perf.options import PerfOptions, parse
+from tritonfast.perf.server import (
+    GrpcControl,
+    HttpControl,
+    ModelInfo,
+    ServerError,
+    ServerStats,
+    control_for,
+)
+
+# gRPC: a thread's requests spread over HTTP/2 connections of at most this many streams each.
+STREAMS_PER_CONNECTION = 4
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse(sys.argv[1:] if argv is None else argv)
+    address = options.url.removeprefix("http://").removeprefix("grpc://")
+    control = control_for(options.protocol, address)
+    try:
+        model = control.model_info(options.model, options.version)
+        tensors = _tensors(options, model)
+        requests = [_payload(options, address, model, request) for request in tensors]
+    except (ServerError, inputs.InputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        control.close()
+        return 1
+    print(report.settings(options, model.decoupled), flush=True)
+    try:
+        levels, status = _measure(options, control, address, requests)
+    finally:
+        control.close()
+    if levels:
+        print(report.summary(levels, options), flush=True)
+        if options.csv_file:
+            report.write_csv(options.csv_file, levels, options)
+        if options.profile_export_file:
+            report.write_profile_export(options.profile_export_file, levels, options)
+    return status
+
+
+def _measure(
+    options: PerfOptions, control: HttpControl | GrpcControl, address: str, requests: list[bytes]
+) -> tuple[list[Level], int]:
+    """Each level in turn until the range ends, the latency limit is passed or a level fails;
+    returns the levels measured and the exit status."""
+
+    def start_load(mode: str, value: float) -> LoadRun:
+        return LoadRun(
+            options.protocol,
+            address,
+            requests,
+            path=payloads.GRPC_INFER_PATH,
+            threads=options.max_threads,
+            connections_per_thread=_connections(options, mode, value),
+            concurrency=int(value) if mode == "concurrency" else None,
+            rate=value if mode == "request_rate" else None,
+            poisson=options.poisson,
+        )
+
+    def statistics() -> ServerStats:
+        return control.statistics(options.model, options.version)
+
+    levels: list[Level] = []
+    try:
+        for mode, value in _levels(options):
+            print(report.level_heading(mode, value), flush=True)
+            level = measure_level(
+                options, functools.partial(start_load, mode, value), statistics, mode, value
+            )
+            levels.append(level)
+            if not level.stable:
+                kind = "concurrency" if mode == "concurrency" else "request rate"
+                print(
+                    f"Failed to obtain stable measurement within {options.max_trials} measurement"
+                    f" windows for {kind} {value:g}. Please try to increase the"
+                    " --measurement-interval.",
+                    file=sys.stderr,
+                )
+            print(report.level_report(level, options), flush=True)
+            if not level.stable:
+                return levels, 1
+            latency_ms = level.summary.latency_ns(options.percentile) / 1e6
+            if options.latency_threshold_ms and latency_ms >= options.latency_threshold_ms:
+                print(
+                    "Measured latency went over the set limit of"
+                    f" {options.latency_threshold_ms} msec. ",
+                    file=sys.stderr,
+                )
+                break
+    except (LoadError, ServerError, ConnectionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return levels, 1
+    return levels, 0
+
+
+def _tensors(options: PerfOptions, model: ModelInfo) -> list[list[inputs.Tensor]]:
+    if model.decoupled:
+        raise inputs.InputError(
+            f"{model.name!r} is decoupled: tritonfast perf does not measure streams yet"
+        )
+    if model.sequence:
+        raise inputs.InputError(
+            f"{model.name!r} is a sequence model: tritonfast perf does not send sequences yet"
+        )
+    return inputs.requests(
+        model,
+        options.batch_size,
+        options.shapes,
+        options.input_data,
+        options.string_length,
+        options.string_data,
+    )
+
+
+def _payload(
+    options: PerfOptions, address: str, model: ModelInfo, tensors: list[inputs.Tensor]
+) -> bytes:
+    outputs = [spec.name for spec in model.outputs]
+    if options.protocol == "grpc":
+        return payloads.grpc_request(options.model, options.version, tensors, outputs)
+    return payloads.http_request(address, options.model, options.version, tensors, outputs)
+
+
+def _levels(options: PerfOptions) -> Iterator[tuple[str, float]]:
+    if options.request_rate:
+        for rate in options.request_rate.levels():
+            yield "request_rate", rate
+    else:
+        assert options.concurrency is not None
+        for concurrency in options.concurrency.levels():
+            yield "concurrency", concurrency
+
+
+def _connections(options: PerfOptions, mode: str, value: float) -> int:
+    if options.protocol != "grpc" or mode != "concurrency":
+        return 1
+    per_thread = -(-int(value) // options.max_threads)
+    return max(1, -(-per_thread // STREAMS_PER_CONNECTION))

@@ -1,0 +1,526 @@
+//! The load generator behind `tritonfast perf`: closed-loop (a fixed number of requests in
+//! flight) or open-loop (requests sent on a schedule) load against a `KServe` v2 server, over
+//! HTTP/1.1 or gRPC, from event-loop threads that never touch Python.
+//!
+//! The caller prepares the requests' bytes once ([`LoadSpec::payloads`]: whole HTTP requests,
+//! or serialized `ModelInferRequest` messages); the threads send them in turn and record each
+//! request's timestamps ([`Record`]). The caller reads the records out in windows
+//! ([`Load::take`]) and judges them; nothing here knows about models or tensors.
+
+mod grpc;
+mod http1;
+mod schedule;
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+pub use schedule::Gaps;
+
+/// How requests travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 with keep-alive; each payload is a whole request (head and body).
+    Http,
+    /// gRPC over HTTP/2; each payload is one serialized message for [`LoadSpec::path`].
+    Grpc,
+}
+
+/// How fast requests go out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pace {
+    /// This many requests in flight at all times, each sent as the previous one is answered.
+    Concurrency(usize),
+    /// Requests sent on a schedule at this many per second, whether or not earlier ones have
+    /// been answered; `poisson` draws the gaps from an exponential distribution.
+    Rate { per_second: f64, poisson: bool },
+}
+
+/// What to send, where, and how.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    pub protocol: Protocol,
+    /// `host:port`.
+    pub address: String,
+    /// gRPC: the method's path, e.g. `/inference.GRPCInferenceService/ModelInfer`.
+    pub path: String,
+    /// The requests, sent in turn (each context starts at its own offset).
+    pub payloads: Vec<Vec<u8>>,
+    /// Event-loop threads; the load is spread over them.
+    pub threads: usize,
+    /// gRPC: HTTP/2 connections per thread, the thread's requests spread over them.
+    pub connections_per_thread: usize,
+    pub pace: Pace,
+    /// Seeds the Poisson schedule, so that a run can be repeated.
+    pub seed: u64,
+}
+
+/// One answered request, in nanoseconds since the load began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// The request's first byte was about to be written.
+    pub start: u64,
+    /// The request was handed to the socket (HTTP) or to the connection (gRPC).
+    pub sent: u64,
+    /// The first byte (HTTP) or the headers (gRPC) of the answer arrived.
+    pub first_byte: u64,
+    /// The answer was complete.
+    pub end: u64,
+    /// Whether the server answered with success (HTTP 200, gRPC status 0).
+    pub ok: bool,
+}
+
+/// The most error texts kept; a broken load fails every request the same way.
+const KEPT_ERRORS: usize = 16;
+
+/// What the threads and the caller share.
+#[derive(Debug)]
+struct Shared {
+    epoch: Instant,
+    stop: AtomicBool,
+    records: Vec<Mutex<Vec<Record>>>,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, thread: usize, record: Record) {
+        let counter = if record.ok {
+            &self.succeeded
+        } else {
+            &self.failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.records[thread].lock().push(record);
+    }
+
+    fn error(&self, text: String) {
+        let mut errors = self.errors.lock();
+        if errors.len() < KEPT_ERRORS && !errors.contains(&text) {
+            errors.push(text);
+        }
+    }
+}
+
+/// A running load; dropping it stops it.
+#[derive(Debug)]
+pub struct Load {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Request counts so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub succeeded: u64,
+    pub failed: u64,
+}
+
+impl Load {
+    /// Connects every thread's connections and starts sending; fails, sending nothing, if a
+    /// connection cannot be made.
+    pub fn start(spec: LoadSpec) -> Result<Load, String> {
+        check(&spec)?;
+        let threads = spec.threads.max(1);
+        let shared = Arc::new(Shared {
+            epoch: Instant::now(),
+            stop: AtomicBool::new(false),
+            records: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
+            succeeded: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            errors: Mutex::new(Vec::new()),
+        });
+        let spec = Arc::new(spec);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let mut handles = Vec::with_capacity(threads);
+        for index in 0..threads {
+            let share = Share::of(&spec, index, threads);
+            let (spec, shared, ready) = (Arc::clone(&spec), Arc::clone(&shared), ready_tx.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("tritonfast-perf-{index}"))
+                .spawn(move || run_thread(&spec, &shared, index, share, &ready))
+                .map_err(|e| format!("cannot start a load thread: {e}"))?;
+            handles.push(handle);
+        }
+        drop(ready_tx);
+        let mut load = Load {
+            shared,
+            threads: handles,
+        };
+        for _ in 0..threads {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(text)) => {
+                    load.stop();
+                    return Err(text);
+                }
+                Err(_) => {
+                    load.stop();
+                    return Err("a load thread ended before it connected".to_string());
+                }
+            }
+        }
+        Ok(load)
+    }
+
+    /// Nanoseconds since the load began, on the records' clock.
+    pub fn now(&self) -> u64 {
+        self.shared.now()
+    }
+
+    /// The records of requests answered since the last call, in no particular order.
+    pub fn take(&self) -> Vec<Record> {
+        let mut all = Vec::new();
+        for records in &self.shared.records {
+            all.append(&mut records.lock());
+        }
+        all
+    }
+
+    pub fn counts(&self) -> Counts {
+        Counts {
+            succeeded: self.shared.succeeded.load(Ordering::Relaxed),
+            failed: self.shared.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The distinct texts of the first failures (at most 16).
+    pub fn errors(&self) -> Vec<String> {
+        self.shared.errors.lock().clone()
+    }
+
+    /// Sends nothing more, waits for the answers of what is in flight (at most [`STOP_GRACE`], then
+    /// gives those up), and joins the threads.
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for handle in self.threads.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// How long a stopping thread waits for the answers still in flight.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+fn check(spec: &LoadSpec) -> Result<(), String> {
+    if spec.payloads.is_empty() {
+        return Err("no requests to send".to_string());
+    }
+    match spec.pace {
+        Pace::Concurrency(0) => Err("the concurrency must be at least 1".to_string()),
+        Pace::Rate { per_second, .. } if !(per_second > 0.0 && per_second.is_finite()) => Err(
+            format!("the request rate must be above 0, not {per_second}"),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// One thread's part of the load.
+#[derive(Debug, Clone, Copy)]
+enum Share {
+    /// This many contexts, each with one request in flight.
+    Contexts(usize),
+    /// This many requests per second.
+    Rate(f64),
+}
+
+impl Share {
+    fn of(spec: &LoadSpec, index: usize, threads: usize) -> Share {
+        match spec.pace {
+            Pace::Concurrency(n) => Share::Contexts(n / threads + usize::from(index < n % threads)),
+            #[allow(clippy::cast_precision_loss)] // thread counts are small
+            Pace::Rate { per_second, .. } => Share::Rate(per_second / threads as f64),
+        }
+    }
+}
+
+fn run_thread(
+    spec: &Arc<LoadSpec>,
+    shared: &Arc<Shared>,
+    index: usize,
+    share: Share,
+    ready: &std::sync::mpsc::Sender<Result<(), String>>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            let _ = ready.send(Err(format!("cannot start a load thread's event loop: {e}")));
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let senders = match Senders::connect(spec, share).await {
+            Ok(senders) => senders,
+            Err(text) => {
+                let _ = ready.send(Err(text));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        let thread = Rc::new(Thread {
+            spec: Arc::clone(spec),
+            shared: Arc::clone(shared),
+            index,
+            senders,
+            payloads: payloads(spec),
+            live: Cell::new(0),
+            idle: Notify::new(),
+        });
+        match share {
+            Share::Contexts(n) => {
+                for context in 0..n {
+                    Thread::spawn(&thread, closed_loop(Rc::clone(&thread), context));
+                }
+            }
+            Share::Rate(per_second) => {
+                let gaps = match spec.pace {
+                    Pace::Rate { poisson: true, .. } => {
+                        Gaps::poisson(per_second, spec.seed.wrapping_add(index as u64))
+                    }
+                    _ => Gaps::constant(per_second),
+                };
+                open_loop(&thread, gaps).await;
+            }
+        }
+        thread.wait_for_stop().await;
+        // What is still in flight gets a grace period; a server that stopped answering must
+        // not keep the caller waiting forever (dropping the runtime abandons the rest).
+        let _ = tokio::time::timeout(STOP_GRACE, thread.all_done()).await;
+    });
+}
+
+/// One load thread's state, shared by its tasks (all on the thread's own event loop).
+struct Thread {
+    spec: Arc<LoadSpec>,
+    shared: Arc<Shared>,
+    index: usize,
+    senders: Senders,
+    payloads: Vec<Payload>,
+    /// Tasks still running.
+    live: Cell<usize>,
+    /// Woken when the last task ends.
+    idle: Notify,
+}
+
+/// How often a thread looks whether it has been told to stop.
+const STOP_POLL: Duration = Duration::from_millis(5);
+
+impl Thread {
+    fn spawn(thread: &Rc<Thread>, task: impl std::future::Future<Output = ()> + 'static) {
+        thread.live.set(thread.live.get() + 1);
+        let owner = Rc::clone(thread);
+        tokio::task::spawn_local(async move {
+            task.await;
+            owner.live.set(owner.live.get() - 1);
+            if owner.live.get() == 0 {
+                owner.idle.notify_one();
+            }
+        });
+    }
+
+    async fn all_done(&self) {
+        while self.live.get() > 0 {
+            self.idle.notified().await;
+        }
+    }
+
+    async fn wait_for_stop(&self) {
+        while !self.shared.stopping() {
+            tokio::time::sleep(STOP_POLL).await;
+        }
+    }
+
+    fn payload(&self, turn: usize) -> Payload {
+        self.payloads[turn % self.payloads.len()].clone()
+    }
+
+    /// Sends one request, waits for its answer and records it.
+    async fn one_request(&self, payload: &Payload) {
+        let shared = &*self.shared;
+        let start = shared.now();
+        let exchange = self.senders.exchange(&self.spec, payload, shared).await;
+        let end = shared.now();
+        let record = Record {
+            start,
+            sent: exchange.sent,
+            first_byte: exchange.first_byte,
+            end,
+            ok: exchange.ok,
+        };
+        shared.record(self.index, record);
+    }
+}
+
+/// A context: one request in flight, the next sent as soon as it is answered.
+async fn closed_loop(thread: Rc<Thread>, context: usize) {
+    // Contexts start at different payloads so that several payloads are in flight at once.
+    let mut turn = context * 7919 + thread.index * 104_729;
+    while !thread.shared.stopping() {
+        let payload = thread.payload(turn);
+        turn += 1;
+        thread.one_request(&payload).await;
+    }
+}
+
+/// Requests sent on the schedule `gaps`, each in a task of its own, until told to stop.
+async fn open_loop(thread: &Rc<Thread>, mut gaps: Gaps) {
+    let origin = tokio::time::Instant::now();
+    let mut due = Duration::ZERO;
+    let mut turn = thread.index * 104_729;
+    while !thread.shared.stopping() {
+        due += gaps.next_gap();
+        let at = origin + due;
+        // Wake at least every STOP_POLL so that a slow rate still stops promptly.
+        while tokio::time::Instant::now() < at && !thread.shared.stopping() {
+            tokio::time::sleep_until(at.min(tokio::time::Instant::now() + STOP_POLL)).await;
+        }
+        if thread.shared.stopping() {
+            break;
+        }
+        let payload = thread.payload(turn);
+        turn += 1;
+        let owner = Rc::clone(thread);
+        Thread::spawn(thread, async move { owner.one_request(&payload).await });
+    }
+}
+
+/// A thread's connections.
+enum Senders {
+    /// HTTP/1.1: idle connections, one taken per request (a closed loop holds one each).
+    Http {
+        address: String,
+        idle: RefCell<Vec<http1::Connection>>,
+    },
+    /// gRPC: HTTP/2 connections whose streams carry the requests.
+    Grpc {
+        connections: Vec<grpc::Connection>,
+        next: Cell<usize>,
+    },
+}
+
+impl Senders {
+    async fn connect(spec: &LoadSpec, share: Share) -> Result<Senders, String> {
+        let failed = |e: std::io::Error| format!("cannot connect to {}: {e}", spec.address);
+        match spec.protocol {
+            Protocol::Http => {
+                let count = match share {
+                    Share::Contexts(n) => n,
+                    Share::Rate(_) => 1,
+                };
+                let mut idle = Vec::with_capacity(count);
+                for _ in 0..count {
+                    idle.push(
+                        http1::Connection::open(&spec.address)
+                            .await
+                            .map_err(failed)?,
+                    );
+                }
+                Ok(Senders::Http {
+                    address: spec.address.clone(),
+                    idle: RefCell::new(idle),
+                })
+            }
+            Protocol::Grpc => {
+                let mut connections = Vec::new();
+                for _ in 0..spec.connections_per_thread.max(1) {
+                    connections.push(grpc::Connection::open(&spec.address).await?);
+                }
+                Ok(Senders::Grpc {
+                    connections,
+                    next: Cell::new(0),
+                })
+            }
+        }
+    }
+
+    /// Sends one request and waits for its answer.
+    async fn exchange(&self, spec: &LoadSpec, payload: &Payload, shared: &Shared) -> Exchange {
+        match self {
+            Senders::Http { address, idle } => {
+                let taken = idle.borrow_mut().pop();
+                let mut connection = match taken {
+                    Some(connection) => connection,
+                    None => match http1::Connection::open(address).await {
+                        Ok(connection) => connection,
+                        Err(e) => return Exchange::failed(shared, format!("cannot connect: {e}")),
+                    },
+                };
+                let exchange = connection.exchange(&payload.bytes, shared).await;
+                if connection.reusable() {
+                    idle.borrow_mut().push(connection);
+                }
+                exchange
+            }
+            Senders::Grpc { connections, next } => {
+                let index = next.get();
+                next.set((index + 1) % connections.len());
+                connections[index]
+                    .exchange(&spec.path, &payload.bytes, shared)
+                    .await
+            }
+        }
+    }
+}
+
+/// A payload as a thread sends it: gRPC messages carry their 5-byte frame header already.
+#[derive(Debug, Clone)]
+struct Payload {
+    bytes: bytes::Bytes,
+}
+
+fn payloads(spec: &LoadSpec) -> Vec<Payload> {
+    spec.payloads
+        .iter()
+        .map(|payload| Payload {
+            bytes: match spec.protocol {
+                Protocol::Http => bytes::Bytes::copy_from_slice(payload),
+                Protocol::Grpc => grpc::framed(payload),
+            },
+        })
+        .collect()
+}
+
+/// What one request came to.
+#[derive(Debug)]
+struct Exchange {
+    sent: u64,
+    first_byte: u64,
+    ok: bool,
+}
+
+impl Exchange {
+    fn failed(shared: &Shared, text: String) -> Exchange {
+        shared.error(text);
+        let now = shared.now();
+        Exchange {
+            sent: now,
+            first_byte: now,
+            ok: false,
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The load generator against small servers of the test's own: every request answered and
+//! recorded, failures counted with the server's words, open-loop rates kept.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tritonfast_core::perf::{Load, LoadSpec, Pace, Protocol, Record};
+
+/// An HTTP/1.1 server on a free port answering every request with `status` and `body`; each
+/// connection on a thread of its own.
+fn http_server(status: u16, body: &'static str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut writer = stream;
+                loop {
+                    let mut length = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some(value) =
+                            line.to_ascii_lowercase().strip_prefix("content-length:")
+                        {
+                            length = value.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut request_body = vec![0; length];
+                    reader.read_exact(&mut request_body).unwrap();
+                    let answer = format!(
+                        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if writer.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    address
+}
+
+/// An HTTP/2 server answering every gRPC call with the grpc-status `code`.
+fn grpc_server(code: u32) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let (socket, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut connection = h2::server::handshake(socket).await.unwrap();
+                    while let Some(Ok((request, mut respond))) = connection.accept().await {
+                        tokio::spawn(async move {
+                            let mut body = request.into_body();
+                            while let Some(Ok(chunk)) = body.data().await {
+                                let _ = body.flow_control().release_capacity(chunk.len());
+                            }
+                            let head = http::Response::builder()
+                                .header("content-type", "application/grpc")
+                                .body(())
+                                .unwrap();
+                            let mut stream = respond.send_response(head, false).unwrap();
+                            stream
+                                .send_data(Bytes::from_static(b"\0\0\0\0\x02ok"), false)
+                                .unwrap();
+                            let mut trailers = http::HeaderMap::new();
+                            trailers.insert("grpc-status", code.to_string().parse().unwrap());
+                            trailers.insert("grpc-message", "bad%20input".parse().unwrap());
+                            stream.send_trailers(trailers).unwrap();
+                        });
+                    }
+                });
+            }
+        });
+    });
+    address
+}
+
+fn spec(protocol: Protocol, address: String, pace: Pace) -> LoadSpec {
+    let request = format!(
+        "POST /v2/models/m/infer HTTP/1.1\r\nHost: {address}\r\nContent-Length: 4\r\n\r\nbody"
+    );
+    LoadSpec {
+        protocol,
+        address,
+        path: "/inference.GRPCInferenceService/ModelInfer".to_string(),
+        payloads: vec![request.into_bytes()],
+        threads: 2,
+        connections_per_thread: 2,
+        pace,
+        seed: 1,
+    }
+}
+
+/// Runs the load for `how_long` and returns every record.
+fn run(spec: LoadSpec, how_long: Duration) -> (Vec<Record>, Load) {
+    let mut load = Load::start(spec).unwrap();
+    std::thread::sleep(how_long);
+    load.stop();
+    (load.take(), load)
+}
+
+fn assert_ordered(records: &[Record]) {
+    for record in records {
+        assert!(record.start <= record.sent, "{record:?}");
+        assert!(record.sent <= record.first_byte, "{record:?}");
+        assert!(record.first_byte <= record.end, "{record:?}");
+    }
+}
+
+#[test]
+fn a_closed_loop_over_http_records_every_answer() {
+    let (records, load) = run(
+        spec(Protocol::Http, http_server(200, "{}"), Pace::Concurrency(3)),
+        Duration::from_millis(300),
+    );
+    assert!(records.len() > 10, "only {} answers", records.len());
+    assert!(records.iter().all(|r| r.ok));
+    assert_ordered(&records);
+    let counts = load.counts();
+    assert_eq!((counts.succeeded, counts.failed), (records.len() as u64, 0));
+    assert!(load.take().is_empty(), "records are handed out once");
+}
+
+#[test]
+fn http_error_answers_are_failures_with_the_servers_words() {
+    let (records, load) = run(
+        spec(
+            Protocol::Http,
+            http_server(400, "{\"error\":\"bad shape\"}"),
+            Pace::Concurrency(1),
+        ),
+        Duration::from_millis(100),
+    );
+    assert!(!records.is_empty() && records.iter().all(|r| !r.ok));
+    assert_eq!(
+        load.errors(),
+        vec!["HTTP 400: {\"error\":\"bad shape\"}".to_string()]
+    );
+}
+
+#[test]
+fn grpc_calls_are_judged_by_their_status() {
+    let (records, load) = run(
+        spec(Protocol::Grpc, grpc_server(0), Pace::Concurrency(4)),
+        Duration::from_millis(300),
+    );
+    assert!(
+        records.len() > 10 && records.iter().all(|r| r.ok),
+        "{:?}",
+        load.errors()
+    );
+    assert_ordered(&records);
+
+    let (records, load) = run(
+        spec(Protocol::Grpc, grpc_server(3), Pace::Concurrency(1)),
+        Duration::from_millis(100),
+    );
+    assert!(!records.is_empty() && records.iter().all(|r| !r.ok));
+    assert_eq!(load.errors(), vec!["gRPC status 3: bad input".to_string()]);
+}
+
+#[test]
+fn an_open_loop_keeps_its_rate() {
+    for poisson in [false, true] {
+        let pace = Pace::Rate {
+            per_second: 400.0,
+            poisson,
+        };
+        let (records, _) = run(
+            spec(Protocol::Http, http_server(200, "{}"), pace),
+            Duration::from_secs(1),
+        );
+        // 400 requests in the second, give or take the start and the scheduler.
+        assert!(
+            (300..=500).contains(&records.len()),
+            "{} requests (poisson {poisson})",
+            records.len()
+        );
+        assert!(records.iter().all(|r| r.ok));
+    }
+}
+
+#[test]
+fn a_server_that_is_not_there_fails_the_start() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        let error = Load::start(spec(protocol, address.clone(), Pace::Concurrency(1))).unwrap_err();
+        assert!(
+            error.starts_with(&format!("cannot connect to {address}")),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_load_without_requests_or_pace_is_refused() {
+    let mut empty = spec(
+        Protocol::Http,
+        "127.0.0.1:1".to_string(),
+        Pace::Concurrency(1),
+    );
+    empty.payloads.clear();
+    assert_eq!(Load::start(empty).unwrap_err(), "no requests to send");
+    let idle = spec(
+        Protocol::Http,
+        "127.0.0.1:1".to_string(),
+        Pace::Concurrency(0),
+    );
+    assert_eq!(
+        Load::start(idle).unwrap_err(),
+        "the concurrency must be at least 1"
+    );
+}
