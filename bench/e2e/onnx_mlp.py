@@ -4,8 +4,9 @@ onnxruntime called directly.
 A generated FP32 MLP 256 -> 1024 -> 256 (dynamic batch, max_batch_size 64, dynamic batching
 100 µs, one instance with one intra-op thread: on two cores shared with the frontends and the
 load generator, ORT's own thread pool only competes with them) is served next to
-bench/models/identity by one tritonfast server; wrk sends HTTP binary-extension requests
-(one connection per concurrent client). Every body is checked once with tritonclient first
+bench/models/identity by one tritonfast server; the core's load generator
+(bench/e2e/closedloop.py) sends HTTP binary-extension requests (one connection per concurrent
+client). Every body is checked once with tritonclient first
 (the MLP's answer against onnxruntime's own). Rows, identity and MLP alternating, ROUNDS
 times:
 
@@ -20,14 +21,12 @@ times:
 ``TRITONFAST_ARGS`` adds arguments to the server's command line (split on blanks), e.g.
 ``--backend-config=onnxruntime,core-path=off``.
 
-Needs wrk, onnx and onnxruntime. Prints a table; judges nothing.
+Needs onnx and onnxruntime. Prints a table; judges nothing.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import socket
 import statistics
@@ -41,11 +40,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import tritonclient.http as httpclient
+from closedloop import closed_loop
 from tritonfast.onnxgen import mlp, write_onnx
+from tritonfast.perf import payloads
+from tritonfast.perf.inputs import Tensor
 
 ROOT = Path(__file__).resolve().parents[2]
 
-LUA = Path(__file__).with_name("wrk_post.lua")
 MLP_CONFIG = """
 backend: "onnxruntime"
 max_batch_size: 64
@@ -63,46 +64,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def body(directory: Path, label: str, input_name: str, output_name: str, array: np.ndarray):
-    """A binary-extension request body for ``array``; returns (path, header length)."""
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": input_name,
-                    "shape": list(array.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": array.nbytes},
-                }
-            ],
-            "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    path = directory / f"{label}.bin"
-    path.write_bytes(header + array.tobytes())
-    return path, len(header)
-
-
-def wrk(url: str, path: Path, hlen: int, connections: int, seconds: float) -> dict[str, float]:
-    env = {**os.environ, "BODY": str(path), "HLEN": str(hlen)}
-    command = [
-        "wrk",
-        "-t1",
-        f"-c{connections}",
-        f"-d{max(1, round(seconds))}s",
-        "-s",
-        str(LUA),
-        url,
-    ]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    match = re.search(r"RESULT (.*)", out)
-    if match is None:
-        raise RuntimeError(f"wrk printed no result:\n{out}")
-    fields = {k: float(v) for k, v in (kv.split("=") for kv in match.group(1).split())}
-    if fields["errors"]:
-        raise RuntimeError(f"wrk saw {fields['errors']:.0f} errors")
-    fields["req_s"] = fields["requests"] / (fields["duration_us"] / 1e6)
-    return fields
+def load(
+    http: int,
+    model: str,
+    input_name: str,
+    output_name: str,
+    array: np.ndarray,
+    connections: int,
+    seconds: float,
+) -> dict[str, float]:
+    """Closed-loop binary-extension requests for ``array`` from the core's load generator."""
+    address = f"127.0.0.1:{http}"
+    tensor = Tensor(input_name, "FP32", list(array.shape), array)
+    request = payloads.http_request(address, model, "", [tensor], [output_name])
+    measured = closed_loop("http", address, request, connections, seconds)
+    return {"req_s": measured.req_s, "p50_us": measured.p50_us, "p99_us": measured.p99_us}
 
 
 def direct_rows_per_second(model_file: Path, seconds: float, threads: int = 0) -> float:
@@ -145,14 +121,14 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.1)
-        run_rows(work, model_file, http, seconds, rounds)
+        run_rows(model_file, http, seconds, rounds)
     finally:
         server.terminate()
         server.wait(30)
         log.close()
 
 
-def run_rows(work: Path, model_file: Path, http: int, seconds: float, rounds: int) -> None:
+def run_rows(model_file: Path, http: int, seconds: float, rounds: int) -> None:
     rng = np.random.default_rng(0)
     one = rng.standard_normal((1, 256), np.float32)
     sixteen = rng.standard_normal((16, 256), np.float32)
@@ -167,12 +143,7 @@ def run_rows(work: Path, model_file: Path, http: int, seconds: float, rounds: in
     tensor.set_data_from_numpy(one)
     np.testing.assert_array_equal(client.infer("identity", [tensor]).as_numpy("OUTPUT0"), one)
     client.close()
-    bodies = {
-        "identity-1": body(work, "identity1", "INPUT0", "OUTPUT0", one),
-        "mlp-1": body(work, "mlp1", "INPUT", "OUTPUT", one),
-        "mlp-16": body(work, "mlp16", "INPUT", "OUTPUT", sixteen),
-    }
-    url = f"http://127.0.0.1:{http}/v2/models/%s/infer"
+    inputs = {"identity": ("INPUT0", "OUTPUT0"), "mlp": ("INPUT", "OUTPUT")}
     results: dict[str, list[dict[str, float]]] = {}
     direct_rates = []
     one_thread_rates = []
@@ -184,10 +155,9 @@ def run_rows(work: Path, model_file: Path, http: int, seconds: float, rounds: in
             ("identity c1", "identity", 1),
             ("mlp c1", "mlp", 1),
         ):
-            key = "mlp-16" if label.startswith("mlp16") else f"{model}-1"
-            path, hlen = bodies[key]
-            wrk(url % model, path, hlen, connections, 1.0)  # warm-up
-            results.setdefault(label, []).append(wrk(url % model, path, hlen, connections, seconds))
+            array = sixteen if label.startswith("mlp16") else one
+            row = load(http, model, *inputs[model], array, connections, seconds)
+            results.setdefault(label, []).append(row)
         direct_rates.append(direct_rows_per_second(model_file, seconds))
         one_thread_rates.append(direct_rows_per_second(model_file, seconds, threads=1))
 

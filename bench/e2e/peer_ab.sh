@@ -5,8 +5,9 @@
 #
 #   usage: bench/e2e/peer_ab.sh [ROUNDS] [MODEL_REPO]      (2 rounds, bench/models)
 #
-#   PEER_BENCH     required: the load-matrix script, run as
+#   PEER_BENCH     the load-matrix script, run as
 #                  SERVER_PGID=<server's process group> $PEER_BENCH HTTP GRPC MODEL LABEL
+#                  (bench/e2e/load_matrix.sh, the core's own load generator, by default)
 #   TRITON_LAUNCH  required: a command that runs Triton in the foreground when given
 #                  REPO HTTP_PORT GRPC_PORT METRICS_PORT as its last four arguments
 #   PYTHON         the Python whose environment holds tritonfast (.venv/bin/python)
@@ -21,7 +22,7 @@ usage() {
   sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
-[ -n "${PEER_BENCH:-}" ] || { echo "peer_ab.sh: PEER_BENCH is not set" >&2; usage; }
+PEER_BENCH=${PEER_BENCH:-$ROOT/bench/e2e/load_matrix.sh}
 [ -n "${TRITON_LAUNCH:-}" ] || { echo "peer_ab.sh: TRITON_LAUNCH is not set" >&2; usage; }
 [ -x "$PEER_BENCH" ] || { echo "peer_ab.sh: PEER_BENCH=$PEER_BENCH is not executable" >&2; exit 2; }
 read -r -a LAUNCH <<< "$TRITON_LAUNCH"

@@ -7,14 +7,15 @@
 #   usage: TRITON_LAUNCH=<launcher> bench/e2e/side_by_side.sh [ROUNDS]     (2 rounds)
 #
 #   TRITON_LAUNCH  required: as for peer_ab.sh
-#   LOAD_MATRIX    required: the load-matrix script for the small, 4 MiB, BLS and ensemble
-#                  rows (run as PEER_BENCH by peer_ab.sh)
+#   LOAD_MATRIX    the load-matrix script for the small, 4 MiB, BLS and ensemble rows (run as
+#                  PEER_BENCH by peer_ab.sh; bench/e2e/load_matrix.sh, the core's own load
+#                  generator, by default)
 #   OUT            where the parts go (a new temporary directory)
 #   DUR            seconds per load-matrix row (6)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ -n "${TRITON_LAUNCH:-}" ] || { sed -n '2,13p' "$0" >&2; exit 2; }
-[ -n "${LOAD_MATRIX:-}" ] || { sed -n '2,13p' "$0" >&2; exit 2; }
+LOAD_MATRIX=${LOAD_MATRIX:-$ROOT/bench/e2e/load_matrix.sh}
 ROUNDS=${1:-2}
 OUT=${OUT:-$(mktemp -d)}
 export TRITON_LAUNCH DUR=${DUR:-6}

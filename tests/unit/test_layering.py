@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "tritonfast.preflight",
             "tritonfast.inprocess",
             "tritonfast.pytriton",
+            "tritonfast.perf",
             "tritonfast.__main__",
         ),
     ),

@@ -46,9 +46,10 @@ class Tensor:
 
 
 def request_shapes(
-    model: ModelInfo, batch_size: int, shapes: dict[str, list[int]]
+    model: ModelInfo, batch_size: int, shapes: dict[str, list[int]], variable: bool = False
 ) -> dict[str, list[int]]:
-    """Each input's shape in a request, the batch dimension first for a batching model."""
+    """Each input's shape in a request, the batch dimension first for a batching model;
+    ``variable``: a variable dimension may stay -1 (each data entry gives its shape)."""
     known = {spec.name for spec in model.inputs}
     for name in shapes:
         if name not in known:
@@ -72,7 +73,7 @@ def request_shapes(
                     f" shape {dims}"
                 )
             dims = given
-        elif any(d < 0 for d in dims):
+        elif any(d < 0 for d in dims) and not variable:
             raise InputError(
                 f"input {spec.name!r} has a variable shape {dims}: give it with"
                 f" --shape {spec.name}:<dims>"
@@ -182,12 +183,15 @@ def _from_entry(
     if isinstance(value, dict) and "shape" in value:
         given = [int(d) for d in value["shape"]]
         shape = [batch_size, *given] if model.max_batch_size else given
+    if any(d < 0 for d in shape):
+        raise InputError(
+            f"--input-data {where}: input {spec.name!r} has a variable shape: give it with"
+            f' --shape or with "content" and "shape" in each entry'
+        )
     if isinstance(value, dict) and "b64" in value:
-        raw = base64.b64decode(value["b64"])
         if spec.datatype == "BYTES":
-            flat_bytes = [raw]
-            return Tensor(spec.name, "BYTES", shape, flat_bytes * int(np.prod(shape)))
-        flat = np.frombuffer(raw, _numpy_type(spec))
+            raise InputError(f"--input-data {where}: b64 data is for non-BYTES inputs")
+        flat = np.frombuffer(base64.b64decode(value["b64"]), _numpy_type(spec))
     else:
         content = value["content"] if isinstance(value, dict) else value
         if spec.datatype == "BYTES":
@@ -227,7 +231,8 @@ def requests(
     """Every distinct request the load sends, in turn."""
     if not model.inputs:
         raise InputError(f"model {model.name!r} has no inputs")
-    shapes = request_shapes(model, batch_size, shapes_given)
     if input_data in ("zero", "random"):
+        shapes = request_shapes(model, batch_size, shapes_given)
         return generated(model, shapes, input_data, string_length, string_data)
+    shapes = request_shapes(model, batch_size, shapes_given, variable=True)
     return from_file(model, shapes, Path(input_data), batch_size)

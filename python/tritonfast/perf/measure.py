@@ -114,11 +114,11 @@ def measure_level(
     try:
         if options.warmup_request_count:
             _wait_for(run, options.warmup_request_count, lambda: None)
-        run.take()  # nothing answered before the first window counts
+        answers = _Answers(run)
+        begin = run.now()  # nothing answered before the first window counts
         windows: list[Window] = []
         before = statistics()
         for trial in range(options.max_trials):
-            begin = run.now()
             progress = _Progress(mode, value, trial + 1, run, begin, options.batch_size)
             if options.request_count:
                 _wait_for(run, options.request_count, progress.show)
@@ -126,12 +126,12 @@ def measure_level(
                 _wait_count_window(run, options.window_requests, progress.show)
             else:
                 _wait_time_window(options.measurement_ms / 1000, progress.show)
-            records = np.frombuffer(run.take(), RECORD)
             end = run.now()
+            records = answers.within(begin, end)
             progress.clear()
             after = statistics()
             window = Window(begin, end, records, after - before, options.batch_size)
-            before = after
+            before, begin = after, end
             failed = int(np.count_nonzero(records["ok"] == 0))
             if failed:
                 texts = "; ".join(run.errors()) or "no answer"
@@ -148,6 +148,22 @@ def measure_level(
         return Level(mode, value, merged(windows[-STABILITY_WINDOWS:]), False, windows, wall_offset)
     finally:
         run.stop()
+
+
+class _Answers:
+    """The load's records sorted into windows by the time each was answered: one answered
+    after a window's end waits for the next window, one answered before its start (a record
+    handed over just after the previous window closed) is left out, as perf_analyzer does."""
+
+    def __init__(self, run: LoadRun) -> None:
+        self.run = run
+        self.pending = np.empty(0, RECORD)
+
+    def within(self, begin: int, end: int) -> np.ndarray:
+        fresh = np.frombuffer(self.run.take(), RECORD)
+        records = np.concatenate([self.pending, fresh]) if len(self.pending) else fresh
+        self.pending = records[records["end"] >= end]
+        return records[(records["end"] >= begin) & (records["end"] < end)]
 
 
 def _print_pass(number: int, window: Window, options: PerfOptions) -> None:

@@ -1,0 +1,187 @@
+"""``tritonfast perf`` against the real server: perf_analyzer's report, CSV and profile export,
+the counts the server saw, request rates kept, and clear errors for what cannot be measured."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tritonclient.http as httpclient
+
+# Short windows and a loose stability rule: the tests check what is measured and reported, not
+# how steady the shared CI machine is.
+QUICK = ["-p", "300", "-s", "1000"]
+CSV_COLUMNS = [
+    "Concurrency",
+    "Inferences/Second",
+    "Client Send",
+    "Network+Server Send/Recv",
+    "Server Queue",
+    "Server Compute Input",
+    "Server Compute Infer",
+    "Server Compute Output",
+    "Client Recv",
+    "p50 latency",
+    "p90 latency",
+    "p95 latency",
+    "p99 latency",
+]
+
+
+def perf(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tritonfast", "perf", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def url(server, protocol: str) -> str:
+    return server.grpc_url if protocol == "grpc" else server.http_url
+
+
+def successes(server, model: str) -> int:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        stats = client.get_inference_statistics(model)["model_stats"]
+    finally:
+        client.close()
+    return sum(entry["inference_stats"]["success"]["count"] for entry in stats)
+
+
+def figure(report: str, label: str) -> list[int]:
+    """Every integer figure after ``label:`` in the report, level by level."""
+    return [int(m) for m in re.findall(rf"{re.escape(label)}: (\d+)", report)]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_concurrency_range_is_measured_and_reported(server, tmp_path: Path, protocol: str):
+    before = successes(server, "add_sub")
+    table = tmp_path / "perf.csv"
+    done = perf(
+        "-m", "add_sub", "-i", protocol, "-u", url(server, protocol),
+        "--concurrency-range", "1:3:2", "-f", str(table), *QUICK,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = done.stdout
+    assert "*** Measurement Settings ***" in report
+    assert "Request concurrency: 1" in report and "Request concurrency: 3" in report
+    time_label = "Avg gRPC time" if protocol == "grpc" else "Avg HTTP time"
+    assert report.count(time_label) == 2
+    assert re.search(r"Concurrency: 3, throughput: [\d.]+ infer/sec, latency \d+ usec", report)
+    # Every request the report counts was answered with success by the server, and the server
+    # says so too (it also saw those sent between windows).
+    counted = figure(report, "Request count")
+    served = figure(report, "Successful request count")
+    assert len(counted) == 2 and all(count > 0 for count in counted)
+    assert successes(server, "add_sub") - before >= sum(counted)
+    assert all(abs(s - c) <= 3 + c // 20 for s, c in zip(served, counted, strict=True))
+
+    with table.open() as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == CSV_COLUMNS
+    assert sorted(int(row[0]) for row in rows[1:]) == [1, 3]
+    throughputs = [float(row[1]) for row in rows[1:]]
+    assert throughputs == sorted(throughputs) and throughputs[0] > 0
+    for row in rows[1:]:
+        p50, p90, p95, p99 = map(int, row[9:13])
+        assert 0 < p50 <= p90 <= p95 <= p99
+
+
+def test_a_batch_size_multiplies_the_inferences(server):
+    done = perf(
+        "-m", "identity_fp32", "-u", server.http_url, "-b", "4", "--shape", "INPUT0:8", *QUICK
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [requests] = figure(done.stdout, "Successful request count")
+    [inferences] = figure(done.stdout, "Inference count")
+    assert requests > 0 and inferences == 4 * requests
+    [client_requests] = figure(done.stdout, "Request count")
+    throughput = float(re.search(r"Throughput: ([\d.]+) infer/sec", done.stdout).group(1))
+    # Throughput counts inferences: four per request.
+    assert throughput > 2 * client_requests / 3.0
+
+
+@pytest.mark.parametrize("distribution", ["constant", "poisson"])
+def test_a_request_rate_is_kept(server, distribution: str):
+    done = perf(
+        "-m", "add_sub", "-u", server.http_url, "--request-rate-range", "200",
+        "--request-distribution", distribution, "-p", "1000", "-s", "1000",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Request Rate: 200 inference requests per second" in done.stdout
+    kind = "poisson" if distribution == "poisson" else "uniform"
+    assert f"Using {kind} distribution on request generation" in done.stdout
+    throughput = float(re.search(r"Throughput: ([\d.]+) infer/sec", done.stdout).group(1))
+    assert 160 <= throughput <= 240, done.stdout
+
+
+def test_input_data_from_a_file_and_the_profile_export(server, tmp_path: Path):
+    data = tmp_path / "data.json"
+    data.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {"INPUT0": {"content": ["alpha", "beta"], "shape": [2]}},
+                    {"INPUT0": {"content": ["gamma"], "shape": [1]}},
+                ]
+            }
+        )
+    )
+    export = tmp_path / "profile.json"
+    done = perf(
+        "-m", "identity_bytes", "-u", server.http_url, "--input-data", str(data),
+        "--profile-export-file", str(export), "-v", *QUICK,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"Pass \[1\] throughput: [\d.]+ infer/sec\. Avg latency: \d+ usec", done.stdout
+    )
+    profile = json.loads(export.read_text())
+    [experiment] = profile["experiments"]
+    assert experiment["experiment"] == {"mode": "concurrency", "value": 1}
+    boundaries = experiment["window_boundaries"]
+    assert boundaries == sorted(boundaries) and len(boundaries) >= 6
+    requests = experiment["requests"]
+    assert len(requests) > 0
+    for request in requests:
+        [answered] = request["response_timestamps"]
+        # A window holds the requests answered within it (some were sent before it began).
+        assert request["timestamp"] <= answered
+        assert boundaries[0] <= answered <= boundaries[-1]
+
+
+def test_a_failing_model_fails_the_run_with_the_servers_words(server):
+    done = perf("-m", "raiser", "-u", server.http_url, *QUICK)
+    assert done.returncode == 1
+    assert "requests failed" in done.stderr and "HTTP 500" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_unknown_model_is_named_in_the_error(server, protocol: str):
+    done = perf("-m", "no_such_model", "-i", protocol, "-u", url(server, protocol))
+    assert done.returncode == 1
+    assert "no_such_model" in done.stderr and "error:" in done.stderr, done.stderr
+
+
+def test_a_variable_shape_needs_a_shape_flag(server):
+    done = perf("-m", "identity_fp32", "-u", server.http_url)
+    assert done.returncode == 1
+    assert "--shape INPUT0:<dims>" in done.stderr, done.stderr
+
+
+def test_what_is_not_implemented_is_refused_by_name(server):
+    done = perf("-m", "add_sub", "-u", server.http_url, "--shared-memory", "system")
+    assert done.returncode == 2
+    assert "--shared-memory is not supported by tritonfast perf yet" in done.stderr
+
+
+def test_a_server_that_is_not_there(tmp_path: Path):
+    from tests.conftest import free_ports
+
+    [port] = free_ports(1)
+    done = perf("-m", "add_sub", "-u", f"127.0.0.1:{port}")
+    assert done.returncode == 1
+    assert f"cannot reach 127.0.0.1:{port}" in done.stderr, done.stderr

@@ -1,0 +1,167 @@
+"""``tritonfast perf``'s requests: flags read as perf_analyzer reads them, inputs shaped and
+filled from the model's metadata and from input-data files, and the bytes on the wire."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tritonfast._proto import grpc_service_pb2 as pb
+from tritonfast.perf import inputs, payloads
+from tritonfast.perf.options import OptionError, Range, parse, parse_range, parse_shape
+from tritonfast.perf.server import ModelInfo, ServerStats, TensorSpec
+
+
+def model(max_batch_size: int = 8, **shapes: list[int]) -> ModelInfo:
+    specs = [TensorSpec(name, "FP32", shape) for name, shape in shapes.items()]
+    return ModelInfo(
+        "m", "1", specs, [TensorSpec("OUT", "FP32", [-1])], max_batch_size, False, False
+    )
+
+
+def test_ranges_read_as_perf_analyzer_reads_them():
+    assert parse_range("4", integer=True) == Range(4, 4, 1)
+    assert parse_range("1:16:5", integer=True).levels() == [1, 6, 11, 16]
+    rates = parse_range("100.5:200", integer=False).levels()
+    assert (len(rates), rates[1], rates[-1]) == (100, 101.5, 199.5)
+    for bad in ("0", "1:2:0", "a", "1:2:3:4", "1::2", "5:0"):
+        with pytest.raises(OptionError):
+            parse_range(bad, integer=True)
+
+
+def test_shapes_and_option_errors():
+    assert parse_shape("IMAGE:3,224,224") == ("IMAGE", [3, 224, 224])
+    assert parse_shape("ns:name:4") == ("ns:name", [4])
+    for bad in ("IMAGE", ":3", "IMAGE:3,x", "IMAGE:-1"):
+        with pytest.raises(OptionError):
+            parse_shape(bad)
+    options = parse(["-m", "m", "-i", "gRPC", "--request-rate-range", "50:150:50"])
+    assert options.protocol == "grpc" and options.url == "localhost:8001"
+    assert options.request_rate is not None and options.request_rate.levels() == [50, 100, 150]
+    assert options.max_threads == 4  # perf_analyzer's default for request rates
+    with pytest.raises(SystemExit):
+        parse(["-m", "m", "--concurrency-range", "1:4", "--request-rate-range", "10"])
+
+
+def test_shapes_come_from_the_metadata_and_the_shape_flag():
+    m = model(INPUT0=[-1, 4], INPUT1=[-1, -1, 2])
+    assert inputs.request_shapes(m, 2, {"INPUT1": [3, 2]}) == {
+        "INPUT0": [2, 4],
+        "INPUT1": [2, 3, 2],
+    }
+    with pytest.raises(inputs.InputError, match="--shape INPUT1:<dims>"):
+        inputs.request_shapes(m, 1, {})
+    with pytest.raises(inputs.InputError, match="does not fit"):
+        inputs.request_shapes(m, 1, {"INPUT0": [5], "INPUT1": [3, 2]})
+    with pytest.raises(inputs.InputError, match="max_batch_size of 8"):
+        inputs.request_shapes(m, 9, {"INPUT1": [3, 2]})
+    with pytest.raises(inputs.InputError, match="not an input"):
+        inputs.request_shapes(m, 1, {"OTHER": [1]})
+    unbatched = model(max_batch_size=0, INPUT0=[4])
+    assert inputs.request_shapes(unbatched, 1, {}) == {"INPUT0": [4]}
+    with pytest.raises(inputs.InputError, match="-b must be 1"):
+        inputs.request_shapes(unbatched, 2, {})
+
+
+def test_generated_data_is_zero_or_random_of_the_right_type():
+    specs = [
+        TensorSpec("F", "FP16", [-1, 3]),
+        TensorSpec("I", "INT8", [-1, 3]),
+        TensorSpec("S", "BYTES", [-1, 2]),
+    ]
+    m = ModelInfo("m", "1", specs, [], 4, False, False)
+    shapes = inputs.request_shapes(m, 2, {})
+    [zero] = inputs.generated(m, shapes, "zero", 5, None)
+    assert [t.shape for t in zero] == [[2, 3], [2, 3], [2, 2]]
+    assert zero[0].values.dtype == np.float16 and not zero[0].values.any()
+    assert zero[2].values == [b""] * 4
+    [random] = inputs.generated(m, shapes, "random", 5, None)
+    assert random[1].values.dtype == np.int8 and random[1].values.any()
+    assert all(len(s) == 5 for s in random[2].values)
+    [fixed] = inputs.generated(m, shapes, "random", 5, "hello")
+    assert fixed[2].values == [b"hello"] * 4
+
+
+def test_input_data_files_give_one_request_per_entry(tmp_path: Path):
+    m = model(INPUT0=[-1, 2], INPUT1=[-1, -1])
+    raw = np.array([7.5, 8.5], np.float32).tobytes()
+    data = tmp_path / "data.json"
+    data.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {"INPUT0": [1, 2], "INPUT1": {"content": [3, 4, 5], "shape": [3]}},
+                    {
+                        "INPUT0": {"b64": base64.b64encode(raw).decode()},
+                        "INPUT1": {"content": [6], "shape": [1]},
+                    },
+                ]
+            }
+        )
+    )
+    first, second = inputs.requests(m, 2, {}, str(data), 0, None)
+    # One batch's row, repeated for -b 2.
+    assert first[0].shape == [2, 2] and first[0].values.tolist() == [[1, 2], [1, 2]]
+    assert first[1].shape == [2, 3] and first[1].values.tolist() == [[3, 4, 5], [3, 4, 5]]
+    assert second[0].values.tolist() == [[7.5, 8.5], [7.5, 8.5]]
+    data.write_text(json.dumps({"data": [{"INPUT0": [1, 2], "INPUT1": [3]}]}))
+    with pytest.raises(inputs.InputError, match='"content" and "shape"'):
+        inputs.requests(m, 1, {}, str(data), 0, None)
+    data.write_text(json.dumps({"data": [{"INPUT0": [1, 2, 3], "INPUT1": [3]}]}))
+    with pytest.raises(inputs.InputError, match="has 3 values, the shape \\[1, 2\\] needs 2"):
+        inputs.requests(m, 1, {"INPUT1": [1]}, str(data), 0, None)
+    data.write_text(json.dumps({"data": [{"INPUT0": [1, 2]}]}))
+    with pytest.raises(inputs.InputError, match="entry 0 has no input 'INPUT1'"):
+        inputs.requests(m, 1, {"INPUT1": [1]}, str(data), 0, None)
+
+
+def strings(*items: bytes) -> inputs.Tensor:
+    return inputs.Tensor("S", "BYTES", [1, len(items)], list(items))
+
+
+def test_http_requests_carry_a_binary_extension_body():
+    numbers = inputs.Tensor("N", "INT32", [1, 3], np.array([[1, -2, 3]], np.int32))
+    request = payloads.http_request("h:1", "my model", "2", [numbers, strings(b"ab", b"")], ["O"])
+    head, _, body = request.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /v2/models/my%20model/versions/2/infer HTTP/1.1"
+    fields = dict(line.split(": ", 1) for line in lines[1:])
+    assert int(fields["Content-Length"]) == len(body)
+    header_length = int(fields["Inference-Header-Content-Length"])
+    header = json.loads(body[:header_length])
+    assert header["outputs"] == [{"name": "O", "parameters": {"binary_data": True}}]
+    assert [i["parameters"]["binary_data_size"] for i in header["inputs"]] == [12, 10]
+    tail = body[header_length:]
+    assert np.frombuffer(tail[:12], "<i4").tolist() == [1, -2, 3]
+    assert tail[12:] == struct.pack("<I", 2) + b"ab" + struct.pack("<I", 0)
+
+
+def test_grpc_requests_are_model_infer_messages():
+    numbers = inputs.Tensor("N", "FP64", [2], np.array([0.5, 1.5]))
+    message = pb.ModelInferRequest.FromString(
+        payloads.grpc_request("m", "", [numbers, strings(b"x")], ["A", "B"])
+    )
+    assert message.model_name == "m" and message.model_version == ""
+    assert [(i.name, i.datatype, list(i.shape)) for i in message.inputs] == [
+        ("N", "FP64", [2]),
+        ("S", "BYTES", [1, 1]),
+    ]
+    assert np.frombuffer(message.raw_input_contents[0], "<f8").tolist() == [0.5, 1.5]
+    assert message.raw_input_contents[1] == b"\x01\x00\x00\x00x"
+    assert [o.name for o in message.outputs] == ["A", "B"]
+
+
+def test_server_statistics_subtract_and_average():
+    later = ServerStats(success_count=10, success_ns=5_000_000, queue_count=10, queue_ns=1_000_000)
+    earlier = ServerStats(success_count=4, success_ns=2_000_000, queue_count=4, queue_ns=400_000)
+    window = later - earlier
+    assert (window.success_count, window.average_us("success"), window.average_us("queue")) == (
+        6,
+        500,
+        100,
+    )
+    assert ServerStats().average_us("compute_infer") == 0
