@@ -146,7 +146,9 @@ def perf(
         "-f",
         str(out),
     ]
-    subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"tritonfast perf failed:\n{done.stdout[-2000:]}\n{done.stderr}")
     with out.open() as f:
         row = next(csv.DictReader(f))
     return float(row["Inferences/Second"]), int(row["p50 latency"]) / 1000
