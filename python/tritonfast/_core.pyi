@@ -545,8 +545,10 @@ class LoadRun:
     """A running load against one server (``tritonfast perf``): requests sent from the core's
     own event-loop threads, without the GIL. ``protocol`` is ``"http"`` (each payload a whole
     HTTP/1.1 request) or ``"grpc"`` (each payload a serialized message for ``path``); exactly
-    one of ``concurrency`` and ``rate`` (requests per second) is given. Raises
-    ``ConnectionError`` when the server cannot be reached."""
+    one of ``concurrency`` and ``rate`` (requests per second) is given; ``"grpc-stream"``
+    sends ``ModelStreamInfer`` requests, one stream per context (``decoupled``: a request is
+    complete at its ``triton_final_response``). ``scripts``: the payloads' order, one list of
+    indices per context. Raises ``ConnectionError`` when the server cannot be reached."""
 
     def __new__(
         cls,
@@ -561,12 +563,15 @@ class LoadRun:
         rate: float | None = None,
         poisson: bool = False,
         seed: int = 0,
+        scripts: list[list[int]] = ...,
+        decoupled: bool = False,
     ) -> Self: ...
     def now(self) -> int:
         """Nanoseconds since the load began, on the records' clock."""
     def take(self) -> bytes:
-        """The requests answered since the last call: five little-endian u64 each (start,
-        sent, first byte, end in ns on the load's clock; 1 if the server answered success)."""
+        """The requests answered since the last call: seven little-endian u64 each (start,
+        sent, first byte or response, end in ns on the load's clock; 1 if the server answered
+        success; the responses; the payload's index)."""
     def counts(self) -> tuple[int, int]:
         """``(succeeded, failed)`` so far."""
     def errors(self) -> list[str]:

@@ -1,10 +1,12 @@
 //! Just enough of the protobuf wire format to take large `bytes` fields out of a message
-//! without copying them.
+//! without copying them, and to read a message field by field ([`fields`]).
 //!
 //! A `ModelInferRequest` carries its tensors in `raw_input_contents` (field 7). Parsing it
 //! with a protobuf library copies each tensor at least once more; instead the frontend asks
 //! [`split_field`] where those payloads are, parses only the rest of the message, and views the
 //! tensors in place.
+
+use std::ops::Range;
 
 use crate::error::CoreError;
 
@@ -103,6 +105,96 @@ fn write_varint(out: &mut Vec<u8>, mut value: u64) {
         value >>= 7;
     }
     out.push((value & 0x7f) as u8);
+}
+
+// -- reading a message field by field ------------------------------------------------------
+
+/// A field's value on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wire {
+    Varint(u64),
+    /// A length-delimited payload: its range in the message.
+    Bytes(Range<usize>),
+    Fixed,
+}
+
+/// A message that is not well-formed protobuf.
+#[derive(Debug)]
+pub struct Malformed;
+
+/// The fields of the message `b[range]`, in order.
+#[derive(Debug)]
+pub struct Fields<'a> {
+    b: &'a [u8],
+    pos: usize,
+    end: usize,
+}
+
+pub fn fields(b: &[u8], range: Range<usize>) -> Fields<'_> {
+    Fields {
+        b,
+        pos: range.start,
+        end: range.end,
+    }
+}
+
+impl Fields<'_> {
+    /// Whether every field has been read.
+    pub fn at_end(&self) -> bool {
+        self.pos >= self.end
+    }
+
+    pub fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            if self.pos >= self.end {
+                return None;
+            }
+            let byte = self.b[self.pos];
+            self.pos += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    fn skip(&mut self, n: usize) -> Option<Range<usize>> {
+        let start = self.pos;
+        let end = start.checked_add(n).filter(|&e| e <= self.end)?;
+        self.pos = end;
+        Some(start..end)
+    }
+
+    /// The next field, `Ok(None)` at the end, an error for a malformed one.
+    pub fn next_field(&mut self) -> Result<Option<(u64, Wire)>, Malformed> {
+        if self.pos >= self.end {
+            return Ok(None);
+        }
+        self.field().map(Some).ok_or(Malformed)
+    }
+
+    fn field(&mut self) -> Option<(u64, Wire)> {
+        let key = self.varint()?;
+        let value = match key & 7 {
+            0 => Wire::Varint(self.varint()?),
+            1 => {
+                self.skip(8)?;
+                Wire::Fixed
+            }
+            2 => {
+                let n = usize::try_from(self.varint()?).ok()?;
+                Wire::Bytes(self.skip(n)?)
+            }
+            5 => {
+                self.skip(4)?;
+                Wire::Fixed
+            }
+            _ => return None,
+        };
+        Some((key >> 3, value))
+    }
 }
 
 #[cfg(test)]

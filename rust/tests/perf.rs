@@ -94,6 +94,91 @@ fn grpc_server(code: u32) -> String {
     address
 }
 
+/// A length-delimited protobuf field (payloads under 128 bytes).
+fn field(number: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![(number << 3) | 2, u8::try_from(payload.len()).unwrap()];
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A gRPC-framed `ModelStreamInferResponse`: an error, or a response whose
+/// `triton_final_response` is `last`.
+fn stream_response(error: Option<&str>, last: bool) -> Bytes {
+    let message = error.map_or_else(
+        || {
+            let entry = [
+                field(1, b"triton_final_response"),
+                field(2, &[0x08, u8::from(last)]),
+            ];
+            // An empty final response has no outputs; the others carry one.
+            let output = if last {
+                Vec::new()
+            } else {
+                field(5, b"output")
+            };
+            field(2, &[field(4, &entry.concat()), output].concat())
+        },
+        |text| field(1, text.as_bytes()),
+    );
+    let mut framed = vec![0];
+    framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&message);
+    Bytes::from(framed)
+}
+
+/// An HTTP/2 server answering each message of a `ModelStreamInfer` stream with `answers`.
+fn stream_server(answers: Vec<Bytes>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let (socket, _) = listener.accept().await.unwrap();
+                let answers = answers.clone();
+                tokio::spawn(async move {
+                    let mut connection = h2::server::handshake(socket).await.unwrap();
+                    while let Some(Ok((request, mut respond))) = connection.accept().await {
+                        let answers = answers.clone();
+                        tokio::spawn(async move {
+                            let head = http::Response::builder()
+                                .header("content-type", "application/grpc")
+                                .body(())
+                                .unwrap();
+                            let mut stream = respond.send_response(head, false).unwrap();
+                            let mut body = request.into_body();
+                            let mut pending = Vec::new();
+                            while let Some(Ok(chunk)) = body.data().await {
+                                let _ = body.flow_control().release_capacity(chunk.len());
+                                pending.extend_from_slice(&chunk);
+                                // Each whole message gets the answers.
+                                while pending.len() >= 5 {
+                                    let length =
+                                        u32::from_be_bytes(pending[1..5].try_into().unwrap());
+                                    let whole = 5 + length as usize;
+                                    if pending.len() < whole {
+                                        break;
+                                    }
+                                    pending.drain(..whole);
+                                    for answer in &answers {
+                                        stream.send_data(answer.clone(), false).unwrap();
+                                    }
+                                }
+                            }
+                        });
+                    }
+                });
+            }
+        });
+    });
+    address
+}
+
 fn spec(protocol: Protocol, address: String, pace: Pace) -> LoadSpec {
     let request = format!(
         "POST /v2/models/m/infer HTTP/1.1\r\nHost: {address}\r\nContent-Length: 4\r\n\r\nbody"
@@ -103,6 +188,8 @@ fn spec(protocol: Protocol, address: String, pace: Pace) -> LoadSpec {
         address,
         path: "/inference.GRPCInferenceService/ModelInfer".to_string(),
         payloads: vec![request.into_bytes()],
+        scripts: Vec::new(),
+        decoupled: false,
         threads: 2,
         connections_per_thread: 2,
         pace,
@@ -230,5 +317,90 @@ fn a_load_without_requests_or_pace_is_refused() {
     assert_eq!(
         Load::start(idle).unwrap_err(),
         "the concurrency must be at least 1"
+    );
+}
+
+#[test]
+fn scripts_set_the_order_of_the_payloads() {
+    let mut spec = spec(Protocol::Http, http_server(200, "{}"), Pace::Concurrency(2));
+    spec.payloads = vec![spec.payloads[0].clone(); 3];
+    spec.scripts = vec![vec![0, 1, 1], vec![2]];
+    let (mut records, _) = run(spec, Duration::from_millis(200));
+    records.sort_by_key(|r| r.start);
+    let first: Vec<u32> = records
+        .iter()
+        .map(|r| r.payload)
+        .filter(|&p| p != 2)
+        .take(6)
+        .collect();
+    assert_eq!(first, [0, 1, 1, 0, 1, 1]);
+    assert!(
+        records.iter().any(|r| r.payload == 2),
+        "the second context runs its own script"
+    );
+}
+
+#[test]
+fn a_stream_request_ends_at_its_final_response() {
+    let answers = vec![
+        stream_response(None, false),
+        stream_response(None, false),
+        stream_response(None, true),
+    ];
+    let mut decoupled = spec(
+        Protocol::GrpcStream,
+        stream_server(answers),
+        Pace::Concurrency(2),
+    );
+    decoupled.decoupled = true;
+    let (records, load) = run(decoupled, Duration::from_millis(300));
+    assert!(
+        records.len() > 5 && records.iter().all(|r| r.ok),
+        "{:?}",
+        load.errors()
+    );
+    assert!(
+        records.iter().all(|r| r.responses == 2),
+        "two responses each, and an empty final one"
+    );
+    assert_ordered(&records);
+
+    // A model that is not decoupled answers once per request.
+    let once = spec(
+        Protocol::GrpcStream,
+        stream_server(vec![stream_response(None, false)]),
+        Pace::Concurrency(1),
+    );
+    let (records, _) = run(once, Duration::from_millis(200));
+    assert!(records.len() > 5 && records.iter().all(|r| r.ok && r.responses == 1));
+}
+
+#[test]
+fn a_stream_error_fails_its_request_with_the_servers_words() {
+    let answers = vec![stream_response(Some("unexpected shape"), false)];
+    let (records, load) = run(
+        spec(
+            Protocol::GrpcStream,
+            stream_server(answers),
+            Pace::Concurrency(1),
+        ),
+        Duration::from_millis(100),
+    );
+    assert!(!records.is_empty() && records.iter().all(|r| !r.ok));
+    assert_eq!(
+        load.errors(),
+        vec!["gRPC stream error: unexpected shape".to_string()]
+    );
+    let rate = spec(
+        Protocol::GrpcStream,
+        "127.0.0.1:1".to_string(),
+        Pace::Rate {
+            per_second: 1.0,
+            poisson: false,
+        },
+    );
+    assert_eq!(
+        Load::start(rate).unwrap_err(),
+        "streams are measured with a concurrency, not a request rate"
     );
 }

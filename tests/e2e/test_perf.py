@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +186,61 @@ def test_a_server_that_is_not_there(tmp_path: Path):
     done = perf("-m", "add_sub", "-u", f"127.0.0.1:{port}")
     assert done.returncode == 1
     assert f"cannot reach 127.0.0.1:{port}" in done.stderr, done.stderr
+
+
+@pytest.fixture(scope="module")
+def stateful_server(tmp_path_factory):
+    """A server of one sequence model and one decoupled model."""
+    from tests.conftest import ROOT, start_server
+
+    repository = tmp_path_factory.mktemp("perf_models")
+    for source in ("models_sequence/simple_sequence", "models_streaming/repeat_py"):
+        shutil.copytree(ROOT / "tests" / source, repository / Path(source).name)
+    running = start_server([repository], repository.parent / "server.log")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sequences_run_whole_per_context(stateful_server, protocol: str):
+    server = stateful_server
+    before = successes(server, "simple_sequence")
+    done = perf(
+        "-m", "simple_sequence", "-i", protocol, "-u", url(server, protocol),
+        "--concurrency-range", "3", "--sequence-length", "4", *QUICK,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [requests] = figure(done.stdout, "Request count")
+    [sequences] = [int(m) for m in re.findall(r"Sequence count: (\d+) \(", done.stdout)]
+    # Lengths of 4 give or take 20%: 3 to 5 requests a sequence.
+    assert requests / 5 - 3 <= sequences <= requests / 3 + 3, done.stdout
+    assert successes(server, "simple_sequence") - before >= requests
+
+
+def test_a_decoupled_model_is_measured_on_streams(stateful_server, tmp_path: Path):
+    server = stateful_server
+    table = tmp_path / "perf.csv"
+    done = perf(
+        "-m", "repeat_py", "-i", "grpc", "-u", server.grpc_url, "--streaming",
+        "--shape", "IN:3", "--concurrency-range", "2", "-f", str(table), *QUICK,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Detected decoupled model, using the first response for measuring latency" in done.stdout
+    requests = float(re.search(r"    Throughput: ([\d.]+) infer/sec", done.stdout).group(1))
+    responses = float(re.search(r"Response Throughput: ([\d.]+)", done.stdout).group(1))
+    assert responses == pytest.approx(3 * requests, rel=0.01), done.stdout  # three per request
+    with table.open() as f:
+        header = next(csv.reader(f))
+    assert header[:3] == ["Concurrency", "Inferences/Second", "Response Throughput"]
+
+
+def test_what_a_model_needs_is_said(stateful_server):
+    server = stateful_server
+    done = perf("-m", "repeat_py", "-u", server.http_url, "--shape", "IN:3")
+    assert done.returncode == 1
+    assert "is decoupled: measure it on gRPC streams (-i grpc --streaming)" in done.stderr
+    done = perf("-m", "simple_sequence", "-u", server.http_url, "--request-rate-range", "10")
+    assert done.returncode == 1
+    assert "is a sequence model: measure it with --concurrency-range" in done.stderr
+    done = perf("-m", "repeat_py", "-u", server.http_url, "--streaming")
+    assert done.returncode == 2 and "--streaming needs -i grpc" in done.stderr

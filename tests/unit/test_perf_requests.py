@@ -103,20 +103,20 @@ def test_input_data_files_give_one_request_per_entry(tmp_path: Path):
             }
         )
     )
-    first, second = inputs.requests(m, 2, {}, str(data), 0, None)
+    [[first, second]] = inputs.streams(m, 2, {}, str(data), 0, None)
     # One batch's row, repeated for -b 2.
     assert first[0].shape == [2, 2] and first[0].values.tolist() == [[1, 2], [1, 2]]
     assert first[1].shape == [2, 3] and first[1].values.tolist() == [[3, 4, 5], [3, 4, 5]]
     assert second[0].values.tolist() == [[7.5, 8.5], [7.5, 8.5]]
     data.write_text(json.dumps({"data": [{"INPUT0": [1, 2], "INPUT1": [3]}]}))
     with pytest.raises(inputs.InputError, match='"content" and "shape"'):
-        inputs.requests(m, 1, {}, str(data), 0, None)
+        inputs.streams(m, 1, {}, str(data), 0, None)
     data.write_text(json.dumps({"data": [{"INPUT0": [1, 2, 3], "INPUT1": [3]}]}))
     with pytest.raises(inputs.InputError, match="has 3 values, the shape \\[1, 2\\] needs 2"):
-        inputs.requests(m, 1, {"INPUT1": [1]}, str(data), 0, None)
+        inputs.streams(m, 1, {"INPUT1": [1]}, str(data), 0, None)
     data.write_text(json.dumps({"data": [{"INPUT0": [1, 2]}]}))
     with pytest.raises(inputs.InputError, match="entry 0 has no input 'INPUT1'"):
-        inputs.requests(m, 1, {"INPUT1": [1]}, str(data), 0, None)
+        inputs.streams(m, 1, {"INPUT1": [1]}, str(data), 0, None)
 
 
 def strings(*items: bytes) -> inputs.Tensor:
@@ -165,3 +165,59 @@ def test_server_statistics_subtract_and_average():
         100,
     )
     assert ServerStats().average_us("compute_infer") == 0
+
+
+def test_sequence_plans_give_each_context_whole_sequences_of_its_own():
+    from tritonfast.perf.options import parse
+    from tritonfast.perf.plan import plan
+
+    options = parse(
+        ["-m", "seq", "-i", "grpc", "--sequence-length", "5", "--sequence-id-range", "100"]
+    )
+    m = ModelInfo("seq", "1", [TensorSpec("INPUT", "INT32", [-1, 1])], [], 8, False, True)
+    streams = inputs.streams(m, 1, {}, "random", 0, None)
+    made = plan(options, m, "h:1", streams, concurrency=3)
+    assert len(made.scripts) == 3
+    seen_ids: set[int] = set()
+    for script in made.scripts:
+        messages = [pb.ModelInferRequest.FromString(made.payloads[i]) for i in script]
+        controls = [
+            (
+                r.parameters["sequence_id"].int64_param,
+                r.parameters["sequence_start"].bool_param,
+                r.parameters["sequence_end"].bool_param,
+            )
+            for r in messages
+        ]
+        sequences, current = [], []
+        for control in controls:
+            current.append(control)
+            if control[2]:
+                sequences.append(current)
+                current = []
+        assert not current, "a script ends with a sequence's end"
+        for sequence in sequences:
+            [sequence_id] = {c[0] for c in sequence}
+            assert sequence_id >= 100 and sequence_id not in seen_ids
+            seen_ids.add(sequence_id)
+            assert [c[1] for c in sequence] == [True] + [False] * (len(sequence) - 1)
+            assert 4 <= len(sequence) <= 6  # 5, give or take 20%
+    ends = {i for script in made.scripts for i in script if i in made.sequence_ends}
+    assert ends == set(made.sequence_ends)
+    # Too few IDs for the contexts' sequences is said before anything is sent.
+    narrow = parse(["-m", "seq", "--sequence-id-range", "1:5"])
+    with pytest.raises(inputs.InputError, match="need 12"):
+        plan(narrow, m, "h:1", streams, concurrency=3)
+
+
+def test_decoupled_requests_ask_for_the_empty_final_response():
+    from tritonfast.perf.options import parse
+    from tritonfast.perf.plan import plan
+
+    m = ModelInfo("d", "1", [TensorSpec("IN", "INT32", [2])], [], 0, True, False)
+    streams = inputs.streams(m, 1, {}, "zero", 0, None)
+    made = plan(parse(["-m", "d", "-i", "grpc", "--streaming"]), m, "h:1", streams, 1)
+    assert made.protocol == "grpc-stream" and made.decoupled
+    [payload] = made.payloads
+    message = pb.ModelInferRequest.FromString(payload)
+    assert message.parameters["triton_enable_empty_final_response"].bool_param

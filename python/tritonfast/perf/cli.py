@@ -7,9 +7,10 @@ import sys
 from collections.abc import Iterator
 
 from tritonfast._core import LoadRun
-from tritonfast.perf import inputs, payloads, report
-from tritonfast.perf.measure import Level, LoadError, measure_level
+from tritonfast.perf import inputs, report
+from tritonfast.perf.measure import Counting, Level, LoadError, measure_level
 from tritonfast.perf.options import PerfOptions, parse
+from tritonfast.perf.plan import Plan, plan
 from tritonfast.perf.server import (
     GrpcControl,
     HttpControl,
@@ -29,15 +30,23 @@ def main(argv: list[str] | None = None) -> int:
     control = control_for(options.protocol, address)
     try:
         model = control.model_info(options.model, options.version)
-        tensors = _tensors(options, model)
-        requests = [_payload(options, address, model, request) for request in tensors]
+        streams = inputs.streams(
+            model,
+            options.batch_size,
+            options.shapes,
+            options.input_data,
+            options.string_length,
+            options.string_data,
+        )
+        first_level = next(_levels(options))
+        plan(options, model, address, streams, _contexts(*first_level))  # refusals come first
     except (ServerError, inputs.InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         control.close()
         return 1
     print(report.settings(options, model.decoupled), flush=True)
     try:
-        levels, status = _measure(options, control, address, requests)
+        levels, status = _measure(options, control, address, model, streams)
     finally:
         control.close()
     if levels:
@@ -50,22 +59,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure(
-    options: PerfOptions, control: HttpControl | GrpcControl, address: str, requests: list[bytes]
+    options: PerfOptions,
+    control: HttpControl | GrpcControl,
+    address: str,
+    model: ModelInfo,
+    streams: list[list[list[inputs.Tensor]]],
 ) -> tuple[list[Level], int]:
     """Each level in turn until the range ends, the latency limit is passed or a level fails;
     returns the levels measured and the exit status."""
 
-    def start_load(mode: str, value: float) -> LoadRun:
+    def start_load(made: Plan, mode: str, value: float) -> LoadRun:
         return LoadRun(
-            options.protocol,
+            made.protocol,
             address,
-            requests,
-            path=payloads.GRPC_INFER_PATH,
+            made.payloads,
+            path=made.path,
             threads=options.max_threads,
             connections_per_thread=_connections(options, mode, value),
             concurrency=int(value) if mode == "concurrency" else None,
             rate=value if mode == "request_rate" else None,
             poisson=options.poisson,
+            scripts=made.scripts,
+            decoupled=made.decoupled,
         )
 
     def statistics() -> ServerStats:
@@ -75,8 +90,14 @@ def _measure(
     try:
         for mode, value in _levels(options):
             print(report.level_heading(mode, value), flush=True)
+            made = plan(options, model, address, streams, _contexts(mode, value))
             level = measure_level(
-                options, functools.partial(start_load, mode, value), statistics, mode, value
+                options,
+                functools.partial(start_load, made, mode, value),
+                statistics,
+                mode,
+                value,
+                Counting(options.batch_size, made.decoupled, made.sequence_ends),
             )
             levels.append(level)
             if not level.stable:
@@ -104,34 +125,6 @@ def _measure(
     return levels, 0
 
 
-def _tensors(options: PerfOptions, model: ModelInfo) -> list[list[inputs.Tensor]]:
-    if model.decoupled:
-        raise inputs.InputError(
-            f"{model.name!r} is decoupled: tritonfast perf does not measure streams yet"
-        )
-    if model.sequence:
-        raise inputs.InputError(
-            f"{model.name!r} is a sequence model: tritonfast perf does not send sequences yet"
-        )
-    return inputs.requests(
-        model,
-        options.batch_size,
-        options.shapes,
-        options.input_data,
-        options.string_length,
-        options.string_data,
-    )
-
-
-def _payload(
-    options: PerfOptions, address: str, model: ModelInfo, tensors: list[inputs.Tensor]
-) -> bytes:
-    outputs = [spec.name for spec in model.outputs]
-    if options.protocol == "grpc":
-        return payloads.grpc_request(options.model, options.version, tensors, outputs)
-    return payloads.http_request(address, options.model, options.version, tensors, outputs)
-
-
 def _levels(options: PerfOptions) -> Iterator[tuple[str, float]]:
     if options.request_rate:
         for rate in options.request_rate.levels():
@@ -147,3 +140,8 @@ def _connections(options: PerfOptions, mode: str, value: float) -> int:
         return 1
     per_thread = -(-int(value) // options.max_threads)
     return max(1, -(-per_thread // STREAMS_PER_CONNECTION))
+
+
+def _contexts(mode: str, value: float) -> int:
+    """Clients with a request in flight: the concurrency (one for a request rate's plan)."""
+    return int(value) if mode == "concurrency" else 1

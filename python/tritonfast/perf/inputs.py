@@ -144,8 +144,9 @@ def _numpy_type(spec: TensorSpec) -> Any:
 
 def from_file(
     model: ModelInfo, shapes: dict[str, list[int]], path: Path, batch_size: int
-) -> list[list[Tensor]]:
-    """Requests from a JSON file in perf_analyzer's format: ``{"data": [{input: values}, ...]}``,
+) -> list[list[list[Tensor]]]:
+    """Streams of requests from a JSON file in perf_analyzer's format: ``{"data": [{input:
+    values}, ...]}`` (one stream), or ``{"data": [[...], [...]]}`` (a sequence model's streams);
     values a flat or nested list, ``{"content": [...], "shape": [...]}`` or ``{"b64": "..."}``.
     Each entry is one request; an entry holding one batch's row is repeated ``-b`` times."""
     try:
@@ -155,8 +156,17 @@ def from_file(
     entries = document.get("data") if isinstance(document, dict) else None
     if not isinstance(entries, list) or not entries:
         raise InputError(f'--input-data {path}: expected {{"data": [ {{...}}, ... ]}}')
-    if entries and isinstance(entries[0], list):
-        entries = [step for stream in entries for step in stream]  # streams of a sequence model
+    streams = entries if isinstance(entries[0], list) else [entries]
+    return [_stream(model, shapes, path, batch_size, stream) for stream in streams]
+
+
+def _stream(
+    model: ModelInfo,
+    shapes: dict[str, list[int]],
+    path: Path,
+    batch_size: int,
+    entries: list[dict[str, Any]],
+) -> list[list[Tensor]]:
     requests = []
     for index, entry in enumerate(entries):
         tensors = []
@@ -220,19 +230,20 @@ def _batched(flat: list[Any], shape: list[int], where: str, name: str) -> list[A
     )
 
 
-def requests(
+def streams(
     model: ModelInfo,
     batch_size: int,
     shapes_given: dict[str, list[int]],
     input_data: str,
     string_length: int,
     string_data: str | None,
-) -> list[list[Tensor]]:
-    """Every distinct request the load sends, in turn."""
+) -> list[list[list[Tensor]]]:
+    """The requests' inputs, as streams of requests (one stream but for a sequence model's
+    input-data file)."""
     if not model.inputs:
         raise InputError(f"model {model.name!r} has no inputs")
     if input_data in ("zero", "random"):
         shapes = request_shapes(model, batch_size, shapes_given)
-        return generated(model, shapes, input_data, string_length, string_data)
+        return [generated(model, shapes, input_data, string_length, string_data)]
     shapes = request_shapes(model, batch_size, shapes_given, variable=True)
     return from_file(model, shapes, Path(input_data), batch_size)

@@ -14,9 +14,18 @@ from tritonfast._core import LoadRun
 from tritonfast.perf.options import PerfOptions
 from tritonfast.perf.server import ServerStats
 
-# A record from LoadRun.take: start, sent, first byte, end (ns on the load's clock), ok.
+# A record from LoadRun.take: start, sent, first byte or response, end (ns on the load's
+# clock), ok, responses, the payload's index.
 RECORD = np.dtype(
-    [("start", "<u8"), ("sent", "<u8"), ("first", "<u8"), ("end", "<u8"), ("ok", "<u8")]
+    [
+        ("start", "<u8"),
+        ("sent", "<u8"),
+        ("first", "<u8"),
+        ("end", "<u8"),
+        ("ok", "<u8"),
+        ("responses", "<u8"),
+        ("payload", "<u8"),
+    ]
 )
 PERCENTILES = (50, 90, 95, 99)
 STABILITY_WINDOWS = 3
@@ -28,6 +37,16 @@ class LoadError(RuntimeError):
     """Requests failed; the text has the server's words."""
 
 
+@dataclass(frozen=True)
+class Counting:
+    """How a level's requests count: inferences per request, whether latency ends at the first
+    response (a decoupled model's stream), and which payloads end a sequence."""
+
+    batch_size: int = 1
+    first_response: bool = False
+    sequence_ends: tuple[int, ...] = ()
+
+
 @dataclass
 class Window:
     """The requests answered within one measurement window, and the server's view of it."""
@@ -36,7 +55,7 @@ class Window:
     end_ns: int
     records: np.ndarray
     server: ServerStats
-    batch_size: int
+    counting: Counting
 
     @property
     def seconds(self) -> float:
@@ -49,11 +68,21 @@ class Window:
     @property
     def throughput(self) -> float:
         """Inferences per second (requests times the batch size)."""
-        return self.request_count * self.batch_size / self.seconds
+        return self.request_count * self.counting.batch_size / self.seconds
+
+    @property
+    def response_throughput(self) -> float:
+        return int(self.records["responses"].sum()) / self.seconds
+
+    @property
+    def sequence_count(self) -> int:
+        ends = np.asarray(self.counting.sequence_ends, np.uint64)
+        return int(np.count_nonzero(np.isin(self.records["payload"], ends)))
 
     @property
     def latencies_ns(self) -> np.ndarray:
-        return (self.records["end"] - self.records["start"]).astype(np.int64)
+        done = "first" if self.counting.first_response else "end"
+        return (self.records[done] - self.records["start"]).astype(np.int64)
 
     def latency_ns(self, percentile: int) -> int:
         """The average latency (``percentile`` -1) or the percentile's."""
@@ -71,7 +100,7 @@ def merged(windows: list[Window]) -> Window:
     records = np.concatenate([w.records for w in windows])
     duration = sum(w.end_ns - w.begin_ns for w in windows)
     first = windows[0].begin_ns
-    return Window(first, first + duration, records, server, windows[0].batch_size)
+    return Window(first, first + duration, records, server, windows[0].counting)
 
 
 def stable(windows: list[Window], options: PerfOptions) -> bool:
@@ -108,6 +137,7 @@ def measure_level(
     statistics: Callable[[], ServerStats],
     mode: str,
     value: float,
+    counting: Counting,
 ) -> Level:
     run = start_load()
     wall_offset = time.time_ns() - run.now()
@@ -119,7 +149,7 @@ def measure_level(
         windows: list[Window] = []
         before = statistics()
         for trial in range(options.max_trials):
-            progress = _Progress(mode, value, trial + 1, run, begin, options.batch_size)
+            progress = _Progress(mode, value, trial + 1, run, begin, counting.batch_size)
             if options.request_count:
                 _wait_for(run, options.request_count, progress.show)
             elif options.count_windows:
@@ -130,7 +160,7 @@ def measure_level(
             records = answers.within(begin, end)
             progress.clear()
             after = statistics()
-            window = Window(begin, end, records, after - before, options.batch_size)
+            window = Window(begin, end, records, after - before, counting)
             before, begin = after, end
             failed = int(np.count_nonzero(records["ok"] == 0))
             if failed:

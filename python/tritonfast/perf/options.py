@@ -89,6 +89,10 @@ class PerfOptions:
     string_length: int
     string_data: str | None
     async_mode: bool
+    streaming: bool
+    sequence_length: int | None
+    sequence_variation: float
+    sequence_ids: tuple[int, int | None]
     max_threads: int
     csv_file: Path | None
     profile_export_file: Path | None
@@ -103,10 +107,6 @@ class PerfOptions:
 UNSUPPORTED = (
     "--shared-memory",
     "--output-shared-memory-size",
-    "--streaming",
-    "--sequence-length",
-    "--sequence-length-variation",
-    "--sequence-id-range",
     "--num-of-sequences",
     "--serial-sequences",
     "--binary-search",
@@ -168,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("-a", "--async", dest="async_mode", action="store_true")
     mode.add_argument("--sync", dest="async_mode", action="store_false")
+    add("--streaming", action="store_true", help="gRPC streams (ModelStreamInfer)")
+    add("--sequence-length", type=int, default=None, help="requests per sequence (default 20)")
+    add("--sequence-length-variation", type=float, default=20.0, metavar="PERCENT")
+    add("--sequence-id-range", default="1", metavar="START[:END]")
     add(
         "--max-threads",
         type=int,
@@ -215,6 +219,13 @@ def _options(args: argparse.Namespace) -> PerfOptions:
     if args.string_length < 0:
         raise OptionError("--string-length must not be negative")
     shapes = dict(parse_shape(text) for text in args.shape)
+    if args.streaming and args.protocol != "grpc":
+        raise OptionError("--streaming needs -i grpc")
+    if args.streaming and rate:
+        raise OptionError("--streaming is measured with --concurrency-range, not a request rate")
+    if args.sequence_length is not None and args.sequence_length < 1:
+        raise OptionError("--sequence-length must be at least 1")
+    sequence_ids = _id_range(args.sequence_id_range)
     default_port = "8001" if args.protocol == "grpc" else "8000"
     threads = args.max_threads if args.max_threads is not None else (4 if rate else 1)
     if threads < 1:
@@ -242,8 +253,23 @@ def _options(args: argparse.Namespace) -> PerfOptions:
         string_length=args.string_length,
         string_data=args.string_data,
         async_mode=args.async_mode,
+        streaming=args.streaming,
+        sequence_length=args.sequence_length,
+        sequence_variation=max(args.sequence_length_variation, 0.0),
+        sequence_ids=sequence_ids,
         max_threads=threads,
         csv_file=args.csv_file,
         profile_export_file=args.profile_export_file,
         verbose=args.verbose,
     )
+
+
+def _id_range(text: str) -> tuple[int, int | None]:
+    start, _, end = text.partition(":")
+    try:
+        first, last = int(start), (int(end) if end else None)
+    except ValueError:
+        raise OptionError(f"--sequence-id-range {text!r}: expected START or START:END") from None
+    if first < 1 or (last is not None and last <= first):
+        raise OptionError(f"--sequence-id-range {text!r}: IDs start at 1 and END is above START")
+    return first, last

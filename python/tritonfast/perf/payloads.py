@@ -15,6 +15,9 @@ from tritonfast.perf.inputs import Tensor
 
 GRPC_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 
+# A request's parameters (sequence controls, the stream's final-response flag).
+Parameters = dict[str, bool | int | str]
+
 
 def tensor_bytes(tensor: Tensor) -> bytes:
     """The tensor's raw contents; BYTES elements each with a 4-byte little-endian length."""
@@ -30,7 +33,12 @@ def tensor_bytes(tensor: Tensor) -> bytes:
 
 
 def http_request(
-    address: str, model: str, version: str, tensors: list[Tensor], outputs: list[str]
+    address: str,
+    model: str,
+    version: str,
+    tensors: list[Tensor],
+    outputs: list[str],
+    parameters: Parameters | None = None,
 ) -> bytes:
     """A whole HTTP/1.1 inference request: JSON header, then the inputs' bytes."""
     raws = [tensor_bytes(t) for t in tensors]
@@ -46,6 +54,8 @@ def http_request(
         ],
         "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs],
     }
+    if parameters:
+        header["parameters"] = parameters
     head = json.dumps(header, separators=(",", ":")).encode()
     body_length = len(head) + sum(len(raw) for raw in raws)
     path = f"/v2/models/{quote(model, safe='')}"
@@ -61,9 +71,22 @@ def http_request(
     return b"".join([start, head, *raws])
 
 
-def grpc_request(model: str, version: str, tensors: list[Tensor], outputs: list[str]) -> bytes:
+def grpc_request(
+    model: str,
+    version: str,
+    tensors: list[Tensor],
+    outputs: list[str],
+    parameters: Parameters | None = None,
+) -> bytes:
     """A serialized ``ModelInferRequest``."""
     request = pb.ModelInferRequest(model_name=model, model_version=version)
+    for key, value in (parameters or {}).items():
+        if isinstance(value, bool):
+            request.parameters[key].bool_param = value
+        elif isinstance(value, int):
+            request.parameters[key].int64_param = value
+        else:
+            request.parameters[key].string_param = value
     for tensor in tensors:
         request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         request.raw_input_contents.append(tensor_bytes(tensor))

@@ -82,11 +82,13 @@ def client_times_us(window: Window) -> tuple[int, int, int, int]:
 
 def level_report(level: Level, options: PerfOptions) -> str:
     window = level.summary
-    lines = [
-        "  Client: ",
-        f"    Request count: {window.request_count}",
-        f"    Throughput: {window.throughput:g} infer/sec",
-    ]
+    lines = ["  Client: ", f"    Request count: {window.request_count}"]
+    if window.counting.sequence_ends:
+        count = window.sequence_count
+        lines.append(f"    Sequence count: {count} ({count / window.seconds:g} seq/sec)")
+    lines.append(f"    Throughput: {window.throughput:g} infer/sec")
+    if window.counting.first_response:
+        lines.append(f"    Response Throughput: {window.response_throughput:g} infer/sec")
     latencies = window.latencies_ns
     if options.percentile == -1:
         std_us = int(latencies.std() // 1000) if len(latencies) else 0
@@ -153,9 +155,11 @@ def summary(levels: list[Level], options: PerfOptions) -> str:
 def write_csv(path: Path, levels: list[Level], options: PerfOptions) -> None:
     """perf_analyzer's columns (times in usec), rows by increasing throughput."""
     first = "Concurrency" if options.concurrency else "Request Rate"
-    header = [
-        first,
-        "Inferences/Second",
+    decoupled = bool(levels) and levels[0].summary.counting.first_response
+    header = [first, "Inferences/Second"]
+    if decoupled:
+        header.append("Response Throughput")
+    header += [
         "Client Send",
         "Network+Server Send/Recv",
         "Server Queue",
@@ -179,10 +183,12 @@ def write_csv(path: Path, levels: list[Level], options: PerfOptions) -> None:
         )
         network = max(wait - server.average_us("queue") - compute_us, 0)
         value: Any = int(level.value) if level.mode == "concurrency" else f"{level.value:g}"
+        responses = [f"{window.response_throughput:g}"] if decoupled else []
         rows.append(
             [
                 value,
                 f"{window.throughput:g}",
+                *responses,
                 send,
                 network,
                 server.average_us("queue"),
@@ -213,7 +219,7 @@ def write_profile_export(path: Path, levels: list[Level], options: PerfOptions) 
                     {
                         "timestamp": int(record["start"]) + offset,
                         "request_inputs": {},
-                        "response_timestamps": [int(record["end"]) + offset],
+                        "response_timestamps": _response_times(record, offset),
                         "response_outputs": [{}],
                     }
                 )
@@ -237,3 +243,9 @@ def write_profile_export(path: Path, levels: list[Level], options: PerfOptions) 
         "endpoint": "",
     }
     path.write_text(json.dumps(document))
+
+
+def _response_times(record: np.void, offset: int) -> list[int]:
+    """The first response's time and, when there were more, the last one's."""
+    first, last = int(record["first"]) + offset, int(record["end"]) + offset
+    return [first, last] if int(record["responses"]) > 1 else [last]

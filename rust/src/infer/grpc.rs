@@ -16,88 +16,7 @@ use super::request::{
 };
 use super::signature::Signature;
 use crate::sequence::CorrelationId;
-
-/// A field's value on the wire.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Wire {
-    Varint(u64),
-    /// A length-delimited payload: its range in the message.
-    Bytes(Range<usize>),
-    Fixed,
-}
-
-/// A message that is not well-formed protobuf.
-#[derive(Debug)]
-struct Malformed;
-
-/// The fields of the message `b[range]`, in order.
-struct Fields<'a> {
-    b: &'a [u8],
-    pos: usize,
-    end: usize,
-}
-
-fn fields(b: &[u8], range: Range<usize>) -> Fields<'_> {
-    Fields {
-        b,
-        pos: range.start,
-        end: range.end,
-    }
-}
-
-impl Fields<'_> {
-    fn varint(&mut self) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            if self.pos >= self.end {
-                return None;
-            }
-            let byte = self.b[self.pos];
-            self.pos += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
-    }
-
-    fn skip(&mut self, n: usize) -> Option<Range<usize>> {
-        let start = self.pos;
-        let end = start.checked_add(n).filter(|&e| e <= self.end)?;
-        self.pos = end;
-        Some(start..end)
-    }
-
-    /// The next field, `Ok(None)` at the end, an error for a malformed one.
-    fn next_field(&mut self) -> Result<Option<(u64, Wire)>, Malformed> {
-        if self.pos >= self.end {
-            return Ok(None);
-        }
-        self.field().map(Some).ok_or(Malformed)
-    }
-
-    fn field(&mut self) -> Option<(u64, Wire)> {
-        let key = self.varint()?;
-        let value = match key & 7 {
-            0 => Wire::Varint(self.varint()?),
-            1 => {
-                self.skip(8)?;
-                Wire::Fixed
-            }
-            2 => {
-                let n = usize::try_from(self.varint()?).ok()?;
-                Wire::Bytes(self.skip(n)?)
-            }
-            5 => {
-                self.skip(4)?;
-                Wire::Fixed
-            }
-            _ => return None,
-        };
-        Some((key >> 3, value))
-    }
-}
+use crate::wire::{Wire, fields};
 
 fn text(b: &[u8], range: &Range<usize>) -> Option<String> {
     std::str::from_utf8(&b[range.clone()])
@@ -279,7 +198,7 @@ fn input(b: &[u8], range: Range<usize>) -> Option<Input> {
             (3, Wire::Varint(d)) => shape.push(dim(d)?),
             (3, Wire::Bytes(r)) => {
                 let mut packed = fields(b, r);
-                while packed.pos < packed.end {
+                while !packed.at_end() {
                     shape.push(dim(packed.varint()?)?);
                 }
             }

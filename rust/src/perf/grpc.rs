@@ -5,6 +5,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use tokio::net::TcpStream;
 
+use super::stream::{STREAM_INFER_PATH, StreamCall};
 use super::{Exchange, Shared};
 
 /// Flow-control windows large enough that a 4 MiB answer never waits for a window update.
@@ -57,13 +58,7 @@ impl Connection {
 
     async fn call(&self, path: &str, message: &Bytes, shared: &Shared) -> Result<Exchange, String> {
         let h2_failed = |e: h2::Error| format!("gRPC call failed: {e}");
-        let request = http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{}{path}", self.authority))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .map_err(|e| format!("cannot build a gRPC request: {e}"))?;
+        let request = self.request(path)?;
         let mut sender = self.sender.clone().ready().await.map_err(h2_failed)?;
         let (answer, mut stream) = sender.send_request(request, false).map_err(h2_failed)?;
         stream.send_data(message.clone(), true).map_err(h2_failed)?;
@@ -99,8 +94,33 @@ impl Connection {
             sent,
             first_byte,
             ok,
+            responses: 1,
         })
     }
+
+    /// Opens a `ModelStreamInfer` call on this connection.
+    pub async fn open_stream(&self, decoupled: bool) -> Result<StreamCall, String> {
+        let h2_failed = |e: h2::Error| format!("cannot open a gRPC stream: {e}");
+        let request = self.request(STREAM_INFER_PATH)?;
+        let mut sender = self.sender.clone().ready().await.map_err(h2_failed)?;
+        let (answer, send) = sender.send_request(request, false).map_err(h2_failed)?;
+        Ok(StreamCall::new(send, answer, decoupled))
+    }
+
+    fn request(&self, path: &str) -> Result<http::Request<()>, String> {
+        http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{}{path}", self.authority))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .map_err(|e| format!("cannot build a gRPC request: {e}"))
+    }
+}
+
+/// "gRPC status N: message" from a call's trailers, if they carry a status.
+pub fn status_text(trailers: &http::HeaderMap) -> Option<String> {
+    Status::of(trailers).map(|s| format!("gRPC status {}: {}", s.code, s.message))
 }
 
 /// A call's `grpc-status` and `grpc-message`.

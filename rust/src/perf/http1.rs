@@ -84,6 +84,7 @@ impl Connection {
             sent,
             first_byte,
             ok,
+            responses: 1,
         })
     }
 

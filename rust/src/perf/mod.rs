@@ -10,6 +10,7 @@
 mod grpc;
 mod http1;
 mod schedule;
+mod stream;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -30,6 +31,9 @@ pub enum Protocol {
     Http,
     /// gRPC over HTTP/2; each payload is one serialized message for [`LoadSpec::path`].
     Grpc,
+    /// gRPC `ModelStreamInfer`: each context keeps one stream open and sends its requests on
+    /// it one after another (closed loop only); each payload a `ModelInferRequest`.
+    GrpcStream,
 }
 
 /// How fast requests go out.
@@ -52,6 +56,13 @@ pub struct LoadSpec {
     pub path: String,
     /// The requests, sent in turn (each context starts at its own offset).
     pub payloads: Vec<Vec<u8>>,
+    /// When not empty, the order of the payloads (their indices), one script per context (a
+    /// sequence model's requests, each context its own sequences), repeated; an open loop
+    /// takes the scripts in turn.
+    pub scripts: Vec<Vec<usize>>,
+    /// Streams: the model is decoupled, so a request is complete at the response that says
+    /// `triton_final_response` (not at its first response).
+    pub decoupled: bool,
     /// Event-loop threads; the load is spread over them.
     pub threads: usize,
     /// gRPC: HTTP/2 connections per thread, the thread's requests spread over them.
@@ -68,12 +79,16 @@ pub struct Record {
     pub start: u64,
     /// The request was handed to the socket (HTTP) or to the connection (gRPC).
     pub sent: u64,
-    /// The first byte (HTTP) or the headers (gRPC) of the answer arrived.
+    /// The first byte (HTTP), the headers (gRPC) or the first response (streams) arrived.
     pub first_byte: u64,
     /// The answer was complete.
     pub end: u64,
     /// Whether the server answered with success (HTTP 200, gRPC status 0).
     pub ok: bool,
+    /// Responses received for the request (more than one from a decoupled model's stream).
+    pub responses: u32,
+    /// The payload sent (its index in [`LoadSpec::payloads`]).
+    pub payload: u32,
 }
 
 /// The most error texts kept; a broken load fails every request the same way.
@@ -83,6 +98,8 @@ const KEPT_ERRORS: usize = 16;
 #[derive(Debug)]
 struct Shared {
     epoch: Instant,
+    /// Streams: whether a request ends at `triton_final_response` (see [`LoadSpec::decoupled`]).
+    decoupled: bool,
     stop: AtomicBool,
     records: Vec<Mutex<Vec<Record>>>,
     succeeded: AtomicU64,
@@ -139,6 +156,7 @@ impl Load {
         let threads = spec.threads.max(1);
         let shared = Arc::new(Shared {
             epoch: Instant::now(),
+            decoupled: spec.decoupled,
             stop: AtomicBool::new(false),
             records: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
             succeeded: AtomicU64::new(0),
@@ -226,6 +244,20 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 fn check(spec: &LoadSpec) -> Result<(), String> {
     if spec.payloads.is_empty() {
         return Err("no requests to send".to_string());
+    }
+    if spec
+        .scripts
+        .iter()
+        .flatten()
+        .any(|&index| index >= spec.payloads.len())
+    {
+        return Err("a script names a payload that is not there".to_string());
+    }
+    if spec.scripts.iter().any(Vec::is_empty) {
+        return Err("a script is empty".to_string());
+    }
+    if spec.protocol == Protocol::GrpcStream && matches!(spec.pace, Pace::Rate { .. }) {
+        return Err("streams are measured with a concurrency, not a request rate".to_string());
     }
     match spec.pace {
         Pace::Concurrency(0) => Err("the concurrency must be at least 1".to_string()),
@@ -355,15 +387,16 @@ impl Thread {
         }
     }
 
-    fn payload(&self, turn: usize) -> Payload {
-        self.payloads[turn % self.payloads.len()].clone()
-    }
-
-    /// Sends one request, waits for its answer and records it.
-    async fn one_request(&self, payload: &Payload) {
+    /// Sends one request, waits for its answer (on `stream` when the load streams) and
+    /// records it.
+    async fn one_request(&self, index: usize, stream: Option<&mut Option<stream::StreamCall>>) {
         let shared = &*self.shared;
+        let payload = &self.payloads[index];
         let start = shared.now();
-        let exchange = self.senders.exchange(&self.spec, payload, shared).await;
+        let exchange = match stream {
+            None => self.senders.exchange(&self.spec, payload, shared).await,
+            Some(call) => self.senders.stream_exchange(call, payload, shared).await,
+        };
         let end = shared.now();
         let record = Record {
             start,
@@ -371,19 +404,83 @@ impl Thread {
             first_byte: exchange.first_byte,
             end,
             ok: exchange.ok,
+            responses: exchange.responses,
+            payload: u32::try_from(index).unwrap_or(u32::MAX),
         };
         shared.record(self.index, record);
     }
 }
 
+/// Which payload goes next: the payloads in turn from an offset, or a script's.
+#[derive(Debug)]
+struct Order {
+    /// Scripts' positions (none: the payloads in turn).
+    positions: Vec<usize>,
+    scripts: Option<Vec<Vec<usize>>>,
+    turn: usize,
+}
+
+impl Order {
+    /// The order of the closed loop's context `context` (numbered across all threads): its
+    /// own script, or the payloads from an offset of its own so that several are in flight.
+    fn of_context(spec: &LoadSpec, context: usize) -> Order {
+        if spec.scripts.is_empty() {
+            return Order {
+                positions: Vec::new(),
+                scripts: None,
+                turn: context * 7919,
+            };
+        }
+        let script = spec.scripts[context % spec.scripts.len()].clone();
+        Order {
+            positions: vec![0],
+            scripts: Some(vec![script]),
+            turn: 0,
+        }
+    }
+
+    /// An open loop's order: every script in turn, each from where it was left.
+    fn of_open_loop(spec: &LoadSpec, thread: usize) -> Order {
+        if spec.scripts.is_empty() {
+            return Order {
+                positions: Vec::new(),
+                scripts: None,
+                turn: thread * 104_729,
+            };
+        }
+        let scripts = spec.scripts.clone();
+        Order {
+            positions: vec![0; scripts.len()],
+            scripts: Some(scripts),
+            turn: thread,
+        }
+    }
+
+    fn next(&mut self, payloads: usize) -> usize {
+        let turn = self.turn;
+        self.turn += 1;
+        let Some(scripts) = &self.scripts else {
+            return turn % payloads;
+        };
+        let slot = turn % scripts.len();
+        let script = &scripts[slot];
+        let index = script[self.positions[slot] % script.len()];
+        self.positions[slot] += 1;
+        index
+    }
+}
+
 /// A context: one request in flight, the next sent as soon as it is answered.
 async fn closed_loop(thread: Rc<Thread>, context: usize) {
-    // Contexts start at different payloads so that several payloads are in flight at once.
-    let mut turn = context * 7919 + thread.index * 104_729;
+    let threads = thread.spec.threads.max(1);
+    let mut order = Order::of_context(&thread.spec, thread.index + context * threads);
+    let mut stream = None;
+    let streams = thread.spec.protocol == Protocol::GrpcStream;
     while !thread.shared.stopping() {
-        let payload = thread.payload(turn);
-        turn += 1;
-        thread.one_request(&payload).await;
+        let index = order.next(thread.payloads.len());
+        thread
+            .one_request(index, streams.then_some(&mut stream))
+            .await;
     }
 }
 
@@ -391,7 +488,7 @@ async fn closed_loop(thread: Rc<Thread>, context: usize) {
 async fn open_loop(thread: &Rc<Thread>, mut gaps: Gaps) {
     let origin = tokio::time::Instant::now();
     let mut due = Duration::ZERO;
-    let mut turn = thread.index * 104_729;
+    let mut order = Order::of_open_loop(&thread.spec, thread.index);
     while !thread.shared.stopping() {
         due += gaps.next_gap();
         let at = origin + due;
@@ -402,10 +499,9 @@ async fn open_loop(thread: &Rc<Thread>, mut gaps: Gaps) {
         if thread.shared.stopping() {
             break;
         }
-        let payload = thread.payload(turn);
-        turn += 1;
+        let index = order.next(thread.payloads.len());
         let owner = Rc::clone(thread);
-        Thread::spawn(thread, async move { owner.one_request(&payload).await });
+        Thread::spawn(thread, async move { owner.one_request(index, None).await });
     }
 }
 
@@ -445,7 +541,7 @@ impl Senders {
                     idle: RefCell::new(idle),
                 })
             }
-            Protocol::Grpc => {
+            Protocol::Grpc | Protocol::GrpcStream => {
                 let mut connections = Vec::new();
                 for _ in 0..spec.connections_per_thread.max(1) {
                     connections.push(grpc::Connection::open(&spec.address).await?);
@@ -485,6 +581,37 @@ impl Senders {
             }
         }
     }
+
+    /// Sends one request on the context's stream, opened first if it has none (or its last
+    /// one broke), and waits until the request is complete.
+    async fn stream_exchange(
+        &self,
+        call: &mut Option<stream::StreamCall>,
+        payload: &Payload,
+        shared: &Shared,
+    ) -> Exchange {
+        let Senders::Grpc { connections, next } = self else {
+            return Exchange::failed(shared, "streams need gRPC".to_string());
+        };
+        if call.is_none() {
+            let index = next.get();
+            next.set((index + 1) % connections.len());
+            match connections[index].open_stream(shared.decoupled).await {
+                Ok(opened) => *call = Some(opened),
+                Err(text) => return Exchange::failed(shared, text),
+            }
+        }
+        let Some(open) = call.as_mut() else {
+            unreachable!("opened above")
+        };
+        match open.exchange(&payload.bytes, shared).await {
+            Ok(exchange) => exchange,
+            Err(text) => {
+                *call = None;
+                Exchange::failed(shared, text)
+            }
+        }
+    }
 }
 
 /// A payload as a thread sends it: gRPC messages carry their 5-byte frame header already.
@@ -499,7 +626,7 @@ fn payloads(spec: &LoadSpec) -> Vec<Payload> {
         .map(|payload| Payload {
             bytes: match spec.protocol {
                 Protocol::Http => bytes::Bytes::copy_from_slice(payload),
-                Protocol::Grpc => grpc::framed(payload),
+                Protocol::Grpc | Protocol::GrpcStream => grpc::framed(payload),
             },
         })
         .collect()
@@ -511,6 +638,7 @@ struct Exchange {
     sent: u64,
     first_byte: u64,
     ok: bool,
+    responses: u32,
 }
 
 impl Exchange {
@@ -521,6 +649,7 @@ impl Exchange {
             sent: now,
             first_byte: now,
             ok: false,
+            responses: 0,
         }
     }
 }

@@ -8,9 +8,9 @@ use pyo3::types::PyBytes;
 
 use crate::perf::{Load, LoadSpec, Pace, Protocol, Record};
 
-/// Bytes per record in `take`'s answer: five little-endian u64 (start, sent, first byte, end,
-/// ok), nanoseconds on the load's clock.
-const RECORD_BYTES: usize = 40;
+/// Bytes per record in `take`'s answer: seven little-endian u64 (start, sent, first byte, end
+/// in nanoseconds on the load's clock; ok; responses; the payload's index).
+const RECORD_BYTES: usize = 56;
 
 /// A running load against one server.
 #[pyclass(name = "LoadRun", module = "tritonfast._core", frozen)]
@@ -21,11 +21,13 @@ pub(crate) struct PyLoadRun {
 #[pymethods]
 impl PyLoadRun {
     /// Connects and starts sending. `protocol` is `"http"` (each payload a whole HTTP/1.1
-    /// request) or `"grpc"` (each payload a serialized message for `path`); exactly one of
-    /// `concurrency` and `rate` (requests per second) is given.
+    /// request), `"grpc"` (each payload a serialized message for `path`) or `"grpc-stream"`
+    /// (`ModelStreamInfer`, one stream per context); exactly one of `concurrency` and `rate`
+    /// (requests per second) is given. `scripts`: the payloads' order, one list per context.
     #[new]
     #[pyo3(signature = (protocol, address, payloads, *, path = String::new(), threads = 1,
-        connections_per_thread = 1, concurrency = None, rate = None, poisson = false, seed = 0))]
+        connections_per_thread = 1, concurrency = None, rate = None, poisson = false, seed = 0,
+        scripts = Vec::new(), decoupled = false))]
     #[allow(clippy::too_many_arguments)] // keyword arguments, one per setting of the load
     fn new(
         py: Python<'_>,
@@ -39,10 +41,13 @@ impl PyLoadRun {
         rate: Option<f64>,
         poisson: bool,
         seed: u64,
+        scripts: Vec<Vec<usize>>,
+        decoupled: bool,
     ) -> PyResult<Self> {
         let protocol = match protocol {
             "http" => Protocol::Http,
             "grpc" => Protocol::Grpc,
+            "grpc-stream" => Protocol::GrpcStream,
             other => return Err(PyValueError::new_err(format!("unknown protocol {other:?}"))),
         };
         let pace = match (concurrency, rate) {
@@ -58,6 +63,8 @@ impl PyLoadRun {
             address,
             path,
             payloads,
+            scripts,
+            decoupled,
             threads,
             connections_per_thread,
             pace,
@@ -115,6 +122,8 @@ fn pack(record: &Record, slot: &mut [u8]) {
         record.first_byte,
         record.end,
         u64::from(record.ok),
+        u64::from(record.responses),
+        u64::from(record.payload),
     ];
     for (field, bytes) in fields.iter().zip(slot.chunks_exact_mut(8)) {
         bytes.copy_from_slice(&field.to_le_bytes());
