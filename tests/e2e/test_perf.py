@@ -174,9 +174,9 @@ def test_a_variable_shape_needs_a_shape_flag(server):
 
 
 def test_what_is_not_implemented_is_refused_by_name(server):
-    done = perf("-m", "add_sub", "-u", server.http_url, "--shared-memory", "system")
+    done = perf("-m", "add_sub", "-u", server.http_url, "--binary-search")
     assert done.returncode == 2
-    assert "--shared-memory is not supported by tritonfast perf yet" in done.stderr
+    assert "--binary-search is not supported by tritonfast perf yet" in done.stderr
 
 
 def test_a_server_that_is_not_there(tmp_path: Path):
@@ -244,3 +244,38 @@ def test_what_a_model_needs_is_said(stateful_server):
     assert "is a sequence model: measure it with --concurrency-range" in done.stderr
     done = perf("-m", "repeat_py", "-u", server.http_url, "--streaming")
     assert done.returncode == 2 and "--streaming needs -i grpc" in done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_system_shared_memory_carries_the_tensors(server, protocol: str):
+    done = perf(
+        "-m", "add_sub", "-i", protocol, "-u", url(server, protocol),
+        "--shared-memory", "system", "--output-shared-memory-size", "16", *QUICK,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert figure(done.stdout, "Successful request count")[0] > 0
+    # The regions are gone from the server and from the machine once the run ends.
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert client.get_system_shared_memory_status() == []
+    finally:
+        client.close()
+    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith("tritonfast_perf_")]
+
+
+def test_an_output_region_too_small_fails_with_the_servers_words(server):
+    done = perf(
+        "-m", "add_sub", "-u", server.http_url, "--shared-memory", "system",
+        "--output-shared-memory-size", "8", *QUICK,
+    )  # fmt: skip
+    assert done.returncode == 1
+    # Triton answers this with INTERNAL (HTTP 500) and these words too.
+    assert "requests failed: HTTP 500" in done.stderr, done.stderr
+    assert "(8 bytes) should be at least 16 bytes to hold the results" in done.stderr
+
+
+def test_cuda_shared_memory_needs_a_gpu(server):
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("CUDA shared memory needs a GPU")
+    done = perf("-m", "add_sub", "-u", server.http_url, "--shared-memory", "cuda", *QUICK)
+    assert done.returncode == 0, done.stderr

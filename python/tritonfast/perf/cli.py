@@ -19,6 +19,7 @@ from tritonfast.perf.server import (
     ServerStats,
     control_for,
 )
+from tritonfast.perf.sharedmemory import Regions
 
 # gRPC: a thread's requests spread over HTTP/2 connections of at most this many streams each.
 STREAMS_PER_CONNECTION = 4
@@ -28,26 +29,32 @@ def main(argv: list[str] | None = None) -> int:
     options = parse(sys.argv[1:] if argv is None else argv)
     address = options.url.removeprefix("http://").removeprefix("grpc://")
     control = control_for(options.protocol, address)
+    regions = None
     try:
-        model = control.model_info(options.model, options.version)
-        streams = inputs.streams(
-            model,
-            options.batch_size,
-            options.shapes,
-            options.input_data,
-            options.string_length,
-            options.string_data,
-        )
-        first_level = next(_levels(options))
-        plan(options, model, address, streams, _contexts(*first_level))  # refusals come first
-    except (ServerError, inputs.InputError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        control.close()
-        return 1
-    print(report.settings(options, model.decoupled), flush=True)
-    try:
-        levels, status = _measure(options, control, address, model, streams)
+        try:
+            model = control.model_info(options.model, options.version)
+            streams = inputs.streams(
+                model,
+                options.batch_size,
+                options.shapes,
+                options.input_data,
+                options.string_length,
+                options.string_data,
+            )
+            if options.shared_memory != "none":
+                size = options.output_shared_memory_size
+                regions = Regions(control, options.shared_memory, size)
+            first = next(_levels(options))
+            # What the model or the flags rule out is said before anything is measured.
+            plan(options, model, address, streams, _contexts(*first), regions)
+        except (ServerError, inputs.InputError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(report.settings(options, model.decoupled), flush=True)
+        levels, status = _measure(options, control, address, model, streams, regions)
     finally:
+        if regions is not None:
+            regions.close()
         control.close()
     if levels:
         print(report.summary(levels, options), flush=True)
@@ -64,6 +71,7 @@ def _measure(
     address: str,
     model: ModelInfo,
     streams: list[list[list[inputs.Tensor]]],
+    regions: Regions | None,
 ) -> tuple[list[Level], int]:
     """Each level in turn until the range ends, the latency limit is passed or a level fails;
     returns the levels measured and the exit status."""
@@ -90,7 +98,7 @@ def _measure(
     try:
         for mode, value in _levels(options):
             print(report.level_heading(mode, value), flush=True)
-            made = plan(options, model, address, streams, _contexts(mode, value))
+            made = plan(options, model, address, streams, _contexts(mode, value), regions)
             level = measure_level(
                 options,
                 functools.partial(start_load, made, mode, value),

@@ -89,6 +89,8 @@ class PerfOptions:
     string_length: int
     string_data: str | None
     async_mode: bool
+    shared_memory: str
+    output_shared_memory_size: int
     streaming: bool
     sequence_length: int | None
     sequence_variation: float
@@ -105,8 +107,6 @@ class PerfOptions:
 
 # perf_analyzer flags this tool does not implement; each is refused with its name.
 UNSUPPORTED = (
-    "--shared-memory",
-    "--output-shared-memory-size",
     "--num-of-sequences",
     "--serial-sequences",
     "--binary-search",
@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("-a", "--async", dest="async_mode", action="store_true")
     mode.add_argument("--sync", dest="async_mode", action="store_false")
+    add("--shared-memory", default="none", choices=("none", "system", "cuda"))
+    add("--output-shared-memory-size", type=int, default=102400, metavar="BYTES")
     add("--streaming", action="store_true", help="gRPC streams (ModelStreamInfer)")
     add("--sequence-length", type=int, default=None, help="requests per sequence (default 20)")
     add("--sequence-length-variation", type=float, default=20.0, metavar="PERCENT")
@@ -223,6 +225,8 @@ def _options(args: argparse.Namespace) -> PerfOptions:
         raise OptionError("--streaming needs -i grpc")
     if args.streaming and rate:
         raise OptionError("--streaming is measured with --concurrency-range, not a request rate")
+    if args.output_shared_memory_size < 1:
+        raise OptionError("--output-shared-memory-size must be at least 1")
     if args.sequence_length is not None and args.sequence_length < 1:
         raise OptionError("--sequence-length must be at least 1")
     sequence_ids = _id_range(args.sequence_id_range)
@@ -253,6 +257,8 @@ def _options(args: argparse.Namespace) -> PerfOptions:
         string_length=args.string_length,
         string_data=args.string_data,
         async_mode=args.async_mode,
+        shared_memory=args.shared_memory,
+        output_shared_memory_size=args.output_shared_memory_size,
         streaming=args.streaming,
         sequence_length=args.sequence_length,
         sequence_variation=max(args.sequence_length_variation, 0.0),

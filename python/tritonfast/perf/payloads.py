@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -17,6 +19,14 @@ GRPC_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 
 # A request's parameters (sequence controls, the stream's final-response flag).
 Parameters = dict[str, bool | int | str]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Inputs and outputs in shared memory: name -> (region, byte size)."""
+
+    inputs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    outputs: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def tensor_bytes(tensor: Tensor) -> bytes:
@@ -32,6 +42,10 @@ def tensor_bytes(tensor: Tensor) -> bytes:
     )
 
 
+def _region(placed: tuple[str, int]) -> Parameters:
+    return {"shared_memory_region": placed[0], "shared_memory_byte_size": placed[1]}
+
+
 def http_request(
     address: str,
     model: str,
@@ -39,20 +53,32 @@ def http_request(
     tensors: list[Tensor],
     outputs: list[str],
     parameters: Parameters | None = None,
+    placed: Placement | None = None,
 ) -> bytes:
-    """A whole HTTP/1.1 inference request: JSON header, then the inputs' bytes."""
-    raws = [tensor_bytes(t) for t in tensors]
-    header = {
+    """A whole HTTP/1.1 inference request: JSON header, then the inputs' bytes (but those of
+    inputs ``placed`` in shared memory; outputs placed there are written there)."""
+    placed = placed or Placement()
+    raws = [b"" if t.name in placed.inputs else tensor_bytes(t) for t in tensors]
+
+    def input_parameters(tensor: Tensor, raw: bytes) -> Parameters:
+        if tensor.name in placed.inputs:
+            return _region(placed.inputs[tensor.name])
+        return {"binary_data_size": len(raw)}
+
+    def output_parameters(name: str) -> Parameters:
+        return _region(placed.outputs[name]) if name in placed.outputs else {"binary_data": True}
+
+    header: dict[str, object] = {
         "inputs": [
             {
                 "name": t.name,
                 "shape": t.shape,
                 "datatype": t.datatype,
-                "parameters": {"binary_data_size": len(raw)},
+                "parameters": input_parameters(t, raw),
             }
             for t, raw in zip(tensors, raws, strict=True)
         ],
-        "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs],
+        "outputs": [{"name": name, "parameters": output_parameters(name)} for name in outputs],
     }
     if parameters:
         header["parameters"] = parameters
@@ -71,25 +97,38 @@ def http_request(
     return b"".join([start, head, *raws])
 
 
+def _set(target: Any, values: Parameters) -> None:
+    """``values`` into a protobuf map of ``InferParameter``."""
+    for key, value in values.items():
+        if isinstance(value, bool):
+            target[key].bool_param = value
+        elif isinstance(value, int):
+            target[key].int64_param = value
+        else:
+            target[key].string_param = value
+
+
 def grpc_request(
     model: str,
     version: str,
     tensors: list[Tensor],
     outputs: list[str],
     parameters: Parameters | None = None,
+    placed: Placement | None = None,
 ) -> bytes:
-    """A serialized ``ModelInferRequest``."""
+    """A serialized ``ModelInferRequest``; inputs and outputs ``placed`` in shared memory name
+    their regions instead of carrying bytes."""
+    placed = placed or Placement()
     request = pb.ModelInferRequest(model_name=model, model_version=version)
-    for key, value in (parameters or {}).items():
-        if isinstance(value, bool):
-            request.parameters[key].bool_param = value
-        elif isinstance(value, int):
-            request.parameters[key].int64_param = value
-        else:
-            request.parameters[key].string_param = value
+    _set(request.parameters, parameters or {})
     for tensor in tensors:
-        request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        request.raw_input_contents.append(tensor_bytes(tensor))
+        entry = request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        if tensor.name in placed.inputs:
+            _set(entry.parameters, _region(placed.inputs[tensor.name]))
+        else:
+            request.raw_input_contents.append(tensor_bytes(tensor))
     for name in outputs:
-        request.outputs.add(name=name)
+        entry = request.outputs.add(name=name)
+        if name in placed.outputs:
+            _set(entry.parameters, _region(placed.outputs[name]))
     return request.SerializeToString()

@@ -16,6 +16,7 @@ from tritonfast.perf import payloads
 from tritonfast.perf.inputs import InputError, Tensor
 from tritonfast.perf.options import PerfOptions
 from tritonfast.perf.server import ModelInfo
+from tritonfast.perf.sharedmemory import Regions
 
 # Sequences per context before its script repeats (and so sequence IDs per context).
 SEQUENCES_PER_CONTEXT = 4
@@ -51,7 +52,9 @@ def plan(
     address: str,
     streams: list[list[list[Tensor]]],
     concurrency: int,
+    regions: Regions | None = None,
 ) -> Plan:
+    """``regions``: put the inputs and outputs in shared memory (``--shared-memory``)."""
     if model.decoupled and not options.streaming:
         raise InputError(
             f"{model.name!r} is decoupled: measure it on gRPC streams (-i grpc --streaming)"
@@ -68,12 +71,18 @@ def plan(
 
     def encode(tensors: list[Tensor], parameters: payloads.Parameters) -> bytes:
         parameters = {**parameters, **extra}
+        placed = None
+        if regions is not None:
+            placed = payloads.Placement(
+                {t.name: regions.input(payloads.tensor_bytes(t)) for t in tensors},
+                {name: regions.output(name) for name in outputs},
+            )
         if options.protocol == "grpc":
             return payloads.grpc_request(
-                options.model, options.version, tensors, outputs, parameters
+                options.model, options.version, tensors, outputs, parameters, placed
             )
         return payloads.http_request(
-            address, options.model, options.version, tensors, outputs, parameters
+            address, options.model, options.version, tensors, outputs, parameters, placed
         )
 
     made = _Payloads()

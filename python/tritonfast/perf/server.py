@@ -4,6 +4,7 @@ side of the report), over the protocol under test."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 from dataclasses import dataclass, fields
@@ -112,21 +113,25 @@ class HttpControl:
     def __init__(self, address: str) -> None:
         self.address = address
 
-    def _get(self, path: str) -> dict[str, Any]:
+    def _get(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """GET ``path``, or POST ``body`` to it; the answer's JSON."""
         host, _, port = self.address.rpartition(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
         try:
-            connection.request("GET", path)
+            if body is None:
+                connection.request("GET", path)
+            else:
+                connection.request("POST", path, body=json.dumps(body))
             answer = connection.getresponse()
-            body = answer.read()
+            text = answer.read()
         except OSError as e:
             raise ServerError(f"cannot reach {self.address}: {e}") from None
         finally:
             connection.close()
         try:
-            parsed = json.loads(body) if body else {}
+            parsed = json.loads(text) if text else {}
         except ValueError:
-            parsed = {"error": body.decode(errors="replace")}
+            parsed = {"error": text.decode(errors="replace")}
         if answer.status != 200:
             raise ServerError(parsed.get("error", f"HTTP {answer.status}"))
         return parsed
@@ -144,6 +149,18 @@ class HttpControl:
     def statistics(self, model: str, version: str) -> ServerStats:
         answer = self._get(f"{self._model_path(model, version)}/stats")
         return _stats_of_all(answer.get("model_stats", []))
+
+    def register_system(self, name: str, key: str, byte_size: int) -> None:
+        body = {"key": key, "offset": 0, "byte_size": byte_size}
+        self._get(f"/v2/systemsharedmemory/region/{quote(name, safe='')}/register", body)
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        handle = {"b64": base64.b64encode(raw_handle).decode()}
+        body = {"raw_handle": handle, "device_id": device_id, "byte_size": byte_size}
+        self._get(f"/v2/cudasharedmemory/region/{quote(name, safe='')}/register", body)
+
+    def unregister(self, kind: str, name: str) -> None:
+        self._get(f"/v2/{kind}sharedmemory/region/{quote(name, safe='')}/unregister", {})
 
     def close(self) -> None:
         pass
@@ -174,6 +191,25 @@ class GrpcControl:
             json_format.MessageToDict(config.config, **as_dict),
             version,
         )
+
+    def register_system(self, name: str, key: str, byte_size: int) -> None:
+        request = pb.SystemSharedMemoryRegisterRequest(name=name, key=key, byte_size=byte_size)
+        self._call("SystemSharedMemoryRegister", request)
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        request = pb.CudaSharedMemoryRegisterRequest(
+            name=name, raw_handle=raw_handle, device_id=device_id, byte_size=byte_size
+        )
+        self._call("CudaSharedMemoryRegister", request)
+
+    def unregister(self, kind: str, name: str) -> None:
+        if kind == "cuda":
+            self._call(
+                "CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest(name=name)
+            )
+        else:
+            request = pb.SystemSharedMemoryUnregisterRequest(name=name)
+            self._call("SystemSharedMemoryUnregister", request)
 
     def statistics(self, model: str, version: str) -> ServerStats:
         from google.protobuf import json_format
