@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,7 @@ class ServeOptions:
     vertex_ai_port: int | None = None
     vertex_ai_default_model: str = ""
     dynamo: bool = False
+    dynamo_route: bool = False
     dynamo_namespace: str = "tritonfast"
     ignored_flags: list[str] = field(default_factory=list)
     log_file: str = ""
@@ -479,6 +481,14 @@ def _dynamo(serve: argparse.ArgumentParser) -> None:
         **_BOOL,
     )
     group.add_argument(
+        "--dynamo-route",
+        default=False,
+        help="tritonfast only. Serve no models of its own but those the Dynamo workers of the"
+        " namespace announce (--dynamo), forwarding each request to one of them: the whole"
+        " KServe HTTP and gRPC protocol in front of a Dynamo deployment",
+        **_BOOL,
+    )
+    group.add_argument(
         "--dynamo-namespace",
         default="tritonfast",
         metavar="NAMESPACE",
@@ -533,9 +543,28 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     values = vars(args)
     repositories = values.pop("model_repositories") or []
     options = ServeOptions(**values)
-    if repositories:
+    if options.dynamo_route:
+        _as_route(parser, options, repositories)
+    elif repositories:
         options.model_repositories = repositories
     else:
         options.model_repositories = [EXAMPLE_REPOSITORY]
         options.using_example_repository = True
     return options
+
+
+def _as_route(
+    parser: argparse.ArgumentParser, options: ServeOptions, repositories: list[Path]
+) -> None:
+    """A Dynamo route loads, through the repository API, only what the workers announce: it
+    takes no repository of its own, and its models are loaded and unloaded explicitly."""
+    serve = subcommand(parser, "serve")
+    if options.dynamo:
+        serve.error("--dynamo-route and --dynamo exclude each other: a route serves no models")
+    if repositories:
+        serve.error(
+            "--dynamo-route serves the models of Dynamo workers: give no --model-repository"
+        )
+    route_repository = Path(tempfile.mkdtemp(prefix="tritonfast-route-"))
+    options.model_repositories = [route_repository]
+    options.model_control_mode = "explicit"

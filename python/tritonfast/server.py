@@ -321,6 +321,19 @@ async def _start_frontends(
         await _start_metrics(options, settings, dataplane, stoppers)
     if options.dynamo:
         await _start_dynamo(options, dataplane, stoppers)
+    if options.dynamo_route:
+        await _start_dynamo_route(options, dataplane, stoppers)
+
+
+async def _start_dynamo_route(
+    options: ServeOptions, dataplane: DataPlane, stoppers: list[Any]
+) -> None:
+    from tritonfast.frontends.dynamo.route import DynamoRoute
+
+    [repository] = options.model_repositories  # the route's own, empty one (cli._as_route)
+    route = DynamoRoute(dataplane, repository, options.dynamo_namespace, options.server_id)
+    await route.start()
+    stoppers.append(route.stop)
 
 
 async def _start_dynamo(options: ServeOptions, dataplane: DataPlane, stoppers: list[Any]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ROOT, TEST_MODELS, RunningServer, free_ports, start_server
@@ -269,3 +270,161 @@ def test_a_worker_that_leaves_under_load_loses_no_request(
     assert [f for f in failures if cancelled_by_frontend not in f] == [], failures[:3]
     assert len(failures) <= len(threads), failures
     print(f"DRAIN requests {sum(sent)}, cancelled by the frontend {len(failures)}")
+
+
+# -- serve --dynamo-route: tritonfast's own KServe front for the workers -----------------------
+
+
+@pytest.fixture(scope="module")
+def route(workers: list[RunningServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A route server, once it serves both workers' models."""
+    log_path = tmp_path_factory.mktemp("dynamo_route") / "route.log"
+    running = start_server([], log_path, "--dynamo-route")
+    client = httpclient.InferenceServerClient(running.http_url)
+    try:
+        wait_for(
+            lambda: _http_ready(client, "identity_fp32") and _http_ready(client, "repeat_proc"),
+            f"the route to serve the workers' models:\n{log_path.read_text()}",
+            WAIT_S,
+        )
+    finally:
+        client.close()
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def _http_ready(client: httpclient.InferenceServerClient, model: str) -> bool:
+    try:
+        return bool(client.is_model_ready(model))
+    except InferenceServerException:
+        return False
+
+
+def test_the_route_serves_the_whole_protocol_for_the_workers_models(route: Any) -> None:
+    http = httpclient.InferenceServerClient(route.http_url)
+    grpc = grpcclient.InferenceServerClient(route.grpc_url)
+    try:
+        assert http.get_server_metadata()["name"] == "triton"
+        index = {entry["name"] for entry in http.get_model_repository_index()}
+        assert {"identity_fp32", "repeat_proc"} <= index
+        assert http.get_model_metadata("identity_fp32")["inputs"][0]["datatype"] == "FP32"
+        config = grpc.get_model_config("identity_fp32").config
+        assert (config.name, config.max_batch_size) == ("identity_fp32", 8)
+        values = np.array([[1.5, -2.0, 3.25]], dtype=np.float32)
+        for binary in (True, False):
+            tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+            tensor.set_data_from_numpy(values, binary_data=binary)
+            result = http.infer("identity_fp32", [tensor], request_id="r1")
+            assert result.as_numpy("OUTPUT0").tolist() == values.tolist()
+        result = grpc.infer("identity_fp32", [_fp32([4.0, 5.0])])
+        assert result.as_numpy("OUTPUT0").tolist() == [[4.0, 5.0]]
+        # Triton's own checks, made by the route before anything is forwarded.
+        wrong = httpclient.InferInput("INPUT0", [1, 3], "INT32")
+        wrong.set_data_from_numpy(np.array([[1, 2, 3]], dtype=np.int32))
+        with pytest.raises(InferenceServerException) as refused:
+            http.infer("identity_fp32", [wrong])
+        expected = "data-type is 'INT32', but model 'identity_fp32' expects 'FP32'"
+        assert "[400]" in str(refused.value) and expected in str(refused.value)
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_the_route_streams_a_decoupled_models_responses(route: Any) -> None:
+    client = grpcclient.InferenceServerClient(route.grpc_url)
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("IN", [3], "INT32")
+        tensor.set_data_from_numpy(np.array([4, 5, 6], dtype=np.int32))
+        client.async_stream_infer("repeat_proc", [tensor])
+        got = []
+        for _ in range(3):
+            result, error = replies.get(timeout=WAIT_S)
+            assert error is None, error
+            got.append(int(result.as_numpy("OUT")[0]))
+        assert got == [4, 5, 6]
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_the_route_shares_requests_between_the_workers_and_counts_them(
+    route: Any, workers: list[RunningServer]
+) -> None:
+    before = [_successes(worker, "identity_fp32") for worker in workers]
+    client = httpclient.InferenceServerClient(route.http_url)
+    try:
+        routed_before = _http_successes(client, "identity_fp32")
+        for index in range(20):
+            tensor = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[float(index)]], dtype=np.float32))
+            client.infer("identity_fp32", [tensor])
+        assert _http_successes(client, "identity_fp32") - routed_before == 20
+    finally:
+        client.close()
+    served = [_successes(w, "identity_fp32") - b for w, b in zip(workers, before, strict=True)]
+    assert sum(served) == 20
+    assert min(served) >= 8, served
+
+
+def _http_successes(client: httpclient.InferenceServerClient, model: str) -> int:
+    stats = client.get_inference_statistics(model)["model_stats"]
+    return sum(entry["inference_stats"]["success"]["count"] for entry in stats)
+
+
+def test_the_route_reads_and_writes_shared_memory_on_its_host(route: Any) -> None:
+    import tritonclient.utils.shared_memory as shm
+
+    client = httpclient.InferenceServerClient(route.http_url)
+    values = np.arange(6, dtype=np.float32).reshape(1, 6)
+    key = f"/tritonfast_route_{os.getpid()}"
+    region = shm.create_shared_memory_region("route_io", key, 2 * values.nbytes)
+    try:
+        shm.set_shared_memory_region(region, [values])
+        client.register_system_shared_memory("route_io", key, 2 * values.nbytes)
+        tensor = httpclient.InferInput("INPUT0", [1, 6], "FP32")
+        tensor.set_shared_memory("route_io", values.nbytes)
+        output = httpclient.InferRequestedOutput("OUTPUT0")
+        output.set_shared_memory("route_io", values.nbytes, offset=values.nbytes)
+        client.infer("identity_fp32", [tensor], outputs=[output])
+        written = shm.get_contents_as_numpy(region, np.float32, [1, 6], offset=values.nbytes)
+        assert written.tolist() == values.tolist()
+    finally:
+        client.unregister_system_shared_memory("route_io")
+        shm.destroy_shared_memory_region(region)
+        client.close()
+
+
+def test_the_route_follows_models_loaded_and_unloaded_on_the_workers(
+    route: Any, workers: list[RunningServer]
+) -> None:
+    client = httpclient.InferenceServerClient(route.http_url)
+    try:
+        for worker in workers:
+            own = grpcclient.InferenceServerClient(worker.grpc_url)
+            own.load_model("identity_bytes")
+            own.close()
+        wait_for(lambda: _http_ready(client, "identity_bytes"), "identity_bytes at the route")
+        tensor = httpclient.InferInput("INPUT0", [1, 2], "BYTES")
+        tensor.set_data_from_numpy(np.array([[b"route", b"\x00\x01"]], dtype=object))
+        result = client.infer("identity_bytes", [tensor])
+        assert result.as_numpy("OUTPUT0").tolist() == [[b"route", b"\x00\x01"]]
+        for worker in workers:
+            own = grpcclient.InferenceServerClient(worker.grpc_url)
+            own.unload_model("identity_bytes")
+            own.close()
+        wait_for(lambda: not _http_ready(client, "identity_bytes"), "identity_bytes gone")
+    finally:
+        client.close()
+
+
+def test_a_route_takes_no_repository_of_its_own(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tritonfast", "serve", "--dynamo-route", "--model-repository", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--dynamo-route serves the models of Dynamo workers" in done.stderr

@@ -10,9 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tritonfast.data.types import InferResponse, OutputTensor
+from tritonfast.data.types import InferResponse, OutputTensor, RequestedOutput
 from tritonfast.errors import InvalidArgumentError
-from tritonfast.frontends.dynamo.messages import DYNAMO_DATATYPES, message_of, request_of
+from tritonfast.frontends.dynamo.messages import (
+    DYNAMO_DATATYPES,
+    forwarded_message,
+    message_of,
+    request_of,
+    response_of,
+)
 
 _INTS = {"UINT8": (0, 255), "UINT16": (0, 65535), "UINT32": (0, 2**32 - 1),
          "UINT64": (0, 2**64 - 1), "INT8": (-128, 127), "INT16": (-32768, 32767),
@@ -94,3 +100,27 @@ def test_response_parameters_travel_and_half_floats_keep_their_bits() -> None:
     )
     assert answer["parameters"] == {"k": "v"}
     assert answer["tensors"][0]["data"]["values"] == data.view(np.uint16).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(tensors())
+def test_a_routes_request_reaches_the_worker_and_its_answer_comes_back(
+    tensor: tuple[str, list[Any]],
+) -> None:
+    """The route's side (``forwarded_message``, ``response_of``) and the worker's
+    (``request_of``, ``message_of``) carry every datatype both ways unchanged."""
+    datatype, values = tensor
+    at_route = request_of(_message(datatype, values), "m")
+    at_route.outputs = [RequestedOutput("X")]
+    at_worker = request_of(forwarded_message(at_route), "m")
+    assert (at_worker.id, at_worker.parameters) == (at_route.id, at_route.parameters)
+    assert [o.name for o in at_worker.outputs or []] == ["X"]
+    (sent,) = at_worker.inputs
+    assert (sent.datatype, sent.shape) == (datatype, (len(values),))
+    answered = message_of(
+        InferResponse("m", "1", "q", [OutputTensor("X", datatype, sent.shape, sent.data)])
+    )
+    back = response_of(answered, at_route)
+    (output,) = back.outputs
+    assert (back.id, output.datatype, output.shape) == ("q", datatype, (len(values),))
+    assert message_of(back)["tensors"][0]["data"]["values"] == values

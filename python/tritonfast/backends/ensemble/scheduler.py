@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Callable, Coroutine
 from time import perf_counter_ns
 from typing import Any, TypeVar
@@ -43,6 +42,7 @@ from tritonfast.data.types import (
 from tritonfast.errors import InternalError, TritonError, error_for
 from tritonfast.runtime import handle
 from tritonfast.runtime.lane import signature_of
+from tritonfast.runtime.requestcounts import RequestCounts
 from tritonfast.runtime.responses import ResponseStream, settle
 from tritonfast.runtime.scheduler import Scheduler
 
@@ -86,7 +86,7 @@ class EnsembleScheduler(Scheduler):
                 ],
                 registry,
             )
-        self._stats = _Counters(self._core)
+        self._stats = RequestCounts(self._core)
         self._running: set[asyncio.Task[Any]] = set()
         self._stopping = False
 
@@ -427,73 +427,6 @@ def _rebatched(datatype: str, shape: tuple[int, ...], data: Any, change: int) ->
 
 
 # The counts of a scheduler the core runs no request of.
-_NO_CORE_COUNTS: dict[str, Any] = {
-    "success": (0, 0),
-    "fail": (0, 0),
-    "inferences": 0,
-    "last_ms": 0,
-    "queue_ns": 0,
-    "compute_input_ns": 0,
-    "compute_infer_ns": 0,
-    "compute_output_ns": 0,
-}
-
-
-class _Counters:
-    """The ensemble's own statistics, in the layout of a scheduler's (see runtime.scheduler),
-    with those of the requests the core ran (``core``)."""
-
-    def __init__(self, core: EnsembleLane | None) -> None:
-        self._core = core
-        self._success = [0, 0]
-        self._fail = [0, 0]
-        self._inferences = 0
-        self._last_ms = 0
-        # The successful requests' steps' times, summed (counted once per request).
-        self._spent = PhaseTimes()
-
-    def succeeded(self, ns: int, batch_size: int, spent: PhaseTimes) -> None:
-        self._success[0] += 1
-        self._success[1] += ns
-        self._inferences += batch_size
-        self._last_ms = int(time.time() * 1000)
-        self._spent.add(spent)
-
-    def failed(self, ns: int) -> None:
-        self._fail[0] += 1
-        self._fail[1] += ns
-
-    def snapshot(self) -> dict[str, Any]:
-        core = self._core.counts() if self._core is not None else _NO_CORE_COUNTS
-        spent = self._spent
-        success = [self._success[0] + core["success"][0], self._success[1] + core["success"][1]]
-        fail = [self._fail[0] + core["fail"][0], self._fail[1] + core["fail"][1]]
-        count = success[0]
-
-        def tally(pair: list[int] | None = None) -> dict[str, int]:
-            count, ns = pair if pair is not None else (0, 0)
-            return {"count": count, "ns": ns}
-
-        return {
-            "last_inference": max(self._last_ms, core["last_ms"]),
-            "inference_count": self._inferences + core["inferences"],
-            "execution_count": count,
-            "inference_stats": {
-                "success": tally(success),
-                "fail": tally(fail),
-                # As Triton reports an ensemble's: the sums of its steps' times.
-                "queue": tally([count, spent.queue + core["queue_ns"]]),
-                "compute_input": tally([count, spent.compute_input + core["compute_input_ns"]]),
-                "compute_infer": tally([count, spent.compute_infer + core["compute_infer_ns"]]),
-                "compute_output": tally([count, spent.compute_output + core["compute_output_ns"]]),
-                "cache_hit": tally(),
-                "cache_miss": tally(),
-            },
-            "batch_stats": [],
-            "failure_reasons": {"REJECTED": 0, "CANCELED": 0, "BACKEND": fail[0], "OTHER": 0},
-        }
-
-
 class _Branches:
     """The tasks of one decoupled ensemble request (its branches, and the steps with one
     response they share): :meth:`finished` returns once all have ended, or raises the first

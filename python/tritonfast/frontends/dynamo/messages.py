@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from tritonfast.data import rawtensor
-from tritonfast.data.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from tritonfast.data.types import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
 from tritonfast.errors import InvalidArgumentError
 
 # Triton's datatype names and Dynamo's.
@@ -55,6 +61,13 @@ def request_of(message: dict[str, Any], model_name: str) -> InferRequest:
 
 
 def _input_of(tensor: dict[str, Any], model_name: str) -> InputTensor:
+    return InputTensor(*_tensor_of(tensor, model_name))
+
+
+def _tensor_of(
+    tensor: dict[str, Any], model_name: str
+) -> tuple[str, str, tuple[int, ...], np.ndarray]:
+    """A tensor message's name, datatype, shape and data."""
     metadata = tensor["metadata"]
     name = metadata["name"]
     datatype = TRITON_DATATYPES.get(metadata["data_type"])
@@ -72,7 +85,7 @@ def _input_of(tensor: dict[str, Any], model_name: str) -> InputTensor:
     else:
         raw = rawtensor.wire_array(datatype, np.asarray(values)).tobytes()
     data = rawtensor.from_raw(datatype, shape, raw, name, model_name)
-    return InputTensor(name, datatype, shape, data)
+    return name, datatype, shape, data
 
 
 def _plain(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -88,23 +101,46 @@ def _plain(parameters: dict[str, Any]) -> dict[str, Any]:
 
 def message_of(response: InferResponse) -> dict[str, Any]:
     """The Dynamo response message for a response of the data plane."""
-    tensors = []
-    for output in response.outputs:
-        dynamo_type = DYNAMO_DATATYPES[output.datatype]
-        tensors.append(
-            {
-                "metadata": {
-                    "name": output.name,
-                    "shape": list(output.shape),
-                    "data_type": dynamo_type,
-                },
-                "data": {"data_type": dynamo_type, "values": _values(output.datatype, output.data)},
-            }
-        )
+    tensors = [_tensor_message(t.name, t.datatype, t.shape, t.data) for t in response.outputs]
     message: dict[str, Any] = {"id": response.id, "model": response.model_name, "tensors": tensors}
     if response.parameters:
         message["parameters"] = dict(response.parameters)
     return message
+
+
+def _tensor_message(name: str, datatype: str, shape: Any, data: Any) -> dict[str, Any]:
+    dynamo_type = DYNAMO_DATATYPES[datatype]
+    return {
+        "metadata": {"name": name, "shape": list(shape), "data_type": dynamo_type},
+        "data": {"data_type": dynamo_type, "values": _values(datatype, data)},
+    }
+
+
+def forwarded_message(request: InferRequest) -> dict[str, Any]:
+    """The Dynamo request message that carries a request of the data plane to a worker (the
+    route's side of :func:`request_of`)."""
+    tensors = [_tensor_message(t.name, t.datatype, t.shape, t.data) for t in request.inputs]
+    message: dict[str, Any] = {"id": request.id, "model": request.model_name, "tensors": tensors}
+    if request.outputs is not None:
+        message["outputs"] = [{"name": output.name} for output in request.outputs]
+    if request.parameters:
+        message["parameters"] = dict(request.parameters)
+    return message
+
+
+def response_of(message: dict[str, Any], request: InferRequest) -> InferResponse:
+    """The data plane's response to ``request`` for a worker's response message."""
+    outputs = [
+        OutputTensor(*_tensor_of(tensor, request.model_name))
+        for tensor in message.get("tensors") or []
+    ]
+    return InferResponse(
+        request.model_name,
+        request.model_version,
+        message.get("id") or request.id,
+        outputs,
+        _plain(message.get("parameters") or {}),
+    )
 
 
 def _values(datatype: str, data: Any) -> list[Any]:

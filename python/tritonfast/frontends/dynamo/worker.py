@@ -50,6 +50,9 @@ DEFAULT_GRACE_PERIOD_S = 5.0
 # LINGER_LIMIT_S later at the most.
 QUIET_S = 1.0
 LINGER_LIMIT_S = 20.0
+# The endpoint where each worker lists the models it serves, with their configurations, for
+# a ``--dynamo-route`` server (frontends/dynamo/route.py).
+CATALOG_ENDPOINT = "tritonfast_catalog"
 
 
 def grace_period_s() -> float:
@@ -94,10 +97,37 @@ class DynamoWorker:
         self._syncing: asyncio.Task[None] | None = None
         self._again = False
         self._leaving = False
+        self._catalog: tuple[Any, asyncio.Task[None]] | None = None
 
     async def start(self) -> None:
-        """Announce every READY model."""
+        """Announce every READY model, and list them at the catalog endpoint."""
         await self._sync()
+        endpoint = self._runtime.endpoint(f"{self._namespace}.{self._component}.{CATALOG_ENDPOINT}")
+        task = asyncio.ensure_future(endpoint.serve_endpoint(self._list_models))
+        task.add_done_callback(lambda done: _log_end(CATALOG_ENDPOINT, done))
+        self._catalog = (endpoint, task)
+
+    async def _list_models(self, message: Any) -> AsyncIterator[dict[str, Any]]:
+        """The catalog's one answer: every announced model, its endpoint, configuration (JSON)
+        and READY versions."""
+        from google.protobuf import json_format
+
+        versions: dict[str, list[str]] = {}
+        for entry in self._dataplane.repository_index(ready_only=True):
+            if entry.get("state") == "READY" and entry.get("version"):
+                versions.setdefault(entry["name"], []).append(entry["version"])
+        models = []
+        for name in sorted(self._served):
+            config = self._dataplane.model_config(name)
+            models.append(
+                {
+                    "name": name,
+                    "endpoint": endpoint_name(name),
+                    "config": json_format.MessageToJson(config, preserving_proto_field_name=True),
+                    "versions": sorted(versions.get(name, []), key=int),
+                }
+            )
+        yield {"models": models}
 
     def changed(self) -> None:
         """(On the event loop.) A model became READY or began to unload: announce or withdraw
@@ -168,6 +198,8 @@ class DynamoWorker:
         if self._syncing is not None:
             self._syncing.cancel()
         served = list(self._served.values())
+        if self._catalog is not None:
+            served.append(self._catalog)
         # (The worker's instances only, as Dynamo's own workers leave: its models' records
         # are shared with the other workers serving them.)
         await asyncio.gather(*(_leave(endpoint) for endpoint, _ in served))
