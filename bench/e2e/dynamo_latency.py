@@ -1,11 +1,12 @@
-"""Small requests through NVIDIA Dynamo's KServe gRPC frontend against tritonfast directly.
+"""Small requests through NVIDIA Dynamo's KServe gRPC frontend, and through a tritonfast
+route (``serve --dynamo-route``), against tritonfast directly.
 
 Starts one tritonfast server with ``--dynamo`` (file discovery in a temporary directory,
-every plane on loopback) and Dynamo's frontend (``python -m dynamo.frontend
---kserve-grpc-server``), then, alternating, sends REQUESTS lone requests (c=1) of an
-ELEMENTS-element FP32 tensor to ``identity_fp32`` with ``tritonclient.grpc``: through the
-frontend, and to the server's own gRPC port. Prints the p50 and p90 latency of each and the
-difference, per round.
+every plane on loopback), Dynamo's frontend (``python -m dynamo.frontend
+--kserve-grpc-server``) and a route, then, alternating, sends REQUESTS lone requests (c=1) of
+an ELEMENTS-element FP32 tensor to ``identity_fp32`` with ``tritonclient.grpc``: to the
+server's own gRPC port, through the frontend, and through the route. Prints the p50 and p90
+latency of each and the differences, per round.
 
     python bench/e2e/dynamo_latency.py [ROUNDS] [REQUESTS] [ELEMENTS]   (3 rounds of 2000, 16)
 
@@ -90,7 +91,7 @@ def main() -> None:
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     elements = int(sys.argv[3]) if len(sys.argv) > 3 else 16
     env = dynamo_environment()
-    http, grpc, metrics, front, front_metrics = _ports(5)
+    http, grpc, metrics, front, front_metrics, *routed = _ports(8)
     server = subprocess.Popen(
         [sys.executable, "-m", "tritonfast", "serve", "--model-repository",
          str(ROOT / "tests" / "models"), "--model-control-mode=explicit",
@@ -103,23 +104,31 @@ def main() -> None:
          f"--http-port={front}", f"--grpc-metrics-port={front_metrics}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    route = subprocess.Popen(
+        [sys.executable, "-m", "tritonfast", "serve", "--dynamo-route",
+         f"--http-port={routed[0]}", f"--grpc-port={routed[1]}", f"--metrics-port={routed[2]}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        direct_url, dynamo_url = f"127.0.0.1:{grpc}", f"127.0.0.1:{front}"
-        _wait_ready(direct_url, "identity_fp32")
-        _wait_ready(dynamo_url, "identity_fp32")
+        urls = {
+            "direct": f"127.0.0.1:{grpc}",
+            "Dynamo's frontend": f"127.0.0.1:{front}",
+            "tritonfast route": f"127.0.0.1:{routed[1]}",
+        }
+        for url in urls.values():
+            _wait_ready(url, "identity_fp32")
         for index in range(1, rounds + 1):
-            direct = _latencies_ms(direct_url, count, elements)
-            through = _latencies_ms(dynamo_url, count, elements)
-            p50 = (direct[len(direct) // 2], through[len(through) // 2])
-            p90 = (direct[len(direct) * 9 // 10], through[len(through) * 9 // 10])
-            print(
-                f"round {index}: direct p50 {p50[0]:.3f} ms p90 {p90[0]:.3f};"
-                f" through Dynamo p50 {p50[1]:.3f} ms p90 {p90[1]:.3f};"
-                f" p50 +{p50[1] - p50[0]:.3f} ms",
-                flush=True,
-            )
+            p50 = {}
+            text = []
+            for label, url in urls.items():
+                latencies = _latencies_ms(url, count, elements)
+                p50[label] = latencies[len(latencies) // 2]
+                p90 = latencies[len(latencies) * 9 // 10]
+                text.append(f"{label} p50 {p50[label]:.3f} ms p90 {p90:.3f}")
+            plus = [f"{label} +{p50[label] - p50['direct']:.3f} ms" for label in list(urls)[1:]]
+            print(f"round {index}: " + "; ".join(text) + "; p50 " + ", ".join(plus), flush=True)
     finally:
-        for proc in (frontend, server):
+        for proc in (route, frontend, server):
             proc.terminate()
             proc.wait(30)
 
