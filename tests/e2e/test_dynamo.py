@@ -24,7 +24,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, TEST_MODELS, RunningServer, free_ports, start_server
+from tests.conftest import (
+    EXAMPLES,
+    ROOT,
+    TEST_MODELS,
+    RunningServer,
+    free_ports,
+    start_server,
+)
 from tests.waiting import wait_for
 
 pytest.importorskip("dynamo.runtime", reason="Dynamo's runtime is not installed")
@@ -66,6 +73,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (TEST_MODELS, "identity_fp32"),
         (TEST_MODELS, "identity_bytes"),
         (STREAMING_MODELS, "repeat_proc"),
+        (EXAMPLES, "add_sub"),
+        (EXAMPLES, "string_upper"),
     ):
         shutil.copytree(source / model, root / model)
     return root
@@ -83,6 +92,8 @@ def workers(
             "--model-control-mode=explicit",
             "--load-model=identity_fp32",
             "--load-model=repeat_proc",
+            "--load-model=add_sub",
+            "--load-model=string_upper",
             "--dynamo",
         )
         for index in range(2)
@@ -282,8 +293,9 @@ def route(workers: list[RunningServer], tmp_path_factory: pytest.TempPathFactory
     running = start_server([], log_path, "--dynamo-route")
     client = httpclient.InferenceServerClient(running.http_url)
     try:
+        models = ("identity_fp32", "repeat_proc", "add_sub", "string_upper")
         wait_for(
-            lambda: _http_ready(client, "identity_fp32") and _http_ready(client, "repeat_proc"),
+            lambda: all(_http_ready(client, model) for model in models),
             f"the route to serve the workers' models:\n{log_path.read_text()}",
             WAIT_S,
         )
@@ -428,3 +440,24 @@ def test_a_route_takes_no_repository_of_its_own(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "--dynamo-route serves the models of Dynamo workers" in done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_readmes_client_example_passes_through_the_route(route: Any, protocol: str) -> None:
+    """The README's tritonclient program, unchanged but for its address (and, for gRPC, the
+    module it names in its comment), against the route."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```python", readme.index("With the official client"))
+    program = readme[start + len("```python") : readme.index("```", start + 3)]
+    address = route.grpc_url if protocol == "grpc" else route.http_url
+    program = program.replace("localhost:8000", address)
+    if protocol == "grpc":
+        program = program.replace(
+            "tritonclient.http as httpclient", "tritonclient.grpc as httpclient"
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[2. 4. 6. 8.] [0. 0. 0. 0.]" in done.stdout, done.stdout
+    assert "[[b'HELLO' b'WORLD']]" in done.stdout, done.stdout
