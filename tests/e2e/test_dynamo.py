@@ -461,3 +461,54 @@ def test_the_readmes_client_example_passes_through_the_route(route: Any, protoco
     assert done.returncode == 0, done.stderr
     assert "[2. 4. 6. 8.] [0. 0. 0. 0.]" in done.stdout, done.stdout
     assert "[[b'HELLO' b'WORLD']]" in done.stdout, done.stdout
+
+
+def test_through_the_route_a_worker_that_leaves_under_load_loses_no_request(
+    route: Any,
+    workers: list[RunningServer],
+    repository: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """As above, with the route in front: the requests Dynamo fails before they reach the
+    leaving worker's model ("Worker disconnected before response stream was established")
+    are sent to another worker by the route, so no client sees an error."""
+    os.environ["DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS"] = "3"
+    try:
+        leaver = start_server(
+            [repository],
+            tmp_path_factory.mktemp("route_leaver") / "leaver.log",
+            "--model-control-mode=explicit",
+            "--load-model=identity_fp32",
+            "--dynamo",
+        )
+    finally:
+        del os.environ["DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS"]
+    failures: list[str] = []
+    sent = [0] * 4
+    stop = threading.Event()
+
+    def client_loop(index: int) -> None:
+        own = grpcclient.InferenceServerClient(route.grpc_url)
+        while not stop.is_set():
+            try:
+                result = own.infer("identity_fp32", [_fp32([float(index)])])
+                assert result.as_numpy("OUTPUT0").tolist() == [[float(index)]]
+                sent[index] += 1
+            except Exception as error:  # every kind of failure counts
+                failures.append(f"{type(error).__name__}: {error}")
+        own.close()
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: _successes(leaver, "identity_fp32") >= 20, "the new worker's share")
+        assert leaver.stop(60) == 0, leaver.log()  # (SIGTERM)
+        after = sum(sent)
+        wait_for(lambda: sum(sent) >= after + 100, "requests after the worker left")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert failures == [], failures[:3]
+    print(f"DRAIN through the route: requests {sum(sent)}, failed {len(failures)}")

@@ -29,6 +29,26 @@ from tritonfast.runtime.requestcounts import RequestCounts
 from tritonfast.runtime.responses import ResponseStream, Result, settle
 from tritonfast.runtime.scheduler import Scheduler
 
+# How many more workers a request that never reached one is offered to.
+RETRIES = 3
+
+
+# Dynamo's words for a request that no worker's model got: the worker it was sent to left
+# discovery (or died) before the response stream was set up, or, while workers come and go,
+# the client had none to offer for a moment.
+_NEVER_RAN = (
+    "Worker disconnected before response stream was established",
+    "No workers available for endpoint",
+)
+# A pause before offering such a request again, times the attempt.
+RETRY_PAUSE_S = 0.05
+
+
+def _never_ran(error: Exception) -> bool:
+    """Whether Dynamo failed the request before any worker's model got it."""
+    text = str(error)
+    return any(words in text for words in _NEVER_RAN)
+
 
 class Workers(Protocol):
     """Where a route's requests go: the Dynamo client of a model's endpoint."""
@@ -53,27 +73,38 @@ class ForwardingScheduler(Scheduler):
         self._running: set[asyncio.Task[Any]] = set()
 
     async def _responses(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        """What the worker answers ``request``, one response at a time."""
-        try:
-            client = await self._workers.client_for(self._name)
-            message = forwarded_message(request)
-            sequence = request.parameters.get("sequence_id")
-            if sequence:
-                # A sequence's requests all go to one worker, which holds its state.
-                workers = sorted(client.instance_ids())
-                if not workers:
-                    raise UnavailableError(f"model '{self._name}': no Dynamo worker serves it")
-                chosen = workers[zlib.crc32(str(sequence).encode()) % len(workers)]
-                stream = await client.direct(message, chosen, annotated=False)
-            else:
-                stream = await client.round_robin(message, annotated=False)
-            async for message in stream:
-                yield response_of(message, request)
-        except TritonError:
-            raise
-        except Exception as error:  # the worker's or the transport's words
-            text = str(error) or type(error).__name__
-            raise InternalError(f"model '{self._name}' on its Dynamo worker: {text}") from None
+        """What the worker answers ``request``, one response at a time. A request that never
+        reached a worker's model (the worker left discovery, or could not be reached, before
+        its response stream was set up: Dynamo's "migratable" failures) goes to another
+        worker, up to :data:`RETRIES` times; a sequence's request is not moved."""
+        message = forwarded_message(request)
+        sequence = request.parameters.get("sequence_id")
+        for attempt in range(RETRIES + 1):
+            answered = False
+            try:
+                client = await self._workers.client_for(self._name)
+                async for item in await self._send(client, message, sequence):
+                    answered = True
+                    yield response_of(item, request)
+                return
+            except TritonError:
+                raise
+            except Exception as error:  # the worker's or the transport's words
+                if not answered and not sequence and attempt < RETRIES and _never_ran(error):
+                    await asyncio.sleep(RETRY_PAUSE_S * attempt)
+                    continue
+                text = str(error) or type(error).__name__
+                raise InternalError(f"model '{self._name}' on its Dynamo worker: {text}") from None
+
+    async def _send(self, client: Any, message: dict[str, Any], sequence: Any) -> Any:
+        if not sequence:
+            return await client.round_robin(message, annotated=False)
+        # A sequence's requests all go to one worker, which holds its state.
+        workers = sorted(client.instance_ids())
+        if not workers:
+            raise UnavailableError(f"model '{self._name}': no Dynamo worker serves it")
+        chosen = workers[zlib.crc32(str(sequence).encode()) % len(workers)]
+        return await client.direct(message, chosen, annotated=False)
 
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
         started = perf_counter_ns()
