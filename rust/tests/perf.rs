@@ -51,8 +51,16 @@ fn http_server(status: u16, body: &'static str) -> String {
     address
 }
 
-/// An HTTP/2 server answering every gRPC call with the grpc-status `code`.
-fn grpc_server(code: u32) -> String {
+/// What an HTTP/2 test server does with each call: its request's body, and where to answer.
+type Call = (h2::RecvStream, h2::SendStream<Bytes>);
+
+/// An HTTP/2 server on a free port whose every call (headers answered with gRPC's content
+/// type) is handed to `handle`, each on a task of its own.
+fn h2_server<F, Fut>(handle: F) -> String
+where
+    F: Fn(Call) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let address = listener.local_addr().unwrap().to_string();
@@ -65,33 +73,38 @@ fn grpc_server(code: u32) -> String {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             loop {
                 let (socket, _) = listener.accept().await.unwrap();
+                let handle = handle.clone();
                 tokio::spawn(async move {
                     let mut connection = h2::server::handshake(socket).await.unwrap();
                     while let Some(Ok((request, mut respond))) = connection.accept().await {
-                        tokio::spawn(async move {
-                            let mut body = request.into_body();
-                            while let Some(Ok(chunk)) = body.data().await {
-                                let _ = body.flow_control().release_capacity(chunk.len());
-                            }
-                            let head = http::Response::builder()
-                                .header("content-type", "application/grpc")
-                                .body(())
-                                .unwrap();
-                            let mut stream = respond.send_response(head, false).unwrap();
-                            stream
-                                .send_data(Bytes::from_static(b"\0\0\0\0\x02ok"), false)
-                                .unwrap();
-                            let mut trailers = http::HeaderMap::new();
-                            trailers.insert("grpc-status", code.to_string().parse().unwrap());
-                            trailers.insert("grpc-message", "bad%20input".parse().unwrap());
-                            stream.send_trailers(trailers).unwrap();
-                        });
+                        let head = http::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .body(())
+                            .unwrap();
+                        let stream = respond.send_response(head, false).unwrap();
+                        tokio::spawn(handle.clone()((request.into_body(), stream)));
                     }
                 });
             }
         });
     });
     address
+}
+
+/// An HTTP/2 server answering every gRPC call with the grpc-status `code`.
+fn grpc_server(code: u32) -> String {
+    h2_server(move |(mut body, mut stream): Call| async move {
+        while let Some(Ok(chunk)) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        stream
+            .send_data(Bytes::from_static(b"\0\0\0\0\x02ok"), false)
+            .unwrap();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", code.to_string().parse().unwrap());
+        trailers.insert("grpc-message", "bad%20input".parse().unwrap());
+        stream.send_trailers(trailers).unwrap();
+    })
 }
 
 /// A length-delimited protobuf field (payloads under 128 bytes).
@@ -128,55 +141,28 @@ fn stream_response(error: Option<&str>, last: bool) -> Bytes {
 
 /// An HTTP/2 server answering each message of a `ModelStreamInfer` stream with `answers`.
 fn stream_server(answers: Vec<Bytes>) -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let (socket, _) = listener.accept().await.unwrap();
-                let answers = answers.clone();
-                tokio::spawn(async move {
-                    let mut connection = h2::server::handshake(socket).await.unwrap();
-                    while let Some(Ok((request, mut respond))) = connection.accept().await {
-                        let answers = answers.clone();
-                        tokio::spawn(async move {
-                            let head = http::Response::builder()
-                                .header("content-type", "application/grpc")
-                                .body(())
-                                .unwrap();
-                            let mut stream = respond.send_response(head, false).unwrap();
-                            let mut body = request.into_body();
-                            let mut pending = Vec::new();
-                            while let Some(Ok(chunk)) = body.data().await {
-                                let _ = body.flow_control().release_capacity(chunk.len());
-                                pending.extend_from_slice(&chunk);
-                                // Each whole message gets the answers.
-                                while pending.len() >= 5 {
-                                    let length =
-                                        u32::from_be_bytes(pending[1..5].try_into().unwrap());
-                                    let whole = 5 + length as usize;
-                                    if pending.len() < whole {
-                                        break;
-                                    }
-                                    pending.drain(..whole);
-                                    for answer in &answers {
-                                        stream.send_data(answer.clone(), false).unwrap();
-                                    }
-                                }
-                            }
-                        });
+    h2_server(move |(mut body, mut stream): Call| {
+        let answers = answers.clone();
+        async move {
+            let mut pending = Vec::new();
+            while let Some(Ok(chunk)) = body.data().await {
+                let _ = body.flow_control().release_capacity(chunk.len());
+                pending.extend_from_slice(&chunk);
+                // Each whole message gets the answers.
+                while pending.len() >= 5 {
+                    let length = u32::from_be_bytes(pending[1..5].try_into().unwrap());
+                    let whole = 5 + length as usize;
+                    if pending.len() < whole {
+                        break;
                     }
-                });
+                    pending.drain(..whole);
+                    for answer in &answers {
+                        stream.send_data(answer.clone(), false).unwrap();
+                    }
+                }
             }
-        });
-    });
-    address
+        }
+    })
 }
 
 fn spec(protocol: Protocol, address: String, pace: Pace) -> LoadSpec {

@@ -238,6 +238,20 @@ def test_a_worker_that_leaves_under_load_loses_no_request(
     frontend (1.6.1) cancels its requests to it whose response stream is not set up yet
     ("Worker disconnected before response stream was established"; its --migration-limit
     does not retry tensor requests), at most the clients' one request each in flight."""
+    sent, failures = _drain_under_load(frontend, repository, tmp_path_factory)
+    cancelled_by_frontend = "Worker disconnected before response stream was established"
+    assert [f for f in failures if cancelled_by_frontend not in f] == [], failures[:3]
+    assert len(failures) <= 4, failures  # the clients' one request each in flight at most
+    print(f"DRAIN requests {sum(sent)}, cancelled by the frontend {len(failures)}")
+
+
+def _drain_under_load(
+    url: str, repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[list[int], list[str]]:
+    """A third worker joins; four clients of ``url`` send requests one after another; once
+    the new worker has answered its share it gets SIGTERM (it must exit 0), and the clients go
+    on until 100 more requests are answered. Returns each client's answered requests and
+    every failure's text."""
     os.environ["DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS"] = "3"
     try:
         leaver = start_server(
@@ -254,7 +268,7 @@ def test_a_worker_that_leaves_under_load_loses_no_request(
     stop = threading.Event()
 
     def client_loop(index: int) -> None:
-        own = grpcclient.InferenceServerClient(frontend)
+        own = grpcclient.InferenceServerClient(url)
         while not stop.is_set():
             try:
                 result = own.infer("identity_fp32", [_fp32([float(index)])])
@@ -264,7 +278,7 @@ def test_a_worker_that_leaves_under_load_loses_no_request(
                 failures.append(f"{type(error).__name__}: {error}")
         own.close()
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(len(sent))]
     for thread in threads:
         thread.start()
     try:
@@ -277,10 +291,7 @@ def test_a_worker_that_leaves_under_load_loses_no_request(
         stop.set()
         for thread in threads:
             thread.join(30)
-    cancelled_by_frontend = "Worker disconnected before response stream was established"
-    assert [f for f in failures if cancelled_by_frontend not in f] == [], failures[:3]
-    assert len(failures) <= len(threads), failures
-    print(f"DRAIN requests {sum(sent)}, cancelled by the frontend {len(failures)}")
+    return sent, failures
 
 
 # -- serve --dynamo-route: tritonfast's own KServe front for the workers -----------------------
@@ -472,43 +483,6 @@ def test_through_the_route_a_worker_that_leaves_under_load_loses_no_request(
     """As above, with the route in front: the requests Dynamo fails before they reach the
     leaving worker's model ("Worker disconnected before response stream was established")
     are sent to another worker by the route, so no client sees an error."""
-    os.environ["DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS"] = "3"
-    try:
-        leaver = start_server(
-            [repository],
-            tmp_path_factory.mktemp("route_leaver") / "leaver.log",
-            "--model-control-mode=explicit",
-            "--load-model=identity_fp32",
-            "--dynamo",
-        )
-    finally:
-        del os.environ["DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS"]
-    failures: list[str] = []
-    sent = [0] * 4
-    stop = threading.Event()
-
-    def client_loop(index: int) -> None:
-        own = grpcclient.InferenceServerClient(route.grpc_url)
-        while not stop.is_set():
-            try:
-                result = own.infer("identity_fp32", [_fp32([float(index)])])
-                assert result.as_numpy("OUTPUT0").tolist() == [[float(index)]]
-                sent[index] += 1
-            except Exception as error:  # every kind of failure counts
-                failures.append(f"{type(error).__name__}: {error}")
-        own.close()
-
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    try:
-        wait_for(lambda: _successes(leaver, "identity_fp32") >= 20, "the new worker's share")
-        assert leaver.stop(60) == 0, leaver.log()  # (SIGTERM)
-        after = sum(sent)
-        wait_for(lambda: sum(sent) >= after + 100, "requests after the worker left")
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
+    sent, failures = _drain_under_load(route.grpc_url, repository, tmp_path_factory)
     assert failures == [], failures[:3]
     print(f"DRAIN through the route: requests {sum(sent)}, failed {len(failures)}")

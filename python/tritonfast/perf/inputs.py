@@ -12,27 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from tritonfast.data.datatypes import NUMPY_DTYPES
 from tritonfast.perf.server import ModelInfo, TensorSpec
 
 
 class InputError(ValueError):
     """The model's inputs cannot be filled as asked; the text says which input and why."""
-
-
-NUMPY_TYPES = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
 
 
 @dataclass(frozen=True)
@@ -135,7 +120,7 @@ def _strings(
 
 def _numpy_type(spec: TensorSpec) -> Any:
     try:
-        return NUMPY_TYPES[spec.datatype]
+        return NUMPY_DTYPES[spec.datatype].type
     except KeyError:
         raise InputError(
             f"input {spec.name!r}: datatype {spec.datatype} is not supported"

@@ -39,7 +39,7 @@ import functools
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
 from tritonfast.data.types import InferRequest, InferResponse
@@ -250,6 +250,28 @@ def mailbox_for(loop: asyncio.AbstractEventLoop) -> LoopMailbox:
         with _mailboxes_lock:
             mailbox = _mailboxes.setdefault(loop, LoopMailbox(loop))
     return mailbox
+
+
+def task_stream(
+    loop: asyncio.AbstractEventLoop,
+    request: InferRequest,
+    answer: Callable[[ResponseStream], Coroutine[Any, Any, None]],
+    running: set[asyncio.Task[Any]],
+) -> ResponseStream:
+    """A stream for ``request``, filled by the coroutine ``answer(stream)`` run as a task on
+    ``loop`` (kept in ``running`` until it ends); cancelling the stream cancels the task. For
+    schedulers that run a request as a coroutine of their own (ensembles, a Dynamo route)."""
+    stream = ResponseStream(loop)
+    request.sink = stream
+    task = loop.create_task(answer(stream))
+    running.add(task)
+    task.add_done_callback(running.discard)
+
+    def cancel() -> None:
+        task.cancel()
+
+    stream.on_cancel(cancel)
+    return stream
 
 
 def settle(sink: Sink, result: Result | None, final: bool) -> None:

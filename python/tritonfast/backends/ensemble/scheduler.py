@@ -43,7 +43,7 @@ from tritonfast.errors import InternalError, TritonError, error_for
 from tritonfast.runtime import handle
 from tritonfast.runtime.lane import signature_of
 from tritonfast.runtime.requestcounts import RequestCounts
-from tritonfast.runtime.responses import ResponseStream, settle
+from tritonfast.runtime.responses import ResponseStream, settle, task_stream
 from tritonfast.runtime.scheduler import Scheduler
 
 # A tensor as it flows between steps: (datatype, shape, data).
@@ -111,17 +111,10 @@ class EnsembleScheduler(Scheduler):
             request.phases.add(spent)
 
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
-        stream = ResponseStream(self._loop)
-        request.sink = stream
-        task = self._loop.create_task(self._answer(request, batch_size, stream))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        def answer(stream: ResponseStream) -> Coroutine[Any, Any, None]:
+            return self._answer(request, batch_size, stream)
 
-        def cancel() -> None:
-            task.cancel()
-
-        stream.on_cancel(cancel)
-        return stream
+        return task_stream(self._loop, request, answer, self._running)
 
     async def _answer(self, request: InferRequest, batch_size: int, stream: ResponseStream) -> None:
         if self._decoupled:

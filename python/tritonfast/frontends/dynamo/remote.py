@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from time import perf_counter_ns
 from typing import Any, ClassVar, Protocol
 
@@ -26,7 +26,7 @@ from tritonfast.errors import InternalError, TritonError, UnavailableError
 from tritonfast.frontends.dynamo.messages import forwarded_message, response_of
 from tritonfast.runtime.modelinstance import ModelInstance, PhaseClock
 from tritonfast.runtime.requestcounts import RequestCounts
-from tritonfast.runtime.responses import ResponseStream, Result, settle
+from tritonfast.runtime.responses import ResponseStream, Result, settle, task_stream
 from tritonfast.runtime.scheduler import Scheduler
 
 # How many more workers a request that never reached one is offered to.
@@ -121,17 +121,10 @@ class ForwardingScheduler(Scheduler):
         return answer
 
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
-        stream = ResponseStream(self._loop)
-        request.sink = stream
-        task = self._loop.create_task(self._answer(request, batch_size, stream))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        def answer(stream: ResponseStream) -> Coroutine[Any, Any, None]:
+            return self._answer(request, batch_size, stream)
 
-        def cancel() -> None:
-            task.cancel()
-
-        stream.on_cancel(cancel)
-        return stream
+        return task_stream(self._loop, request, answer, self._running)
 
     async def _answer(self, request: InferRequest, batch_size: int, stream: ResponseStream) -> None:
         if not self._decoupled:
