@@ -151,6 +151,7 @@ def test_input_data_from_a_file_and_the_profile_export(server, tmp_path: Path):
         [answered] = request["response_timestamps"]
         # A window holds the requests answered within it (some were sent before it began).
         assert request["timestamp"] <= answered
+        assert request["request_inputs"]["INPUT0"] in (["alpha", "beta"], "gamma")
         assert boundaries[0] <= answered <= boundaries[-1]
 
 

@@ -1,8 +1,9 @@
 """The built wheel (``make wheel``, dist/) installs into a fresh virtual environment of each
 CPython from 3.10 to 3.13 found here (``python3.X`` on PATH, or a pyenv version), whose PATH
 holds no Rust toolchain, and the server it installs serves the bundled examples to the real
-tritonclient, and its ``tritonfast perf`` measures them. CI builds the wheel before the tests; elsewhere, without one in dist/, the test
-says so and skips, as it does for a Python version that is not installed."""
+tritonclient, and its ``tritonfast perf`` measures them. CI builds the wheel before the
+tests; elsewhere, without one in dist/, the test says so and skips, as it does for a Python
+version that is not installed."""
 
 from __future__ import annotations
 
@@ -125,8 +126,10 @@ def test_the_wheel_installs_and_serves_without_rust(tmp_path: Path, minor: int) 
         assert where.startswith(str(environment)), where
         # The load generator comes with the wheel too (its engine is in the same extension).
         measured = subprocess.run(
-            [str(python), "-m", "tritonfast", "perf", "-m", "add_sub"]
-            + ["-u", f"127.0.0.1:{http}", "--request-count", "50"],
+            [
+                *(str(python), "-m", "tritonfast", "perf", "-m", "add_sub"),
+                *("-u", f"127.0.0.1:{http}", "--request-count", "50"),
+            ],
             env=env,
             cwd=tmp_path,
             capture_output=True,

@@ -107,6 +107,7 @@ def _measure(
                 value,
                 Counting(options.batch_size, made.decoupled, made.sequence_ends),
             )
+            level.inputs = list(made.inputs)
             levels.append(level)
             if not level.stable:
                 kind = "concurrency" if mode == "concurrency" else "request rate"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tritonfast._core import LoadRun
+from tritonfast.perf.inputs import Tensor
 from tritonfast.perf.options import PerfOptions
 from tritonfast.perf.server import ServerStats
 
@@ -129,6 +130,8 @@ class Level:
     stable: bool
     windows: list[Window] = field(default_factory=list)
     wall_offset_ns: int = 0  # add to the load's clock for nanoseconds since the Unix epoch
+    # Each payload's inputs (by the payload's index), for the profile export.
+    inputs: list[list[Tensor]] = field(default_factory=list)
 
 
 def measure_level(

@@ -31,16 +31,22 @@ class Plan:
     scripts: list[list[int]]  # empty: the payloads in turn
     decoupled: bool
     sequence_ends: tuple[int, ...]  # payloads that end a sequence
+    inputs: list[list[Tensor]]  # each payload's inputs
 
 
 class _Payloads:
-    """Payloads made once each, numbered in the order first asked for."""
+    """Payloads made once each, numbered in the order first asked for, with the inputs each
+    carries."""
 
     def __init__(self) -> None:
         self.index: dict[bytes, int] = {}
+        self.inputs: list[list[Tensor]] = []
 
-    def add(self, payload: bytes) -> int:
-        return self.index.setdefault(payload, len(self.index))
+    def add(self, payload: bytes, tensors: list[Tensor]) -> int:
+        if payload not in self.index:
+            self.index[payload] = len(self.index)
+            self.inputs.append(tensors)
+        return self.index[payload]
 
     def all(self) -> list[bytes]:
         return list(self.index)
@@ -91,13 +97,13 @@ def plan(
     else:
         for stream in streams:
             for tensors in stream:
-                made.add(encode(tensors, {}))
+                made.add(encode(tensors, {}), tensors)
         scripts, ends = [], ()
     if options.streaming:
         protocol, path = "grpc-stream", ""
     else:
         protocol, path = options.protocol, payloads.GRPC_INFER_PATH
-    return Plan(protocol, path, made.all(), scripts, model.decoupled, ends)
+    return Plan(protocol, path, made.all(), scripts, model.decoupled, ends, made.inputs)
 
 
 def _sequences(
@@ -131,7 +137,8 @@ def _sequences(
                     "sequence_start": step == 0,
                     "sequence_end": step == length - 1,
                 }
-                index = made.add(encode(steps[step % len(steps)], parameters))
+                tensors = steps[step % len(steps)]
+                index = made.add(encode(tensors, parameters), tensors)
                 script.append(index)
                 if step == length - 1:
                     ends.add(index)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tritonfast import __version__
+from tritonfast.perf.inputs import Tensor
 from tritonfast.perf.measure import PERCENTILES, Level, Window
 from tritonfast.perf.options import PerfOptions
 
@@ -210,6 +211,7 @@ def write_profile_export(path: Path, levels: list[Level], options: PerfOptions) 
     the window boundaries, in perf_analyzer's profile-export layout."""
     experiments = []
     for level in levels:
+        inputs = [{t.name: _json_values(t) for t in tensors} for tensors in level.inputs]
         offset = level.wall_offset_ns
         requests = []
         for window in level.windows:
@@ -218,7 +220,7 @@ def write_profile_export(path: Path, levels: list[Level], options: PerfOptions) 
                 requests.append(
                     {
                         "timestamp": int(record["start"]) + offset,
-                        "request_inputs": {},
+                        "request_inputs": inputs[int(record["payload"])],
                         "response_timestamps": _response_times(record, offset),
                         "response_outputs": [{}],
                     }
@@ -249,3 +251,13 @@ def _response_times(record: np.void, offset: int) -> list[int]:
     """The first response's time and, when there were more, the last one's."""
     first, last = int(record["first"]) + offset, int(record["end"]) + offset
     return [first, last] if int(record["responses"]) > 1 else [last]
+
+
+def _json_values(tensor: Tensor) -> Any:
+    """An input's values as perf_analyzer exports them: a string for BYTES (a list of
+    strings for several), a number for one element, else a flat list."""
+    if tensor.datatype == "BYTES":
+        texts = [item.decode(errors="replace") for item in tensor.values]
+        return texts[0] if len(texts) == 1 else texts
+    flat = np.asarray(tensor.values).ravel().tolist()
+    return flat[0] if len(flat) == 1 else flat

@@ -149,8 +149,8 @@ pub struct Counts {
 }
 
 impl Load {
-    /// Connects every thread's connections and starts sending; fails, sending nothing, if a
-    /// connection cannot be made.
+    /// Connects every thread's connections and starts sending; fails if a connection cannot
+    /// be made (stopping the threads that connected).
     pub fn start(spec: LoadSpec) -> Result<Load, String> {
         check(&spec)?;
         let threads = spec.threads.max(1);
