@@ -178,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     serve.add_argument("--version", action="version", version=f"tritonfast {__version__}")
+    # (`perf` takes perf_analyzer's flags and is dispatched before this parser: listed for help.)
+    sub.add_parser(
+        "perf",
+        help="measure a server (tritonfast or Triton) under load, with perf_analyzer's flags and"
+        " report: `tritonfast perf --help`",
+        add_help=False,
+    )
     selfcheck = sub.add_parser(
         "selfcheck",
         help="check that an optional backend works where the server runs (tensorrt: needs a GPU)",

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import tritonclient.http as httpclient
 
+from tests.e2e.models_on_disk import write_model
+
 # Short windows and a loose stability rule: the tests check what is measured and reported, not
 # how steady the shared CI machine is.
 QUICK = ["-p", "300", "-s", "1000"]
@@ -191,12 +193,13 @@ def test_a_server_that_is_not_there(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def stateful_server(tmp_path_factory):
-    """A server of one sequence model and one decoupled model."""
+    """A server of a sequence model, a decoupled model and one that wants a parameter."""
     from tests.conftest import ROOT, start_server
 
     repository = tmp_path_factory.mktemp("perf_models")
     for source in ("models_sequence/simple_sequence", "models_streaming/repeat_py"):
         shutil.copytree(ROOT / "tests" / source, repository / Path(source).name)
+    write_model(repository, "needs_parameter", NEEDS_PARAMETER_CONFIG, NEEDS_PARAMETER_MODEL)
     running = start_server([repository], repository.parent / "server.log")
     yield running
     assert running.stop() == 0, running.log()
@@ -280,3 +283,57 @@ def test_cuda_shared_memory_needs_a_gpu(server):
         pytest.skip("CUDA shared memory needs a GPU")
     done = perf("-m", "add_sub", "-u", server.http_url, "--shared-memory", "cuda", *QUICK)
     assert done.returncode == 0, done.stderr
+
+
+NEEDS_PARAMETER_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+# Fails every request whose parameters are not max_tokens=256 and greedy=true.
+NEEDS_PARAMETER_MODEL = """
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answers = []
+        for request in requests:
+            given = json.loads(request.parameters())
+            if given.get("max_tokens") != 256 or given.get("greedy") is not True:
+                answers.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(given))))
+                continue
+            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            answers.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor)]))
+        return answers
+"""
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_request_parameters_reach_the_model(stateful_server, protocol: str):
+    server = stateful_server
+    wanted = [
+        "--request-parameter",
+        "max_tokens:256:int",
+        "--request-parameter",
+        "greedy:true:bool",
+    ]
+    done = perf(
+        "-m", "needs_parameter", "-i", protocol, "-u", url(server, protocol), *wanted, *QUICK
+    )
+    assert done.returncode == 0, done.stderr
+    without = perf("-m", "needs_parameter", "-i", protocol, "-u", url(server, protocol), *QUICK)
+    assert without.returncode == 1 and "requests failed" in without.stderr
+
+
+def test_an_open_ended_range_stops_at_the_latency_limit(server):
+    done = perf(
+        "-m", "add_sub", "-u", server.http_url, "--concurrency-range", "1:0:2", "-l", "1", *QUICK
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Measured latency went over the set limit of 1 msec" in done.stderr
+    levels = re.findall(r"^Concurrency: (\d+), throughput", done.stdout, re.MULTILINE)
+    assert len(levels) >= 2 and levels[:2] == ["1", "3"], done.stdout

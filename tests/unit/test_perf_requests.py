@@ -25,10 +25,12 @@ def model(max_batch_size: int = 8, **shapes: list[int]) -> ModelInfo:
 
 def test_ranges_read_as_perf_analyzer_reads_them():
     assert parse_range("4", integer=True) == Range(4, 4, 1)
-    assert parse_range("1:16:5", integer=True).levels() == [1, 6, 11, 16]
-    rates = parse_range("100.5:200", integer=False).levels()
+    assert list(parse_range("1:16:5", integer=True).levels()) == [1, 6, 11, 16]
+    rates = list(parse_range("100.5:200", integer=False).levels())
     assert (len(rates), rates[1], rates[-1]) == (100, 101.5, 199.5)
-    for bad in ("0", "1:2:0", "a", "1:2:3:4", "1::2", "5:0"):
+    open_ended = parse_range("2:0:3", integer=True).levels()
+    assert [next(open_ended) for _ in range(4)] == [2, 5, 8, 11]  # until the latency limit
+    for bad in ("0", "1:2:0", "a", "1:2:3:4", "1::2"):
         with pytest.raises(OptionError):
             parse_range(bad, integer=True)
 
@@ -41,10 +43,20 @@ def test_shapes_and_option_errors():
             parse_shape(bad)
     options = parse(["-m", "m", "-i", "gRPC", "--request-rate-range", "50:150:50"])
     assert options.protocol == "grpc" and options.url == "localhost:8001"
-    assert options.request_rate is not None and options.request_rate.levels() == [50, 100, 150]
+    assert options.request_rate is not None
+    assert list(options.request_rate.levels()) == [50, 100, 150]
     assert options.max_threads == 4  # perf_analyzer's default for request rates
     with pytest.raises(SystemExit):
         parse(["-m", "m", "--concurrency-range", "1:4", "--request-rate-range", "10"])
+    with pytest.raises(SystemExit):  # an open-ended range needs a latency limit
+        parse(["-m", "m", "--concurrency-range", "1:0"])
+    given = ["-m", "m", "--request-parameter", "max_tokens:256:int"]
+    given += ["--request-parameter", "greedy:true:bool", "--request-parameter", "tag:a:b:string"]
+    parameters = parse(given).request_parameters
+    assert parameters == {"max_tokens": 256, "greedy": True, "tag": "a:b"}
+    for bad in ("x:1", "x:1:float", "x:maybe:bool", "x:1.5:int"):
+        with pytest.raises(SystemExit):
+            parse(["-m", "m", "--request-parameter", bad])
 
 
 def test_shapes_come_from_the_metadata_and_the_shape_flag():

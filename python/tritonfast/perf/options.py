@@ -7,6 +7,7 @@ that this tool does not implement is refused by name rather than ignored.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,14 +24,18 @@ class Range:
     end: float
     step: float
 
-    def levels(self) -> list[float]:
-        if self.end < self.start:
+    @property
+    def open_ended(self) -> bool:
+        """An end of 0: the levels go on until the latency limit (``-l``) is reached."""
+        return self.end == 0
+
+    def levels(self) -> Iterator[float]:
+        if self.end < self.start and not self.open_ended:
             raise OptionError(f"the range's end {self.end:g} is below its start {self.start:g}")
-        levels, level = [], self.start
-        while level <= self.end + 1e-9:
-            levels.append(level)
+        level = self.start
+        while self.open_ended or level <= self.end + 1e-9:
+            yield level
             level += self.step
-        return levels
 
 
 def parse_range(text: str, integer: bool) -> Range:
@@ -47,8 +52,6 @@ def parse_range(text: str, integer: bool) -> Range:
     step = numbers[2] if len(numbers) > 2 else 1
     if start <= 0 or step <= 0:
         raise OptionError(f"{text!r}: start and step must be above 0")
-    if end == 0:
-        raise OptionError(f"{text!r}: an open-ended range (end 0) needs --latency-threshold")
     return Range(start, end, step)
 
 
@@ -89,6 +92,7 @@ class PerfOptions:
     string_length: int
     string_data: str | None
     async_mode: bool
+    request_parameters: dict[str, bool | int | str]
     shared_memory: str
     output_shared_memory_size: int
     streaming: bool
@@ -165,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--input-data", default="random", metavar="zero|random|FILE")
     add("--string-length", type=int, default=128)
     add("--string-data", default=None)
+    add(
+        "--request-parameter",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE:TYPE",
+        help="a parameter every request carries; TYPE bool, int or string (repeatable)",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("-a", "--async", dest="async_mode", action="store_true")
     mode.add_argument("--sync", dest="async_mode", action="store_false")
@@ -221,6 +232,9 @@ def _options(args: argparse.Namespace) -> PerfOptions:
     if args.string_length < 0:
         raise OptionError("--string-length must not be negative")
     shapes = dict(parse_shape(text) for text in args.shape)
+    for searched in (concurrency, rate):
+        if searched is not None and searched.open_ended and not args.latency_threshold:
+            raise OptionError("an open-ended range (end 0) needs --latency-threshold")
     if args.streaming and args.protocol != "grpc":
         raise OptionError("--streaming needs -i grpc")
     if args.streaming and rate:
@@ -257,6 +271,7 @@ def _options(args: argparse.Namespace) -> PerfOptions:
         string_length=args.string_length,
         string_data=args.string_data,
         async_mode=args.async_mode,
+        request_parameters=dict(parse_parameter(text) for text in args.request_parameter),
         shared_memory=args.shared_memory,
         output_shared_memory_size=args.output_shared_memory_size,
         streaming=args.streaming,
@@ -268,6 +283,28 @@ def _options(args: argparse.Namespace) -> PerfOptions:
         profile_export_file=args.profile_export_file,
         verbose=args.verbose,
     )
+
+
+def parse_parameter(text: str) -> tuple[str, bool | int | str]:
+    """``--request-parameter NAME:VALUE:TYPE``."""
+    name, _, rest = text.partition(":")
+    value, _, kind = rest.rpartition(":")
+    if not name or not _ or kind not in ("bool", "int", "string"):
+        raise OptionError(
+            f"--request-parameter {text!r}: expected NAME:VALUE:TYPE, TYPE bool, int or string"
+        )
+    if kind == "string":
+        return name, value
+    if kind == "bool":
+        if value.lower() not in ("true", "false"):
+            raise OptionError(f"--request-parameter {text!r}: a bool is true or false")
+        return name, value.lower() == "true"
+    try:
+        return name, int(value)
+    except ValueError:
+        raise OptionError(
+            f"--request-parameter {text!r}: {value!r} is not a whole number"
+        ) from None
 
 
 def _id_range(text: str) -> tuple[int, int | None]:

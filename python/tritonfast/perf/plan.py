@@ -76,7 +76,7 @@ def plan(
     )
 
     def encode(tensors: list[Tensor], parameters: payloads.Parameters) -> bytes:
-        parameters = {**parameters, **extra}
+        parameters = {**options.request_parameters, **parameters, **extra}
         placed = None
         if regions is not None:
             placed = payloads.Placement(
