@@ -177,9 +177,9 @@ def test_a_variable_shape_needs_a_shape_flag(server):
 
 
 def test_what_is_not_implemented_is_refused_by_name(server):
-    done = perf("-m", "add_sub", "-u", server.http_url, "--binary-search")
+    done = perf("-m", "add_sub", "-u", server.http_url, "--fixed-schedule")
     assert done.returncode == 2
-    assert "--binary-search is not supported by tritonfast perf yet" in done.stderr
+    assert "--fixed-schedule is not supported by tritonfast perf yet" in done.stderr
 
 
 def test_a_server_that_is_not_there(tmp_path: Path):

@@ -233,3 +233,29 @@ def test_decoupled_requests_ask_for_the_empty_final_response():
     [payload] = made.payloads
     message = pb.ModelInferRequest.FromString(payload)
     assert message.parameters["triton_enable_empty_final_response"].bool_param
+
+
+def run_search(flags: list[str], over_from: float) -> list[float]:
+    """The levels a search measures when every level from ``over_from`` up is over the
+    latency limit."""
+    from tritonfast.perf.cli import _Search
+
+    search = _Search(parse(["-m", "m", "-l", "1", *flags]))
+    measured = []
+    while (level := search.next()) is not None:
+        measured.append(level[1])
+        search.tell(level[1] >= over_from)
+    return measured
+
+
+def test_a_linear_search_stops_at_the_latency_limit_and_a_binary_one_closes_in_on_it():
+    assert run_search(["--concurrency-range", "1:8:3"], over_from=4) == [1, 4]
+    assert run_search(["--concurrency-range", "1:8:3"], over_from=100) == [1, 4, 7]
+    binary = ["--concurrency-range", "1:32", "--binary-search"]
+    assert run_search(binary, over_from=10) == [1, 32, 16, 8, 12, 10, 9]
+    assert run_search(binary, over_from=1) == [1]  # even the start is over
+    assert run_search(binary, over_from=100) == [1, 32]  # even the end is within
+    rates = run_search(["--request-rate-range", "100:200:10", "--binary-search"], over_from=150)
+    assert rates[:3] == [100, 200, 150] and max(r for r in rates if r < 150) >= 140
+    with pytest.raises(SystemExit):  # a binary search needs an end and a limit
+        parse(["-m", "m", "--concurrency-range", "1:8", "--binary-search"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Iterator
 
 from tritonfast._core import LoadRun
 from tritonfast.perf import inputs, report
@@ -44,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             if options.shared_memory != "none":
                 size = options.output_shared_memory_size
                 regions = Regions(control, options.shared_memory, size)
-            first = next(_levels(options))
+            first = _Search(options).next()
+            assert first is not None  # a range has a start
             # What the model or the flags rule out is said before anything is measured.
             plan(options, model, address, streams, _contexts(*first), regions)
         except (ServerError, inputs.InputError) as e:
@@ -96,7 +96,9 @@ def _measure(
 
     levels: list[Level] = []
     try:
-        for mode, value in _levels(options):
+        search = _Search(options)
+        while (next_level := search.next()) is not None:
+            mode, value = next_level
             print(report.level_heading(mode, value), flush=True)
             made = plan(options, model, address, streams, _contexts(mode, value), regions)
             level = measure_level(
@@ -121,27 +123,70 @@ def _measure(
             if not level.stable:
                 return levels, 1
             latency_ms = level.summary.latency_ns(options.percentile) / 1e6
-            if options.latency_threshold_ms and latency_ms >= options.latency_threshold_ms:
+            over = bool(options.latency_threshold_ms) and latency_ms >= options.latency_threshold_ms
+            if over and not options.binary_search:
                 print(
                     "Measured latency went over the set limit of"
                     f" {options.latency_threshold_ms} msec. ",
                     file=sys.stderr,
                 )
-                break
+            search.tell(over)
     except (LoadError, ServerError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return levels, 1
     return levels, 0
 
 
-def _levels(options: PerfOptions) -> Iterator[tuple[str, float]]:
-    if options.request_rate:
-        for rate in options.request_rate.levels():
-            yield "request_rate", rate
-    else:
-        assert options.concurrency is not None
-        for concurrency in options.concurrency.levels():
-            yield "concurrency", concurrency
+class _Search:
+    """The levels to measure: the range in order until a level's latency is over the limit,
+    or (``--binary-search``) halving the range around the limit until it is one step wide."""
+
+    def __init__(self, options: PerfOptions) -> None:
+        searched = options.request_rate or options.concurrency
+        assert searched is not None
+        self.mode = "request_rate" if options.request_rate else "concurrency"
+        self.integer = self.mode == "concurrency"
+        self.binary = options.binary_search
+        self.levels = searched.levels()
+        self.low, self.high, self.step = searched.start, searched.end, searched.step
+        self.asked: float | None = None
+        self.asked_count = 0
+        self.done = False
+
+    def next(self) -> tuple[str, float] | None:
+        if self.done:
+            return None
+        self.asked_count += 1
+        if not self.binary:
+            self.asked = next(self.levels, None)
+        elif self.asked_count == 1:
+            self.asked = self.low  # the start first, then the end, then between them
+        elif self.asked_count == 2 and self.high != self.low:
+            self.asked = self.high
+        elif self.high - self.low > self.step:
+            middle = (self.low + self.high) / 2
+            self.asked = float(round(middle)) if self.integer else middle
+            if self.asked in (self.low, self.high):
+                return None
+        else:
+            return None
+        return None if self.asked is None else (self.mode, self.asked)
+
+    def tell(self, over: bool) -> None:
+        """Whether the level just measured was over the latency limit."""
+        if not self.binary:
+            self.done = over
+            return
+        assert self.asked is not None
+        if self.asked_count == 1 and over:
+            self.done = True  # even the start is over the limit
+        elif self.asked_count == 2 and not over:
+            self.done = True  # even the end is within it
+        elif self.asked_count > 2:
+            if over:
+                self.high = self.asked
+            else:
+                self.low = self.asked
 
 
 def _connections(options: PerfOptions, mode: str, value: float) -> int:

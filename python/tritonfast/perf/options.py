@@ -99,6 +99,7 @@ class PerfOptions:
     sequence_length: int | None
     sequence_variation: float
     sequence_ids: tuple[int, int | None]
+    binary_search: bool
     max_threads: int
     csv_file: Path | None
     profile_export_file: Path | None
@@ -113,7 +114,6 @@ class PerfOptions:
 UNSUPPORTED = (
     "--num-of-sequences",
     "--serial-sequences",
-    "--binary-search",
     "--periodic-concurrency-range",
     "--request-intervals",
     "--fixed-schedule",
@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("-s", "--stability-percentage", dest="stability", type=float, default=10.0)
     add("-r", "--max-trials", type=int, default=10)
     add("--percentile", type=int, default=-1)
+    add("--binary-search", action="store_true", help="halve the range around -l's limit")
     add("-l", "--latency-threshold", type=int, default=0, metavar="MS")
     add("--request-count", type=int, default=0)
     add("--warmup-request-count", type=int, default=0)
@@ -235,6 +236,10 @@ def _options(args: argparse.Namespace) -> PerfOptions:
     for searched in (concurrency, rate):
         if searched is not None and searched.open_ended and not args.latency_threshold:
             raise OptionError("an open-ended range (end 0) needs --latency-threshold")
+    if args.binary_search:
+        searched = concurrency or rate
+        if not args.latency_threshold or searched is None or searched.open_ended:
+            raise OptionError("--binary-search needs a range with an end and --latency-threshold")
     if args.streaming and args.protocol != "grpc":
         raise OptionError("--streaming needs -i grpc")
     if args.streaming and rate:
@@ -278,6 +283,7 @@ def _options(args: argparse.Namespace) -> PerfOptions:
         sequence_length=args.sequence_length,
         sequence_variation=max(args.sequence_length_variation, 0.0),
         sequence_ids=sequence_ids,
+        binary_search=args.binary_search,
         max_threads=threads,
         csv_file=args.csv_file,
         profile_export_file=args.profile_export_file,
