@@ -38,6 +38,7 @@ pytest.importorskip("dynamo.runtime", reason="Dynamo's runtime is not installed"
 pytest.importorskip("dynamo.frontend", reason="Dynamo's frontend is not installed")
 
 STREAMING_MODELS = ROOT / "tests" / "models_streaming"
+SEQUENCE_MODELS = ROOT / "tests" / "models_sequence"
 WAIT_S = 60.0
 
 
@@ -75,6 +76,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (STREAMING_MODELS, "repeat_proc"),
         (EXAMPLES, "add_sub"),
         (EXAMPLES, "string_upper"),
+        (SEQUENCE_MODELS, "simple_sequence"),
+        (SEQUENCE_MODELS, "accumulate_state"),
     ):
         shutil.copytree(source / model, root / model)
     return root
@@ -94,6 +97,8 @@ def workers(
             "--load-model=repeat_proc",
             "--load-model=add_sub",
             "--load-model=string_upper",
+            "--load-model=simple_sequence",
+            "--load-model=accumulate_state",
             "--dynamo",
         )
         for index in range(2)
@@ -304,7 +309,14 @@ def route(workers: list[RunningServer], tmp_path_factory: pytest.TempPathFactory
     running = start_server([], log_path, "--dynamo-route")
     client = httpclient.InferenceServerClient(running.http_url)
     try:
-        models = ("identity_fp32", "repeat_proc", "add_sub", "string_upper")
+        models = (
+            "identity_fp32",
+            "repeat_proc",
+            "add_sub",
+            "string_upper",
+            "simple_sequence",
+            "accumulate_state",
+        )
         wait_for(
             lambda: all(_http_ready(client, model) for model in models),
             f"the route to serve the workers' models:\n{log_path.read_text()}",
@@ -486,3 +498,28 @@ def test_through_the_route_a_worker_that_leaves_under_load_loses_no_request(
     sent, failures = _drain_under_load(route.grpc_url, repository, tmp_path_factory)
     assert failures == [], failures[:3]
     print(f"DRAIN through the route: requests {sum(sent)}, failed {len(failures)}")
+
+
+def test_a_sequence_stays_with_one_worker_through_the_route(route: Any) -> None:
+    """A worker refuses a sequence's request without START that it has not seen start, and
+    keeps a running sum as the sequence's implicit state (from 1000): sequences of several
+    requests through the route, interleaved, all answered with their own running sums."""
+    client = grpcclient.InferenceServerClient(route.grpc_url)
+    try:
+        sums = dict.fromkeys(range(101, 105), 1000)  # the model's initial state: 1000
+        for step in range(6):
+            for sequence_id in sums:
+                value = sequence_id * 10 + step
+                tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+                result = client.infer(
+                    "accumulate_state",
+                    [tensor],
+                    sequence_id=sequence_id,
+                    sequence_start=step == 0,
+                    sequence_end=step == 5,
+                )
+                sums[sequence_id] += value
+                assert int(result.as_numpy("SUM")[0][0]) == sums[sequence_id]
+    finally:
+        client.close()

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tritonfast.data.types import InferResponse, OutputTensor, RequestedOutput
 from tritonfast.errors import InvalidArgumentError
@@ -61,6 +61,7 @@ def _message(datatype: str, values: list[Any]) -> dict[str, Any]:
 
 @settings(max_examples=200, deadline=None)
 @given(tensors())
+@example(("UINT64", [0, 2**63 + 1]))  # above int64: must not pass through float64
 def test_every_datatype_comes_back_as_it_went(tensor: tuple[str, list[Any]]) -> None:
     datatype, values = tensor
     message = _message(datatype, values)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tritonfast.data import rawtensor
+from tritonfast.data.datatypes import NUMPY_DTYPES
 from tritonfast.data.types import (
     InferRequest,
     InferResponse,
@@ -83,7 +84,15 @@ def _tensor_of(
     elif datatype in _HALVES:
         raw = np.asarray(values, dtype=np.uint16).tobytes()
     else:
-        raw = rawtensor.wire_array(datatype, np.asarray(values)).tobytes()
+        # Typed at once: a list of Python ints above 2**63 would otherwise pass through
+        # float64 and lose its low bits.
+        try:
+            typed = np.asarray(values, dtype=NUMPY_DTYPES[datatype])
+        except (OverflowError, ValueError, TypeError) as error:
+            raise InvalidArgumentError(
+                f"input '{name}' of model '{model_name}': values that are not {datatype}: {error}"
+            ) from None
+        raw = rawtensor.wire_array(datatype, typed).tobytes()
     data = rawtensor.from_raw(datatype, shape, raw, name, model_name)
     return name, datatype, shape, data
 

@@ -9,7 +9,8 @@ runtime client, round robin (:mod:`.remote`); a model no worker announces any lo
 unloaded.
 
 What a route changes in the configurations it loads: one CPU instance (it runs nothing, and
-may have no GPU) and no warm-up (the workers warm up); the rest, batching included, is the
+may have no GPU), no warm-up (the workers warm up) and no implicit sequence state (kept by the
+worker that runs the sequence); the rest, batching included, is the
 worker's and shows in the route's model configuration endpoint. A request that names a model
 version goes to the version the worker's own policy serves. A sequence's requests all go to
 one worker (chosen by the sequence's ID), which holds its state.
@@ -141,6 +142,8 @@ class DynamoRoute:
         config = json.loads(entry["config"])
         config["instance_group"] = [{"kind": "KIND_CPU", "count": 1}]
         config.pop("model_warmup", None)
+        # A sequence's implicit state lives on its worker (its initial state's files too).
+        config.get("sequence_batching", {}).pop("state", None)
         backend = config.get("backend")
         if backend and backend not in registry.BUILTIN:
             remote.register_name(backend)
