@@ -549,7 +549,8 @@ class LoadRun:
     one of ``concurrency`` and ``rate`` (requests per second) is given; ``"grpc-stream"``
     sends ``ModelStreamInfer`` requests, one stream per context (``decoupled``: a request is
     complete at its ``triton_final_response``). ``scripts``: the payloads' order, one list of
-    indices per context. Raises ``ConnectionError`` when the server cannot be reached."""
+    indices per context (an open loop takes turns over them; ``serial``: only over those whose
+    last request is answered). Raises ``ConnectionError`` when the server cannot be reached."""
 
     def __new__(
         cls,
@@ -566,6 +567,7 @@ class LoadRun:
         seed: int = 0,
         scripts: list[list[int]] = ...,
         decoupled: bool = False,
+        serial: bool = False,
     ) -> Self: ...
     def now(self) -> int:
         """Nanoseconds since the load began, on the records' clock."""

@@ -11,6 +11,11 @@ use tritonfast_core::perf::{Load, LoadSpec, Pace, Protocol, Record};
 /// An HTTP/1.1 server on a free port answering every request with `status` and `body`; each
 /// connection on a thread of its own.
 fn http_server(status: u16, body: &'static str) -> String {
+    slow_http_server(status, body, Duration::ZERO)
+}
+
+/// The same, answering each request `delay` after it came.
+fn slow_http_server(status: u16, body: &'static str, delay: Duration) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
@@ -37,6 +42,7 @@ fn http_server(status: u16, body: &'static str) -> String {
                     }
                     let mut request_body = vec![0; length];
                     reader.read_exact(&mut request_body).unwrap();
+                    std::thread::sleep(delay);
                     let answer = format!(
                         "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n{body}",
                         body.len()
@@ -176,6 +182,7 @@ fn spec(protocol: Protocol, address: String, pace: Pace) -> LoadSpec {
         payloads: vec![request.into_bytes()],
         scripts: Vec::new(),
         decoupled: false,
+        serial: false,
         threads: 2,
         connections_per_thread: 2,
         pace,
@@ -389,4 +396,35 @@ fn a_stream_error_fails_its_request_with_the_servers_words() {
         Load::start(rate).unwrap_err(),
         "streams are measured with a concurrency, not a request rate"
     );
+}
+
+#[test]
+fn a_serial_open_loop_keeps_one_request_of_each_script_in_flight() {
+    let address = slow_http_server(200, "{}", Duration::from_millis(20));
+    let mut spec = spec(
+        Protocol::Http,
+        address,
+        Pace::Rate {
+            per_second: 500.0,
+            poisson: false,
+        },
+    );
+    spec.payloads = vec![spec.payloads[0].clone(); 2];
+    spec.scripts = vec![vec![0], vec![1]];
+    spec.threads = 1;
+    spec.serial = true;
+    let (mut records, _) = run(spec, Duration::from_millis(500));
+    records.sort_by_key(|r| r.start);
+    for script in [0, 1] {
+        let own: Vec<&Record> = records.iter().filter(|r| r.payload == script).collect();
+        assert!(own.len() >= 5, "script {script}: {} requests", own.len());
+        for pair in own.windows(2) {
+            assert!(
+                pair[1].start >= pair[0].end,
+                "script {script}: {pair:?} overlap"
+            );
+        }
+    }
+    // Two scripts of 20 ms requests: far below the 500 per second asked.
+    assert!(records.len() <= 60, "{} requests", records.len());
 }

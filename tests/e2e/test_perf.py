@@ -243,9 +243,6 @@ def test_what_a_model_needs_is_said(stateful_server):
     done = perf("-m", "repeat_py", "-u", server.http_url, "--shape", "IN:3")
     assert done.returncode == 1
     assert "is decoupled: measure it on gRPC streams (-i grpc --streaming)" in done.stderr
-    done = perf("-m", "simple_sequence", "-u", server.http_url, "--request-rate-range", "10")
-    assert done.returncode == 1
-    assert "is a sequence model: measure it with --concurrency-range" in done.stderr
     done = perf("-m", "repeat_py", "-u", server.http_url, "--streaming")
     assert done.returncode == 2 and "--streaming needs -i grpc" in done.stderr
 
@@ -337,3 +334,18 @@ def test_an_open_ended_range_stops_at_the_latency_limit(server):
     assert "Measured latency went over the set limit of 1 msec" in done.stderr
     levels = re.findall(r"^Concurrency: (\d+), throughput", done.stdout, re.MULTILINE)
     assert len(levels) >= 2 and levels[:2] == ["1", "3"], done.stdout
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sequences_at_a_request_rate_one_request_at_a_time(stateful_server, protocol: str):
+    server = stateful_server
+    done = perf(
+        "-m", "simple_sequence", "-i", protocol, "-u", url(server, protocol),
+        "--request-rate-range", "200", "--num-of-sequences", "3", "--serial-sequences",
+        "--sequence-length", "4", "-p", "1000", "-s", "1000",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Request Rate: 200 inference requests per second" in done.stdout
+    [requests] = figure(done.stdout, "Request count")
+    [sequences] = [int(m) for m in re.findall(r"Sequence count: (\d+) \(", done.stdout)]
+    assert requests / 5 - 3 <= sequences <= requests / 3 + 3, done.stdout

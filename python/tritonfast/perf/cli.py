@@ -82,13 +82,15 @@ def _measure(
             address,
             made.payloads,
             path=made.path,
-            threads=options.max_threads,
+            # (A request rate's sequences are shared out between the threads.)
+            threads=min(options.max_threads, len(made.scripts) or options.max_threads),
             connections_per_thread=_connections(options, mode, value),
             concurrency=int(value) if mode == "concurrency" else None,
             rate=value if mode == "request_rate" else None,
             poisson=options.poisson,
             scripts=made.scripts,
             decoupled=made.decoupled,
+            serial=options.serial_sequences,
         )
 
     def statistics() -> ServerStats:

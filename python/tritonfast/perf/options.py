@@ -99,6 +99,8 @@ class PerfOptions:
     sequence_length: int | None
     sequence_variation: float
     sequence_ids: tuple[int, int | None]
+    num_of_sequences: int
+    serial_sequences: bool
     binary_search: bool
     max_threads: int
     csv_file: Path | None
@@ -112,8 +114,6 @@ class PerfOptions:
 
 # perf_analyzer flags this tool does not implement; each is refused with its name.
 UNSUPPORTED = (
-    "--num-of-sequences",
-    "--serial-sequences",
     "--periodic-concurrency-range",
     "--request-intervals",
     "--fixed-schedule",
@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sequence-length", type=int, default=None, help="requests per sequence (default 20)")
     add("--sequence-length-variation", type=float, default=20.0, metavar="PERCENT")
     add("--sequence-id-range", default="1", metavar="START[:END]")
+    add("--num-of-sequences", type=int, default=4, help="concurrent sequences at a request rate")
+    add("--serial-sequences", action="store_true", help="one request of a sequence at a time")
     add(
         "--max-threads",
         type=int,
@@ -246,6 +248,8 @@ def _options(args: argparse.Namespace) -> PerfOptions:
         raise OptionError("--streaming is measured with --concurrency-range, not a request rate")
     if args.output_shared_memory_size < 1:
         raise OptionError("--output-shared-memory-size must be at least 1")
+    if args.num_of_sequences < 1:
+        raise OptionError("--num-of-sequences must be at least 1")
     if args.sequence_length is not None and args.sequence_length < 1:
         raise OptionError("--sequence-length must be at least 1")
     sequence_ids = _id_range(args.sequence_id_range)
@@ -283,6 +287,8 @@ def _options(args: argparse.Namespace) -> PerfOptions:
         sequence_length=args.sequence_length,
         sequence_variation=max(args.sequence_length_variation, 0.0),
         sequence_ids=sequence_ids,
+        num_of_sequences=args.num_of_sequences,
+        serial_sequences=args.serial_sequences,
         binary_search=args.binary_search,
         max_threads=threads,
         csv_file=args.csv_file,

@@ -65,11 +65,6 @@ def plan(
         raise InputError(
             f"{model.name!r} is decoupled: measure it on gRPC streams (-i grpc --streaming)"
         )
-    if model.sequence and options.rate_mode:
-        raise InputError(
-            f"{model.name!r} is a sequence model: measure it with --concurrency-range"
-            " (request rates for sequences are not supported yet)"
-        )
     outputs = [spec.name for spec in model.outputs]
     extra: payloads.Parameters = (
         {"triton_enable_empty_final_response": True} if model.decoupled else {}
@@ -93,7 +88,9 @@ def plan(
 
     made = _Payloads()
     if model.sequence:
-        scripts, ends = _sequences(options, streams, concurrency, encode, made)
+        # A request rate takes turns over --num-of-sequences sequences at once.
+        slots = options.num_of_sequences if options.rate_mode else concurrency
+        scripts, ends = _sequences(options, streams, slots, encode, made)
     else:
         for stream in streams:
             for tensors in stream:

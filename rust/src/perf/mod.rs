@@ -63,6 +63,9 @@ pub struct LoadSpec {
     /// Streams: the model is decoupled, so a request is complete at the response that says
     /// `triton_final_response` (not at its first response).
     pub decoupled: bool,
+    /// An open loop over scripts sends a script's next request only once its last one is
+    /// answered (`--serial-sequences`).
+    pub serial: bool,
     /// Event-loop threads; the load is spread over them.
     pub threads: usize,
     /// gRPC: HTTP/2 connections per thread, the thread's requests spread over them.
@@ -439,7 +442,8 @@ impl Order {
         }
     }
 
-    /// An open loop's order: every script in turn, each from where it was left.
+    /// An open loop's order: the thread's share of the scripts (every `threads`-th, so that
+    /// no script is sent from two threads), each in turn from where it was left.
     fn of_open_loop(spec: &LoadSpec, thread: usize) -> Order {
         if spec.scripts.is_empty() {
             return Order {
@@ -448,25 +452,55 @@ impl Order {
                 turn: thread * 104_729,
             };
         }
-        let scripts = spec.scripts.clone();
+        let threads = spec.threads.max(1);
+        let scripts: Vec<Vec<usize>> = spec
+            .scripts
+            .iter()
+            .skip(thread)
+            .step_by(threads)
+            .cloned()
+            .collect();
         Order {
             positions: vec![0; scripts.len()],
             scripts: Some(scripts),
-            turn: thread,
+            turn: 0,
         }
+    }
+
+    /// Scripts this order takes turns over (none: the payloads in turn).
+    fn slots(&self) -> usize {
+        self.scripts.as_ref().map_or(0, Vec::len)
     }
 
     fn next(&mut self, payloads: usize) -> usize {
         let turn = self.turn;
         self.turn += 1;
+        match self.scripts.as_ref().map(Vec::len) {
+            None => turn % payloads,
+            Some(slots) => self.next_of(turn % slots),
+        }
+    }
+
+    /// The next payload of script `slot`.
+    fn next_of(&mut self, slot: usize) -> usize {
         let Some(scripts) = &self.scripts else {
-            return turn % payloads;
+            return 0;
         };
-        let slot = turn % scripts.len();
         let script = &scripts[slot];
         let index = script[self.positions[slot] % script.len()];
         self.positions[slot] += 1;
         index
+    }
+
+    /// The next script after the last one taken whose previous request is answered (`busy`:
+    /// one flag per script), if any.
+    fn next_free(&mut self, busy: &[Cell<bool>]) -> Option<usize> {
+        let slots = busy.len();
+        let found = (0..slots)
+            .map(|k| (self.turn + k) % slots)
+            .find(|&slot| !busy[slot].get())?;
+        self.turn = found + 1;
+        Some(found)
     }
 }
 
@@ -489,6 +523,10 @@ async fn open_loop(thread: &Rc<Thread>, mut gaps: Gaps) {
     let origin = tokio::time::Instant::now();
     let mut due = Duration::ZERO;
     let mut order = Order::of_open_loop(&thread.spec, thread.index);
+    if thread.spec.serial && order.slots() > 0 {
+        serial_open_loop(thread, gaps, order).await;
+        return;
+    }
     while !thread.shared.stopping() {
         due += gaps.next_gap();
         let at = origin + due;
@@ -502,6 +540,40 @@ async fn open_loop(thread: &Rc<Thread>, mut gaps: Gaps) {
         let index = order.next(thread.payloads.len());
         let owner = Rc::clone(thread);
         Thread::spawn(thread, async move { owner.one_request(index, None).await });
+    }
+}
+
+/// An open loop over scripts with at most one request of each in flight (a sequence's
+/// requests one after another): a request that comes due while every script waits for its
+/// answer goes out as soon as one is answered, late.
+async fn serial_open_loop(thread: &Rc<Thread>, mut gaps: Gaps, mut order: Order) {
+    let origin = tokio::time::Instant::now();
+    let mut due = Duration::ZERO;
+    let busy: Rc<Vec<Cell<bool>>> = Rc::new((0..order.slots()).map(|_| Cell::new(false)).collect());
+    let freed = Rc::new(Notify::new());
+    while !thread.shared.stopping() {
+        due += gaps.next_gap();
+        let at = origin + due;
+        while tokio::time::Instant::now() < at && !thread.shared.stopping() {
+            tokio::time::sleep_until(at.min(tokio::time::Instant::now() + STOP_POLL)).await;
+        }
+        let slot = loop {
+            if thread.shared.stopping() {
+                return;
+            }
+            if let Some(slot) = order.next_free(&busy) {
+                break slot;
+            }
+            let _ = tokio::time::timeout(STOP_POLL, freed.notified()).await;
+        };
+        busy[slot].set(true);
+        let index = order.next_of(slot);
+        let (owner, busy, freed) = (Rc::clone(thread), Rc::clone(&busy), Rc::clone(&freed));
+        Thread::spawn(thread, async move {
+            owner.one_request(index, None).await;
+            busy[slot].set(false);
+            freed.notify_one();
+        });
     }
 }
 

@@ -23,11 +23,12 @@ impl PyLoadRun {
     /// Connects and starts sending. `protocol` is `"http"` (each payload a whole HTTP/1.1
     /// request), `"grpc"` (each payload a serialized message for `path`) or `"grpc-stream"`
     /// (`ModelStreamInfer`, one stream per context); exactly one of `concurrency` and `rate`
-    /// (requests per second) is given. `scripts`: the payloads' order, one list per context.
+    /// (requests per second) is given. `scripts`: the payloads' order, one list per context;
+    /// `serial`: an open loop sends a script's next request once its last is answered.
     #[new]
     #[pyo3(signature = (protocol, address, payloads, *, path = String::new(), threads = 1,
         connections_per_thread = 1, concurrency = None, rate = None, poisson = false, seed = 0,
-        scripts = Vec::new(), decoupled = false))]
+        scripts = Vec::new(), decoupled = false, serial = false))]
     #[allow(clippy::too_many_arguments)] // keyword arguments, one per setting of the load
     fn new(
         py: Python<'_>,
@@ -43,6 +44,7 @@ impl PyLoadRun {
         seed: u64,
         scripts: Vec<Vec<usize>>,
         decoupled: bool,
+        serial: bool,
     ) -> PyResult<Self> {
         let protocol = match protocol {
             "http" => Protocol::Http,
@@ -65,6 +67,7 @@ impl PyLoadRun {
             payloads,
             scripts,
             decoupled,
+            serial,
             threads,
             connections_per_thread,
             pace,
