@@ -71,7 +71,8 @@ impl Connection {
             }
             self.fill().await?;
         };
-        let body = self.read_body(&head).await?;
+        // Only an error's body is kept (its text is reported); a success's is read and dropped.
+        let body = self.read_body(&head, head.status != 200).await?;
         if head.close {
             self.reusable = false;
         }
@@ -100,8 +101,8 @@ impl Connection {
         Ok(())
     }
 
-    /// Reads the body after `head` and returns it.
-    async fn read_body(&mut self, head: &Head) -> std::io::Result<Vec<u8>> {
+    /// Reads the body after `head`; returns it when `keep`, else nothing.
+    async fn read_body(&mut self, head: &Head, keep: bool) -> std::io::Result<Vec<u8>> {
         match head.body {
             Body::Length(length) => {
                 let end = head.length + length;
@@ -109,14 +110,22 @@ impl Connection {
                     self.buffer.reserve(end - self.buffer.len());
                     self.fill().await?;
                 }
-                Ok(self.buffer[head.length..end].to_vec())
+                Ok(if keep {
+                    self.buffer[head.length..end].to_vec()
+                } else {
+                    Vec::new()
+                })
             }
             Body::UntilClose => {
                 self.reusable = false;
                 loop {
                     self.buffer.reserve(64 * 1024);
                     if self.stream.read_buf(&mut self.buffer).await? == 0 {
-                        return Ok(self.buffer[head.length..].to_vec());
+                        return Ok(if keep {
+                            self.buffer[head.length..].to_vec()
+                        } else {
+                            Vec::new()
+                        });
                     }
                 }
             }
@@ -136,7 +145,9 @@ impl Connection {
                     while self.buffer.len() < at + size + 2 {
                         self.fill().await?;
                     }
-                    body.extend_from_slice(&self.buffer[at..at + size]);
+                    if keep {
+                        body.extend_from_slice(&self.buffer[at..at + size]);
+                    }
                     at += size + 2;
                     if size == 0 {
                         return Ok(body);
