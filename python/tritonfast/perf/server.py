@@ -113,7 +113,7 @@ class HttpControl:
     def __init__(self, address: str) -> None:
         self.address = address
 
-    def _get(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _request(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """GET ``path``, or POST ``body`` to it; the answer's JSON."""
         host, _, port = self.address.rpartition(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -142,25 +142,25 @@ class HttpControl:
 
     def model_info(self, model: str, version: str) -> ModelInfo:
         path = self._model_path(model, version)
-        metadata = self._get(path)
-        config = self._get(f"{path}/config")
+        metadata = self._request(path)
+        config = self._request(f"{path}/config")
         return _model_info(metadata, config, version)
 
     def statistics(self, model: str, version: str) -> ServerStats:
-        answer = self._get(f"{self._model_path(model, version)}/stats")
+        answer = self._request(f"{self._model_path(model, version)}/stats")
         return _stats_of_all(answer.get("model_stats", []))
 
     def register_system(self, name: str, key: str, byte_size: int) -> None:
         body = {"key": key, "offset": 0, "byte_size": byte_size}
-        self._get(f"/v2/systemsharedmemory/region/{quote(name, safe='')}/register", body)
+        self._request(f"/v2/systemsharedmemory/region/{quote(name, safe='')}/register", body)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         handle = {"b64": base64.b64encode(raw_handle).decode()}
         body = {"raw_handle": handle, "device_id": device_id, "byte_size": byte_size}
-        self._get(f"/v2/cudasharedmemory/region/{quote(name, safe='')}/register", body)
+        self._request(f"/v2/cudasharedmemory/region/{quote(name, safe='')}/register", body)
 
     def unregister(self, kind: str, name: str) -> None:
-        self._get(f"/v2/{kind}sharedmemory/region/{quote(name, safe='')}/unregister", {})
+        self._request(f"/v2/{kind}sharedmemory/region/{quote(name, safe='')}/unregister", {})
 
     def close(self) -> None:
         pass

@@ -16,6 +16,8 @@ const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 pub struct Connection {
     sender: SendRequest<Bytes>,
     authority: String,
+    /// The unary method's URI, parsed once: every call on the connection names it.
+    unary: http::Uri,
 }
 
 /// `message` with gRPC's length-prefixed frame header (not compressed).
@@ -29,8 +31,10 @@ pub fn framed(message: &[u8]) -> Bytes {
 }
 
 impl Connection {
-    pub async fn open(address: &str) -> Result<Connection, String> {
+    /// A connection to `address` whose unary calls go to the method `path`.
+    pub async fn open(address: &str, path: &str) -> Result<Connection, String> {
         let failed = |e: &dyn std::fmt::Display| format!("cannot connect to {address}: {e}");
+        let unary = uri(address, path)?;
         let tcp = TcpStream::connect(address).await.map_err(|e| failed(&e))?;
         tcp.set_nodelay(true).map_err(|e| failed(&e))?;
         let (sender, connection) = h2::client::Builder::new()
@@ -46,19 +50,20 @@ impl Connection {
         Ok(Connection {
             sender,
             authority: address.to_string(),
+            unary,
         })
     }
 
-    pub async fn exchange(&self, path: &str, message: &Bytes, shared: &Shared) -> Exchange {
-        match self.call(path, message, shared).await {
+    pub async fn exchange(&self, message: &Bytes, shared: &Shared) -> Exchange {
+        match self.call(message, shared).await {
             Ok(exchange) => exchange,
             Err(text) => Exchange::failed(shared, text),
         }
     }
 
-    async fn call(&self, path: &str, message: &Bytes, shared: &Shared) -> Result<Exchange, String> {
+    async fn call(&self, message: &Bytes, shared: &Shared) -> Result<Exchange, String> {
         let h2_failed = |e: h2::Error| format!("gRPC call failed: {e}");
-        let request = self.request(path)?;
+        let request = request(self.unary.clone())?;
         let mut sender = self.sender.clone().ready().await.map_err(h2_failed)?;
         let (answer, mut stream) = sender.send_request(request, false).map_err(h2_failed)?;
         stream.send_data(message.clone(), true).map_err(h2_failed)?;
@@ -101,21 +106,27 @@ impl Connection {
     /// Opens a `ModelStreamInfer` call on this connection.
     pub async fn open_stream(&self, decoupled: bool) -> Result<StreamCall, String> {
         let h2_failed = |e: h2::Error| format!("cannot open a gRPC stream: {e}");
-        let request = self.request(STREAM_INFER_PATH)?;
+        let request = request(uri(&self.authority, STREAM_INFER_PATH)?)?;
         let mut sender = self.sender.clone().ready().await.map_err(h2_failed)?;
         let (answer, send) = sender.send_request(request, false).map_err(h2_failed)?;
         Ok(StreamCall::new(send, answer, decoupled))
     }
+}
 
-    fn request(&self, path: &str) -> Result<http::Request<()>, String> {
-        http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{}{path}", self.authority))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .map_err(|e| format!("cannot build a gRPC request: {e}"))
-    }
+fn uri(address: &str, path: &str) -> Result<http::Uri, String> {
+    format!("http://{address}{path}")
+        .parse()
+        .map_err(|e| format!("not a gRPC address and method: {address}{path}: {e}"))
+}
+
+fn request(uri: http::Uri) -> Result<http::Request<()>, String> {
+    http::Request::builder()
+        .method(http::Method::POST)
+        .uri(uri)
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .body(())
+        .map_err(|e| format!("cannot build a gRPC request: {e}"))
 }
 
 /// "gRPC status N: message" from a call's trailers, if they carry a status.

@@ -101,8 +101,6 @@ const KEPT_ERRORS: usize = 16;
 #[derive(Debug)]
 struct Shared {
     epoch: Instant,
-    /// Streams: whether a request ends at `triton_final_response` (see [`LoadSpec::decoupled`]).
-    decoupled: bool,
     stop: AtomicBool,
     records: Vec<Mutex<Vec<Record>>>,
     succeeded: AtomicU64,
@@ -159,7 +157,6 @@ impl Load {
         let threads = spec.threads.max(1);
         let shared = Arc::new(Shared {
             epoch: Instant::now(),
-            decoupled: spec.decoupled,
             stop: AtomicBool::new(false),
             records: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
             succeeded: AtomicU64::new(0),
@@ -397,8 +394,13 @@ impl Thread {
         let payload = &self.payloads[index];
         let start = shared.now();
         let exchange = match stream {
-            None => self.senders.exchange(&self.spec, payload, shared).await,
-            Some(call) => self.senders.stream_exchange(call, payload, shared).await,
+            None => self.senders.exchange(payload, shared).await,
+            Some(call) => {
+                let decoupled = self.spec.decoupled;
+                self.senders
+                    .stream_exchange(call, payload, decoupled, shared)
+                    .await
+            }
         };
         let end = shared.now();
         let record = Record {
@@ -616,7 +618,7 @@ impl Senders {
             Protocol::Grpc | Protocol::GrpcStream => {
                 let mut connections = Vec::new();
                 for _ in 0..spec.connections_per_thread.max(1) {
-                    connections.push(grpc::Connection::open(&spec.address).await?);
+                    connections.push(grpc::Connection::open(&spec.address, &spec.path).await?);
                 }
                 Ok(Senders::Grpc {
                     connections,
@@ -627,7 +629,7 @@ impl Senders {
     }
 
     /// Sends one request and waits for its answer.
-    async fn exchange(&self, spec: &LoadSpec, payload: &Payload, shared: &Shared) -> Exchange {
+    async fn exchange(&self, payload: &Payload, shared: &Shared) -> Exchange {
         match self {
             Senders::Http { address, idle } => {
                 let taken = idle.borrow_mut().pop();
@@ -647,9 +649,7 @@ impl Senders {
             Senders::Grpc { connections, next } => {
                 let index = next.get();
                 next.set((index + 1) % connections.len());
-                connections[index]
-                    .exchange(&spec.path, &payload.bytes, shared)
-                    .await
+                connections[index].exchange(&payload.bytes, shared).await
             }
         }
     }
@@ -660,6 +660,7 @@ impl Senders {
         &self,
         call: &mut Option<stream::StreamCall>,
         payload: &Payload,
+        decoupled: bool,
         shared: &Shared,
     ) -> Exchange {
         let Senders::Grpc { connections, next } = self else {
@@ -668,7 +669,7 @@ impl Senders {
         if call.is_none() {
             let index = next.get();
             next.set((index + 1) % connections.len());
-            match connections[index].open_stream(shared.decoupled).await {
+            match connections[index].open_stream(decoupled).await {
                 Ok(opened) => *call = Some(opened),
                 Err(text) => return Exchange::failed(shared, text),
             }

@@ -120,7 +120,8 @@ class DynamoRoute:
         announced = await self._announced()
         for name in sorted(set(self._loaded) - set(announced)):
             log.info("model '%s' is no longer announced by any Dynamo worker", name)
-            self._loaded.pop(name)
+            endpoint, _ = self._loaded.pop(name)
+            self._clients.pop(endpoint, None)
             with contextlib.suppress(TritonError):
                 await self._dataplane.unload_model(name)
             shutil.rmtree(self._repository / name, ignore_errors=True)
