@@ -33,11 +33,13 @@ from tritonfast.runtime.scheduler import Scheduler
 RETRIES = 3
 
 
-# Dynamo's words for a request that no worker's model got: the worker it was sent to left
-# discovery (or died) before the response stream was set up, or, while workers come and go,
-# the client had none to offer for a moment.
-_NEVER_RAN = (
+# Dynamo's words for a request that no worker's model got: the worker it was picked for left
+# discovery (or died) before the request went out or before the response stream was set up,
+# or, while workers come and go, the client had none to offer for a moment.
+NEVER_RAN = (
     "Worker disconnected before response stream was established",
+    "Worker disconnected before request stream was established",
+    "Worker removed before request could be sent",
     "No workers available for endpoint",
 )
 # A pause before offering such a request again, times the attempt.
@@ -47,7 +49,7 @@ RETRY_PAUSE_S = 0.05
 def _never_ran(error: Exception) -> bool:
     """Whether Dynamo failed the request before any worker's model got it."""
     text = str(error)
-    return any(words in text for words in _NEVER_RAN)
+    return any(words in text for words in NEVER_RAN)
 
 
 class Workers(Protocol):
