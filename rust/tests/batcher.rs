@@ -634,3 +634,34 @@ fn stress_priorities_timeouts_and_cancellation() {
         "requests lost"
     );
 }
+
+#[test]
+fn a_consumer_is_told_once_when_a_batch_waits_for_its_delay() {
+    let delay = Duration::from_millis(20);
+    let q = RequestQueue::new(BatchPolicy {
+        max_batch_size: 2,
+        max_queue_delay: delay,
+        preferred_batch_sizes: vec![],
+    })
+    .unwrap();
+    // A full batch leaves at once: nothing to tell.
+    q.push(1, 1).unwrap();
+    q.push(2, 1).unwrap();
+    let mut told = Vec::new();
+    let got = q.pop_batch_queued_noticing(LONG, &mut |until| told.push(until));
+    assert_eq!(batch(got).len(), 2);
+    assert!(told.is_empty());
+    // A lone request waits out the delay: told once, of the instant it leaves at the latest.
+    let pushed = Instant::now();
+    q.push(3, 1).unwrap();
+    let got = q.pop_batch_queued_noticing(LONG, &mut |until| told.push(until));
+    assert_eq!(
+        batch(got).into_iter().map(|q| q.item).collect::<Vec<_>>(),
+        [3]
+    );
+    assert_eq!(told.len(), 1);
+    assert!(
+        told[0] >= pushed + delay && told[0] <= Instant::now(),
+        "{told:?}"
+    );
+}

@@ -5,7 +5,7 @@
 //! its cancellation need.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::LaneItem;
 use super::sequence::{Controls, SequenceFlags};
@@ -117,10 +117,16 @@ impl<E> Source<E> {
         }
     }
 
-    /// Instance `instance`'s next batch, waiting up to `timeout`.
-    pub fn pop(&self, instance: usize, timeout: Duration) -> Popped<E> {
+    /// Instance `instance`'s next batch, waiting up to `timeout`; `forming` is told when a
+    /// batch of the queue waits for its delay (see `RequestQueue::pop_batch_queued_noticing`).
+    pub fn pop(
+        &self,
+        instance: usize,
+        timeout: Duration,
+        forming: &mut impl FnMut(Instant),
+    ) -> Popped<E> {
         match self {
-            Source::Queue(queue) => match queue.pop_batch_queued(timeout) {
+            Source::Queue(queue) => match queue.pop_batch_queued_noticing(timeout, forming) {
                 PopResult::Closed => Popped::Closed,
                 PopResult::TimedOut => Popped::TimedOut,
                 PopResult::Rejected(items) => Popped::Rejected(

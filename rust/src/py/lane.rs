@@ -25,7 +25,7 @@ use crate::infer::{
     CoreInput, CoreOutput, CoreRequest, DataType, ObjectPlace, SequenceFields, TensorData,
 };
 use crate::lane::call::{CallAnswer, CallMessage, CallTensor, LaneRegistry};
-use crate::lane::channel::Channel;
+use crate::lane::channel::{Channel, GET_READY, GET_READY_POLL};
 use crate::lane::completions::Completions;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
@@ -726,10 +726,17 @@ impl PyLaneWorkerChannel {
     fn next<'py>(&self, py: Python<'py>, pipe_fd: i32) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let channel = &self.0;
         let message = without_gil(py, || {
-            if !channel.wait(pipe_fd)? {
-                return Ok(None);
+            loop {
+                if !channel.wait(pipe_fd)? {
+                    return Ok(None);
+                }
+                let message = channel.recv()?;
+                if message == GET_READY {
+                    channel.poll_for(GET_READY_POLL);
+                    continue;
+                }
+                return Ok(Some(BatchMessage::decode(&message)?));
             }
-            Ok(Some(BatchMessage::decode(&channel.recv()?)?))
         })?;
         let Some(message) = message else {
             return Ok(None);

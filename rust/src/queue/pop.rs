@@ -63,34 +63,47 @@ impl<T> RequestQueue<T> {
     /// batching rules, or requests rejected by a queue timeout; `TimedOut` if nothing came;
     /// `Closed` once the queue is closed and drained. May return `TimedOut` early.
     pub fn pop_batch(&self, timeout: Duration) -> PopResult<T> {
-        self.pop_with(Some(timeout), |queued| queued.item)
+        self.pop_with(Some(timeout), |queued| queued.item, &mut |_| {})
     }
 
     /// Like [`pop_batch`](Self::pop_batch), keeping each request's metadata.
     pub fn pop_batch_queued(&self, timeout: Duration) -> PopResult<Queued<T>> {
-        self.pop_with(Some(timeout), |queued| queued)
+        self.pop_with(Some(timeout), |queued| queued, &mut |_| {})
+    }
+
+    /// Like [`pop_batch_queued`](Self::pop_batch_queued), telling `forming` (once per pop)
+    /// when a batch is staged and waits for its delay: the instant it leaves at the latest.
+    /// A consumer may get ready for it meanwhile.
+    pub fn pop_batch_queued_noticing(
+        &self,
+        timeout: Duration,
+        forming: &mut impl FnMut(Instant),
+    ) -> PopResult<Queued<T>> {
+        self.pop_with(Some(timeout), |queued| queued, forming)
     }
 
     /// Never waits: the batch (or rejections) that may leave right now, else `TimedOut` (also
     /// when another consumer is forming a batch, or a partial batch is still within its delay);
     /// `Closed` once closed and drained.
     pub fn try_pop_batch(&self) -> PopResult<T> {
-        self.pop_with(None, |queued| queued.item)
+        self.pop_with(None, |queued| queued.item, &mut |_| {})
     }
 
     /// Like [`try_pop_batch`](Self::try_pop_batch), keeping each request's metadata.
     pub fn try_pop_batch_queued(&self) -> PopResult<Queued<T>> {
-        self.pop_with(None, |queued| queued)
+        self.pop_with(None, |queued| queued, &mut |_| {})
     }
 
     /// Forms a batch and hands it out, converting each request with `convert`. `timeout: None`
-    /// means never wait.
+    /// means never wait. `forming`: see [`pop_batch_queued_noticing`](Self::pop_batch_queued_noticing).
     fn pop_with<U>(
         &self,
         timeout: Option<Duration>,
         mut convert: impl FnMut(Queued<T>) -> U,
+        forming: &mut impl FnMut(Instant),
     ) -> PopResult<U> {
         let mut deadline = LazyDeadline::default();
+        let mut noticed = false;
         let Some(mut former) = self.lock_former(timeout, &mut deadline) else {
             return PopResult::TimedOut;
         };
@@ -115,7 +128,16 @@ impl<T> RequestQueue<T> {
                 None => self.wait_for_requests(former, state, timeout, &mut deadline),
                 Some(plan) => match self.decide(&former.staged, &plan, state & CLOSED != 0) {
                     Decision::Take(end) => self.take_batch(former, end, &mut convert),
-                    Decision::WaitUntil(until) => self.wait_for_batch(former, until, timeout),
+                    Decision::WaitUntil(until) => {
+                        if let Some(until) = until
+                            && !noticed
+                            && timeout.is_some()
+                        {
+                            noticed = true;
+                            forming(until);
+                        }
+                        self.wait_for_batch(former, until, timeout)
+                    }
                 },
             };
             if let ControlFlow::Break(result) = step {
