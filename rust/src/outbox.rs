@@ -80,6 +80,47 @@ impl Stream {
         self.queue(data, true)
     }
 
+    /// Like [`write_now`](Self::write_now) for the bytes of `parts` one after another, sent
+    /// in one `sendmsg` from where they lie: only what the socket does not take now is
+    /// copied (a large tensor is sent from its segment, not gathered into an answer first).
+    pub fn write_parts_now(self: &Arc<Self>, parts: &[&[u8]]) -> Result<(), WriteError> {
+        let wake = {
+            let mut pending = self.pending.lock();
+            let Some(fd) = pending.fd.as_ref().map(AsRawFd::as_raw_fd) else {
+                return Err(WriteError::Closed);
+            };
+            if pending.closing {
+                return Err(WriteError::Closed);
+            }
+            let mut sent = 0;
+            if !pending.listed {
+                // (As in `queue`: not listed, the socket is ours.)
+                let Ok(n) = send_parts(fd, parts) else {
+                    pending.fd = None; // the peer is gone
+                    return Err(WriteError::Closed);
+                };
+                sent = n;
+            }
+            let total: usize = parts.iter().map(|part| part.len()).sum();
+            if sent == total {
+                return Ok(());
+            }
+            pending.bytes.reserve(total - sent);
+            let mut skip = sent;
+            for part in parts {
+                let skipped = skip.min(part.len());
+                skip -= skipped;
+                pending.bytes.extend_from_slice(&part[skipped..]);
+            }
+            self.unsent.fetch_add(total - sent, Ordering::Release);
+            !std::mem::replace(&mut pending.listed, true)
+        };
+        if wake {
+            self.outbox.list(Arc::clone(self));
+        }
+        Ok(())
+    }
+
     fn queue(self: &Arc<Self>, data: &[u8], send_first: bool) -> Result<(), WriteError> {
         let wake = {
             let mut pending = self.pending.lock();
@@ -242,6 +283,60 @@ fn send_some(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
     }
     Ok(sent)
 }
+
+/// Sends as much of `parts`, one after another, as the socket takes now (in `sendmsg` calls
+/// of at most [`MAX_PARTS`] pieces); `Ok(0)` when its buffer is full.
+fn send_parts(fd: RawFd, parts: &[&[u8]]) -> io::Result<usize> {
+    let total: usize = parts.iter().map(|part| part.len()).sum();
+    let mut sent = 0;
+    while sent < total {
+        // The pieces from `sent` on.
+        let mut skip = sent;
+        let mut pieces: Vec<libc::iovec> = Vec::with_capacity(parts.len().min(MAX_PARTS));
+        for part in parts {
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            let rest = &part[skip..];
+            skip = 0;
+            pieces.push(libc::iovec {
+                iov_base: rest.as_ptr().cast_mut().cast(),
+                iov_len: rest.len(),
+            });
+            if pieces.len() == MAX_PARTS {
+                break;
+            }
+        }
+        // SAFETY: a zeroed msghdr is valid (no name, no control data).
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        message.msg_iov = pieces.as_mut_ptr();
+        message.msg_iovlen = pieces.len();
+        // SAFETY: `message` points at `pieces`, each a live slice of `parts` for the call,
+        // which the kernel only reads. `fd` is held open by the stream (see `send_some`).
+        let n = unsafe {
+            libc::sendmsg(
+                fd,
+                &raw const message,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            sent += n.unsigned_abs();
+            continue;
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => return Ok(sent),
+            _ => return Err(err),
+        }
+    }
+    Ok(sent)
+}
+
+/// The most pieces one `sendmsg` of [`send_parts`] takes (Linux's `UIO_MAXIOV` is 1024).
+const MAX_PARTS: usize = 64;
 
 /// How often a busy writer looks again at sockets that were full.
 const BLOCKED_CHECK: Duration = Duration::from_millis(1);
@@ -574,6 +669,34 @@ mod tests {
         let mut got = vec![0; expected.len()];
         client.read_exact(&mut got).unwrap();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn parts_sent_from_where_they_lie_arrive_whole_and_in_order() {
+        let outbox = Outbox::new().unwrap();
+        let (server, mut client) = connected_pair();
+        let stream = outbox.open(server.as_fd()).unwrap();
+        // More than the socket takes at once while nobody reads: the rest is queued.
+        let big: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let many: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; 7]).collect();
+        let mut expected = Vec::new();
+        for round in 0..3 {
+            stream
+                .write_parts_now(&[b"head;", &big[round..], b";"])
+                .unwrap();
+            stream.write_now(b"small;").unwrap();
+            let pieces: Vec<&[u8]> = many.iter().map(Vec::as_slice).collect();
+            stream.write_parts_now(&pieces).unwrap(); // more pieces than one sendmsg takes
+            for part in [&b"head;"[..], &big[round..], b";", b"small;"] {
+                expected.extend_from_slice(part);
+            }
+            expected.extend(many.iter().flatten());
+        }
+        stream.write_parts_now(&[]).unwrap();
+        let mut got = vec![0; expected.len()];
+        client.read_exact(&mut got).unwrap();
+        assert!(got == expected, "the parts arrive whole and in order");
+        wait_until("all is sent", || stream.unsent() == 0);
     }
 
     #[test]

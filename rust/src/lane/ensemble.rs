@@ -24,7 +24,7 @@ use super::LaneTicket;
 use super::call::LaneRegistry;
 use super::grpcreply::{GrpcForm, grpc_answer};
 use super::message::Slot;
-use super::response::{ResponseParts, error_answer, response_answer};
+use super::response::{HttpAnswer, ResponseParts, error_answer, response_answer};
 use super::segment::aligned;
 use super::{
     Answer, HttpReply, Lane, LaneItem, OwnedResponse, Sink, nanos, no_body, reference_parameters,
@@ -626,6 +626,7 @@ impl<E: Send + Sync> EnsembleRun<E> {
                 let answer = response
                     .and_then(|built| {
                         response_answer(&self.request, &parts_of(&self.ensemble, &built), framing)
+                            .map(HttpAnswer::into_bytes)
                     })
                     .unwrap_or_else(|error| error_answer(&error, framing));
                 Some(Ended::Http(reply, answer))

@@ -51,7 +51,7 @@ use ensemble::{Ended, Spent, StepSink};
 pub use grpcreply::GrpcForm;
 use grpcreply::grpc_answer;
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
-use response::{Framing, ResponseParts, error_answer, response_answer, slot_bytes};
+use response::{Framing, HttpAnswer, ResponseParts, error_answer, response_answer, slot_bytes};
 use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
 use sequence::{Controls, null_inputs};
 use source::{Entry, Popped, RunTicket, Source};
@@ -926,7 +926,7 @@ impl<E: Send + Sync> Lane<E> {
         };
         let mut successes = Vec::with_capacity(items.len());
         let mut externals = Vec::new();
-        let mut answers: Vec<(HttpReply, Vec<u8>)> = Vec::new();
+        let mut answers: Vec<(HttpReply, HttpAnswer<'_>)> = Vec::new();
         let mut steps = Vec::new();
         for (entry, outcome) in items.into_iter().zip(&reply.results) {
             let Some(item) = entry.item else {
@@ -1196,7 +1196,7 @@ impl<E: Send + Sync> Lane<E> {
         &self,
         externals: Vec<(E, Result<Answer, CoreError>)>,
         extra: Vec<u8>,
-        answers: Vec<(HttpReply, Vec<u8>)>,
+        answers: Vec<(HttpReply, HttpAnswer<'_>)>,
         marks: Marks,
     ) {
         if !externals.is_empty() || !extra.is_empty() {
@@ -1206,7 +1206,7 @@ impl<E: Send + Sync> Lane<E> {
             .into_iter()
             .map(|(reply, answer)| {
                 // A connection gone meanwhile takes nothing: its client left.
-                let _ = reply.stream.write_now(&answer);
+                let _ = answer.write_now(&reply.stream);
                 reply.token
             })
             .collect();
@@ -1395,7 +1395,7 @@ fn call_request(call: CallMessage) -> Result<(CoreRequest, String), CoreError> {
 fn answer_steps<E: Send + Sync>(
     steps: Vec<(StepSink<E>, Result<OwnedResponse, CoreError>, Duration)>,
     compute: ComputeTimes,
-    answers: &mut Vec<(HttpReply, Vec<u8>)>,
+    answers: &mut Vec<(HttpReply, HttpAnswer<'_>)>,
     externals: &mut Vec<(E, Result<Answer, CoreError>)>,
 ) {
     for (sink, result, queued_for) in steps {
@@ -1406,7 +1406,7 @@ fn answer_steps<E: Send + Sync>(
             compute_output: nanos(compute.output),
         };
         match sink.answered(result, &spent) {
-            Some(Ended::Http(reply, answer)) => answers.push((reply, answer)),
+            Some(Ended::Http(reply, answer)) => answers.push((reply, HttpAnswer::whole(answer))),
             Some(Ended::External(sink, result)) => externals.push((sink, result)),
             None => {}
         }
@@ -1484,17 +1484,17 @@ fn answer_error<E: Send + Sync>(
 }
 
 /// An HTTP request's answer, written out.
-fn http_outcome(
+fn http_outcome<'a>(
     request: &CoreRequest,
-    outcome: &Outcome,
-    segment: &[u8],
+    outcome: &'a Outcome,
+    segment: &'a [u8],
     framing: Framing,
-) -> Vec<u8> {
+) -> HttpAnswer<'a> {
     let answer = parts_of(outcome, segment).and_then(|parts| {
         regions::write_outputs(request, parts.outputs, segment)?;
         response_answer(request, &parts, framing)
     });
-    answer.unwrap_or_else(|error| error_answer(&error, framing))
+    answer.unwrap_or_else(|error| HttpAnswer::whole(error_answer(&error, framing)))
 }
 
 /// A worker's response and the segment its outputs lie in; or its error.

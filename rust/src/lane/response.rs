@@ -4,10 +4,54 @@
 //! headers; or an error's JSON body with Triton's HTTP status.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use super::message::Slot;
 use crate::error::{Code, CoreError};
 use crate::infer::{CoreRequest, DataType};
+use crate::outbox::{Stream, WriteError};
+
+/// Binary outputs from this size on are sent from where they lie (the worker's segment)
+/// instead of being copied into the answer; smaller ones are cheaper copied than sent apart.
+const SENT_IN_PLACE_BYTES: usize = 64 * 1024;
+
+/// An HTTP answer: its bytes up to its first large binary output, and the large outputs and
+/// whatever follows them, borrowed from where they lie.
+#[derive(Debug)]
+pub struct HttpAnswer<'a> {
+    pub head: Vec<u8>,
+    pub tail: Vec<&'a [u8]>,
+}
+
+impl HttpAnswer<'_> {
+    /// An answer whose bytes are all in `bytes`.
+    pub fn whole(bytes: Vec<u8>) -> HttpAnswer<'static> {
+        HttpAnswer {
+            head: bytes,
+            tail: Vec::new(),
+        }
+    }
+
+    /// All its bytes in one buffer.
+    pub fn into_bytes(self) -> Vec<u8> {
+        let mut bytes = self.head;
+        for part in self.tail {
+            bytes.extend_from_slice(part);
+        }
+        bytes
+    }
+
+    /// Sends it on `stream` (see `Stream::write_parts_now`).
+    pub fn write_now(&self, stream: &Arc<Stream>) -> Result<(), WriteError> {
+        if self.tail.is_empty() {
+            return stream.write_now(&self.head);
+        }
+        let mut parts = Vec::with_capacity(1 + self.tail.len());
+        parts.push(self.head.as_slice());
+        parts.extend_from_slice(&self.tail);
+        stream.write_parts_now(&parts)
+    }
+}
 
 /// How the connection reads the answer: HTTP/1.`minor`, and whether it stays open after.
 #[derive(Debug, Clone, Copy)]
@@ -97,13 +141,13 @@ pub fn error_answer(error: &CoreError, framing: Framing) -> Vec<u8> {
 
 /// The answer to `request` with `response`; an error when an output's bytes are not where its
 /// slot says (a worker's fault, answered as INTERNAL).
-pub fn response_answer(
+pub fn response_answer<'a>(
     request: &CoreRequest,
-    response: &ResponseParts<'_>,
+    response: &ResponseParts<'a>,
     framing: Framing,
-) -> Result<Vec<u8>, CoreError> {
+) -> Result<HttpAnswer<'a>, CoreError> {
     let mut json = Vec::with_capacity(256);
-    let mut binary: Vec<&[u8]> = Vec::new();
+    let mut binary: Vec<&'a [u8]> = Vec::new();
     json.push(b'{');
     let id = if response.id.is_empty() {
         request.id.as_str()
@@ -174,7 +218,12 @@ pub fn response_answer(
     }
     json.extend_from_slice(b"]}");
     let body_length = json.len() + binary.iter().map(|b| b.len()).sum::<usize>();
-    let mut out = Vec::with_capacity(body_length + 160);
+    let copied = binary
+        .iter()
+        .position(|part| part.len() >= SENT_IN_PLACE_BYTES)
+        .unwrap_or(binary.len());
+    let copied_length: usize = binary[..copied].iter().map(|b| b.len()).sum();
+    let mut out = Vec::with_capacity(json.len() + copied_length + 160);
     if binary.is_empty() {
         head(&mut out, 200, "application/json", body_length, "", framing);
     } else {
@@ -189,10 +238,13 @@ pub fn response_answer(
         );
     }
     out.extend_from_slice(&json);
-    for part in binary {
+    for part in &binary[..copied] {
         out.extend_from_slice(part);
     }
-    Ok(out)
+    Ok(HttpAnswer {
+        head: out,
+        tail: binary.split_off(copied),
+    })
 }
 
 /// Whether output `slot` went into a client's shared memory (written there by the worker, or
@@ -397,6 +449,65 @@ mod tests {
         ] {
             assert_eq!(double(v), text);
         }
+    }
+
+    #[test]
+    fn large_binary_outputs_are_sent_from_where_they_lie_and_in_order() {
+        use crate::infer::{Decoded, Signature, TensorSpec, decode_http};
+        let spec = TensorSpec {
+            name: "IN".into(),
+            datatype: "UINT8".into(),
+            dims: vec![-1],
+            optional: false,
+        };
+        let signature = Signature::new("m", 0, vec![spec], vec!["BIG".into(), "SMALL".into()]);
+        let header = r#"{"inputs":[{"name":"IN","datatype":"UINT8","shape":[1],
+            "parameters":{"binary_data_size":1}}],"parameters":{"binary_data_output":true}}"#;
+        let mut body = header.as_bytes().to_vec();
+        body.push(7);
+        let Decoded::Request(request, _) = decode_http(&body, header.len(), &signature) else {
+            panic!("not taken")
+        };
+        let large = SENT_IN_PLACE_BYTES as u64;
+        let segment: Vec<u8> = (0..large + 3).map(|i| (i % 251) as u8).collect();
+        let slot = |name: &str, offset: u64, len: u64| Slot {
+            name: name.into(),
+            datatype: "UINT8".into(),
+            shape: vec![i64::try_from(len).unwrap()],
+            offset,
+            len,
+            place: None,
+        };
+        let outputs = [
+            slot("SMALL", large, 3),
+            slot("BIG", 0, large),
+            slot("SMALL", large, 3),
+        ];
+        let parts = ResponseParts {
+            model_name: "m",
+            model_version: "1",
+            id: "",
+            parameters: "",
+            outputs: &outputs,
+            segment: &segment,
+        };
+        let framing = Framing {
+            minor: 1,
+            keep_alive: true,
+        };
+        let answer = response_answer(&request, &parts, framing).unwrap();
+        // The small output before the large one is copied; the large one and all after it
+        // are not.
+        assert!(answer.head.ends_with(&segment[segment.len() - 3..]));
+        assert_eq!(answer.tail.len(), 2);
+        assert!(std::ptr::eq(answer.tail[0], &segment[..segment.len() - 3]));
+        let head_length = answer.head.len();
+        let bytes = answer.into_bytes();
+        assert_eq!(
+            &bytes[head_length..head_length + segment.len() - 3],
+            &segment[..segment.len() - 3]
+        );
+        assert!(bytes.ends_with(&segment[segment.len() - 3..]));
     }
 
     #[test]
