@@ -1,7 +1,7 @@
 """Closed-loop load from tritonfast's own load generator (``tritonfast._core.LoadRun``, the
-engine of ``tritonfast perf``) for the benchmark scripts: one request's bytes sent by
-``concurrency`` clients for a warm-up and then a measured time, every answer required to be a
-success."""
+engine of ``tritonfast perf``) for the benchmark scripts: one request's bytes (or each
+client's own series of requests) sent by ``concurrency`` clients for a warm-up and then a
+measured time, every answer required to be a success."""
 
 from __future__ import annotations
 
@@ -42,22 +42,27 @@ def group_cpu_s(pgid: int) -> float:
 def closed_loop(
     protocol: str,
     address: str,
-    request: bytes,
+    request: bytes | list[bytes],
     concurrency: int,
     seconds: float,
     warm: float = 1.0,
     connections: int = 1,
     pgid: int = 0,
+    scripts: list[list[int]] | None = None,
 ) -> Measured:
     """``protocol`` "http" (``request`` a whole HTTP/1.1 request) or "grpc" (a serialized
-    ``ModelInferRequest``); gRPC clients spread over ``connections`` HTTP/2 connections."""
+    ``ModelInferRequest``); gRPC clients spread over ``connections`` HTTP/2 connections.
+    With ``scripts`` (one per client), ``request`` is a list and each client sends the
+    requests its script names, in order, over and over (a sequence's requests, say)."""
+    payloads = [request] if isinstance(request, bytes) else request
     run = LoadRun(
         protocol,
         address,
-        [request],
+        payloads,
         path=GRPC_INFER_PATH,
         connections_per_thread=connections,
         concurrency=concurrency,
+        **({} if scripts is None else {"scripts": scripts}),
     )
     try:
         time.sleep(warm)

@@ -4,9 +4,11 @@ server. Every answer is checked; a wrong one fails the run.
 Rows (``ROWS``, space-separated; all by default):
 
 - ``seq``: ``sequence_sum`` (direct strategy, 4 slots), 16 concurrent sequences of 100
-  requests each over gRPC, one client per sequence sending its requests one after another
-  (``infer`` with ``sequence_id``/``sequence_start``/``sequence_end``); each response must be
-  the running sum. Reports completed requests/s.
+  requests each over gRPC (``sequence_id``/``sequence_start``/``sequence_end``), one client
+  per sequence sending its requests one after another, from the core's own load generator
+  (``closedloop.py``; Python clients would bound the row themselves), each sequence over and
+  over for ``DUR`` seconds (6). First, one sequence from tritonclient must get every running
+  sum right; the server's success count must match the requests answered. Reports requests/s.
 - ``stream``: ``stream_repeat`` (decoupled, 4 instances), 4 gRPC streams at once
   (``start_stream`` + ``async_stream_infer``), each sending 5 requests one after another, each
   answered by N = 1000 one-element responses 0 .. N-1 in order. Reports responses/s and the
@@ -42,6 +44,9 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from closedloop import LoadFailed, closed_loop
+from tritonfast.perf import payloads
+from tritonfast.perf.inputs import Tensor
 
 SEQUENCES, STEPS = 16, 100
 STREAMS, REQUESTS, RESPONSES = 4, 5, 1000
@@ -71,11 +76,14 @@ def group_cpu_s(pgid: int) -> float:
 
 
 def measured(run: Callable[[], tuple[int, dict[str, float]]]) -> tuple[float, dict[str, float]]:
-    """Run a load; (units per second, its figures plus server µs per unit when known)."""
+    """Run a load; (units per second, its figures plus server µs per unit when known). A run
+    whose figures hold ``seconds`` timed its units itself (and its server CPU, if known)."""
     pgid = int(os.environ.get("SERVER_PGID", "0"))
     cpu_before = group_cpu_s(pgid) if pgid else 0.0
     started = time.perf_counter()
     units, figures = run()
+    if "seconds" in figures:
+        return units / figures.pop("seconds"), figures
     wall = time.perf_counter() - started
     if pgid:
         figures["server_us_per_unit"] = (group_cpu_s(pgid) - cpu_before) * 1e6 / units
@@ -83,36 +91,88 @@ def measured(run: Callable[[], tuple[int, dict[str, float]]]) -> tuple[float, di
 
 
 # -- seq ----------------------------------------------------------------------------------------
+def sequence_value(sequence_id: int, step: int) -> int:
+    return (sequence_id * 7 + step) % 13 - 6
+
+
+def sequence_request(sequence_id: int, step: int) -> bytes:
+    """Step ``step`` of sequence ``sequence_id`` as a serialized ``ModelInferRequest``."""
+    value = np.array([[sequence_value(sequence_id, step)]], dtype=np.int32)
+    flags = {"sequence_start": step == 0, "sequence_end": step == STEPS - 1}
+    return payloads.grpc_request(
+        "sequence_sum",
+        "",
+        [Tensor("INPUT", "INT32", [1, 1], value)],
+        ["SUM"],
+        {"sequence_id": sequence_id, **flags},
+    )
+
+
+def sequence_successes(client: grpcclient.InferenceServerClient) -> int:
+    stats = client.get_inference_statistics("sequence_sum").model_stats
+    return sum(s.inference_stats.success.count for s in stats)
+
+
 def sequences(grpc_url: str) -> tuple[int, dict[str, float]]:
     errors: list[str] = []
-
-    def one(sequence_id: int) -> None:
-        client = grpcclient.InferenceServerClient(grpc_url)
-        tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
-        total = 0
+    check_sequence(grpc_url, 999, errors)
+    if errors:
+        raise Failed(errors[0])
+    ids = range(1000, 1000 + SEQUENCES)
+    requests = [sequence_request(i, step) for i in ids for step in range(STEPS)]
+    scripts = [list(range(k * STEPS, (k + 1) * STEPS)) for k in range(SEQUENCES)]
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        before = sequence_successes(client)
         try:
-            for step in range(STEPS):
-                value = (sequence_id * 7 + step) % 13 - 6
-                total += value
-                tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
-                result = client.infer(
-                    "sequence_sum",
-                    [tensor],
-                    sequence_id=sequence_id,
-                    sequence_start=step == 0,
-                    sequence_end=step == STEPS - 1,
-                    client_timeout=TIMEOUT_S,
-                )
-                got = int(result.as_numpy("SUM").reshape(-1)[0])
-                if got != total:
-                    raise Failed(f"sequence {sequence_id} step {step}: sum {got}, not {total}")
-        except Exception as exc:
-            errors.append(str(exc))
-        finally:
-            client.close()
+            load = closed_loop(
+                "grpc",
+                grpc_url,
+                requests,
+                SEQUENCES,
+                float(os.environ.get("DUR", "6")),
+                connections=4,
+                pgid=int(os.environ.get("SERVER_PGID", "0")),
+                scripts=scripts,
+            )
+        except LoadFailed as failure:
+            raise Failed(str(failure)) from None
+        served = sequence_successes(client) - before
+    finally:
+        client.close()
+    if served != load.answered:
+        raise Failed(f"the server counted {served} successes for {load.answered} answers")
+    figures = {"seconds": load.seconds, "p50_ms": load.p50_us / 1000}
+    if load.server_cpu_s:
+        figures["server_us_per_unit"] = load.server_cpu_s * 1e6 / load.requests
+    return load.requests, figures
 
-    run_all(lambda index: one(1000 + index), errors, SEQUENCES)
-    return SEQUENCES * STEPS, {}
+
+def check_sequence(grpc_url: str, sequence_id: int, errors: list[str]) -> None:
+    """One sequence of STEPS requests from tritonclient, every running sum checked."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+    total = 0
+    try:
+        for step in range(STEPS):
+            value = sequence_value(sequence_id, step)
+            total += value
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+            result = client.infer(
+                "sequence_sum",
+                [tensor],
+                sequence_id=sequence_id,
+                sequence_start=step == 0,
+                sequence_end=step == STEPS - 1,
+                client_timeout=TIMEOUT_S,
+            )
+            got = int(result.as_numpy("SUM").reshape(-1)[0])
+            if got != total:
+                raise Failed(f"sequence {sequence_id} step {step}: sum {got}, not {total}")
+    except Exception as exc:
+        errors.append(str(exc))
+    finally:
+        client.close()
 
 
 # -- stream ---------------------------------------------------------------------------------------
