@@ -636,8 +636,9 @@ fn stress_priorities_timeouts_and_cancellation() {
 }
 
 #[test]
-fn a_consumer_is_told_once_when_a_batch_waits_for_its_delay() {
+fn a_consumer_is_told_once_ahead_of_when_a_batch_waits_for_its_delay() {
     let delay = Duration::from_millis(20);
+    let ahead = Duration::from_millis(5);
     let q = RequestQueue::new(BatchPolicy {
         max_batch_size: 2,
         max_queue_delay: delay,
@@ -648,20 +649,26 @@ fn a_consumer_is_told_once_when_a_batch_waits_for_its_delay() {
     q.push(1, 1).unwrap();
     q.push(2, 1).unwrap();
     let mut told = Vec::new();
-    let got = q.pop_batch_queued_noticing(LONG, &mut |until| told.push(until));
+    let mut tell = |until| told.push((until, Instant::now()));
+    let got = q.pop_batch_queued_noticing(LONG, ahead, &mut tell);
     assert_eq!(batch(got).len(), 2);
-    assert!(told.is_empty());
-    // A lone request waits out the delay: told once, of the instant it leaves at the latest.
+    // A lone request waits out the delay: told once, `ahead` of the instant it leaves at the
+    // latest, of that instant.
     let pushed = Instant::now();
     q.push(3, 1).unwrap();
-    let got = q.pop_batch_queued_noticing(LONG, &mut |until| told.push(until));
+    let got = q.pop_batch_queued_noticing(LONG, ahead, &mut tell);
     assert_eq!(
         batch(got).into_iter().map(|q| q.item).collect::<Vec<_>>(),
         [3]
     );
-    assert_eq!(told.len(), 1);
+    assert_eq!(told.len(), 1, "{told:?}");
+    let (until, when) = told[0];
     assert!(
-        told[0] >= pushed + delay && told[0] <= Instant::now(),
+        until >= pushed + delay && until <= Instant::now(),
         "{told:?}"
+    );
+    assert!(
+        when >= until - ahead && when < until,
+        "told at {when:?}, leaves at {until:?}"
     );
 }

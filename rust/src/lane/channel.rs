@@ -28,7 +28,7 @@ pub struct Channel {
 /// The message that tells a worker a batch leaves soon (no batch message is empty).
 pub const GET_READY: &[u8] = b"";
 /// How long a worker told to get ready polls for its batch before it blocks again.
-pub const GET_READY_POLL: Duration = Duration::from_micros(250);
+pub const GET_READY_POLL: Duration = Duration::from_micros(150);
 
 /// The longest [`Channel::recv_soon`] polls: about what a worker takes for a small batch.
 /// Waking a thread blocked in the kernel costs 15-20 µs on the machines we measure on.

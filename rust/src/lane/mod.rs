@@ -62,9 +62,10 @@ const STREAMED_AT_ONCE: usize = 256;
 
 /// How long a driver waits for a batch before it looks again whether its worker is gone.
 const IDLE_POLL: Duration = Duration::from_millis(200);
-/// How soon a batch must leave for its worker to be told to get ready (see
-/// `WorkerLink::get_ready`); a worker polls for its batch at most `channel::GET_READY_POLL` after.
-const GET_READY_AHEAD: Duration = Duration::from_micros(150);
+/// How long before a batch waiting out its delay leaves its worker is told to get ready (see
+/// `WorkerLink::get_ready`): about what waking it takes, so that it polls for the batch only
+/// briefly (at most `channel::GET_READY_POLL`).
+const GET_READY_AHEAD: Duration = Duration::from_micros(40);
 
 /// Triton's answer to a request that arrives while the model's scheduler is stopping.
 pub const STOPPING_MESSAGE: &str =
@@ -243,14 +244,13 @@ impl WorkerLink {
         Self::with(Exchange::Worker(Arc::new(Channel::new(fd))), tag)
     }
 
-    /// Tells a worker that sleeps between batches that one leaves at `until` (when that is
-    /// soon), so that it wakes meanwhile rather than after the batch is sent: the kernel's
-    /// 15-20 µs to wake it overlap the batch's delay. Only a worker that waits for nothing but
-    /// its next batch (`idle`: no decoupled model's streams, no calls) is told.
-    fn get_ready(&self, until: Instant, idle: bool) {
+    /// Tells a worker that sleeps between batches that one leaves soon (`GET_READY_AHEAD`),
+    /// so that it wakes meanwhile rather than after the batch is sent: the kernel's 15-20 µs
+    /// to wake it overlap the batch's delay. Only a worker that waits for nothing but its
+    /// next batch (`idle`: no decoupled model's streams, no calls) is told.
+    fn get_ready(&self, idle: bool) {
         if let Exchange::Worker(channel) = &self.exchange
             && idle
-            && until.saturating_duration_since(Instant::now()) <= GET_READY_AHEAD
         {
             // (A worker gone shows on the batch's own send.)
             let _ = channel.send(GET_READY);
@@ -761,8 +761,11 @@ impl<E: Send + Sync> Lane<E> {
             if replies.is_some_and(Replies::is_gone) {
                 return DriveEnd::Died; // between batches: no batch to hold
             }
-            let mut forming = |until: Instant| link.get_ready(until, replies.is_none());
-            match self.source.pop(instance, IDLE_POLL, &mut forming) {
+            let mut forming = |_| link.get_ready(replies.is_none());
+            match self
+                .source
+                .pop(instance, IDLE_POLL, GET_READY_AHEAD, &mut forming)
+            {
                 Popped::Closed => return DriveEnd::Closed,
                 Popped::TimedOut => {}
                 Popped::Rejected(items, error) => self.answer_items(items, &error),
@@ -792,7 +795,10 @@ impl<E: Send + Sync> Lane<E> {
     /// (no worker to run it): whether a batch was answered so; None once the queue is closed
     /// and empty.
     pub fn fail_next(&self, instance: usize, error: &CoreError, timeout: Duration) -> Option<bool> {
-        match self.source.pop(instance, timeout, &mut |_| {}) {
+        match self
+            .source
+            .pop(instance, timeout, Duration::ZERO, &mut |_| {})
+        {
             Popped::Closed => None,
             Popped::TimedOut => Some(false),
             Popped::Rejected(items, rejected) => {
@@ -1006,8 +1012,10 @@ impl<E: Send + Sync> Lane<E> {
         instance: usize,
         channel: &Arc<Channel>,
     ) -> Result<Vec<u8>, CoreError> {
+        // The first message comes soon after the batch (polled for); one after a call waits
+        // for the call's answer from another model first.
+        let mut message = channel.recv_soon()?;
         loop {
-            let message = channel.recv_soon()?;
             if message.first() != Some(&CALL_TAG) {
                 return Ok(message);
             }
@@ -1015,6 +1023,7 @@ impl<E: Send + Sync> Lane<E> {
             if let Some(answer) = answer {
                 channel.send(&answer.encode())?;
             }
+            message = channel.recv()?;
         }
     }
 

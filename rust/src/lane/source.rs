@@ -117,38 +117,42 @@ impl<E> Source<E> {
         }
     }
 
-    /// Instance `instance`'s next batch, waiting up to `timeout`; `forming` is told when a
-    /// batch of the queue waits for its delay (see `RequestQueue::pop_batch_queued_noticing`).
+    /// Instance `instance`'s next batch, waiting up to `timeout`; `forming` is told `ahead`
+    /// of when a batch of the queue that waits out its delay leaves (see
+    /// `RequestQueue::pop_batch_queued_noticing`).
     pub fn pop(
         &self,
         instance: usize,
         timeout: Duration,
+        ahead: Duration,
         forming: &mut impl FnMut(Instant),
     ) -> Popped<E> {
         match self {
-            Source::Queue(queue) => match queue.pop_batch_queued_noticing(timeout, forming) {
-                PopResult::Closed => Popped::Closed,
-                PopResult::TimedOut => Popped::TimedOut,
-                PopResult::Rejected(items) => Popped::Rejected(
-                    items.into_iter().map(|q| q.item).collect(),
-                    CoreError::unavailable(REQUEST_TIMEOUT_MESSAGE),
-                ),
-                PopResult::Batch(batch) => Popped::Batch(
-                    batch
-                        .items
-                        .into_iter()
-                        .map(|queued| Entry {
-                            timing: RequestTiming {
-                                batch_size: queued.batch_size,
-                                enqueued_at: queued.enqueued_at(),
-                            },
-                            ticket: queued.ticket.map_or(RunTicket::None, RunTicket::Queue),
-                            item: Some(queued.item),
-                            sequence: None,
-                        })
-                        .collect(),
-                ),
-            },
+            Source::Queue(queue) => {
+                match queue.pop_batch_queued_noticing(timeout, ahead, forming) {
+                    PopResult::Closed => Popped::Closed,
+                    PopResult::TimedOut => Popped::TimedOut,
+                    PopResult::Rejected(items) => Popped::Rejected(
+                        items.into_iter().map(|q| q.item).collect(),
+                        CoreError::unavailable(REQUEST_TIMEOUT_MESSAGE),
+                    ),
+                    PopResult::Batch(batch) => Popped::Batch(
+                        batch
+                            .items
+                            .into_iter()
+                            .map(|queued| Entry {
+                                timing: RequestTiming {
+                                    batch_size: queued.batch_size,
+                                    enqueued_at: queued.enqueued_at(),
+                                },
+                                ticket: queued.ticket.map_or(RunTicket::None, RunTicket::Queue),
+                                item: Some(queued.item),
+                                sequence: None,
+                            })
+                            .collect(),
+                    ),
+                }
+            }
             Source::Sequence(batcher, _) => match batcher.pop_batch(instance, timeout) {
                 SequencePop::Closed => Popped::Closed,
                 SequencePop::TimedOut => Popped::TimedOut,

@@ -63,35 +63,42 @@ impl<T> RequestQueue<T> {
     /// batching rules, or requests rejected by a queue timeout; `TimedOut` if nothing came;
     /// `Closed` once the queue is closed and drained. May return `TimedOut` early.
     pub fn pop_batch(&self, timeout: Duration) -> PopResult<T> {
-        self.pop_with(Some(timeout), |queued| queued.item, &mut |_| {})
+        self.pop_with(
+            Some(timeout),
+            |queued| queued.item,
+            Duration::ZERO,
+            &mut |_| {},
+        )
     }
 
     /// Like [`pop_batch`](Self::pop_batch), keeping each request's metadata.
     pub fn pop_batch_queued(&self, timeout: Duration) -> PopResult<Queued<T>> {
-        self.pop_with(Some(timeout), |queued| queued, &mut |_| {})
+        self.pop_with(Some(timeout), |queued| queued, Duration::ZERO, &mut |_| {})
     }
 
     /// Like [`pop_batch_queued`](Self::pop_batch_queued), telling `forming` (once per pop)
-    /// when a batch is staged and waits for its delay: the instant it leaves at the latest.
-    /// A consumer may get ready for it meanwhile.
+    /// when a staged batch waits out its delay, `ahead` before it leaves at the latest (or at
+    /// once when less is left), with that instant: the consumer waiting for it is woken then
+    /// to get ready for it.
     pub fn pop_batch_queued_noticing(
         &self,
         timeout: Duration,
+        ahead: Duration,
         forming: &mut impl FnMut(Instant),
     ) -> PopResult<Queued<T>> {
-        self.pop_with(Some(timeout), |queued| queued, forming)
+        self.pop_with(Some(timeout), |queued| queued, ahead, forming)
     }
 
     /// Never waits: the batch (or rejections) that may leave right now, else `TimedOut` (also
     /// when another consumer is forming a batch, or a partial batch is still within its delay);
     /// `Closed` once closed and drained.
     pub fn try_pop_batch(&self) -> PopResult<T> {
-        self.pop_with(None, |queued| queued.item, &mut |_| {})
+        self.pop_with(None, |queued| queued.item, Duration::ZERO, &mut |_| {})
     }
 
     /// Like [`try_pop_batch`](Self::try_pop_batch), keeping each request's metadata.
     pub fn try_pop_batch_queued(&self) -> PopResult<Queued<T>> {
-        self.pop_with(None, |queued| queued, &mut |_| {})
+        self.pop_with(None, |queued| queued, Duration::ZERO, &mut |_| {})
     }
 
     /// Forms a batch and hands it out, converting each request with `convert`. `timeout: None`
@@ -100,6 +107,7 @@ impl<T> RequestQueue<T> {
         &self,
         timeout: Option<Duration>,
         mut convert: impl FnMut(Queued<T>) -> U,
+        ahead: Duration,
         forming: &mut impl FnMut(Instant),
     ) -> PopResult<U> {
         let mut deadline = LazyDeadline::default();
@@ -128,16 +136,17 @@ impl<T> RequestQueue<T> {
                 None => self.wait_for_requests(former, state, timeout, &mut deadline),
                 Some(plan) => match self.decide(&former.staged, &plan, state & CLOSED != 0) {
                     Decision::Take(end) => self.take_batch(former, end, &mut convert),
-                    Decision::WaitUntil(until) => {
-                        if let Some(until) = until
-                            && !noticed
-                            && timeout.is_some()
-                        {
+                    Decision::WaitUntil(Some(until)) if !noticed && timeout.is_some() => {
+                        let notice_at = until.checked_sub(ahead).unwrap_or(until);
+                        if Instant::now() >= notice_at {
                             noticed = true;
                             forming(until);
+                            self.wait_for_batch(former, Some(until), timeout)
+                        } else {
+                            self.wait_for_batch(former, Some(notice_at), timeout)
                         }
-                        self.wait_for_batch(former, until, timeout)
                     }
+                    Decision::WaitUntil(until) => self.wait_for_batch(former, until, timeout),
                 },
             };
             if let ControlFlow::Break(result) = step {
