@@ -668,7 +668,7 @@ fn a_consumer_is_told_once_ahead_of_when_a_batch_waits_for_its_delay() {
         "{told:?}"
     );
     assert!(
-        when >= until - ahead && when < until,
+        when + ahead >= until && when < until,
         "told at {when:?}, leaves at {until:?}"
     );
 }
