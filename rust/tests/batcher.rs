@@ -649,7 +649,7 @@ fn a_consumer_is_told_once_ahead_of_when_a_batch_waits_for_its_delay() {
     q.push(1, 1).unwrap();
     q.push(2, 1).unwrap();
     let mut told = Vec::new();
-    let mut tell = |until| told.push((until, Instant::now()));
+    let mut tell = |until, staged| told.push((until, Instant::now(), staged));
     let got = q.pop_batch_queued_noticing(LONG, ahead, &mut tell);
     assert_eq!(batch(got).len(), 2);
     // A lone request waits out the delay: told once, `ahead` of the instant it leaves at the
@@ -662,7 +662,8 @@ fn a_consumer_is_told_once_ahead_of_when_a_batch_waits_for_its_delay() {
         [3]
     );
     assert_eq!(told.len(), 1, "{told:?}");
-    let (until, when) = told[0];
+    let (until, when, staged) = told[0];
+    assert_eq!(staged, 1);
     assert!(
         until >= pushed + delay && until <= Instant::now(),
         "{told:?}"

@@ -761,7 +761,13 @@ impl<E: Send + Sync> Lane<E> {
             if replies.is_some_and(Replies::is_gone) {
                 return DriveEnd::Died; // between batches: no batch to hold
             }
-            let mut forming = |_| link.get_ready(replies.is_none());
+            // (A lone request's batch: under load, when batches hold more, the worker is
+            // seldom asleep long, and polling would take the CPU others need.)
+            let mut forming = |_, staged| {
+                if staged == 1 {
+                    link.get_ready(replies.is_none());
+                }
+            };
             match self
                 .source
                 .pop(instance, IDLE_POLL, GET_READY_AHEAD, &mut forming)
@@ -797,7 +803,7 @@ impl<E: Send + Sync> Lane<E> {
     pub fn fail_next(&self, instance: usize, error: &CoreError, timeout: Duration) -> Option<bool> {
         match self
             .source
-            .pop(instance, timeout, Duration::ZERO, &mut |_| {})
+            .pop(instance, timeout, Duration::ZERO, &mut |_, _| {})
         {
             Popped::Closed => None,
             Popped::TimedOut => Some(false),
@@ -985,11 +991,12 @@ impl<E: Send + Sync> Lane<E> {
     ) -> Result<(u64, Result<ReplyMessage, CoreError>), CoreError> {
         match &link.exchange {
             Exchange::Worker(channel) => {
+                let lone = message.requests.len() == 1;
                 channel.send(&message.encode())?;
                 let sent = monotonic_ns();
                 let reply = match replies {
                     Some(replies) => replies.take()?, // (the reader serves the calls)
-                    None => self.reply_of_batch(instance, channel)?,
+                    None => self.reply_of_batch(instance, channel, lone)?,
                 };
                 let reply = ReplyMessage::decode(&reply).map_err(|_| self.answered_wrongly());
                 Ok((sent, reply))
@@ -1011,10 +1018,16 @@ impl<E: Send + Sync> Lane<E> {
         &self,
         instance: usize,
         channel: &Arc<Channel>,
+        lone: bool,
     ) -> Result<Vec<u8>, CoreError> {
-        // The first message comes soon after the batch (polled for); one after a call waits
-        // for the call's answer from another model first.
-        let mut message = channel.recv_soon()?;
+        // A lone request's first message comes soon after its batch (polled for: see
+        // `Lane::drive_batches` for why only a lone one's); one after a call waits for the
+        // call's answer from another model first.
+        let mut message = if lone {
+            channel.recv_soon()?
+        } else {
+            channel.recv()?
+        };
         loop {
             if message.first() != Some(&CALL_TAG) {
                 return Ok(message);

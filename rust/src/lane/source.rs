@@ -125,7 +125,7 @@ impl<E> Source<E> {
         instance: usize,
         timeout: Duration,
         ahead: Duration,
-        forming: &mut impl FnMut(Instant),
+        forming: &mut impl FnMut(Instant, usize),
     ) -> Popped<E> {
         match self {
             Source::Queue(queue) => {

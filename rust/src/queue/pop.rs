@@ -67,24 +67,29 @@ impl<T> RequestQueue<T> {
             Some(timeout),
             |queued| queued.item,
             Duration::ZERO,
-            &mut |_| {},
+            &mut |_, _| {},
         )
     }
 
     /// Like [`pop_batch`](Self::pop_batch), keeping each request's metadata.
     pub fn pop_batch_queued(&self, timeout: Duration) -> PopResult<Queued<T>> {
-        self.pop_with(Some(timeout), |queued| queued, Duration::ZERO, &mut |_| {})
+        self.pop_with(
+            Some(timeout),
+            |queued| queued,
+            Duration::ZERO,
+            &mut |_, _| {},
+        )
     }
 
     /// Like [`pop_batch_queued`](Self::pop_batch_queued), telling `forming` (once per pop)
     /// when a staged batch waits out its delay, `ahead` before it leaves at the latest (or at
-    /// once when less is left), with that instant: the consumer waiting for it is woken then
-    /// to get ready for it.
+    /// once when less is left), that instant and how many requests are staged then: the
+    /// consumer waiting for it is woken then to get ready for it.
     pub fn pop_batch_queued_noticing(
         &self,
         timeout: Duration,
         ahead: Duration,
-        forming: &mut impl FnMut(Instant),
+        forming: &mut impl FnMut(Instant, usize),
     ) -> PopResult<Queued<T>> {
         self.pop_with(Some(timeout), |queued| queued, ahead, forming)
     }
@@ -93,12 +98,12 @@ impl<T> RequestQueue<T> {
     /// when another consumer is forming a batch, or a partial batch is still within its delay);
     /// `Closed` once closed and drained.
     pub fn try_pop_batch(&self) -> PopResult<T> {
-        self.pop_with(None, |queued| queued.item, Duration::ZERO, &mut |_| {})
+        self.pop_with(None, |queued| queued.item, Duration::ZERO, &mut |_, _| {})
     }
 
     /// Like [`try_pop_batch`](Self::try_pop_batch), keeping each request's metadata.
     pub fn try_pop_batch_queued(&self) -> PopResult<Queued<T>> {
-        self.pop_with(None, |queued| queued, Duration::ZERO, &mut |_| {})
+        self.pop_with(None, |queued| queued, Duration::ZERO, &mut |_, _| {})
     }
 
     /// Forms a batch and hands it out, converting each request with `convert`. `timeout: None`
@@ -108,7 +113,7 @@ impl<T> RequestQueue<T> {
         timeout: Option<Duration>,
         mut convert: impl FnMut(Queued<T>) -> U,
         ahead: Duration,
-        forming: &mut impl FnMut(Instant),
+        forming: &mut impl FnMut(Instant, usize),
     ) -> PopResult<U> {
         let mut deadline = LazyDeadline::default();
         let mut noticed = false;
@@ -140,7 +145,7 @@ impl<T> RequestQueue<T> {
                         let notice_at = until.checked_sub(ahead).unwrap_or(until);
                         if Instant::now() >= notice_at {
                             noticed = true;
-                            forming(until);
+                            forming(until, former.staged.len());
                             self.wait_for_batch(former, Some(until), timeout)
                         } else {
                             self.wait_for_batch(former, Some(notice_at), timeout)
