@@ -13,6 +13,7 @@ of its own); the model's configuration stays the worker's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import zlib
 from collections.abc import AsyncIterator, Coroutine
 from time import perf_counter_ns
@@ -44,6 +45,8 @@ NEVER_RAN = (
 )
 # A pause before offering such a request again, times the attempt.
 RETRY_PAUSE_S = 0.05
+# How long a sequence's request waits for its model's client to know a worker.
+WORKERS_WAIT_S = 5.0
 
 
 def _never_ran(error: Exception) -> bool:
@@ -103,6 +106,11 @@ class ForwardingScheduler(Scheduler):
             return await client.round_robin(message, annotated=False)
         # A sequence's requests all go to one worker, which holds its state.
         workers = sorted(client.instance_ids())
+        if not workers:
+            # A model the route has just loaded: its client may not know the workers yet.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.wait_for_instances(), WORKERS_WAIT_S)
+            workers = sorted(client.instance_ids())
         if not workers:
             raise UnavailableError(f"model '{self._name}': no Dynamo worker serves it")
         chosen = workers[zlib.crc32(str(sequence).encode()) % len(workers)]
