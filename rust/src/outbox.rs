@@ -67,7 +67,7 @@ impl From<WriteError> for CoreError {
 impl Stream {
     /// Queues `data` to be sent after everything written before it.
     pub fn write(self: &Arc<Self>, data: &[u8]) -> Result<(), WriteError> {
-        self.queue(data, false)
+        self.queue(&[data], false)
     }
 
     /// Sends `data` on the caller's thread when nothing written before it is still waiting,
@@ -77,13 +77,17 @@ impl Stream {
     ///
     /// [`write`]: Self::write
     pub fn write_now(self: &Arc<Self>, data: &[u8]) -> Result<(), WriteError> {
-        self.queue(data, true)
+        self.queue(&[data], true)
     }
 
     /// Like [`write_now`](Self::write_now) for the bytes of `parts` one after another, sent
     /// in one `sendmsg` from where they lie: only what the socket does not take now is
     /// copied (a large tensor is sent from its segment, not gathered into an answer first).
     pub fn write_parts_now(self: &Arc<Self>, parts: &[&[u8]]) -> Result<(), WriteError> {
+        self.queue(parts, true)
+    }
+
+    fn queue(self: &Arc<Self>, parts: &[&[u8]], send_first: bool) -> Result<(), WriteError> {
         let wake = {
             let mut pending = self.pending.lock();
             let Some(fd) = pending.fd.as_ref().map(AsRawFd::as_raw_fd) else {
@@ -92,18 +96,19 @@ impl Stream {
             if pending.closing {
                 return Err(WriteError::Closed);
             }
+            let total: usize = parts.iter().map(|part| part.len()).sum();
             let mut sent = 0;
-            if !pending.listed {
-                // (As in `queue`: not listed, the socket is ours.)
+            // Not listed means nothing is waiting and the writer is not sending for this
+            // stream (it lists a stream before taking its bytes), so the socket is ours.
+            if send_first && !pending.listed {
                 let Ok(n) = send_parts(fd, parts) else {
                     pending.fd = None; // the peer is gone
                     return Err(WriteError::Closed);
                 };
                 sent = n;
-            }
-            let total: usize = parts.iter().map(|part| part.len()).sum();
-            if sent == total {
-                return Ok(());
+                if sent == total {
+                    return Ok(());
+                }
             }
             pending.bytes.reserve(total - sent);
             let mut skip = sent;
@@ -113,38 +118,6 @@ impl Stream {
                 pending.bytes.extend_from_slice(&part[skipped..]);
             }
             self.unsent.fetch_add(total - sent, Ordering::Release);
-            !std::mem::replace(&mut pending.listed, true)
-        };
-        if wake {
-            self.outbox.list(Arc::clone(self));
-        }
-        Ok(())
-    }
-
-    fn queue(self: &Arc<Self>, data: &[u8], send_first: bool) -> Result<(), WriteError> {
-        let wake = {
-            let mut pending = self.pending.lock();
-            let Some(fd) = pending.fd.as_ref().map(AsRawFd::as_raw_fd) else {
-                return Err(WriteError::Closed);
-            };
-            if pending.closing {
-                return Err(WriteError::Closed);
-            }
-            let mut rest = data;
-            // Not listed means nothing is waiting and the writer is not sending for this
-            // stream (it lists a stream before taking its bytes), so the socket is ours.
-            if send_first && !pending.listed {
-                let Ok(sent) = send_some(fd, data) else {
-                    pending.fd = None; // the peer is gone
-                    return Err(WriteError::Closed);
-                };
-                rest = &data[sent..];
-                if rest.is_empty() {
-                    return Ok(());
-                }
-            }
-            pending.bytes.extend_from_slice(rest);
-            self.unsent.fetch_add(rest.len(), Ordering::Release);
             !std::mem::replace(&mut pending.listed, true)
         };
         if wake {
@@ -256,32 +229,7 @@ impl Stream {
 
 /// Sends as much of `bytes` as the socket takes now; `Ok(0)` when its buffer is full.
 fn send_some(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
-    let mut sent = 0;
-    while sent < bytes.len() {
-        let rest = &bytes[sent..];
-        // SAFETY: `rest` is a live slice of `rest.len()` bytes for the call. `fd` is held open
-        // by the stream: the writer calls this for a listed stream (whose descriptor only the
-        // writer closes), `write_now` for an unlisted one under the stream's lock.
-        let n = unsafe {
-            libc::send(
-                fd,
-                rest.as_ptr().cast(),
-                rest.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n >= 0 {
-            sent += n.unsigned_abs();
-            continue;
-        }
-        let err = io::Error::last_os_error();
-        match err.kind() {
-            io::ErrorKind::Interrupted => {}
-            io::ErrorKind::WouldBlock => return Ok(sent),
-            _ => return Err(err),
-        }
-    }
-    Ok(sent)
+    send_parts(fd, &[bytes])
 }
 
 /// Sends as much of `parts`, one after another, as the socket takes now (in `sendmsg` calls
@@ -313,7 +261,9 @@ fn send_parts(fd: RawFd, parts: &[&[u8]]) -> io::Result<usize> {
         message.msg_iov = pieces.as_mut_ptr();
         message.msg_iovlen = pieces.len();
         // SAFETY: `message` points at `pieces`, each a live slice of `parts` for the call,
-        // which the kernel only reads. `fd` is held open by the stream (see `send_some`).
+        // which the kernel only reads. `fd` is held open by the stream: the writer calls this
+        // for a listed stream (whose descriptor only the writer closes), `queue` for an
+        // unlisted one under the stream's lock.
         let n = unsafe {
             libc::sendmsg(
                 fd,
