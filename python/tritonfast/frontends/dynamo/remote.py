@@ -37,16 +37,24 @@ RETRIES = 3
 # Dynamo's words for a request that no worker's model got: the worker it was picked for left
 # discovery (or died) before the request went out or before the response stream was set up,
 # or, while workers come and go, the client had none to offer for a moment.
+NO_WORKERS = "No workers available for endpoint"
 NEVER_RAN = (
     "Worker disconnected before response stream was established",
     "Worker disconnected before request stream was established",
     "Worker removed before request could be sent",
-    "No workers available for endpoint",
+    NO_WORKERS,
 )
 # A pause before offering such a request again, times the attempt.
 RETRY_PAUSE_S = 0.05
-# How long a sequence's request waits for its model's client to know a worker.
+# How long a request waits for its model's client to know a worker (none known: a model just
+# loaded, or workers coming and going).
 WORKERS_WAIT_S = 5.0
+
+
+async def _workers_known(client: Any) -> None:
+    """Until ``client`` knows a worker of its endpoint, or :data:`WORKERS_WAIT_S` passed."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(client.wait_for_instances(), WORKERS_WAIT_S)
 
 
 def _never_ran(error: Exception) -> bool:
@@ -96,6 +104,8 @@ class ForwardingScheduler(Scheduler):
                 raise
             except Exception as error:  # the worker's or the transport's words
                 if not answered and not sequence and attempt < RETRIES and _never_ran(error):
+                    if NO_WORKERS in str(error):
+                        await _workers_known(client)
                     await asyncio.sleep(RETRY_PAUSE_S * attempt)
                     continue
                 text = str(error) or type(error).__name__
@@ -108,8 +118,7 @@ class ForwardingScheduler(Scheduler):
         workers = sorted(client.instance_ids())
         if not workers:
             # A model the route has just loaded: its client may not know the workers yet.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(client.wait_for_instances(), WORKERS_WAIT_S)
+            await _workers_known(client)
             workers = sorted(client.instance_ids())
         if not workers:
             raise UnavailableError(f"model '{self._name}': no Dynamo worker serves it")
