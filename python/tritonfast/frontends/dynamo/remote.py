@@ -94,6 +94,7 @@ class ForwardingScheduler(Scheduler):
         sequence = request.parameters.get("sequence_id")
         for attempt in range(RETRIES + 1):
             answered = False
+            client = None
             try:
                 client = await self._workers.client_for(self._name)
                 async for item in await self._send(client, message, sequence):
@@ -104,7 +105,7 @@ class ForwardingScheduler(Scheduler):
                 raise
             except Exception as error:  # the worker's or the transport's words
                 if not answered and not sequence and attempt < RETRIES and _never_ran(error):
-                    if NO_WORKERS in str(error):
+                    if client is not None and NO_WORKERS in str(error):
                         await _workers_known(client)
                     await asyncio.sleep(RETRY_PAUSE_S * attempt)
                     continue
