@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 from closedloop import LoadFailed, closed_loop
+from tritonclient.utils import InferenceServerException
 from tritonfast.perf import payloads
 from tritonfast.perf.inputs import Tensor
 
@@ -114,10 +115,7 @@ def sequence_successes(client: grpcclient.InferenceServerClient) -> int:
 
 
 def sequences(grpc_url: str) -> tuple[int, dict[str, float]]:
-    errors: list[str] = []
-    check_sequence(grpc_url, 999, errors)
-    if errors:
-        raise Failed(errors[0])
+    check_sequence(grpc_url, 999)
     ids = range(1000, 1000 + SEQUENCES)
     requests = [sequence_request(i, step) for i in ids for step in range(STEPS)]
     scripts = [list(range(k * STEPS, (k + 1) * STEPS)) for k in range(SEQUENCES)]
@@ -148,8 +146,9 @@ def sequences(grpc_url: str) -> tuple[int, dict[str, float]]:
     return load.requests, figures
 
 
-def check_sequence(grpc_url: str, sequence_id: int, errors: list[str]) -> None:
-    """One sequence of STEPS requests from tritonclient, every running sum checked."""
+def check_sequence(grpc_url: str, sequence_id: int) -> None:
+    """One sequence of STEPS requests from tritonclient, every running sum checked (Failed
+    otherwise)."""
     client = grpcclient.InferenceServerClient(grpc_url)
     tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
     total = 0
@@ -169,8 +168,8 @@ def check_sequence(grpc_url: str, sequence_id: int, errors: list[str]) -> None:
             got = int(result.as_numpy("SUM").reshape(-1)[0])
             if got != total:
                 raise Failed(f"sequence {sequence_id} step {step}: sum {got}, not {total}")
-    except Exception as exc:
-        errors.append(str(exc))
+    except InferenceServerException as exc:
+        raise Failed(f"sequence {sequence_id}: {exc}") from None
     finally:
         client.close()
 

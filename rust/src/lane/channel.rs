@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::CoreError;
+use crate::spin::Spin;
 
 /// The largest message either side sends (a batch's description, not its tensors).
 const MAX_MESSAGE_BYTES: usize = 1 << 30;
@@ -22,7 +23,7 @@ pub struct Channel {
     /// that runs the worker's batches and by those answering its calls (see `super::call`).
     sending: Mutex<()>,
     /// How long [`recv_soon`](Self::recv_soon) polls before it blocks (see there).
-    poll: Mutex<Duration>,
+    poll: Mutex<Spin>,
 }
 
 /// The message that tells a worker a batch leaves soon (no batch message is empty).
@@ -31,10 +32,7 @@ pub const GET_READY: &[u8] = b"";
 pub const GET_READY_POLL: Duration = Duration::from_micros(150);
 
 /// The longest [`Channel::recv_soon`] polls: about what a worker takes for a small batch.
-/// Waking a thread blocked in the kernel costs 15-20 µs on the machines we measure on.
 const POLL_WINDOW: Duration = Duration::from_micros(60);
-/// The shortest it polls once polling has stopped paying.
-const MIN_POLL: Duration = Duration::from_micros(2);
 
 fn gone(err: &io::Error) -> CoreError {
     CoreError::disconnected(format!("the worker's channel closed: {err}"))
@@ -46,7 +44,7 @@ impl Channel {
         Channel {
             stream: UnixStream::from(fd),
             sending: Mutex::new(()),
-            poll: Mutex::new(POLL_WINDOW),
+            poll: Mutex::new(Spin::new(POLL_WINDOW)),
         }
     }
 
@@ -84,20 +82,13 @@ impl Channel {
 
     /// Like [`recv`](Self::recv) for a message expected soon (a batch's reply): first polls
     /// for it, giving way to any other thread ready to run, then blocks. How long it polls
-    /// adapts as the driver's queue wait does: doubled (up to [`POLL_WINDOW`]) when the
-    /// message came within the window, halved (down to [`MIN_POLL`]) when it came later.
+    /// adapts (up to [`POLL_WINDOW`]) as the driver's queue wait does ([`crate::spin`]).
     pub fn recv_soon(&self) -> Result<Vec<u8>, CoreError> {
         let start = Instant::now();
-        let window = *self.poll.lock();
+        let window = self.poll.lock().window();
         self.poll_for(window);
         let message = self.recv()?;
-        let waited = start.elapsed();
-        let next = if waited <= POLL_WINDOW {
-            (window * 2).min(POLL_WINDOW)
-        } else {
-            (window / 2).max(MIN_POLL)
-        };
-        *self.poll.lock() = next;
+        self.poll.lock().learn(start.elapsed());
         Ok(message)
     }
 
@@ -183,11 +174,11 @@ mod tests {
             a
         });
         assert_eq!(b.recv_soon().unwrap(), b"late");
-        let halved = *b.poll.lock();
+        let halved = b.poll.lock().window();
         assert_eq!(halved, POLL_WINDOW / 2);
         let a = late.join().unwrap();
         a.send(b"soon").unwrap();
         assert_eq!(b.recv_soon().unwrap(), b"soon");
-        assert_eq!(*b.poll.lock(), halved * 2);
+        assert_eq!(b.poll.lock().window(), halved * 2);
     }
 }

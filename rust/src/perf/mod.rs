@@ -521,44 +521,55 @@ async fn closed_loop(thread: Rc<Thread>, context: usize) {
 }
 
 /// Requests sent on the schedule `gaps`, each in a task of its own, until told to stop.
-async fn open_loop(thread: &Rc<Thread>, mut gaps: Gaps) {
-    let origin = tokio::time::Instant::now();
-    let mut due = Duration::ZERO;
+async fn open_loop(thread: &Rc<Thread>, gaps: Gaps) {
     let mut order = Order::of_open_loop(&thread.spec, thread.index);
+    let mut schedule = Schedule::new(gaps);
     if thread.spec.serial && order.slots() > 0 {
-        serial_open_loop(thread, gaps, order).await;
+        serial_open_loop(thread, schedule, order).await;
         return;
     }
-    while !thread.shared.stopping() {
-        due += gaps.next_gap();
-        let at = origin + due;
-        // Wake at least every STOP_POLL so that a slow rate still stops promptly.
-        while tokio::time::Instant::now() < at && !thread.shared.stopping() {
-            tokio::time::sleep_until(at.min(tokio::time::Instant::now() + STOP_POLL)).await;
-        }
-        if thread.shared.stopping() {
-            break;
-        }
+    while schedule.wait_next(thread).await {
         let index = order.next(thread.payloads.len());
         let owner = Rc::clone(thread);
         Thread::spawn(thread, async move { owner.one_request(index, None).await });
     }
 }
 
-/// An open loop over scripts with at most one request of each in flight (a sequence's
-/// requests one after another): a request that comes due while every script waits for its
-/// answer goes out as soon as one is answered, late.
-async fn serial_open_loop(thread: &Rc<Thread>, mut gaps: Gaps, mut order: Order) {
-    let origin = tokio::time::Instant::now();
-    let mut due = Duration::ZERO;
-    let busy: Rc<Vec<Cell<bool>>> = Rc::new((0..order.slots()).map(|_| Cell::new(false)).collect());
-    let freed = Rc::new(Notify::new());
-    while !thread.shared.stopping() {
-        due += gaps.next_gap();
-        let at = origin + due;
+/// When an open loop's requests are due.
+struct Schedule {
+    origin: tokio::time::Instant,
+    due: Duration,
+    gaps: Gaps,
+}
+
+impl Schedule {
+    fn new(gaps: Gaps) -> Self {
+        Schedule {
+            origin: tokio::time::Instant::now(),
+            due: Duration::ZERO,
+            gaps,
+        }
+    }
+
+    /// Sleeps until the next request is due: false once the load is told to stop.
+    async fn wait_next(&mut self, thread: &Thread) -> bool {
+        self.due += self.gaps.next_gap();
+        let at = self.origin + self.due;
+        // Wake at least every STOP_POLL so that a slow rate still stops promptly.
         while tokio::time::Instant::now() < at && !thread.shared.stopping() {
             tokio::time::sleep_until(at.min(tokio::time::Instant::now() + STOP_POLL)).await;
         }
+        !thread.shared.stopping()
+    }
+}
+
+/// An open loop over scripts with at most one request of each in flight (a sequence's
+/// requests one after another): a request that comes due while every script waits for its
+/// answer goes out as soon as one is answered, late.
+async fn serial_open_loop(thread: &Rc<Thread>, mut schedule: Schedule, mut order: Order) {
+    let busy: Rc<Vec<Cell<bool>>> = Rc::new((0..order.slots()).map(|_| Cell::new(false)).collect());
+    let freed = Rc::new(Notify::new());
+    while schedule.wait_next(thread).await {
         let slot = loop {
             if thread.shared.stopping() {
                 return;

@@ -74,7 +74,7 @@ pub use config::{
 pub use push::QUEUE_FULL_MESSAGE;
 pub use queued::Queued;
 
-use wait::Spin;
+use crate::spin::Spin;
 
 /// `state` bit: the queue is closed.
 const CLOSED: usize = 1;
@@ -224,7 +224,7 @@ impl<T> RequestQueue<T> {
                 staged: Staged::new(&actions),
                 parker,
                 next_seq: 0,
-                spin: Spin::new(),
+                spin: wait::consumer_spin(),
             })),
             rules: config.batch.rules(),
             direct: !config.batch.batching()

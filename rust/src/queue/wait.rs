@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::sync::Parker;
 
 use super::{CLOSED, RequestQueue};
+use crate::spin::Spin;
 
 /// How long a waiting consumer keeps polling for work before it parks. Waking a parked thread
 /// takes the OS 15-20 µs on the machines we measure on, longer than an instance that has just
@@ -16,34 +17,13 @@ use super::{CLOSED, RequestQueue};
 /// enqueue-to-instance budget. A batch deadline inside the window is waited for by polling too,
 /// which keeps short `max_queue_delay`s exact.
 const SPIN_WINDOW: Duration = Duration::from_micros(50);
-/// The shortest a waiting consumer polls once polling has stopped paying (see [`Spin`]).
-const MIN_SPIN: Duration = Duration::from_micros(2);
 /// Polls between two readings of the clock while spinning.
 const SPINS_PER_CLOCK_READ: u32 = 16;
 
-/// How long the former lock holder polls before it parks, adapted to how soon work has been
-/// coming. Polling pays only when work arrives within [`SPIN_WINDOW`]; when it comes later
-/// (a loaded server whose producers are busy elsewhere, or one request at a time), the polls
-/// burn a core the producers need. So each wait that ends with news within the window doubles
-/// the poll time (up to the window), and each that ends later halves it (down to [`MIN_SPIN`]).
-pub(super) struct Spin {
-    window: Duration,
-}
-
-impl Spin {
-    pub(super) fn new() -> Self {
-        Self {
-            window: SPIN_WINDOW,
-        }
-    }
-
-    fn learn(&mut self, waited: Duration) {
-        self.window = if waited <= SPIN_WINDOW {
-            (self.window * 2).min(SPIN_WINDOW)
-        } else {
-            (self.window / 2).max(MIN_SPIN)
-        };
-    }
+/// How long the former lock holder polls before it parks (up to [`SPIN_WINDOW`]), adapted to
+/// how soon work has been coming (see [`crate::spin`]).
+pub(super) fn consumer_spin() -> Spin {
+    Spin::new(SPIN_WINDOW)
 }
 
 impl<T> RequestQueue<T> {
@@ -59,7 +39,7 @@ impl<T> RequestQueue<T> {
         let start = Instant::now();
         let poll_end = match deadline {
             Some(deadline) if deadline <= start + SPIN_WINDOW => deadline,
-            _ => start + spin.window,
+            _ => start + spin.window(),
         };
         loop {
             for _ in 0..SPINS_PER_CLOCK_READ {
@@ -118,28 +98,4 @@ mod precise_timers {
 
     #[cfg(not(target_os = "linux"))]
     pub(super) fn enable_for_this_thread() {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spin_window_shrinks_when_work_comes_late_and_grows_when_it_comes_soon() {
-        let mut spin = Spin::new();
-        assert_eq!(spin.window, SPIN_WINDOW);
-        let late = SPIN_WINDOW * 3;
-        spin.learn(late);
-        assert_eq!(spin.window, SPIN_WINDOW / 2);
-        for _ in 0..20 {
-            spin.learn(late);
-        }
-        assert_eq!(spin.window, MIN_SPIN);
-        spin.learn(Duration::from_micros(10));
-        assert_eq!(spin.window, MIN_SPIN * 2);
-        for _ in 0..20 {
-            spin.learn(Duration::ZERO);
-        }
-        assert_eq!(spin.window, SPIN_WINDOW);
-    }
 }
