@@ -26,6 +26,8 @@ class Measured:
     p50_us: float
     p99_us: float
     server_cpu_s: float  # of process group SERVER_PGID over the measured time (0 without one)
+    responses: int = 0  # the measured requests' responses (a decoupled model's stream)
+    first_p50_us: float = 0.0  # from a request's sending to its first response
 
     @property
     def req_s(self) -> float:
@@ -49,11 +51,14 @@ def closed_loop(
     connections: int = 1,
     pgid: int = 0,
     scripts: list[list[int]] | None = None,
+    decoupled: bool = False,
 ) -> Measured:
     """``protocol`` "http" (``request`` a whole HTTP/1.1 request) or "grpc" (a serialized
     ``ModelInferRequest``); gRPC clients spread over ``connections`` HTTP/2 connections.
     With ``scripts`` (one per client), ``request`` is a list and each client sends the
-    requests its script names, in order, over and over (a sequence's requests, say)."""
+    requests its script names, in order, over and over (a sequence's requests, say).
+    ``protocol`` "grpc-stream": each client a ``ModelStreamInfer`` stream, a request
+    complete at its ``triton_final_response`` when ``decoupled``."""
     payloads = [request] if isinstance(request, bytes) else request
     run = LoadRun(
         protocol,
@@ -62,6 +67,7 @@ def closed_loop(
         path=GRPC_INFER_PATH,
         connections_per_thread=connections,
         concurrency=concurrency,
+        decoupled=decoupled,
         **({} if scripts is None else {"scripts": scripts}),
     )
     try:
@@ -87,4 +93,6 @@ def closed_loop(
         p50_us=float(np.percentile(latencies_us, 50)),
         p99_us=float(np.percentile(latencies_us, 99)),
         server_cpu_s=cpu_end - cpu_begin,
+        responses=int(records["responses"].sum()),
+        first_p50_us=float(np.percentile((records["first"] - records["sent"]) / 1e3, 50)),
     )

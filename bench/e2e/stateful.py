@@ -16,6 +16,11 @@ Rows (``ROWS``, space-separated; all by default):
 - ``stream4p``: the same, each stream in a client process of its own (tritonclient's stream
   callbacks cost ~0.2 ms of CPU per response, and in one process all four streams share one
   GIL: that caps ``stream`` near 5k responses/s whatever the server).
+- ``streamcore``: the same model and streams (4 at once, each request N = 1000), sent by the
+  core's own load generator (``closedloop.py``, no GIL: the clients do not bound the row)
+  for ``DUR`` seconds, after one stream from tritonclient got every response right; every
+  request must end with its 1000 responses. Reports responses/s and the median time from a
+  request's sending to its first response (under that load, as the server gives it).
 - ``sse``: the same model and load through ``POST /v2/models/stream_repeat/generate_stream``
   (Server-Sent Events over HTTP/1.1), one connection per stream.
 - ``first``: the time to a first response with nothing else running: one gRPC stream, then
@@ -236,6 +241,44 @@ def grpc_streams_in_processes(grpc_url: str) -> tuple[int, dict[str, float]]:
     return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
 
 
+def stream_payload() -> bytes:
+    """A ``stream_repeat`` request for RESPONSES responses, asking for the empty final
+    response that says a decoupled request is complete."""
+    count = np.array([RESPONSES], dtype=np.int32)
+    return payloads.grpc_request(
+        "stream_repeat",
+        "",
+        [Tensor("N", "INT32", [1], count)],
+        ["OUT"],
+        {"triton_enable_empty_final_response": True},
+    )
+
+
+def core_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
+    """STREAMS streams from the core's load generator; one from tritonclient checked first."""
+    _, error = one_grpc_stream(grpc_url, 0)
+    if error:
+        raise Failed(error)
+    try:
+        load = closed_loop(
+            "grpc-stream",
+            grpc_url,
+            stream_payload(),
+            STREAMS,
+            float(os.environ.get("DUR", "6")),
+            pgid=int(os.environ.get("SERVER_PGID", "0")),
+            decoupled=True,
+        )
+    except LoadFailed as failure:
+        raise Failed(str(failure)) from None
+    if load.responses != load.requests * RESPONSES:
+        raise Failed(f"{load.responses} responses to {load.requests} requests of {RESPONSES}")
+    figures = {"seconds": load.seconds, "first_response_p50_ms": load.first_p50_us / 1000}
+    if load.server_cpu_s:
+        figures["server_us_per_unit"] = load.server_cpu_s * 1e6 / load.responses
+    return load.responses, figures
+
+
 # -- sse ------------------------------------------------------------------------------------------
 def sse_streams(http_url: str) -> tuple[int, dict[str, float]]:
     host, port = http_url.rsplit(":", 1)
@@ -345,10 +388,11 @@ def main() -> None:
         "seq": (lambda: sequences(grpc_url), "requests/s"),
         "stream": (lambda: grpc_streams(grpc_url), "responses/s"),
         "stream4p": (lambda: grpc_streams_in_processes(grpc_url), "responses/s"),
+        "streamcore": (lambda: core_streams(grpc_url), "responses/s"),
         "sse": (lambda: sse_streams(http_url), "responses/s"),
         "first": (lambda: lone_requests(http_url, grpc_url), "requests/s"),
     }
-    for row in os.environ.get("ROWS", "seq stream stream4p sse first").split():
+    for row in os.environ.get("ROWS", "seq stream stream4p streamcore sse first").split():
         run, unit = loads[row]
         try:
             rate, figures = measured(run)

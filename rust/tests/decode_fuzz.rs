@@ -75,10 +75,12 @@ fn check(body: &[u8], json_length: usize) {
 
 fn check_grpc(message: &[u8]) {
     let _ = grpc_target(message);
-    if let Decoded::Request(request, _) = decode_grpc(message, &signature()) {
-        for input in &request.inputs {
-            if let TensorData::Body(range) = &input.data {
-                assert!(range.end <= message.len());
+    for on_stream in [false, true] {
+        if let Decoded::Request(request, _) = decode_grpc(message, &signature(), on_stream) {
+            for input in &request.inputs {
+                if let TensorData::Body(range) = &input.data {
+                    assert!(range.end <= message.len());
+                }
             }
         }
     }

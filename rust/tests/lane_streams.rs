@@ -19,7 +19,8 @@ use tritonfast_core::lane::completions::Completions;
 use tritonfast_core::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use tritonfast_core::lane::streams::{StreamMessage, StreamPart, Streamed};
 use tritonfast_core::lane::{
-    Answer, Batching, Deliver, DriveEnd, Lane, LaneItem, Marks, Scheduling, Sink, WorkerLink,
+    Answer, Batching, Deliver, DriveEnd, GrpcForm, Lane, LaneItem, Marks, Scheduling, Sink,
+    Submitted, WorkerLink,
 };
 use tritonfast_core::queue::QueueConfig;
 use tritonfast_core::shm::AttachedSegment;
@@ -203,6 +204,93 @@ fn finals(parts: &Parts, sink: u32) -> usize {
         .iter()
         .filter(|(s, _, last)| *s == sink && *last)
         .count()
+}
+
+fn proto_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value & 0x7f) as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn proto_bytes(out: &mut Vec<u8>, number: u64, payload: &[u8]) {
+    proto_varint(out, (number << 3) | 2);
+    proto_varint(out, payload.len() as u64);
+    out.extend_from_slice(payload);
+}
+
+/// A stream's `ModelInferRequest` to `repeat` version "1", id "s", `IN` = `values`; with
+/// `empty_final`, asking for the empty final response.
+fn stream_request(values: &[i32], empty_final: bool) -> Vec<u8> {
+    let mut tensor = Vec::new();
+    proto_bytes(&mut tensor, 1, b"IN");
+    proto_bytes(&mut tensor, 2, b"INT32");
+    let mut dims = Vec::new();
+    proto_varint(&mut dims, values.len() as u64);
+    proto_bytes(&mut tensor, 3, &dims);
+    let mut m = Vec::new();
+    proto_bytes(&mut m, 1, b"repeat");
+    proto_bytes(&mut m, 2, b"1");
+    proto_bytes(&mut m, 3, b"s");
+    if empty_final {
+        let mut entry = Vec::new();
+        proto_bytes(&mut entry, 1, b"triton_enable_empty_final_response");
+        proto_bytes(&mut entry, 2, &[0x08, 0x01]);
+        proto_bytes(&mut m, 4, &entry);
+    }
+    proto_bytes(&mut m, 5, &tensor);
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    proto_bytes(&mut m, 7, &raw);
+    m
+}
+
+#[test]
+fn a_grpc_stream_request_gets_the_empty_final_response_it_asked_for() {
+    let (lane, parts) = decoupled_lane();
+    let (server_end, worker_end) = UnixStream::pair().unwrap();
+    let stand_in = repeat_worker(worker_end, false);
+    let link = WorkerLink::new(server_end.into(), "streamtest").unwrap();
+    let driver = drive(&lane, link);
+    for (sink, asks) in [(1, true), (2, false)] {
+        let body = Box::new(stream_request(&[5, 6], asks));
+        let submitted = lane.submit_grpc(body, sink, GrpcForm::Stream);
+        assert!(matches!(submitted, Submitted::Queued(_)), "{submitted:?}");
+    }
+    wait_until(|| finals(&parts, 1) == 1 && finals(&parts, 2) == 1);
+    let encoded = |sink: u32| -> Vec<(Option<Vec<u8>>, bool)> {
+        let parts = parts.lock();
+        let of_sink = parts.iter().filter(|(s, ..)| *s == sink);
+        of_sink
+            .map(|(_, answer, last)| match answer {
+                None => (None, *last),
+                Some(Ok(Answer::Encoded(bytes))) => (Some(bytes.clone()), *last),
+                Some(other) => panic!("not a serialized reply: {other:?}"),
+            })
+            .collect()
+    };
+    // Two responses each; then the empty final response, which names the model as the
+    // request did, its id and `triton_final_response` true; without the flag, a bare end.
+    let asked = encoded(1);
+    assert_eq!(asked.len(), 3);
+    let mut empty = Vec::new();
+    proto_bytes(&mut empty, 1, b"repeat");
+    proto_bytes(&mut empty, 2, b"1");
+    proto_bytes(&mut empty, 3, b"s");
+    let mut entry = Vec::new();
+    proto_bytes(&mut entry, 1, b"triton_final_response");
+    proto_bytes(&mut entry, 2, &[0x08, 0x01]);
+    proto_bytes(&mut empty, 4, &entry);
+    let mut reply = Vec::new();
+    proto_bytes(&mut reply, 2, &empty);
+    assert_eq!(asked[2], (Some(reply), true));
+    let bare = encoded(2);
+    assert_eq!(bare.len(), 3);
+    assert_eq!(bare[2], (None, true));
+    lane.close();
+    assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
+    drop(lane);
+    stand_in.join().unwrap();
 }
 
 #[test]

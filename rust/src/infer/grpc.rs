@@ -3,8 +3,9 @@
 //!
 //! The core takes on the request clients send every day: named inputs whose bytes travel in
 //! `raw_input_contents` or lie in a shared-memory region, outputs named without parameters or
-//! bound for a region, an id, a sequence's ID and flags. Other request or tensor parameters,
-//! typed `contents`, anything malformed or refused: the reference path.
+//! bound for a region, an id, a sequence's ID and flags, and on a stream the flag that asks
+//! for an empty final response. Other request or tensor parameters, typed `contents`,
+//! anything malformed or refused: the reference path.
 
 use std::ops::Range;
 
@@ -12,7 +13,8 @@ use super::Decoded;
 use super::datatype::DataType;
 use super::http::fits;
 use super::request::{
-    CoreInput, CoreOutput, CoreRequest, OutputRegion, RegionParams, RegionRef, TensorData,
+    CoreInput, CoreOutput, CoreRequest, NamedModel, OutputRegion, RegionParams, RegionRef,
+    TensorData,
 };
 use super::signature::Signature;
 use crate::sequence::CorrelationId;
@@ -46,10 +48,11 @@ pub fn grpc_target(message: &[u8]) -> Option<(String, String)> {
     Some((name?, version.unwrap_or_default()))
 }
 
-/// Decodes `message` and checks it against `signature`. A request its model refuses takes
-/// the reference path too, which words the error with the gRPC frontend's rules.
-pub fn decode_grpc(message: &[u8], signature: &Signature) -> Decoded {
-    let Some(request) = request(message) else {
+/// Decodes `message` and checks it against `signature` (`on_stream`: it came on a
+/// `ModelStreamInfer` stream). A request its model refuses takes the reference path too,
+/// which words the error with the gRPC frontend's rules.
+pub fn decode_grpc(message: &[u8], signature: &Signature, on_stream: bool) -> Decoded {
+    let Some(request) = request(message, on_stream) else {
         return Decoded::Reference;
     };
     match signature.check(&request) {
@@ -59,12 +62,15 @@ pub fn decode_grpc(message: &[u8], signature: &Signature) -> Decoded {
 }
 
 /// The request, when it is one the core takes on.
-fn request(b: &[u8]) -> Option<CoreRequest> {
+fn request(b: &[u8], on_stream: bool) -> Option<CoreRequest> {
     let mut request = CoreRequest::default();
     let mut inputs = Vec::new();
     let mut outputs = Vec::new();
     let mut raws = Vec::new();
     let mut seen_id = false;
+    let mut named = NamedModel::default();
+    // Asked for an empty final response (None: the request did not say).
+    let mut empty_final = None;
     let mut all = fields(b, 0..b.len());
     while let Some((number, value)) = all.next_field().ok()? {
         let Wire::Bytes(range) = value else {
@@ -74,14 +80,15 @@ fn request(b: &[u8]) -> Option<CoreRequest> {
             continue;
         };
         match number {
-            1 | 2 => {} // read by grpc_target
+            1 => named.name = text(b, &range)?,
+            2 => named.version = text(b, &range)?,
             3 => {
                 if std::mem::replace(&mut seen_id, true) {
                     return None;
                 }
                 request.id = text(b, &range)?;
             }
-            4 => parameter(b, range, &mut request)?,
+            4 => parameter(b, range, &mut request, &mut empty_final)?,
             5 => inputs.push(input(b, range)?),
             6 => outputs.push(output(b, range)?),
             7 => raws.push(range),
@@ -117,14 +124,33 @@ fn request(b: &[u8]) -> Option<CoreRequest> {
     if !outputs.is_empty() {
         request.outputs = Some(outputs);
     }
+    match empty_final {
+        // A call's model sees the flag among its parameters: the reference path's to pass.
+        Some(_) if !on_stream => return None,
+        Some(true) => request.empty_final = Some(named),
+        _ => {}
+    }
     Some(request)
 }
 
 /// One entry of the request's `parameters` map: the core takes a sequence's ID (a
-/// non-negative `int64_param` or a `string_param`) and flags (`bool_param`), each given once;
-/// any other parameter takes the reference path.
-fn parameter(b: &[u8], range: Range<usize>, request: &mut CoreRequest) -> Option<()> {
+/// non-negative `int64_param` or a `string_param`) and flags (`bool_param`), each given once,
+/// and `triton_enable_empty_final_response` (a `bool_param`, into `empty_final`); any other
+/// parameter takes the reference path.
+fn parameter(
+    b: &[u8],
+    range: Range<usize>,
+    request: &mut CoreRequest,
+    empty_final: &mut Option<bool>,
+) -> Option<()> {
     let (key, choice) = map_entry(b, range)?;
+    if key == "triton_enable_empty_final_response" {
+        let (1, Wire::Varint(flag)) = choice else {
+            return None;
+        };
+        *empty_final = Some(flag != 0);
+        return Some(());
+    }
     let sequence = request.sequence.get_or_insert_default();
     match (key.as_str(), choice) {
         ("sequence_id", (2, Wire::Varint(id))) if i64::try_from(id).is_ok() => {
@@ -288,7 +314,7 @@ mod tests {
     fn takes_raw_contents_in_place() {
         let m = message(&[1, 2], &[0; 8]);
         assert_eq!(grpc_target(&m), Some(("identity".into(), String::new())));
-        let Decoded::Request(request, 1) = decode_grpc(&m, &identity()) else {
+        let Decoded::Request(request, 1) = decode_grpc(&m, &identity(), false) else {
             panic!("not taken")
         };
         assert_eq!(request.id, "req");
@@ -317,7 +343,7 @@ mod tests {
         let mut m = message(&[1, 2], &[0; 8]);
         field(&mut m, 4, &parameter("sequence_id", 2, &[42]));
         field(&mut m, 4, &parameter("sequence_start", 1, &[1]));
-        let Decoded::Request(request, _) = decode_grpc(&m, &identity()) else {
+        let Decoded::Request(request, _) = decode_grpc(&m, &identity(), false) else {
             panic!("not taken")
         };
         let sequence = request.sequence.unwrap();
@@ -325,7 +351,7 @@ mod tests {
         assert!(sequence.start && !sequence.end);
         let mut text = message(&[1, 2], &[0; 8]);
         field(&mut text, 4, &parameter("sequence_id", 3, b"abc"));
-        let Decoded::Request(request, _) = decode_grpc(&text, &identity()) else {
+        let Decoded::Request(request, _) = decode_grpc(&text, &identity(), false) else {
             panic!("not taken")
         };
         assert_eq!(
@@ -363,7 +389,7 @@ mod tests {
         field(&mut m, 1, b"identity");
         field(&mut m, 5, &tensor);
         field(&mut m, 6, &output);
-        let Decoded::Request(request, _) = decode_grpc(&m, &identity()) else {
+        let Decoded::Request(request, _) = decode_grpc(&m, &identity(), false) else {
             panic!("not taken")
         };
         let named = |region: &str| RegionRef {
@@ -376,17 +402,17 @@ mod tests {
         assert_eq!(outputs[0].region, Some(OutputRegion::Named(named("out"))));
         // The same input with raw contents besides: the reference path's.
         field(&mut m, 7, &[0; 8]);
-        assert_eq!(decode_grpc(&m, &identity()), Decoded::Reference);
+        assert_eq!(decode_grpc(&m, &identity(), false), Decoded::Reference);
     }
 
     #[test]
     fn leaves_the_rest_to_the_reference_path() {
         assert_eq!(
-            decode_grpc(&message(&[1, 3], &[0; 8]), &identity()),
+            decode_grpc(&message(&[1, 3], &[0; 8]), &identity(), false),
             Decoded::Reference
         );
         assert_eq!(
-            decode_grpc(&message(&[2], &[0; 8]), &identity()),
+            decode_grpc(&message(&[2], &[0; 8]), &identity(), false),
             Decoded::Reference
         );
         let mut negative = message(&[1, 2], &[0; 8]);
@@ -399,16 +425,58 @@ mod tests {
                 &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1],
             ),
         );
-        assert_eq!(decode_grpc(&negative, &identity()), Decoded::Reference);
+        assert_eq!(
+            decode_grpc(&negative, &identity(), false),
+            Decoded::Reference
+        );
         let mut custom = message(&[1, 2], &[0; 8]);
         field(&mut custom, 4, &parameter("custom", 1, &[1]));
-        assert_eq!(decode_grpc(&custom, &identity()), Decoded::Reference);
+        assert_eq!(decode_grpc(&custom, &identity(), false), Decoded::Reference);
         let mut with_parameters = message(&[1, 2], &[0; 8]);
         field(&mut with_parameters, 4, b"");
         assert_eq!(
-            decode_grpc(&with_parameters, &identity()),
+            decode_grpc(&with_parameters, &identity(), false),
             Decoded::Reference
         );
         assert_eq!(grpc_target(&[0xff]), None);
+    }
+
+    #[test]
+    fn takes_the_empty_final_flag_on_a_stream_only() {
+        let asking = |flag: u8| {
+            let mut m = message(&[1, 2], &[0; 8]);
+            field(&mut m, 2, b"3");
+            field(
+                &mut m,
+                4,
+                &parameter("triton_enable_empty_final_response", 1, &[flag]),
+            );
+            m
+        };
+        let Decoded::Request(request, _) = decode_grpc(&asking(1), &identity(), true) else {
+            panic!("not taken")
+        };
+        let named = request.empty_final.expect("the flag");
+        assert_eq!(
+            (named.name.as_str(), named.version.as_str()),
+            ("identity", "3")
+        );
+        assert!(request.sequence.is_none());
+        let Decoded::Request(request, _) = decode_grpc(&asking(0), &identity(), true) else {
+            panic!("not taken")
+        };
+        assert_eq!(request.empty_final, None);
+        // A call's model sees the flag among its parameters: the reference path passes them.
+        assert_eq!(
+            decode_grpc(&asking(1), &identity(), false),
+            Decoded::Reference
+        );
+        let mut typed = message(&[1, 2], &[0; 8]);
+        field(
+            &mut typed,
+            4,
+            &parameter("triton_enable_empty_final_response", 2, &[1]),
+        );
+        assert_eq!(decode_grpc(&typed, &identity(), true), Decoded::Reference);
     }
 }

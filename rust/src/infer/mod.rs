@@ -25,8 +25,8 @@ pub use grpc::{decode_grpc, grpc_target};
 pub use http::decode_http;
 pub(crate) use http::fits;
 pub use request::{
-    CoreInput, CoreOutput, CoreRequest, ObjectPlace, OutputRegion, RegionRef, RegionWindow,
-    SequenceFields, TensorData,
+    CoreInput, CoreOutput, CoreRequest, NamedModel, ObjectPlace, OutputRegion, RegionRef,
+    RegionWindow, SequenceFields, TensorData,
 };
 pub use signature::{Signature, TensorSpec, request_prefix};
 

@@ -207,6 +207,17 @@ pub struct CoreRequest {
     /// Its sequence parameters (`sequence_id`, `sequence_start`, `sequence_end`), when it set
     /// any.
     pub sequence: Option<SequenceFields>,
+    /// A gRPC stream's request that asked for an empty final response
+    /// (`triton_enable_empty_final_response`): the model as it named it, which that response
+    /// names.
+    pub empty_final: Option<NamedModel>,
+}
+
+/// A model's name and version as a request names them (the version may be empty).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamedModel {
+    pub name: String,
+    pub version: String,
 }
 
 impl CoreRequest {

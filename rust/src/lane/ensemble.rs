@@ -299,7 +299,7 @@ impl<E: Send + Sync> Ensemble<E> {
         let Some(lanes) = self.lanes() else {
             return Started::Reference;
         };
-        match decode_grpc(message, &self.signature) {
+        match decode_grpc(message, &self.signature, false) {
             Decoded::Request(request, batch_size) => {
                 let sink = Sink::Grpc(sink, GrpcForm::Unary);
                 self.start(request, message, batch_size, lanes, sink)
@@ -499,6 +499,7 @@ impl<E: Send + Sync> EnsembleRun<E> {
             output_places: Vec::new(),
             trace: 0,
             sequence: None,
+            empty_final: None,
         };
         let batch_size = lane
             .signature()

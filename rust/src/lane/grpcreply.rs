@@ -5,7 +5,7 @@
 use super::message::Slot;
 use super::response::{ResponseParts, in_region, slot_bytes};
 use crate::error::CoreError;
-use crate::infer::CoreRequest;
+use crate::infer::{CoreRequest, NamedModel};
 
 fn varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
@@ -60,6 +60,20 @@ fn final_parameter(last: bool) -> Vec<u8> {
     string_field(&mut entry, 1, "triton_final_response");
     bytes_field(&mut entry, 2, &[0x08, u8::from(last)]);
     entry
+}
+
+/// The `ModelStreamInferResponse` that only says a stream's request is complete, for a
+/// request that asked for it: no outputs, the model as the request named it, its id, and
+/// `triton_final_response` true.
+pub fn grpc_empty_final(request: &CoreRequest, named: &NamedModel) -> Vec<u8> {
+    let mut message = Vec::with_capacity(64);
+    string_field(&mut message, 1, &named.name);
+    string_field(&mut message, 2, &named.version);
+    string_field(&mut message, 3, &request.id);
+    bytes_field(&mut message, 4, &final_parameter(true));
+    let mut reply = Vec::with_capacity(message.len() + 4);
+    bytes_field(&mut reply, 2, &message);
+    reply
 }
 
 /// The serialized reply to `request` in `form` (`last`: a stream's reply is its request's

@@ -49,7 +49,7 @@ use channel::{Channel, GET_READY};
 use completions::Completions;
 use ensemble::{Ended, Spent, StepSink};
 pub use grpcreply::GrpcForm;
-use grpcreply::grpc_answer;
+use grpcreply::{grpc_answer, grpc_empty_final};
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
 use response::{Framing, HttpAnswer, ResponseParts, error_answer, response_answer, slot_bytes};
 use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
@@ -491,7 +491,11 @@ impl<E: Send + Sync> Lane<E> {
         if self.decoupled && form == GrpcForm::Unary {
             return Submitted::Reference;
         }
-        let decoded = decode_grpc((*message).as_ref(), &self.signature);
+        let decoded = decode_grpc(
+            (*message).as_ref(),
+            &self.signature,
+            form == GrpcForm::Stream,
+        );
         let Decoded::Request(mut request, batch_size) = decoded else {
             return Submitted::Reference;
         };
@@ -739,10 +743,10 @@ impl<E: Send + Sync> Lane<E> {
         };
         for part in &message.parts {
             let answered = self.streams.with(part.token, part.last, |stream| {
-                let answer = part
-                    .outcome
-                    .as_ref()
-                    .map(|outcome| stream_answer(stream, outcome, &message.data, part.last));
+                let answer = match &part.outcome {
+                    Some(outcome) => Some(stream_answer(stream, outcome, &message.data, part.last)),
+                    None => empty_final(stream),
+                };
                 (stream.sink.sink(), answer)
             });
             if let Some((sink, answer)) = answered {
@@ -1569,6 +1573,19 @@ fn grpc_outcome(
         }
     }
     Ok(Answer::Response(response))
+}
+
+/// What a bare final flag sends a gRPC stream's request that asked for an empty final
+/// response; None otherwise (the flag only ends the stream).
+fn empty_final<E>(stream: &OpenStream<E>) -> Option<Result<Answer, CoreError>> {
+    let StreamSink::Grpc(_) = stream.sink else {
+        return None;
+    };
+    let named = stream.request.empty_final.as_ref()?;
+    Some(Ok(Answer::Encoded(grpc_empty_final(
+        &stream.request,
+        named,
+    ))))
 }
 
 /// One streamed response as its request's sink takes it; its outputs' bytes in `data`.

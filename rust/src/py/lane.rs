@@ -490,6 +490,7 @@ impl PyLane {
                 .collect(),
             trace,
             sequence,
+            empty_final: None,
         };
         let item = LaneItem {
             request,
