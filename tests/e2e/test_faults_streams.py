@@ -1,5 +1,6 @@
 """Fault injection on streams: clients that leave a stream half-way (gRPC ``ModelStreamInfer``
-and HTTP Server-Sent Events), and a gRPC client that sends and never reads. The server's
+and HTTP Server-Sent Events), and gRPC clients that never read (many requests to a
+single-response model, one request of many responses to a decoupled one). The server's
 descriptors, processes and memory stay flat, and what an unread stream holds is bounded."""
 
 from __future__ import annotations
@@ -163,5 +164,54 @@ def test_a_stream_whose_client_never_reads_holds_a_bounded_number_of_replies(ser
             assert reply.infer_response.id == str(index)
             if index == count - 1:
                 break
+    finally:
+        channel.close()
+
+
+# A decoupled model's request on a stream that is never read: its responses, each serialized
+# by the core and queued on the call by the core's reader thread, wait for room there.
+UNREAD_RESPONSES = 200_000
+
+
+def test_a_decoupled_stream_never_read_holds_a_bounded_number_of_responses(server) -> None:
+    request = service_pb2.ModelInferRequest(model_name="repeat_proc", id="unread")
+    request.inputs.add(name="IN", datatype="INT32", shape=[UNREAD_RESPONSES])
+    request.raw_input_contents.append(np.arange(UNREAD_RESPONSES, dtype=np.int32).tobytes())
+    channel = grpc.insecure_channel(server.grpc_url)
+    try:
+        call = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        rss_before = rss_mib(server.proc.pid)
+        replies = call(iter([request.SerializeToString()]))
+        # The model sends for as long as there is room; then its sends wait, and what the
+        # server holds stays bounded while nothing is read.
+        peak_rss = 0.0
+        watch_until = time.monotonic() + 3
+        while time.monotonic() < watch_until:
+            peak_rss = max(peak_rss, rss_mib(server.proc.pid))
+            time.sleep(0.05)
+        report(
+            "decoupled stream never read",
+            responses=UNREAD_RESPONSES,
+            peak_rss_mib=f"{peak_rss - rss_before:+.1f}",
+        )
+        # (Held all, they would take about 20 MiB.)
+        assert peak_rss - rss_before < 10, (rss_before, peak_rss)
+        # Reading now, the client gets every response, in order, and the last says so.
+        count = 0
+        last = service_pb2.ModelStreamInferResponse()
+        for reply in replies:
+            count += 1
+            if count % 10_000 == 0 or count == UNREAD_RESPONSES:
+                last = service_pb2.ModelStreamInferResponse.FromString(reply)
+                assert not last.error_message, last.error_message
+                index = np.frombuffer(last.infer_response.raw_output_contents[1], np.int32)
+                assert index[0] == count - 1
+            if count == UNREAD_RESPONSES:
+                break
+        assert count == UNREAD_RESPONSES
     finally:
         channel.close()

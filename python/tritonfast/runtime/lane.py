@@ -347,6 +347,11 @@ class LaneScheduler(Scheduler):
         on_loop: list[tuple[Any, Any, bool]] = []
         for sink, described, final in items:
             if type(sink) is not _Sink:  # a frontend's (a gRPC stream's request): it reads it
+                if sink.direct:  # it writes each reply from here; the loop sees it end
+                    sink.write_here(described, final)
+                    if final:
+                        on_loop.append((sink, None, final))
+                    continue
                 on_loop.append((sink, described, final))
                 continue
             result = None if described is None else response_of(described)
@@ -380,8 +385,10 @@ class LaneScheduler(Scheduler):
             if type(sink) is _Sink:
                 settle(sink.target, result, final)
                 continue
-            if histogram is not None and (started := sink.first_response()) is not None:
-                histogram.observe((perf_counter_ns() - started) / 1e6)
+            if histogram is None:
+                pass
+            elif (elapsed := sink.time_to_first(perf_counter_ns())) is not None:
+                histogram.observe(elapsed / 1e6)
             sink.streamed(result, final)
 
     def _cancel_stream(self, instance: int, token: int) -> None:

@@ -21,9 +21,10 @@ How a call flows:
   per call); a unary reply leaves in one batch (initial metadata, message, status) from the
   loop, and its completion needs nothing more.
 - A cancelled call cancels its handler's task. Streams read one message at a time, each step
-  an awaited batch. A streaming reply's messages are queued by the loop and sent one after
-  another from the completion-queue thread (:class:`_StreamWriter`): the loop neither waits
-  for each send nor does its transport work.
+  an awaited batch. A streaming reply's messages are queued by the loop (or by another
+  thread: the core's reader threads queue a decoupled model's responses themselves) and sent
+  one after another from the completion-queue thread (:class:`StreamWriter`): the loop
+  neither waits for each send nor does its transport work.
 """
 
 from __future__ import annotations
@@ -106,13 +107,15 @@ class Method:
 
 
 class Context:
-    """The part of ``grpc.aio.ServicerContext`` our handlers use."""
+    """The part of ``grpc.aio.ServicerContext`` our handlers use; a streaming reply's also
+    has its :class:`StreamWriter` (``writer``), which threads may write to directly."""
 
-    __slots__ = ("_call", "_metadata")
+    __slots__ = ("_call", "_metadata", "writer")
 
     def __init__(self, call: _Call, metadata: tuple[tuple[str, Any], ...]) -> None:
         self._call = call
         self._metadata = metadata
+        self.writer: StreamWriter | None = None
 
     def add_done_callback(self, callback: Callable[[Context], None]) -> None:
         """Call ``callback(context)`` on the event loop once the RPC is over (finished or
@@ -239,6 +242,8 @@ class _Call:
     async def run(self, data: bytes | None) -> None:
         method = self.method
         context = Context(self, self.metadata)
+        if method.response_streaming:
+            context.writer = StreamWriter(self)
         # Counted from the task's first step: a task cancelled before it never runs this.
         self.server.running += 1
         try:
@@ -247,8 +252,8 @@ class _Call:
             else:
                 assert data is not None  # a unary call starts once its message is in
                 request = method.deserialize(data) if method.deserialize else data
-            if method.response_streaming:
-                await self._stream_replies(method.handler(request, context))
+            if context.writer is not None:
+                await self._stream_replies(method.handler(request, context), context.writer)
                 self.finish(_OK, "")
             else:
                 reply = await method.handler(request, context)
@@ -267,12 +272,11 @@ class _Call:
             self.server.running -= 1
             self.over()
 
-    async def _stream_replies(self, replies: Any) -> None:
+    async def _stream_replies(self, replies: Any, writer: StreamWriter) -> None:
         if not hasattr(replies, "__aiter__"):  # a coroutine that answers with abort()
             await replies
             return
         serialize = self.method.serialize
-        writer = _StreamWriter(self)
         async for reply in replies:
             room = writer.write(serialize(reply) if serialize else reply)
             if room is not None:
@@ -328,13 +332,15 @@ class _Call:
         return future
 
 
-class _StreamWriter:
+class StreamWriter:
     """Sends a streaming call's messages in order, each from the completion-queue thread as
     the previous one completes (grpc allows one send in flight per call). The loop only
     queues them; :meth:`write` hands back a future to wait on when :data:`_STREAM_AHEAD` are
-    queued, resolved once half of them are sent."""
+    queued, resolved once half of them are sent. Another thread may queue messages too
+    (:meth:`send`, with the GIL), waiting on :attr:`room` while the queue is full: a decoupled
+    model's responses, which the core's threads write without a turn of the event loop."""
 
-    __slots__ = ("_call", "_ended", "_idle", "_lock", "_queued", "_room", "_sending")
+    __slots__ = ("_call", "_ended", "_freed", "_idle", "_lock", "_queued", "_room", "_sending")
 
     def __init__(self, call: _Call) -> None:
         self._call = call
@@ -344,6 +350,34 @@ class _StreamWriter:
         self._ended = False  # a send failed: the call is over
         self._room: asyncio.Future[Any] | None = None
         self._idle: asyncio.Future[Any] | None = None
+        # Set when the queue is down to half after being full, for threads held by ``room``.
+        self._freed: Callable[[], None] | None = None
+
+    def over(self) -> bool:
+        """Whether nothing more will be sent (a send failed, or the client went away)."""
+        return self._ended or self._call.cancelled
+
+    def full(self) -> bool:
+        return len(self._queued) >= _STREAM_AHEAD
+
+    def hold_with(self, freed: Callable[[], None]) -> None:
+        """``freed()`` is called (on the completion-queue thread) whenever a full queue is
+        down to half: the signal of the room that holds the threads that :meth:`send`."""
+        self._freed = freed
+
+    def send(self, payload: bytes) -> bool:
+        """Queue ``payload`` from any thread; False when the call is over (dropped)."""
+        if self._call.cancelled:
+            return False
+        with self._lock:
+            if self._ended:
+                return False
+            if self._sending:
+                self._queued.append(payload)
+                return True
+            self._sending = True
+        self._start(payload)
+        return True
 
     def write(self, payload: bytes) -> asyncio.Future[Any] | None:  # on the loop
         with self._lock:
@@ -353,9 +387,24 @@ class _StreamWriter:
                 self._queued.append(payload)
                 if len(self._queued) < _STREAM_AHEAD:
                     return None
-                self._room = self._call.server.loop.create_future()
-                return self._room
+                return self._room_future()
             self._sending = True
+        self._start(payload)
+        return None
+
+    def wait_room(self) -> asyncio.Future[Any] | None:  # on the loop
+        """A future resolved once a full queue is down to half; None when it is not full."""
+        with self._lock:
+            if self._ended or len(self._queued) < _STREAM_AHEAD:
+                return None
+            return self._room_future()
+
+    def _room_future(self) -> asyncio.Future[Any]:  # (the lock held)
+        if self._room is None:
+            self._room = self._call.server.loop.create_future()
+        return self._room
+
+    def _start(self, payload: bytes) -> None:
         call = self._call
         message = cygrpc.SendMessageOperation(payload, _NO_FLAGS)
         if call.metadata_sent:
@@ -364,7 +413,6 @@ class _StreamWriter:
             call.metadata_sent = True
             operations = (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), message)
             call.call.start_server_batch(operations, self._sent)
-        return None
 
     async def drained(self) -> None:
         """Wait until every queued message is sent (or the call ended)."""
@@ -376,6 +424,7 @@ class _StreamWriter:
 
     def _sent(self, event: Any) -> None:  # on the completion-queue thread
         wake = []
+        freed = None
         with self._lock:
             payload = None
             if not event.success:
@@ -385,16 +434,20 @@ class _StreamWriter:
                 payload = self._queued.popleft()
             if payload is None:
                 self._sending = False
-            if self._room is not None and (
-                payload is None or len(self._queued) <= _STREAM_AHEAD // 2
-            ):
+            half = payload is None or len(self._queued) <= _STREAM_AHEAD // 2
+            if self._room is not None and half:
                 wake.append(self._room)
                 self._room = None
+            # (Once per drain: the queue shrinks by one per send.)
+            if payload is None or len(self._queued) == _STREAM_AHEAD // 2:
+                freed = self._freed
             if payload is None and self._idle is not None:
                 wake.append(self._idle)
                 self._idle = None
         for future in wake:
             self._call.server.call_soon(_resolve, future, None)
+        if freed is not None:
+            freed()
         if payload is not None:
             self._call.call.start_server_batch(
                 (cygrpc.SendMessageOperation(payload, _NO_FLAGS),), self._sent

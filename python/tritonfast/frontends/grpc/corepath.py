@@ -88,26 +88,47 @@ class StreamReply:
 
 class StreamedReplies:
     """Where the core's responses to one request of a stream to a decoupled model go: each
-    serialized reply handed to ``put`` as it comes (on the event loop), ``done`` resolved
-    with the final flag. ``room``: how far the stream's writer may fall behind before the
-    model's next responses are held back."""
+    serialized reply handed to ``put`` as it comes, ``done`` resolved with the final flag.
+    ``room``: how far the stream's writer may fall behind before the model's next responses
+    are held back. ``direct``: ``put`` may be called on the core's reader thread (the call's
+    own writer), which writes each reply itself (:meth:`write_here`) and leaves the loop only
+    the end (:meth:`streamed`); otherwise every reply is put on the event loop."""
 
-    __slots__ = ("_data", "_done", "_put", "_started", "room")
+    __slots__ = ("_data", "_done", "_first", "_put", "_started", "direct", "room")
 
     def __init__(
-        self, put: Callable[[bytes], None], room: Room, done: asyncio.Future[None], data: bytes
+        self,
+        put: Callable[[bytes], object],
+        room: Room,
+        done: asyncio.Future[None],
+        data: bytes,
+        *,
+        direct: bool = False,
     ) -> None:
         self._put = put
         self.room = room
         self._done = done
         self._data = data
+        self.direct = direct
         self._started: int | None = perf_counter_ns()
+        self._first: int | None = None  # when a reader thread wrote the first reply
 
-    def first_response(self) -> int | None:
-        """When the request was handed over (``perf_counter_ns``), the first time it is asked
-        (its first response came: see the first-response histogram); None after."""
+    def time_to_first(self, now: int) -> int | None:
+        """Nanoseconds from the hand-over to the first response (``now`` unless a reader
+        thread wrote it earlier), the first time it is asked once one came (see the
+        first-response histogram); None after."""
         started, self._started = self._started, None
-        return started
+        if started is None:
+            return None
+        return (self._first or now) - started
+
+    def write_here(self, described: tuple[Any, ...] | None, final: bool) -> None:
+        """On the core's reader thread (``direct``): the reply to ``described``, written."""
+        if described is None or self._done.done():  # (a bare final flag; or cancelled)
+            return
+        if self._first is None:
+            self._first = perf_counter_ns()
+        self._put(self._reply(described, final))
 
     def streamed(self, described: tuple[Any, ...] | None, final: bool) -> None:
         done = self._done

@@ -292,7 +292,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request's responses as they come (see :mod:`.stream`)."""
-        session = StreamSession(self._dataplane, request_iterator)
+        # (The core engine's context has the call's writer; grpc.aio's has none.)
+        session = StreamSession(self._dataplane, request_iterator, getattr(context, "writer", None))
         # The call may end while its engine waits to write a reply, outside the generators:
         # its done callback is what cancels the requests still running then.
         context.add_done_callback(lambda _: session.cancel())

@@ -5,15 +5,18 @@ of responses, written as Triton writes them.
 - A single-response model's reply goes out in request order, after the replies of the
   single-response requests read before it (for a model the core drives, the core decodes
   the request and serializes its reply: :mod:`.corepath`); a decoupled model's responses go
-  out as they come, interleaved with everything else.
+  out as they come, interleaved with everything else (those the core serializes are queued
+  on the call by the core's reader threads themselves, when the gRPC engine allows: no turn
+  of the event loop per response).
 - Every reply carries the ``triton_final_response`` parameter (whether it is the request's
   last). A final flag with no response is written as an empty reply only when the request set
   ``triton_enable_empty_final_response``.
 - A failed request is answered with a reply whose ``error_message`` is set (the stream stays
   open); a malformed message ends the stream with INVALID_ARGUMENT.
 - The client going away (cancel, disconnect) cancels every request still in flight.
-- Backpressure: once :data:`OUT_AHEAD` replies wait for the writer (the client reads more
-  slowly than its requests are answered), reading the next request waits, and a decoupled
+- Backpressure: once :data:`OUT_AHEAD` replies wait for the writer, or the call's own queue
+  is full (the client reads more slowly than its requests are answered), reading the next
+  request waits, and a decoupled
   request's next response waits too (its model's sends are held, see ``runtime.responses``).
   So a client that stops reading holds at most the replies of the requests already in flight
   (:data:`STREAM_WINDOW`) and :data:`OUT_AHEAD` more, whatever it sends.
@@ -42,6 +45,7 @@ from tritonfast.runtime.responses import Room
 
 if TYPE_CHECKING:
     from tritonfast.api.dataplane import DataPlane
+    from tritonfast.frontends.grpc.core import StreamWriter
 
 # How many requests of one stream may be in flight before reading pauses.
 STREAM_WINDOW = 256
@@ -59,7 +63,12 @@ _END = object()  # the writer's signal that nothing more will come
 class StreamSession:
     """One ``ModelStreamInfer`` call: reads requests, runs them, yields the replies."""
 
-    def __init__(self, dataplane: DataPlane, requests: AsyncIterator[bytes]) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        requests: AsyncIterator[bytes],
+        writer: StreamWriter | None = None,
+    ) -> None:
         self._dataplane = dataplane
         self._budget = dataplane.body_budget
         self._requests = requests
@@ -69,6 +78,13 @@ class StreamSession:
         # The same bound for the core's threads that stream decoupled models' replies in.
         self._room = Room(lambda: self._out.qsize() >= OUT_AHEAD, lambda: self._over)
         self._over = False
+        # The call's writer, when its engine lets other threads write (see _start_in_core),
+        # and the bound that holds them.
+        self._writer = writer
+        self._writer_room: Room | None = None
+        if writer is not None:
+            self._writer_room = Room(writer.full, writer.over)
+            writer.hold_with(self._writer_room.freed)
         self._window = asyncio.Semaphore(STREAM_WINDOW)
         self._running: set[asyncio.Future[Any]] = set()
         # Single-response requests' replies (messages, or bytes the core serialized), in
@@ -112,6 +128,8 @@ class StreamSession:
                 # (Checked first: a wait() even on a set event makes a coroutine per message.)
                 if not self._out_room.is_set():
                     await self._out_room.wait()
+                if self._writer is not None and (room := self._writer.wait_room()) is not None:
+                    await room
                 # A large message counts against the server's body budget until its request
                 # is over (up to STREAM_WINDOW of them may be in flight).
                 held = len(data) if len(data) >= COUNTED_BYTES else 0
@@ -173,7 +191,11 @@ class StreamSession:
         # (each reply written as it came).
         over: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         sink: StreamReply | StreamedReplies
-        if lane.decoupled:
+        if lane.decoupled and self._writer is not None and self._writer_room is not None:
+            # The core's reader thread writes each reply to the call itself; only the end
+            # comes to the loop.
+            sink = StreamedReplies(self._writer.send, self._writer_room, over, data, direct=True)
+        elif lane.decoupled:
             sink = StreamedReplies(self._put, self._room, over, data)
         else:
             sink = StreamReply(over, data)
