@@ -23,6 +23,9 @@ Rows (``ROWS``, space-separated; all by default):
   request's sending to its first response (under that load, as the server gives it).
 - ``sse``: the same model and load through ``POST /v2/models/stream_repeat/generate_stream``
   (Server-Sent Events over HTTP/1.1), one connection per stream.
+- ``ssecore``: ``sse``'s requests sent by the core's load generator (4 connections, for
+  ``DUR`` seconds, each event counted as a response and the first event as the first
+  response) after one request from http.client got every event right.
 - ``first``: the time to a first response with nothing else running: one gRPC stream, then
   one Server-Sent Events connection, each sending LONE requests of one response (N = 1) one
   after another. Reports requests/s and each one's median time to its first response.
@@ -259,15 +262,21 @@ def core_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
     _, error = one_grpc_stream(grpc_url, 0)
     if error:
         raise Failed(error)
+    return from_load_generator("grpc-stream", grpc_url, stream_payload())
+
+
+def from_load_generator(protocol: str, address: str, payload: bytes) -> tuple[int, dict[str, float]]:
+    """STREAMS clients of the core's load generator sending ``payload`` (a request for
+    RESPONSES responses) for DUR seconds; every request must get all of them."""
     try:
         load = closed_loop(
-            "grpc-stream",
-            grpc_url,
-            stream_payload(),
+            protocol,
+            address,
+            payload,
             STREAMS,
             float(os.environ.get("DUR", "6")),
             pgid=int(os.environ.get("SERVER_PGID", "0")),
-            decoupled=True,
+            decoupled=protocol == "grpc-stream",
         )
     except LoadFailed as failure:
         raise Failed(str(failure)) from None
@@ -280,6 +289,32 @@ def core_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
 
 
 # -- sse ------------------------------------------------------------------------------------------
+SSE_PATH = "/v2/models/stream_repeat/generate_stream"
+
+
+def sse_request(connection: http.client.HTTPConnection, index: int) -> float:
+    """One ``generate_stream`` request for RESPONSES events, each checked; the seconds to
+    its first event."""
+    sent = time.perf_counter()
+    connection.request("POST", SSE_PATH, json.dumps({"N": RESPONSES}))
+    reply = connection.getresponse()
+    if reply.status != 200:
+        raise Failed(f"generate_stream answered {reply.status}: {reply.read()!r}")
+    first, expected = 0.0, 0
+    for line in reply:
+        if not line.startswith(b"data:"):
+            continue
+        if expected == 0:
+            first = time.perf_counter() - sent
+        event = json.loads(line[5:])
+        if event.get("OUT") != expected:
+            raise Failed(f"stream {index}: event {expected} was {event}")
+        expected += 1
+    if expected != RESPONSES:
+        raise Failed(f"stream {index}: {expected} events, not {RESPONSES}")
+    return first
+
+
 def sse_streams(http_url: str) -> tuple[int, dict[str, float]]:
     host, port = http_url.rsplit(":", 1)
     first: list[float] = []
@@ -287,26 +322,9 @@ def sse_streams(http_url: str) -> tuple[int, dict[str, float]]:
 
     def one(index: int) -> None:
         connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
-        body = json.dumps({"N": RESPONSES})
         try:
             for _ in range(REQUESTS):
-                sent = time.perf_counter()
-                connection.request("POST", "/v2/models/stream_repeat/generate_stream", body)
-                reply = connection.getresponse()
-                if reply.status != 200:
-                    raise Failed(f"generate_stream answered {reply.status}: {reply.read()!r}")
-                expected = 0
-                for line in reply:
-                    if not line.startswith(b"data:"):
-                        continue
-                    if expected == 0:
-                        first.append(time.perf_counter() - sent)
-                    event = json.loads(line[5:])
-                    if event.get("OUT") != expected:
-                        raise Failed(f"stream {index}: event {expected} was {event}")
-                    expected += 1
-                if expected != RESPONSES:
-                    raise Failed(f"stream {index}: {expected} events, not {RESPONSES}")
+                first.append(sse_request(connection, index))
         except Exception as exc:
             errors.append(str(exc))
         finally:
@@ -314,6 +332,24 @@ def sse_streams(http_url: str) -> tuple[int, dict[str, float]]:
 
     run_all(one, errors)
     return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
+
+
+def core_sse(http_url: str) -> tuple[int, dict[str, float]]:
+    """STREAMS connections of the core's load generator, each sending ``generate_stream``
+    requests one after another (every event counted as a response); one request from
+    http.client checked first."""
+    host, port = http_url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
+    try:
+        sse_request(connection, 0)
+    finally:
+        connection.close()
+    body = json.dumps({"N": RESPONSES}).encode()
+    head = (
+        f"POST {SSE_PATH} HTTP/1.1\r\nHost: {http_url}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return from_load_generator("http", http_url, head.encode() + body)
 
 
 # -- first ----------------------------------------------------------------------------------------
@@ -389,10 +425,11 @@ def main() -> None:
         "stream": (lambda: grpc_streams(grpc_url), "responses/s"),
         "stream4p": (lambda: grpc_streams_in_processes(grpc_url), "responses/s"),
         "streamcore": (lambda: core_streams(grpc_url), "responses/s"),
+        "ssecore": (lambda: core_sse(http_url), "responses/s"),
         "sse": (lambda: sse_streams(http_url), "responses/s"),
         "first": (lambda: lone_requests(http_url, grpc_url), "requests/s"),
     }
-    for row in os.environ.get("ROWS", "seq stream stream4p streamcore sse first").split():
+    for row in os.environ.get("ROWS", "seq stream stream4p streamcore sse ssecore first").split():
         run, unit = loads[row]
         try:
             rate, figures = measured(run)

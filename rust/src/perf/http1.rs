@@ -1,5 +1,7 @@
 //! One HTTP/1.1 keep-alive connection of the load generator: writes a prepared request and
-//! reads the whole answer (`Content-Length`, chunked, or until the server closes).
+//! reads the whole answer (`Content-Length`, chunked, or until the server closes). An answer
+//! of Server-Sent Events (`text/event-stream`, the generate extension's `generate_stream`)
+//! counts each event as a response, the first event's arrival its first response.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -24,6 +26,37 @@ struct Head {
     length: usize,
     body: Body,
     close: bool,
+    /// `Content-Type: text/event-stream`.
+    events: bool,
+}
+
+/// Server-Sent Events seen in a body read piece by piece: an event ends with a blank line.
+#[derive(Debug, Default)]
+struct Events {
+    count: u32,
+    /// When the first one was complete.
+    first: Option<u64>,
+    /// The last byte seen was a line feed.
+    after_newline: bool,
+}
+
+impl Events {
+    /// Counts the events `bytes` complete; the first one's time is `now()`.
+    fn feed(&mut self, bytes: &[u8], now: impl Fn() -> u64) {
+        for &byte in bytes {
+            if byte == b'\n' {
+                if self.after_newline {
+                    self.count += 1;
+                    if self.first.is_none() {
+                        self.first = Some(now());
+                    }
+                }
+                self.after_newline = !self.after_newline;
+            } else if byte != b'\r' {
+                self.after_newline = false;
+            }
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -72,7 +105,10 @@ impl Connection {
             self.fill().await?;
         };
         // Only an error's body is kept (its text is reported); a success's is read and dropped.
-        let body = self.read_body(&head, head.status != 200).await?;
+        let mut events = head.events.then(Events::default);
+        let body = self
+            .read_body(&head, head.status != 200, events.as_mut(), shared)
+            .await?;
         if head.close {
             self.reusable = false;
         }
@@ -81,11 +117,15 @@ impl Connection {
             let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_TEXT_LIMIT)]);
             shared.error(format!("HTTP {}: {text}", head.status));
         }
+        let (first_byte, responses) = match events {
+            Some(events) => (events.first.unwrap_or(first_byte), events.count),
+            None => (first_byte, 1),
+        };
         Ok(Exchange {
             sent,
             first_byte,
             ok,
-            responses: 1,
+            responses,
         })
     }
 
@@ -101,8 +141,15 @@ impl Connection {
         Ok(())
     }
 
-    /// Reads the body after `head`; returns it when `keep`, else nothing.
-    async fn read_body(&mut self, head: &Head, keep: bool) -> std::io::Result<Vec<u8>> {
+    /// Reads the body after `head`; returns it when `keep`, else nothing. A chunked body's
+    /// bytes go through `events` as they arrive, when given.
+    async fn read_body(
+        &mut self,
+        head: &Head,
+        keep: bool,
+        mut events: Option<&mut Events>,
+        shared: &Shared,
+    ) -> std::io::Result<Vec<u8>> {
         match head.body {
             Body::Length(length) => {
                 let end = head.length + length;
@@ -148,6 +195,9 @@ impl Connection {
                     if keep {
                         body.extend_from_slice(&self.buffer[at..at + size]);
                     }
+                    if let Some(events) = events.as_deref_mut() {
+                        events.feed(&self.buffer[at..at + size], || shared.now());
+                    }
                     at += size + 2;
                     if size == 0 {
                         return Ok(body);
@@ -178,6 +228,7 @@ fn parse_head(buffer: &[u8]) -> std::io::Result<Option<Head>> {
         .ok_or_else(|| bad("a malformed status line"))?;
     let mut body = Body::UntilClose;
     let mut close = version == "HTTP/1.0";
+    let mut events = false;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             continue;
@@ -194,6 +245,8 @@ fn parse_head(buffer: &[u8]) -> std::io::Result<Option<Head>> {
             body = Body::Chunked;
         } else if name.eq_ignore_ascii_case("connection") {
             close = value.eq_ignore_ascii_case("close");
+        } else if name.eq_ignore_ascii_case("content-type") {
+            events = value.to_ascii_lowercase().starts_with("text/event-stream");
         }
     }
     Ok(Some(Head {
@@ -201,6 +254,7 @@ fn parse_head(buffer: &[u8]) -> std::io::Result<Option<Head>> {
         length: end + 4,
         body,
         close,
+        events,
     }))
 }
 
@@ -231,9 +285,23 @@ mod tests {
                 status: 200,
                 length,
                 body: Body::Length(12),
-                close: false
+                close: false,
+                events: false,
             }
         );
+        let sse = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n\r\n";
+        assert!(parse_head(sse).unwrap().unwrap().events);
+    }
+
+    #[test]
+    fn events_end_with_a_blank_line_wherever_the_pieces_break() {
+        let mut events = Events::default();
+        events.feed(b"data: {\"OUT\": 0}\n", || 7);
+        assert_eq!((events.count, events.first), (0, None));
+        events.feed(b"\ndata: {\"OUT\": 1}\r\n\r", || 8);
+        assert_eq!((events.count, events.first), (1, Some(8)));
+        events.feed(b"\ndata: x\n\n", || 9);
+        assert_eq!((events.count, events.first), (3, Some(8)));
     }
 
     #[test]
