@@ -265,7 +265,9 @@ def core_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
     return from_load_generator("grpc-stream", grpc_url, stream_payload())
 
 
-def from_load_generator(protocol: str, address: str, payload: bytes) -> tuple[int, dict[str, float]]:
+def from_load_generator(
+    protocol: str, address: str, payload: bytes
+) -> tuple[int, dict[str, float]]:
     """STREAMS clients of the core's load generator sending ``payload`` (a request for
     RESPONSES responses) for DUR seconds; every request must get all of them."""
     try:
