@@ -12,10 +12,8 @@ Rows (``ROWS``, space-separated; all by default):
 - ``stream``: ``stream_repeat`` (decoupled, 4 instances), 4 gRPC streams at once
   (``start_stream`` + ``async_stream_infer``), each sending 5 requests one after another, each
   answered by N = 1000 one-element responses 0 .. N-1 in order. Reports responses/s and the
-  median time to first response.
-- ``stream4p``: the same, each stream in a client process of its own (tritonclient's stream
-  callbacks cost ~0.2 ms of CPU per response, and in one process all four streams share one
-  GIL: that caps ``stream`` near 5k responses/s whatever the server).
+  median time to first response. (tritonclient's stream callbacks cost ~0.2 ms of CPU per
+  response, and all four streams share one GIL: the clients bound the row.)
 - ``streamcore``: the same model and streams (4 at once, each request N = 1000), sent by the
   core's own load generator (``closedloop.py``, no GIL: the clients do not bound the row)
   for ``DUR`` seconds, after one stream from tritonclient got every response right; every
@@ -40,7 +38,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import multiprocessing
 import os
 import queue
 import statistics
@@ -230,20 +227,6 @@ def grpc_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
     return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
 
 
-def grpc_streams_in_processes(grpc_url: str) -> tuple[int, dict[str, float]]:
-    """The same streams, each in a client process of its own."""
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(STREAMS) as pool:
-        # Started (and imported) before the clock matters: a no-op round first.
-        pool.map(abs, range(STREAMS))
-        results = pool.starmap(one_grpc_stream, [(grpc_url, i) for i in range(STREAMS)])
-    errors = [error for _, error in results if error]
-    if errors:
-        raise Failed(errors[0])
-    first = [t for times, _ in results for t in times]
-    return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
-
-
 def stream_payload() -> bytes:
     """A ``stream_repeat`` request for RESPONSES responses, asking for the empty final
     response that says a decoupled request is complete."""
@@ -425,13 +408,12 @@ def main() -> None:
     loads = {
         "seq": (lambda: sequences(grpc_url), "requests/s"),
         "stream": (lambda: grpc_streams(grpc_url), "responses/s"),
-        "stream4p": (lambda: grpc_streams_in_processes(grpc_url), "responses/s"),
         "streamcore": (lambda: core_streams(grpc_url), "responses/s"),
         "ssecore": (lambda: core_sse(http_url), "responses/s"),
         "sse": (lambda: sse_streams(http_url), "responses/s"),
         "first": (lambda: lone_requests(http_url, grpc_url), "requests/s"),
     }
-    for row in os.environ.get("ROWS", "seq stream stream4p streamcore sse ssecore first").split():
+    for row in os.environ.get("ROWS", "seq stream streamcore sse ssecore first").split():
         run, unit = loads[row]
         try:
             rate, figures = measured(run)
