@@ -4,10 +4,14 @@ from ``execute``, from threads after it returned, or from coroutines; valid and 
 with and without empty final replies) sent to a server whose core runs the models and
 serializes their responses, and to one with ``--backend-config=python,core-path=off``: each
 request must get the same replies, byte for byte, in the same order (the replies of different
-requests interleave as their models send them)."""
+requests interleave as their models send them). The same for ``generate_stream``, whose
+events the core's reader threads write on the connection themselves: the same status, head
+fields and events, one request after another on one keep-alive connection."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,3 +116,50 @@ def _reader_threads(pid: int) -> int:
     """The core's threads reading decoupled models' workers."""
     tasks = Path(f"/proc/{pid}/task").iterdir()
     return sum((task / "comm").read_text().strip() == "tritonfast-read" for task in tasks)
+
+
+@st.composite
+def generate_body(draw: Any) -> tuple[str, str]:
+    """A ``generate_stream`` request: (model, JSON body); negative values make
+    async_repeat_proc answer with error responses, a first one included."""
+    model = draw(st.sampled_from(MODELS))
+    if model == "square_proc":
+        value: Any = draw(st.integers(-1, 4))
+    else:
+        value = draw(
+            st.lists(st.integers(-2, 30), min_size=0 if model == "repeat_proc" else 1, max_size=5)
+        )
+    body: dict[str, Any] = {"IN": value}
+    if draw(st.booleans()):
+        body["id"] = f"g{draw(st.integers(0, 9))}"
+    return model, json.dumps(body)
+
+
+def _generate_stream(
+    connection: http.client.HTTPConnection, model: str, body: str
+) -> tuple[Any, ...]:
+    connection.request("POST", f"/v2/models/{model}/generate_stream", body)
+    reply = connection.getresponse()
+    return (
+        reply.status,
+        reply.getheader("Content-Type"),
+        reply.getheader("Transfer-Encoding"),
+        reply.read(),
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(generate_body(), min_size=1, max_size=4))
+def test_generate_streams_get_the_reference_paths_events(
+    servers: tuple[RunningServer, ...], requests: list[tuple[str, str]]
+) -> None:
+    answers = []
+    for server in servers:
+        host, port = server.http_url.rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            answers.append([_generate_stream(connection, m, b) for m, b in requests])
+        finally:
+            connection.close()
+    core, reference = answers
+    assert core == reference

@@ -5,6 +5,7 @@ descriptors, processes and memory stay flat, and what an unread stream holds is 
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -215,3 +216,36 @@ def test_a_decoupled_stream_never_read_holds_a_bounded_number_of_responses(serve
         assert count == UNREAD_RESPONSES
     finally:
         channel.close()
+
+
+def test_a_generate_stream_never_read_holds_a_bounded_number_of_events(server) -> None:
+    """The same through ``generate_stream``, whose events the core's reader thread writes on
+    the connection: it waits while a bounded amount is unsent."""
+    body = json.dumps({"IN": list(range(UNREAD_RESPONSES))}).encode()
+    rss_before = rss_mib(server.proc.pid)
+    sock = http_post(server, "/v2/models/repeat_proc/generate_stream", body)
+    try:
+        peak_rss = 0.0
+        watch_until = time.monotonic() + 3
+        while time.monotonic() < watch_until:
+            peak_rss = max(peak_rss, rss_mib(server.proc.pid))
+            time.sleep(0.05)
+        report(
+            "generate_stream never read",
+            events=UNREAD_RESPONSES,
+            peak_rss_mib=f"{peak_rss - rss_before:+.1f}",
+        )
+        # (Held all, they would take about 20 MiB.)
+        assert peak_rss - rss_before < 10, (rss_before, peak_rss)
+        # Reading now, the client gets every event, in order, and the body's end.
+        received = bytearray()
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            data = sock.recv(1 << 20)
+            assert data, "the server closed the connection"
+            received += data
+        assert received.startswith(b"HTTP/1.1 200 ")
+        assert received.count(b"data: ") == UNREAD_RESPONSES
+        last = received[received.rindex(b"data: ") + len(b"data: ") :].split(b"\n\n")[0]
+        assert json.loads(last)["IDX"] == UNREAD_RESPONSES - 1
+    finally:
+        sock.close()

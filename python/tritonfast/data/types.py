@@ -100,6 +100,10 @@ class InferRequest:
     # Where the request's responses go (set by the scheduler): a runtime.responses.
     # ResponseStream, or the future its caller awaits.
     sink: Any = None
+    # A frontend's writer that may take a decoupled request's responses on the thread that
+    # reads them from the model's worker, instead of the event loop (runtime.responses.
+    # DirectWriter; only the core's lanes call it), else None.
+    stream_writer: Any = None
     # The runtime.responses.ResponseSender its responses go through: made when the request
     # is queued for a decoupled model, on demand (responses.sender_of) for any other.
     sender: Any = None

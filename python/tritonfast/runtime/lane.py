@@ -355,10 +355,20 @@ class LaneScheduler(Scheduler):
                 on_loop.append((sink, described, final))
                 continue
             result = None if described is None else response_of(described)
-            if type(sink.target) is Future:  # a caller waiting on another thread
-                settle(sink.target, result, final)
-            else:
-                on_loop.append((sink, result, final))
+            target = sink.target
+            if type(target) is Future:  # a caller waiting on another thread
+                settle(target, result, final)
+                continue
+            direct = target.direct if type(target) is ResponseStream else None
+            if direct is not None and not (target.cancelled or target.finished):
+                if direct.write(result, final):  # written: the loop sees only the end
+                    if target.first_at is None:
+                        target.first_at = perf_counter_ns()
+                    if final:
+                        on_loop.append((sink, None, final))
+                    continue
+                target.direct = None  # declined: the stream takes this one and the rest
+            on_loop.append((sink, result, final))
         if on_loop:
             with contextlib.suppress(RuntimeError):  # the loop is gone: so are the callers
                 self._loop.call_soon_threadsafe(self._settle_streamed, on_loop)
@@ -453,12 +463,19 @@ class LaneScheduler(Scheduler):
 
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         stream = ResponseStream(self._loop)
+        if self._decoupled:
+            stream.direct = request.stream_writer  # (see _streamed)
         ticket = self._enqueue(request, stream, batch_size, self._decoupled)
         lane = self.lane
         histogram = self._first_response
         if histogram is not None:
             started = perf_counter_ns()
-            stream.on_first(lambda: histogram.observe((perf_counter_ns() - started) / 1e6))
+
+            def first() -> None:
+                at = stream.first_at or perf_counter_ns()  # (written before it came here)
+                histogram.observe((at - started) / 1e6)
+
+            stream.on_first(first)
 
         def cancel() -> None:
             lane.cancel(ticket)

@@ -22,7 +22,7 @@ import functools
 import logging
 import ssl
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -335,33 +335,58 @@ async def generate_stream(
     request: Request, dataplane: DataPlane, model_name: str, model_version: str
 ) -> Answer:
     """``generate_stream``: each response as a Server-Sent Event, as it comes. The status is
-    the first response's; a later error response is an event with an ``error`` member."""
+    the first response's; a later error response is an event with an ``error`` member. A
+    decoupled model on the core's lane has its events written by the thread that reads its
+    responses (``generate.EventWriter``), when the connection allows: the answer's head
+    then goes out with the first event, before the event loop hears of it."""
+    writer = None
     try:
         infer_request = await _generate_request(request, dataplane, model_name, model_version)
+        if request.out is not None and not dataplane.tracer.enabled:
+            writer = generate.EventWriter(request.out, asyncio.get_running_loop())
+            infer_request.stream_writer = writer
         items = dataplane.stream(infer_request)
-        first = await anext(items)
+        if writer is None:
+            first = await anext(items)
+        else:
+            pending = asyncio.ensure_future(anext(items))
+            try:
+                await asyncio.wait((pending, writer.started), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                pending.cancel()  # (the client went away: so does the request)
+                raise
+            if writer.started.done():  # the head and first event are out
+                stream = _events(items, pending)
+                answer = Answer(200, (), generate.EVENT_STREAM, stream=stream, written=True)
+                return _traced(dataplane, infer_request, answer)
+            writer.started.cancel()
+            first = pending.result()
     except TritonError as err:
         return _error(err)
     status = generate.ERROR_RESPONSE_STATUS if isinstance(first.result, TritonError) else 200
-
-    async def rest() -> AsyncIterator[bytes]:
-        try:
-            if not first.final:
-                async for item in items:
-                    if item.result is not None:
-                        yield _event(item.result)
-        finally:
-            await items.aclose()  # the client went away: the request is cancelled
-
-    parts = [] if first.result is None else [_event(first.result)]
-    answer = Answer(status, parts, generate.EVENT_STREAM, stream=rest())
+    parts = [] if first.result is None else [generate.result_event(first.result)]
+    rest = _events(items) if not first.final else _events(items, done=True)
+    answer = Answer(status, parts, generate.EVENT_STREAM, stream=rest)
     return _traced(dataplane, infer_request, answer)
 
 
-def _event(result: Result) -> bytes:
-    if isinstance(result, TritonError):
-        return generate.event(generate.error_body(result))
-    return generate.event(generate.encode_response(result))
+async def _events(
+    items: AsyncGenerator[Any, None], pending: Awaitable[Any] | None = None, *, done: bool = False
+) -> AsyncIterator[bytes]:
+    """The events of the responses still to come from ``items`` (the next one ``pending``
+    when given; none when ``done``); closing it cancels the request (the client went away)."""
+    try:
+        if pending is not None:
+            item = await pending
+            if item.result is not None:
+                yield generate.result_event(item.result)
+            done = item.final
+        if not done:
+            async for item in items:
+                if item.result is not None:
+                    yield generate.result_event(item.result)
+    finally:
+        await items.aclose()
 
 
 def _traced(dataplane: DataPlane, infer_request: InferRequest, answer: Answer) -> Answer:

@@ -469,6 +469,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         try:
             if item.version >= (1, 1) and item.headers.get("Expect", "").lower() == "100-continue":
                 self._send(_CONTINUE)
+            item.out = self._direct_out(item)
             try:
                 answer = await self._handle(item)
             except Exception:
@@ -527,8 +528,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         stream's producer) through the connection's task."""
         chunked = version >= (1, 1)
         frame = chunk if chunked else bytes
-        first = [frame(bytes(part)) for part in answer.parts]
-        self._send(b"".join([head(answer, None, version, keep_alive), *first]))
+        if not answer.written:
+            first = [frame(bytes(part)) for part in answer.parts]
+            self._send(b"".join([head(answer, None, version, keep_alive), *first]))
         try:
             async for piece in stream:
                 self._send(frame(piece))
@@ -558,6 +560,22 @@ class HttpConnection(asyncio.BufferedProtocol):
         while out.unsent > MAX_UNSENT and self.transport is not None:
             await asyncio.sleep(interval)
             interval = min(interval * 2, 0.05)
+
+    def _direct_out(self, request: Request) -> OutStream | None:
+        """The writer-thread stream another thread may write ``request``'s streamed answer on
+        (its head included): a keep-alive HTTP/1.1 request, with nothing of an earlier answer
+        left in the transport and the server not closing."""
+        out, transport = self._out, self.transport
+        if (
+            out is None
+            or transport is None
+            or transport.get_write_buffer_size()
+            or request.version != (1, 1)
+            or not request.keep_alive
+            or self._server.closing
+        ):
+            return None
+        return out
 
     def _send(self, data: bytes) -> None:
         """Writes ``data`` through the writer thread, unless the transport still holds bytes

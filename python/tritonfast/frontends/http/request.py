@@ -4,11 +4,14 @@ pooled buffer (see :mod:`tritonfast.frontends.http.connection` for how it is fil
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tritonfast.errors import UnavailableError
 from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget, BodyCount
 from tritonfast.memory.bufferpool import pooled_memory
+
+if TYPE_CHECKING:
+    from tritonfast._core import OutStream
 
 # Triton reads content lengths as int32; bodies up to that size are accepted.
 MAX_BODY_BYTES = (1 << 31) - 1
@@ -126,6 +129,7 @@ class Request:
         "headers",
         "keep_alive",
         "method",
+        "out",
         "path",
         "version",
     )
@@ -142,6 +146,9 @@ class Request:
         self.keep_alive: bool = not message.should_close
         self.body: DirectBody | None = None
         self.budget = budget  # the server's, that large bodies count against
+        # The connection's writer-thread stream, when other threads may write this request's
+        # answer on it (set by the connection; see generate.EventWriter).
+        self.out: OutStream | None = None
         # What a large body read from ``content`` counts against the budget (see count_body).
         self.counted: BodyCount | None = None
 
