@@ -395,10 +395,10 @@ class LaneScheduler(Scheduler):
             if type(sink) is _Sink:
                 settle(sink.target, result, final)
                 continue
-            if histogram is None:
-                pass
-            elif (elapsed := sink.time_to_first(perf_counter_ns())) is not None:
-                histogram.observe(elapsed / 1e6)
+            if histogram is not None:
+                elapsed = sink.time_to_first(perf_counter_ns())
+                if elapsed is not None:
+                    histogram.observe(elapsed / 1e6)
             sink.streamed(result, final)
 
     def _cancel_stream(self, instance: int, token: int) -> None:

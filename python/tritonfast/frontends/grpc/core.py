@@ -337,8 +337,9 @@ class StreamWriter:
     the previous one completes (grpc allows one send in flight per call). The loop only
     queues them; :meth:`write` hands back a future to wait on when :data:`_STREAM_AHEAD` are
     queued, resolved once half of them are sent. Another thread may queue messages too
-    (:meth:`send`, with the GIL), waiting on :attr:`room` while the queue is full: a decoupled
-    model's responses, which the core's threads write without a turn of the event loop."""
+    (:meth:`send`, with the GIL), waiting while the queue is :meth:`full` (told through
+    :meth:`hold_with`): a decoupled model's responses, which the core's threads write without
+    a turn of the event loop."""
 
     __slots__ = ("_call", "_ended", "_freed", "_idle", "_lock", "_queued", "_room", "_sending")
 
@@ -380,17 +381,9 @@ class StreamWriter:
         return True
 
     def write(self, payload: bytes) -> asyncio.Future[Any] | None:  # on the loop
-        with self._lock:
-            if self._ended:
-                return None
-            if self._sending:
-                self._queued.append(payload)
-                if len(self._queued) < _STREAM_AHEAD:
-                    return None
-                return self._room_future()
-            self._sending = True
-        self._start(payload)
-        return None
+        """Queue ``payload``; a future to wait on when the queue is full (see wait_room)."""
+        self.send(payload)
+        return self.wait_room()
 
     def wait_room(self) -> asyncio.Future[Any] | None:  # on the loop
         """A future resolved once a full queue is down to half; None when it is not full."""
