@@ -484,6 +484,27 @@ def test_a_worker_dying_mid_stream_ends_it_with_an_error_and_restarts(
     assert [int(result.as_numpy("IDX")[0]) for result, _ in again] == [0, 1]
 
 
+def test_a_worker_dying_mid_generate_stream_ends_it_with_an_error_event(
+    stream_server: RunningServer,
+) -> None:
+    """The same through ``generate_stream``, whose events the core's reader thread writes
+    itself: the two events, then the error as an event, and the body's end."""
+    path = "/v2/models/stream_fate_proc/generate_stream"
+    for _ in range(2):  # and once more, on the restarted worker
+        with http_post(stream_server, path, {"MODE": 1}) as sock:
+            reader = ChunkedReader(sock)
+            status, headers = reader.head()
+            assert status == 200 and headers["content-type"].startswith("text/event-stream")
+            events = list(sse_events(reader))
+        assert [event.get("IDX") for event in events[:2]] == [0, 1]
+        assert events[2:] == [
+            {
+                "error": "the worker process of model instance 'stream_fate_proc_0' exited"
+                " before it sent the final response"
+            }
+        ]
+
+
 def stream_replies_of(
     client: grpcclient.InferenceServerClient, model: str, inputs: list[Any], expected: int
 ) -> list[tuple[Any, Any]]:
