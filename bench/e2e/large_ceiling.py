@@ -32,6 +32,7 @@ from pathlib import Path
 import grpc
 from closedloop import closed_loop
 from load_matrix import ROWS, request_for
+from ports import free_port
 
 MODEL = "identity"
 
@@ -99,12 +100,6 @@ def serve(listener: socket.socket) -> None:
     while True:
         connection, _ = listener.accept()
         threading.Thread(target=serve_connection, args=(connection,), daemon=True).start()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def grpc_floor(port: int) -> subprocess.Popen[bytes]:

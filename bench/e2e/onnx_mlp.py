@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.http as httpclient
 from closedloop import closed_loop
+from ports import free_port
 from tritonfast.onnxgen import mlp, write_onnx
 from tritonfast.perf import payloads
 from tritonfast.perf.inputs import Tensor
@@ -56,12 +56,6 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 dynamic_batching { max_queue_delay_microseconds: 100 }
 parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def load(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,18 +25,13 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from ports import free_port
 from tritonfast.perf import payloads
 from tritonfast.perf.inputs import Tensor
 
 HERE = Path(__file__).resolve().parent
 MODELS = HERE.parent / "models"
 LUA = HERE / "wrk_post.lua"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(http: int, grpc: int, metrics: int) -> subprocess.Popen[bytes]:

@@ -237,10 +237,15 @@ fn send_some(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
 fn send_parts(fd: RawFd, parts: &[&[u8]]) -> io::Result<usize> {
     let total: usize = parts.iter().map(|part| part.len()).sum();
     let mut sent = 0;
+    // (On the stack: every answer's send comes here, most of them of one piece.)
+    let mut pieces = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_PARTS];
     while sent < total {
         // The pieces from `sent` on.
         let mut skip = sent;
-        let mut pieces: Vec<libc::iovec> = Vec::with_capacity(parts.len().min(MAX_PARTS));
+        let mut count = 0;
         for part in parts {
             if skip >= part.len() {
                 skip -= part.len();
@@ -248,18 +253,19 @@ fn send_parts(fd: RawFd, parts: &[&[u8]]) -> io::Result<usize> {
             }
             let rest = &part[skip..];
             skip = 0;
-            pieces.push(libc::iovec {
+            pieces[count] = libc::iovec {
                 iov_base: rest.as_ptr().cast_mut().cast(),
                 iov_len: rest.len(),
-            });
-            if pieces.len() == MAX_PARTS {
+            };
+            count += 1;
+            if count == MAX_PARTS {
                 break;
             }
         }
         // SAFETY: a zeroed msghdr is valid (no name, no control data).
         let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
         message.msg_iov = pieces.as_mut_ptr();
-        message.msg_iovlen = pieces.len();
+        message.msg_iovlen = count;
         // SAFETY: `message` points at `pieces`, each a live slice of `parts` for the call,
         // which the kernel only reads. `fd` is held open by the stream: the writer calls this
         // for a listed stream (whose descriptor only the writer closes), `queue` for an

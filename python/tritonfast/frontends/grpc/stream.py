@@ -16,8 +16,8 @@ of responses, written as Triton writes them.
 - The client going away (cancel, disconnect) cancels every request still in flight.
 - Backpressure: once :data:`OUT_AHEAD` replies wait for the writer, or the call's own queue
   is full (the client reads more slowly than its requests are answered), reading the next
-  request waits, and a decoupled
-  request's next response waits too (its model's sends are held, see ``runtime.responses``).
+  request waits, and a decoupled request's next response waits too (its model's sends are
+  held, see ``runtime.responses``).
   So a client that stops reading holds at most the replies of the requests already in flight
   (:data:`STREAM_WINDOW`) and :data:`OUT_AHEAD` more, whatever it sends.
 """
@@ -80,11 +80,11 @@ class StreamSession:
         self._over = False
         # The call's writer, when its engine lets other threads write (see _start_in_core),
         # and the bound that holds them.
-        self._writer = writer
-        self._writer_room: Room | None = None
+        self._direct: tuple[StreamWriter, Room] | None = None
         if writer is not None:
-            self._writer_room = Room(writer.full, writer.over)
-            writer.hold_with(self._writer_room.freed)
+            room = Room(writer.full, writer.over)
+            writer.hold_with(room.freed)
+            self._direct = (writer, room)
         self._window = asyncio.Semaphore(STREAM_WINDOW)
         self._running: set[asyncio.Future[Any]] = set()
         # Single-response requests' replies (messages, or bytes the core serialized), in
@@ -128,7 +128,7 @@ class StreamSession:
                 # (Checked first: a wait() even on a set event makes a coroutine per message.)
                 if not self._out_room.is_set():
                     await self._out_room.wait()
-                if self._writer is not None and (room := self._writer.wait_room()) is not None:
+                if self._direct is not None and (room := self._direct[0].wait_room()) is not None:
                     await room
                 # A large message counts against the server's body budget until its request
                 # is over (up to STREAM_WINDOW of them may be in flight).
@@ -191,10 +191,11 @@ class StreamSession:
         # (each reply written as it came).
         over: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         sink: StreamReply | StreamedReplies
-        if lane.decoupled and self._writer is not None and self._writer_room is not None:
+        if lane.decoupled and self._direct is not None:
             # The core's reader thread writes each reply to the call itself; only the end
             # comes to the loop.
-            sink = StreamedReplies(self._writer.send, self._writer_room, over, data, direct=True)
+            writer, room = self._direct
+            sink = StreamedReplies(writer.send, room, over, data, direct=True)
         elif lane.decoupled:
             sink = StreamedReplies(self._put, self._room, over, data)
         else:

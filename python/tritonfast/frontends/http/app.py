@@ -365,8 +365,7 @@ async def generate_stream(
         return _error(err)
     status = generate.ERROR_RESPONSE_STATUS if isinstance(first.result, TritonError) else 200
     parts = [] if first.result is None else [generate.result_event(first.result)]
-    rest = _events(items) if not first.final else _events(items, done=True)
-    answer = Answer(status, parts, generate.EVENT_STREAM, stream=rest)
+    answer = Answer(status, parts, generate.EVENT_STREAM, stream=_events(items, done=first.final))
     return _traced(dataplane, infer_request, answer)
 
 
