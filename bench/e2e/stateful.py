@@ -19,6 +19,12 @@ Rows (``ROWS``, space-separated; all by default):
   for ``DUR`` seconds, after one stream from tritonclient got every response right; every
   request must end with its 1000 responses. Reports responses/s and the median time from a
   request's sending to its first response (under that load, as the server gives it).
+- ``streampaced``: ``streamcore``'s streams to ``stream_paced``, which sends each of its
+  PACED = 100 responses 0.5 ms after the previous one, as a generator that takes time per
+  token does: about 8k responses/s in all, a load both servers carry with room to spare, so
+  that the median time to a first response compares the servers at the same rate (in
+  ``streamcore`` each runs as fast as it can, and the faster one has more responses in
+  flight when a request comes).
 - ``sse``: the same model and load through ``POST /v2/models/stream_repeat/generate_stream``
   (Server-Sent Events over HTTP/1.1), one connection per stream.
 - ``ssecore``: ``sse``'s requests sent by the core's load generator (4 connections, for
@@ -56,6 +62,7 @@ from tritonfast.perf.inputs import Tensor
 
 SEQUENCES, STEPS = 16, 100
 STREAMS, REQUESTS, RESPONSES = 4, 5, 1000
+PACED = 100
 LONE = 200
 TIMEOUT_S = 120
 
@@ -227,12 +234,12 @@ def grpc_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
     return STREAMS * REQUESTS * RESPONSES, {"first_response_p50_ms": median_ms(first)}
 
 
-def stream_payload() -> bytes:
-    """A ``stream_repeat`` request for RESPONSES responses, asking for the empty final
+def stream_payload(model: str = "stream_repeat", responses: int = RESPONSES) -> bytes:
+    """A ``model`` request for ``responses`` responses, asking for the empty final
     response that says a decoupled request is complete."""
-    count = np.array([RESPONSES], dtype=np.int32)
+    count = np.array([responses], dtype=np.int32)
     return payloads.grpc_request(
-        "stream_repeat",
+        model,
         "",
         [Tensor("N", "INT32", [1], count)],
         ["OUT"],
@@ -248,11 +255,18 @@ def core_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
     return from_load_generator("grpc-stream", grpc_url, stream_payload())
 
 
+def paced_streams(grpc_url: str) -> tuple[int, dict[str, float]]:
+    """STREAMS streams of ``stream_paced`` requests from the core's load generator."""
+    return from_load_generator(
+        "grpc-stream", grpc_url, stream_payload("stream_paced", PACED), PACED
+    )
+
+
 def from_load_generator(
-    protocol: str, address: str, payload: bytes
+    protocol: str, address: str, payload: bytes, responses: int = RESPONSES
 ) -> tuple[int, dict[str, float]]:
     """STREAMS clients of the core's load generator sending ``payload`` (a request for
-    RESPONSES responses) for DUR seconds; every request must get all of them."""
+    ``responses`` responses) for DUR seconds; every request must get all of them."""
     try:
         load = closed_loop(
             protocol,
@@ -265,8 +279,8 @@ def from_load_generator(
         )
     except LoadFailed as failure:
         raise Failed(str(failure)) from None
-    if load.responses != load.requests * RESPONSES:
-        raise Failed(f"{load.responses} responses to {load.requests} requests of {RESPONSES}")
+    if load.responses != load.requests * responses:
+        raise Failed(f"{load.responses} responses to {load.requests} requests of {responses}")
     figures = {"seconds": load.seconds, "first_response_p50_ms": load.first_p50_us / 1000}
     if load.server_cpu_s:
         figures["server_us_per_unit"] = load.server_cpu_s * 1e6 / load.responses
@@ -409,11 +423,13 @@ def main() -> None:
         "seq": (lambda: sequences(grpc_url), "requests/s"),
         "stream": (lambda: grpc_streams(grpc_url), "responses/s"),
         "streamcore": (lambda: core_streams(grpc_url), "responses/s"),
+        "streampaced": (lambda: paced_streams(grpc_url), "responses/s"),
         "ssecore": (lambda: core_sse(http_url), "responses/s"),
         "sse": (lambda: sse_streams(http_url), "responses/s"),
         "first": (lambda: lone_requests(http_url, grpc_url), "requests/s"),
     }
-    for row in os.environ.get("ROWS", "seq stream streamcore sse ssecore first").split():
+    rows = "seq stream streamcore streampaced sse ssecore first"
+    for row in os.environ.get("ROWS", rows).split():
         run, unit = loads[row]
         try:
             rate, figures = measured(run)

@@ -11,6 +11,7 @@ __all__ = [
     "Batch",
     "EnsembleLane",
     "EnsembleRun",
+    "EventWriter",
     "Handoff",
     "HandoffDone",
     "InferSignature",
@@ -445,9 +446,12 @@ class Lane:
         sink: Any,
         trace: int = 0,
         sequence: tuple[int | str, bool, bool] | None = None,
+        events: EventWriter | None = None,
     ) -> LaneTicket:
         """A request decoded and checked by Python, answered through ``deliver``;
-        ``sequence``: its correlation ID and START and END flags."""
+        ``sequence``: its correlation ID and START and END flags; ``events``: a
+        ``generate_stream`` request's writer, which writes a decoupled model's responses as
+        events (``deliver`` then gets only the end, unless the writer declines)."""
 
     def cancel(self, ticket: LaneTicket) -> bool:
         """Removes a queued request (True), or flags a running one, or has the worker of an
@@ -727,6 +731,23 @@ class OutStream:
     @property
     def unsent(self) -> int:
         """Bytes written and not yet handed to the kernel."""
+
+@final
+class EventWriter:
+    """A ``generate_stream`` request's Server-Sent Events, written by the core on its
+    connection's writer stream as a decoupled model's responses come: the answer's head with
+    the first event, then one chunk per event (the caller writes the body's last chunk). A
+    first response that is an error, or a stream with no response, is declined: the caller
+    gets it, and every later response, as usual."""
+
+    def __new__(cls, stream: OutStream) -> EventWriter: ...
+    @property
+    def started(self) -> bool:
+        """Whether the answer's head and first event were written."""
+
+    @property
+    def first_at(self) -> int:
+        """When the first event was written (``time.perf_counter_ns()``); 0 before."""
 
 @final
 class SequenceTicket:

@@ -163,8 +163,7 @@ impl Stream {
     }
 
     /// Whether the stream still holds its socket.
-    #[cfg(test)]
-    fn is_open(&self) -> bool {
+    pub fn is_open(&self) -> bool {
         self.pending.lock().fd.is_some()
     }
 

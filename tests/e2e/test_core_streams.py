@@ -32,13 +32,16 @@ STREAMING_MODELS = ROOT / "tests" / "models_streaming"
 # coroutine (a negative value: an error response; no value: no final flag ever, so never
 # sent); square_proc: from execute itself.
 MODELS = ("repeat_proc", "async_repeat_proc", "square_proc")
+# typed_events_proc: responses of FP32, BYTES and BOOL outputs with parameters of every kind
+# (generate_stream only).
+EVENT_MODELS = (*MODELS, "typed_events_proc")
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, ...]]:
     repository = tmp_path_factory.mktemp("decoupled_models")
-    for model in MODELS:
+    for model in EVENT_MODELS:
         shutil.copytree(STREAMING_MODELS / model, repository / model)
     yield from server_pair([repository], tmp_path_factory.mktemp("core_streams"))
 
@@ -108,7 +111,7 @@ def test_the_core_streams_them(servers: tuple[RunningServer, ...], channels: Any
     replies = _replies_by_request(channels[0], [message.SerializeToString()])
     assert len(replies["x"]) == 3
     core, reference = servers
-    assert _reader_threads(core.proc.pid) == len(MODELS)
+    assert _reader_threads(core.proc.pid) == len(EVENT_MODELS)
     assert _reader_threads(reference.proc.pid) == 0
 
 
@@ -122,14 +125,20 @@ def _reader_threads(pid: int) -> int:
 def generate_body(draw: Any) -> tuple[str, str]:
     """A ``generate_stream`` request: (model, JSON body); negative values make
     async_repeat_proc answer with error responses, a first one included."""
-    model = draw(st.sampled_from(MODELS))
+    model = draw(st.sampled_from(EVENT_MODELS))
+    if model == "typed_events_proc":
+        floats = st.floats(allow_nan=False, allow_infinity=False, width=32)
+        body: dict[str, Any] = {"X": draw(st.lists(floats, max_size=4))}
+        if draw(st.booleans()):
+            body["id"] = f"t{draw(st.integers(0, 9))}"
+        return model, json.dumps(body)
     if model == "square_proc":
         value: Any = draw(st.integers(-1, 4))
     else:
         value = draw(
             st.lists(st.integers(-2, 30), min_size=0 if model == "repeat_proc" else 1, max_size=5)
         )
-    body: dict[str, Any] = {"IN": value}
+    body = {"IN": value}
     if draw(st.booleans()):
         body["id"] = f"g{draw(st.integers(0, 9))}"
     return model, json.dumps(body)

@@ -100,10 +100,10 @@ class InferRequest:
     # Where the request's responses go (set by the scheduler): a runtime.responses.
     # ResponseStream, or the future its caller awaits.
     sink: Any = None
-    # A frontend's writer that may take a decoupled request's responses on the thread that
-    # reads them from the model's worker, instead of the event loop (runtime.responses.
-    # DirectWriter; only the core's lanes call it), else None.
-    stream_writer: Any = None
+    # A generate_stream request's event writer (tritonfast._core.EventWriter): the core's
+    # lane of a decoupled model writes its responses as events with it, and the request's
+    # sink gets only the end (unless it declines); other schedulers leave it alone.
+    event_writer: Any = None
     # The runtime.responses.ResponseSender its responses go through: made when the request
     # is queued for a decoupled model, on demand (responses.sender_of) for any other.
     sender: Any = None

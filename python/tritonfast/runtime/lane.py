@@ -37,6 +37,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 
 from tritonfast._core import (
+    EventWriter,
     InferSignature,
     Lane,
     LaneCompletions,
@@ -359,15 +360,6 @@ class LaneScheduler(Scheduler):
             if type(target) is Future:  # a caller waiting on another thread
                 settle(target, result, final)
                 continue
-            direct = target.direct if type(target) is ResponseStream else None
-            if direct is not None and not (target.cancelled or target.finished):
-                if direct.write(result, final):  # written: the loop sees only the end
-                    if target.first_at is None:
-                        target.first_at = perf_counter_ns()
-                    if final:
-                        on_loop.append((sink, None, final))
-                    continue
-                target.direct = None  # declined: the stream takes this one and the rest
             on_loop.append((sink, result, final))
         if on_loop:
             with contextlib.suppress(RuntimeError):  # the loop is gone: so are the callers
@@ -407,10 +399,15 @@ class LaneScheduler(Scheduler):
 
     # -- taking requests --------------------------------------------------------------------
     def _enqueue(
-        self, request: InferRequest, sink: Sink, batch_size: int, streamed: bool = False
+        self,
+        request: InferRequest,
+        sink: Sink,
+        batch_size: int,
+        streamed: bool = False,
+        events: EventWriter | None = None,
     ) -> LaneTicket:
         """``streamed``: ``sink`` is a stream its responses are held back for (see
-        _hold_back)."""
+        _hold_back); ``events``: the writer of its responses as Server-Sent Events."""
         mark_enqueued(request, sink)
         params = request.parameters
         priority = timeout = 0  # (the lane applies them only under the dynamic batcher)
@@ -450,6 +447,7 @@ class LaneScheduler(Scheduler):
             _Sink(sink, request, stream_room(sink) if streamed else None),
             trace,
             sequence,
+            events,
         )
 
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
@@ -463,16 +461,17 @@ class LaneScheduler(Scheduler):
 
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         stream = ResponseStream(self._loop)
-        if self._decoupled:
-            stream.direct = request.stream_writer  # (see _streamed)
-        ticket = self._enqueue(request, stream, batch_size, self._decoupled)
+        # (A decoupled model's responses may be written as events by the core itself.)
+        events = request.event_writer if self._decoupled else None
+        ticket = self._enqueue(request, stream, batch_size, self._decoupled, events)
         lane = self.lane
         histogram = self._first_response
         if histogram is not None:
             started = perf_counter_ns()
 
             def first() -> None:
-                at = stream.first_at or perf_counter_ns()  # (written before it came here)
+                # (The core's writer wrote the first response before the stream heard of it.)
+                at = (events.first_at if events is not None else 0) or perf_counter_ns()
                 histogram.observe((at - started) / 1e6)
 
             stream.on_first(first)

@@ -40,7 +40,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from tritonfast.data.types import InferRequest, InferResponse
 from tritonfast.errors import InternalError, TritonError
@@ -92,9 +92,7 @@ class ResponseStream:
         "_on_taken",
         "_waiter",
         "cancelled",
-        "direct",
         "finished",
-        "first_at",
     )
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
@@ -109,10 +107,6 @@ class ResponseStream:
         self._on_first: Callable[[], None] | None = None
         self.finished = False  # the final item has been put
         self.cancelled = False  # the consumer went away before the final item
-        # The consumer's writer, when responses may be written before they reach the loop
-        # (see DirectWriter); and when the first one was (perf_counter_ns), if one was.
-        self.direct: DirectWriter | None = None
-        self.first_at: int | None = None
 
     def on_cancel(self, hook: Callable[[], None]) -> None:
         """What :meth:`cancel` does besides dropping what comes next (set by the scheduler)."""
@@ -200,28 +194,11 @@ class Room:
         self._freed.set()
 
 
-class DirectWriter(Protocol):
-    """A consumer that takes a stream's responses on the producer's thread (the core's reader
-    thread of a worker) and writes them out itself, so that they need no turn of the event
-    loop: the generate endpoint's Server-Sent Events. What it declines goes through the
-    stream as usual, and from then on everything does, in order."""
-
-    def write(self, result: Result | None, final: bool) -> bool:
-        """Write ``result`` (None: a bare final flag); False when it declines."""
-
-    def full(self) -> bool:
-        """Whether the producer should wait (what it wrote is not sent yet)."""
-
-
 def stream_room(stream: ResponseStream) -> Room:
-    """A :class:`Room` of :data:`STREAM_BUFFER` responses for ``stream``'s producer (or, while
-    a direct writer takes them, as much as that writer lets wait)."""
-
-    def full() -> bool:
-        direct = stream.direct
-        return stream.waiting >= STREAM_BUFFER or (direct is not None and direct.full())
-
-    room = Room(full, lambda: stream.cancelled or stream.finished)
+    """A :class:`Room` of :data:`STREAM_BUFFER` responses for ``stream``'s producer."""
+    room = Room(
+        lambda: stream.waiting >= STREAM_BUFFER, lambda: stream.cancelled or stream.finished
+    )
     stream.on_taken(room.freed)
     return room
 

@@ -17,6 +17,7 @@ pub mod call;
 pub mod channel;
 pub mod completions;
 pub mod ensemble;
+pub mod events;
 pub mod grpcreply;
 pub mod message;
 pub mod regions;
@@ -48,6 +49,7 @@ use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, STREAM_TAG
 use channel::{Channel, GET_READY};
 use completions::Completions;
 use ensemble::{Ended, Spent, StepSink};
+use events::EventWriter;
 pub use grpcreply::GrpcForm;
 use grpcreply::{grpc_answer, grpc_empty_final};
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
@@ -88,6 +90,9 @@ pub enum Sink<E> {
     External(E),
     /// A gRPC call or a stream's request: its serialized reply handed to [`Deliver`].
     Grpc(E, GrpcForm),
+    /// A `generate_stream` request from the server's Python: on a decoupled lane its events
+    /// are written by the core ([`events`]), else it is answered as `External`.
+    Events(E, Arc<EventWriter>),
     /// A step of an ensemble the core runs.
     Step(StepSink<E>),
     /// A model's call (BLS) the core takes: answered on the caller's channel.
@@ -636,10 +641,11 @@ impl<E: Send + Sync> Lane<E> {
         if ended.is_empty() {
             return;
         }
-        let parts = ended
-            .into_iter()
-            .map(|stream| (stream.sink.sink(), Some(Err(error.clone())), true))
-            .collect();
+        let mut parts = Vec::with_capacity(ended.len());
+        for stream in ended {
+            let (sink, writer) = (stream.sink.sink(), stream.sink.writer());
+            hand_on(sink, writer, Some(Err(error.clone())), true, &mut parts);
+        }
         self.deliver.stream(parts);
     }
 
@@ -686,7 +692,17 @@ impl<E: Send + Sync> Lane<E> {
     fn read_worker(&self, instance: usize, channel: &Arc<Channel>, replies: &Replies, died: &str) {
         name_this_thread(c"tritonfast-read");
         let mut pending = Vec::new();
+        // Event writers whose clients have too much unsent (see events::EventWriter::hold).
+        let mut held: Vec<Arc<EventWriter>> = Vec::new();
         let error = loop {
+            if !held.is_empty() {
+                if !pending.is_empty() {
+                    self.deliver.stream(std::mem::take(&mut pending));
+                }
+                for writer in held.drain(..) {
+                    writer.hold(|| self.source.is_closed());
+                }
+            }
             if pending.len() >= STREAMED_AT_ONCE || (!pending.is_empty() && !channel.readable_now())
             {
                 self.deliver.stream(std::mem::take(&mut pending));
@@ -703,7 +719,7 @@ impl<E: Send + Sync> Lane<E> {
                 Err(error) => break Some(error),
             };
             if message.first() == Some(&STREAM_TAG) {
-                self.collect_streamed(&message, &mut pending);
+                self.collect_streamed(&message, &mut pending, &mut held);
                 continue;
             }
             // (What came before it reaches its sinks first.)
@@ -736,8 +752,14 @@ impl<E: Send + Sync> Lane<E> {
         }
     }
 
-    /// A worker's streamed responses, each with its request's sink, added to `parts`.
-    fn collect_streamed(&self, message: &[u8], parts: &mut Vec<Streamed<E>>) {
+    /// A worker's streamed responses, each with its request's sink, added to `parts` (those
+    /// an event writer takes, written; the writers that must wait added to `held`).
+    fn collect_streamed(
+        &self,
+        message: &[u8],
+        parts: &mut Vec<Streamed<E>>,
+        held: &mut Vec<Arc<EventWriter>>,
+    ) {
         let Ok(message) = StreamMessage::decode(message) else {
             return; // (the worker's side is ours: a bug, which its streams' ends would show)
         };
@@ -747,10 +769,12 @@ impl<E: Send + Sync> Lane<E> {
                     Some(outcome) => Some(stream_answer(stream, outcome, &message.data, part.last)),
                     None => empty_final(stream),
                 };
-                (stream.sink.sink(), answer)
+                (stream.sink.sink(), stream.sink.writer(), answer)
             });
-            if let Some((sink, answer)) = answered {
-                parts.push((sink, answer, part.last));
+            if let Some((sink, writer, answer)) = answered
+                && let Some(writer) = hand_on(sink, writer, answer, part.last, parts)
+            {
+                held.push(writer);
             }
         }
     }
@@ -958,7 +982,7 @@ impl<E: Send + Sync> Lane<E> {
                     let answer = http_outcome(&request, outcome, segment, reply.framing);
                     answers.push((reply, answer));
                 }
-                Sink::External(sink) => {
+                Sink::External(sink) | Sink::Events(sink, _) => {
                     externals.push((sink, owned_outcome(outcome, segment).map(Answer::Response)));
                 }
                 Sink::Grpc(sink, form) => {
@@ -1120,6 +1144,7 @@ impl<E: Send + Sync> Lane<E> {
             let sink = match sink {
                 Sink::External(sink) => StreamSink::External(Arc::new(sink)),
                 Sink::Grpc(sink, _) => StreamSink::Grpc(Arc::new(sink)),
+                Sink::Events(sink, writer) => StreamSink::Events(Arc::new(sink), writer),
                 other => {
                     // (Such requests never reach a decoupled lane: see submit_http, serve_call.)
                     refused.push(other);
@@ -1184,9 +1209,11 @@ impl<E: Send + Sync> Lane<E> {
             };
             successes.push((entry.timing, failure.is_none()));
             if let Some(error) = failure
-                && let Some(sink) = self.streams.with(token, true, |s| s.sink.sink())
+                && let Some((sink, writer)) = self
+                    .streams
+                    .with(token, true, |s| (s.sink.sink(), s.sink.writer()))
             {
-                ended.push((sink, Some(Err(error)), true));
+                hand_on(sink, writer, Some(Err(error)), true, &mut ended);
             }
         }
         if !ended.is_empty() {
@@ -1494,7 +1521,7 @@ fn answer_error<E: Send + Sync>(
             let _ = reply.stream.write_now(&error_answer(error, reply.framing));
             tokens.push(reply.token);
         }
-        Sink::External(sink) | Sink::Grpc(sink, _) => {
+        Sink::External(sink) | Sink::Grpc(sink, _) | Sink::Events(sink, _) => {
             externals.push((sink, Err(error.clone())));
         }
         Sink::Call(sink) => sink.answer(&CallAnswer::Error(error.code, error.message.clone())),
@@ -1575,6 +1602,29 @@ fn grpc_outcome(
     Ok(Answer::Response(response))
 }
 
+/// A streamed response on its way to its request: written by the request's event writer when
+/// it has one that takes it (the server's Python then hears only of the end), else added to
+/// `parts`. The writer, when its client has too much unsent to write more now.
+fn hand_on<E>(
+    sink: Arc<E>,
+    writer: Option<Arc<EventWriter>>,
+    answer: Option<Result<Answer, CoreError>>,
+    last: bool,
+    parts: &mut Vec<Streamed<E>>,
+) -> Option<Arc<EventWriter>> {
+    if let Some(writer) = writer
+        && writer.write(answer.as_ref())
+    {
+        if last {
+            parts.push((sink, None, true));
+            return None;
+        }
+        return writer.over_bound().then_some(writer);
+    }
+    parts.push((sink, answer, last));
+    None
+}
+
 /// What a bare final flag sends a gRPC stream's request that asked for an empty final
 /// response; None otherwise (the flag only ends the stream).
 fn empty_final<E>(stream: &OpenStream<E>) -> Option<Result<Answer, CoreError>> {
@@ -1596,7 +1646,9 @@ fn stream_answer<E>(
     last: bool,
 ) -> Result<Answer, CoreError> {
     match stream.sink {
-        StreamSink::External(_) => owned_outcome(outcome, data).map(Answer::Response),
+        StreamSink::External(_) | StreamSink::Events(..) => {
+            owned_outcome(outcome, data).map(Answer::Response)
+        }
         StreamSink::Grpc(_) => grpc_outcome(&stream.request, outcome, data, GrpcForm::Stream, last),
     }
 }

@@ -317,7 +317,7 @@ fn half_to_f32(bits: u16) -> f32 {
 }
 
 /// An output's elements as a flat JSON array.
-fn json_data(out: &mut Vec<u8>, datatype: &str, bytes: &[u8]) -> Result<(), CoreError> {
+pub(crate) fn json_data(out: &mut Vec<u8>, datatype: &str, bytes: &[u8]) -> Result<(), CoreError> {
     let datatype = DataType::from_name(datatype)
         .ok_or_else(|| CoreError::internal(format!("unknown datatype '{datatype}'")))?;
     out.push(b'[');

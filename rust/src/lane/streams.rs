@@ -19,6 +19,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::call::STREAM_TAG;
+use super::events::EventWriter;
 use super::message::{Outcome, Reader, Writer};
 use super::source::RunTicket;
 use super::{Answer, LaneTicket};
@@ -95,12 +96,24 @@ pub enum StreamSink<E> {
     External(Arc<E>),
     /// A gRPC stream's request: each response serialized as a `ModelStreamInferResponse`.
     Grpc(Arc<E>),
+    /// A `generate_stream` request whose events the core writes ([`super::events`]); the
+    /// server's Python hears of its end (and of every response once the writer declines).
+    Events(Arc<E>, Arc<EventWriter>),
 }
 
 impl<E> StreamSink<E> {
     pub fn sink(&self) -> Arc<E> {
         match self {
-            StreamSink::External(sink) | StreamSink::Grpc(sink) => Arc::clone(sink),
+            StreamSink::External(sink) | StreamSink::Grpc(sink) | StreamSink::Events(sink, _) => {
+                Arc::clone(sink)
+            }
+        }
+    }
+
+    pub fn writer(&self) -> Option<Arc<EventWriter>> {
+        match self {
+            StreamSink::Events(_, writer) => Some(Arc::clone(writer)),
+            _ => None,
         }
     }
 }

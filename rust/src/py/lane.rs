@@ -27,6 +27,7 @@ use crate::infer::{
 use crate::lane::call::{CallAnswer, CallMessage, CallTensor, LaneRegistry};
 use crate::lane::channel::{Channel, GET_READY, GET_READY_POLL};
 use crate::lane::completions::Completions;
+use crate::lane::events::EventWriter;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 use crate::lane::response::Framing;
 use crate::lane::sequence::{Controls, FlagControl, FlagKind};
@@ -52,6 +53,31 @@ fn code_named(name: &str) -> PyResult<Code> {
         .into_iter()
         .find(|code| code.name() == name)
         .ok_or_else(|| CoreError::bad_value(format!("unknown code '{name}'")).into())
+}
+
+/// A `generate_stream` request's events, written by the core on its connection's writer
+/// stream (see `Lane.submit`).
+#[pyclass(name = "EventWriter", module = "tritonfast._core", frozen)]
+pub(crate) struct PyEventWriter(Arc<EventWriter>);
+
+#[pymethods]
+impl PyEventWriter {
+    #[new]
+    fn new(stream: &Bound<'_, PyOutStream>) -> Self {
+        Self(Arc::new(EventWriter::new(Arc::clone(&stream.get().0))))
+    }
+
+    /// Whether the answer's head and first event were written.
+    #[getter]
+    fn started(&self) -> bool {
+        self.0.started()
+    }
+
+    /// When the first event was written (`time.perf_counter_ns()`); 0 before.
+    #[getter]
+    fn first_at(&self) -> u64 {
+        self.0.first_at()
+    }
 }
 
 /// The HTTP frontend's view of answered requests (one per server).
@@ -432,9 +458,10 @@ impl PyLane {
 
     /// A request the server's Python decoded and checked; `sink` is handed back to `deliver`
     /// with its result. `sequence`: a stateful model's request's correlation ID (int or str)
-    /// and START and END flags.
+    /// and START and END flags. `events`: a `generate_stream` request's writer, which writes
+    /// a decoupled model's responses as events (`deliver` then gets only the end).
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
-    #[pyo3(signature = (request_id, inputs, outputs, output_places, parameters, priority, timeout_us, batch_size, sink, trace=0, sequence=None))]
+    #[pyo3(signature = (request_id, inputs, outputs, output_places, parameters, priority, timeout_us, batch_size, sink, trace=0, sequence=None, events=None))]
     fn submit(
         &self,
         request_id: String,
@@ -448,6 +475,7 @@ impl PyLane {
         sink: Py<PyAny>,
         trace: u64,
         sequence: Option<(Bound<'_, PyAny>, bool, bool)>,
+        events: Option<PyRef<'_, PyEventWriter>>,
     ) -> PyResult<PyLaneTicket> {
         let sequence = match sequence {
             Some((id, start, end)) => Some(SequenceFields {
@@ -496,7 +524,10 @@ impl PyLane {
             request,
             body: no_body(),
             parameters,
-            sink: Sink::External(sink),
+            sink: match events {
+                Some(writer) => Sink::Events(sink, Arc::clone(&writer.0)),
+                None => Sink::External(sink),
+            },
         };
         Ok(ticket(self.inner.submit(item, batch_size)?))
     }

@@ -44,6 +44,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lane::PyLane>()?;
     m.add_class::<lane::PyLaneTicket>()?;
     m.add_class::<lane::PyLaneCompletions>()?;
+    m.add_class::<lane::PyEventWriter>()?;
     m.add_class::<lane::PyLaneRegistry>()?;
     m.add_class::<lane::PyLaneWorkerLink>()?;
     m.add_class::<lane::PyLaneWorkerChannel>()?;

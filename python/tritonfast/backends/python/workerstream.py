@@ -16,13 +16,15 @@ worker over the pipe which streams' consumers went away (``("cancel", token)``),
 worker's senders then report through ``is_cancelled()``.
 
 Coalescing: every message costs both processes a wake-up, which on a busy machine costs more
-than a small response itself. So a response sent within :data:`LINGER_S` of the previous
-message waits, with those sent after it, until that much time has passed since then (a thread
-of the worker's flushes them if the model sends nothing more), :data:`COALESCE_COUNT`
-responses or :data:`COALESCE_BYTES` of tensors wait, or a final flag comes. A response sent
-after a pause (the first of a request, or a model that sends a token now and then) goes at
-once; a model sending many small responses in a burst has them delivered in groups, each at
-most :data:`LINGER_S` late.
+than a small response itself (a response per message costs the server's reader thread about
+80 µs of CPU on 2 vCPUs). So a response sent within :data:`LINGER_S` of the previous message
+waits, with those sent after it, until that much time has passed since then (a thread of the
+worker's flushes them if the model sends nothing more), :data:`COALESCE_COUNT` responses or
+:data:`COALESCE_BYTES` of tensors wait, or a final flag comes. A request's first response goes
+at once (with any held back before it), as does one sent after a pause (a model that takes a
+millisecond or more per token): the time to a first response is what a streaming client
+waits on most. A model sending many small responses in a burst has the rest delivered in
+groups, each at most :data:`LINGER_S` late.
 
 A worker that dies ends every stream still open with an error naming the instance.
 """
@@ -249,9 +251,11 @@ class WorkerStreams:
     def cancel(self, token: int) -> None:
         self._cancelled.add(token)
 
-    def respond(self, token: int, described: Described | None, final: bool, size: int) -> None:
+    def respond(
+        self, token: int, described: Described | None, final: bool, size: int, first: bool
+    ) -> None:
         """Send (or hold back, see the module docstring) one response of ``token``'s stream;
-        ``size``: its tensors' bytes."""
+        ``size``: its tensors' bytes; ``first``: the stream's first response."""
         with self._lock:
             pending = self._pending
             pending.append((token, described, final))
@@ -259,6 +263,7 @@ class WorkerStreams:
             now = time.monotonic()
             if (
                 final
+                or first
                 or now - self._last_sent >= LINGER_S
                 or len(pending) >= COALESCE_COUNT
                 or self._pending_bytes >= COALESCE_BYTES
@@ -300,8 +305,10 @@ class WorkerStreams:
     def sender(self, token: int, request: InferRequest) -> ResponseSender:
         """A decoupled sender for ``request``, whose ``cancelled`` tells whether its caller
         went away while its batch runs (the cancellation bytes)."""
+        first = True
 
         def deliver(result: Result | None, final: bool) -> None:
+            nonlocal first
             described = None if result is None else self._describe(result)
             size = (
                 sum(t.data.nbytes for t in result.outputs)
@@ -309,7 +316,8 @@ class WorkerStreams:
                 else 0
             )
             with contextlib.suppress(OSError, ValueError):  # the server went away
-                self.respond(token, described, final, size)
+                self.respond(token, described, final, size, first)
+            first = False
             if final:
                 self._cancelled.discard(token)
 

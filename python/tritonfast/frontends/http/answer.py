@@ -28,7 +28,7 @@ class Answer(NamedTuple):
     sent: Callable[[], None] | None = None  # called once the body is handed to the socket
     stream: AsyncIterator[bytes] | None = None  # more of the body, written as it comes
     # The head and ``parts`` are on their way already (written by another thread on the
-    # connection's writer stream: see generate.EventWriter); only ``stream`` is left.
+    # connection's writer stream: see tritonfast._core.EventWriter); only ``stream`` is left.
     written: bool = False
 
     @property

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from tritonfast._core import Inflater
+from tritonfast._core import EventWriter, Inflater
 from tritonfast.data.types import InferRequest
 from tritonfast.errors import InvalidArgumentError, TritonError, UnsupportedError
 from tritonfast.frontends.http import codec, generate, rawrequest
@@ -336,31 +336,21 @@ async def generate_stream(
 ) -> Answer:
     """``generate_stream``: each response as a Server-Sent Event, as it comes. The status is
     the first response's; a later error response is an event with an ``error`` member. A
-    decoupled model on the core's lane has its events written by the thread that reads its
-    responses (``generate.EventWriter``), when the connection allows: the answer's head
-    then goes out with the first event, before the event loop hears of it."""
-    writer = None
+    decoupled model on the core's lane has its events written by the core, on the thread that
+    reads its responses (``_core.EventWriter``), when the connection allows: the answer's
+    head goes out with the first event, and the event loop hears only of the end (then
+    writes the body's last chunk), or of a first response the writer declines."""
     try:
         infer_request = await _generate_request(request, dataplane, model_name, model_version)
+        writer = None
         if request.out is not None and not dataplane.tracer.enabled:
-            writer = generate.EventWriter(request.out, asyncio.get_running_loop())
-            infer_request.stream_writer = writer
+            writer = infer_request.event_writer = EventWriter(request.out)
         items = dataplane.stream(infer_request)
-        if writer is None:
-            first = await anext(items)
-        else:
-            pending = asyncio.ensure_future(anext(items))
-            try:
-                await asyncio.wait((pending, writer.started), return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                pending.cancel()  # (the client went away: so does the request)
-                raise
-            if writer.started.done():  # the head and first event are out
-                stream = _events(items, pending)
-                answer = Answer(200, (), generate.EVENT_STREAM, stream=stream, written=True)
-                return _traced(dataplane, infer_request, answer)
-            writer.started.cancel()
-            first = pending.result()
+        first = await anext(items)
+        if writer is not None and writer.started:  # every event is out: this is the end
+            stream = _events(items, done=first.final)
+            answer = Answer(200, (), generate.EVENT_STREAM, stream=stream, written=True)
+            return _traced(dataplane, infer_request, answer)
     except TritonError as err:
         return _error(err)
     status = generate.ERROR_RESPONSE_STATUS if isinstance(first.result, TritonError) else 200
@@ -369,17 +359,10 @@ async def generate_stream(
     return _traced(dataplane, infer_request, answer)
 
 
-async def _events(
-    items: AsyncGenerator[Any, None], pending: Awaitable[Any] | None = None, *, done: bool = False
-) -> AsyncIterator[bytes]:
-    """The events of the responses still to come from ``items`` (the next one ``pending``
-    when given; none when ``done``); closing it cancels the request (the client went away)."""
+async def _events(items: AsyncGenerator[Any, None], *, done: bool = False) -> AsyncIterator[bytes]:
+    """The events of the responses still to come from ``items`` (none when ``done``);
+    closing it cancels the request (the client went away)."""
     try:
-        if pending is not None:
-            item = await pending
-            if item.result is not None:
-                yield generate.result_event(item.result)
-            done = item.final
         if not done:
             async for item in items:
                 if item.result is not None:

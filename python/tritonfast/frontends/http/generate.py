@@ -16,8 +16,6 @@ with INTERNAL (500), an error response with 400, as Triton 2.51 does.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import math
 from collections.abc import Mapping
@@ -28,10 +26,8 @@ import orjson
 from tritonfast.data.types import InferRequest, InferResponse, InputTensor
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.http import jsonparse, tensordata
-from tritonfast.frontends.http.answer import Answer, chunk, head
 
 if TYPE_CHECKING:
-    from tritonfast._core import OutStream
     from tritonfast.runtime.responses import Result
 
 JSON = "application/json"
@@ -181,51 +177,3 @@ def result_event(result: Result) -> bytes:
     if isinstance(result, TritonError):
         return event(error_body(result))
     return event(encode_response(result))
-
-
-# What a direct writer lets wait unsent on its connection before the model's responses wait.
-DIRECT_UNSENT = 1 << 20
-
-
-class EventWriter:
-    """Writes a ``generate_stream`` answer on its connection's writer-thread stream from the
-    thread that reads the model's responses (a decoupled model on the core's lane; see
-    ``runtime.responses.DirectWriter``), so that no response waits for the event loop: the
-    head with the first event (a 200 answer), then each event as a chunk. A first response
-    that is an error decides a 400 answer, which the event loop writes: the writer declines
-    it, and from then on the stream carries everything. The loop learns the head is out
-    through :attr:`started`."""
-
-    __slots__ = ("_head", "_loop", "_out", "started")
-
-    def __init__(self, out: OutStream, loop: asyncio.AbstractEventLoop) -> None:
-        self._out = out
-        self._loop = loop
-        self._head: bytes | None = head(Answer(200, (), EVENT_STREAM), None, (1, 1), True)
-        self.started: asyncio.Future[None] = loop.create_future()
-
-    def write(self, result: Result | None, final: bool) -> bool:
-        if result is None:  # a bare final flag: the loop ends the body
-            return False
-        data = chunk(result_event(result))
-        first = self._head
-        if first is not None:
-            if isinstance(result, TritonError):
-                return False
-            self._head = None
-            with contextlib.suppress(ConnectionError):  # (the client left: its task ends)
-                self._out.write_now(first + data)
-            with contextlib.suppress(RuntimeError):  # the loop is gone
-                self._loop.call_soon_threadsafe(_resolve, self.started)
-            return True
-        with contextlib.suppress(ConnectionError):
-            self._out.write(data)
-        return True
-
-    def full(self) -> bool:
-        return self._out.unsent > DIRECT_UNSENT
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -147,7 +147,7 @@ class Request:
         self.body: DirectBody | None = None
         self.budget = budget  # the server's, that large bodies count against
         # The connection's writer-thread stream, when other threads may write this request's
-        # answer on it (set by the connection; see generate.EventWriter).
+        # answer on it (set by the connection; see tritonfast._core.EventWriter).
         self.out: OutStream | None = None
         # What a large body read from ``content`` counts against the budget (see count_body).
         self.counted: BodyCount | None = None
