@@ -122,7 +122,7 @@ def _reader_threads(pid: int) -> int:
 
 
 @st.composite
-def generate_body(draw: Any) -> tuple[str, str]:
+def generate_body(draw: Any) -> tuple[str, bytes]:
     """A ``generate_stream`` request: (model, JSON body); negative values make
     async_repeat_proc answer with error responses, a first one included."""
     model = draw(st.sampled_from(EVENT_MODELS))
@@ -131,7 +131,20 @@ def generate_body(draw: Any) -> tuple[str, str]:
         body: dict[str, Any] = {"X": draw(st.lists(floats, max_size=4))}
         if draw(st.booleans()):
             body["id"] = f"t{draw(st.integers(0, 9))}"
-        return model, json.dumps(body)
+        # Parameters of every kind, some in the nested object, priority among them.
+        values = st.one_of(
+            st.integers(-5, 2**40), floats, st.booleans(), st.text("ab é", max_size=3)
+        )
+        names = st.sampled_from(["max_tokens", "temperature", "stop", "priority", "id"])
+        for name, value in draw(st.dictionaries(names, values, max_size=3)).items():
+            body[name] = value
+        nested = draw(st.dictionaries(names, values, max_size=2))
+        if nested:
+            body["parameters"] = nested
+        # Non-ASCII text as UTF-8, escaped, or (not UTF-8 at all) as Latin-1.
+        encoding = draw(st.sampled_from(["utf-8", "utf-8", "ascii", "latin-1"]))
+        text = json.dumps(body, ensure_ascii=encoding == "ascii")
+        return model, text.encode(encoding)
     if model == "square_proc":
         value: Any = draw(st.integers(-1, 4))
     else:
@@ -141,11 +154,11 @@ def generate_body(draw: Any) -> tuple[str, str]:
     body = {"IN": value}
     if draw(st.booleans()):
         body["id"] = f"g{draw(st.integers(0, 9))}"
-    return model, json.dumps(body)
+    return model, json.dumps(body).encode()
 
 
 def _generate_stream(
-    connection: http.client.HTTPConnection, model: str, body: str
+    connection: http.client.HTTPConnection, model: str, body: bytes
 ) -> tuple[Any, ...]:
     connection.request("POST", f"/v2/models/{model}/generate_stream", body)
     reply = connection.getresponse()
@@ -160,7 +173,7 @@ def _generate_stream(
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(generate_body(), min_size=1, max_size=4))
 def test_generate_streams_get_the_reference_paths_events(
-    servers: tuple[RunningServer, ...], requests: list[tuple[str, str]]
+    servers: tuple[RunningServer, ...], requests: list[tuple[str, bytes]]
 ) -> None:
     answers = []
     for server in servers:

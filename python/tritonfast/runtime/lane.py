@@ -331,7 +331,7 @@ class LaneScheduler(Scheduler):
                 on_loop.append((sink, described))
                 continue
             result = response_of(described)
-            if marks[0]:
+            if marks[0] and sink.request is not None:
                 _count(sink.request, marks)
             if type(sink.target) is Future:  # a caller waiting on another thread
                 settle(sink.target, result, True)
@@ -464,6 +464,24 @@ class LaneScheduler(Scheduler):
         # (A decoupled model's responses may be written as events by the core itself.)
         events = request.event_writer if self._decoupled else None
         ticket = self._enqueue(request, stream, batch_size, self._decoupled, events)
+        self._watch(stream, ticket, events)
+        return stream
+
+    def open_events(self, body: Any, writer: EventWriter) -> ResponseStream | None:
+        if not self._decoupled:
+            return None
+        stream = ResponseStream(self._loop)
+        ticket = self.lane.submit_generate(body, _Sink(stream, None, stream_room(stream)), writer)
+        if ticket is None:
+            return None
+        self._watch(stream, ticket, writer)
+        return stream
+
+    def _watch(
+        self, stream: ResponseStream, ticket: LaneTicket, events: EventWriter | None
+    ) -> None:
+        """A queued request's stream: its time to a first response observed, its consumer
+        going away cancelling it."""
         lane = self.lane
         histogram = self._first_response
         if histogram is not None:
@@ -480,7 +498,6 @@ class LaneScheduler(Scheduler):
             lane.cancel(ticket)
 
         stream.on_cancel(cancel)
-        return stream
 
     # -- state ------------------------------------------------------------------------------
     def core_lane(self) -> Lane:
@@ -584,7 +601,9 @@ class _Sink:
 
     __slots__ = ("request", "room", "target")
 
-    def __init__(self, target: Sink, request: InferRequest, room: Room | None = None) -> None:
+    def __init__(
+        self, target: Sink, request: InferRequest | None, room: Room | None = None
+    ) -> None:
         self.target = target
         self.request = request
         self.room = room

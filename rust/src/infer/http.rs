@@ -200,7 +200,7 @@ pub(crate) fn bytes_elements(mut bytes: &[u8]) -> Option<usize> {
 
 /// The numbers of a JSON `data` array as `count` elements of `datatype` in the wire's layout
 /// (little end first); None for a datatype or a value the core leaves to the reference path.
-fn numbers(datatype: DataType, count: usize, text: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn numbers(datatype: DataType, count: usize, text: &[u8]) -> Option<Vec<u8>> {
     let kind = match datatype {
         DataType::Fp32 | DataType::Fp64 => NumberKind::Float,
         DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => NumberKind::Signed,
@@ -244,7 +244,7 @@ fn numbers(datatype: DataType, count: usize, text: &[u8]) -> Option<Vec<u8>> {
 
 /// The elements of a JSON `data` array of BOOL (`true`/`false`) or BYTES (strings, as their
 /// UTF-8) as `count` elements in the wire's layout; None for anything else.
-fn literals(datatype: DataType, count: usize, array: &Value<'_>) -> Option<Vec<u8>> {
+pub(super) fn literals(datatype: DataType, count: usize, array: &Value<'_>) -> Option<Vec<u8>> {
     let mut flat = Vec::with_capacity(count);
     flatten(array, &mut flat)?;
     if flat.len() != count {

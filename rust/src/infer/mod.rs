@@ -14,6 +14,7 @@
 //! differential test holds the two to the same answers wherever the core answers.
 
 mod datatype;
+mod generate;
 mod grpc;
 mod http;
 mod json;
@@ -21,6 +22,7 @@ mod request;
 mod signature;
 
 pub use datatype::DataType;
+pub use generate::decode_generate;
 pub use grpc::{decode_grpc, grpc_target};
 pub use http::decode_http;
 pub(crate) use http::fits;

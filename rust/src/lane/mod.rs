@@ -37,8 +37,8 @@ use parking_lot::Mutex;
 
 use crate::error::{Code, CoreError};
 use crate::infer::{
-    CoreInput, CoreOutput, CoreRequest, DataType, Decoded, Signature, TensorData, decode_grpc,
-    decode_http, request_prefix,
+    CoreInput, CoreOutput, CoreRequest, DataType, Decoded, Signature, TensorData, decode_generate,
+    decode_grpc, decode_http, request_prefix,
 };
 use crate::outbox::Stream;
 use crate::queue::{QUEUE_FULL_MESSAGE, QueueConfig, RequestMeta, RequestQueue};
@@ -512,6 +512,26 @@ impl<E: Send + Sync> Lane<E> {
             request,
             body: message,
             sink: Sink::Grpc(sink, form),
+        };
+        self.push_decoded(item, batch_size)
+    }
+
+    /// Decodes a `generate_stream` body and queues it, for a decoupled model whose requests
+    /// are not sequences': its events are written by `writer`, and `sink` hears of the end
+    /// (and of every response the writer declines) through [`Deliver::stream`]. A body the
+    /// core does not take on goes to the reference path.
+    pub fn submit_generate(&self, body: &[u8], sink: E, writer: Arc<EventWriter>) -> Submitted {
+        if !self.decoupled || self.source.is_sequence() {
+            return Submitted::Reference;
+        }
+        let Some((request, parameters, batch_size)) = decode_generate(body, &self.signature) else {
+            return Submitted::Reference;
+        };
+        let item = LaneItem {
+            request,
+            body: no_body(),
+            parameters,
+            sink: Sink::Events(sink, writer),
         };
         self.push_decoded(item, batch_size)
     }

@@ -456,6 +456,28 @@ impl PyLane {
         }
     }
 
+    /// A `generate_stream` body (bytes, or a C-contiguous numpy array of bytes) for a
+    /// decoupled model, decoded, checked and queued without the GIL: its responses are written
+    /// as events by `events`, and `deliver`'s stream gets `sink` with the end (and every
+    /// response the writer declines). A `Ticket` once queued; None when the reference path
+    /// must take it; raises Triton's error when it cannot be queued.
+    fn submit_generate(
+        &self,
+        py: Python<'_>,
+        body: &Bound<'_, PyAny>,
+        sink: Py<PyAny>,
+        events: PyRef<'_, PyEventWriter>,
+    ) -> PyResult<Option<PyLaneTicket>> {
+        let body = lent_body(body)?;
+        let writer = Arc::clone(&events.0);
+        let lane = &self.inner;
+        match py.detach(move || lane.submit_generate((*body).as_ref(), sink, writer)) {
+            Submitted::Queued(queued) => Ok(Some(ticket(queued))),
+            Submitted::Reference => Ok(None),
+            Submitted::Refused(error) => Err(to_py_err(py, &error)),
+        }
+    }
+
     /// A request the server's Python decoded and checked; `sink` is handed back to `deliver`
     /// with its result. `sequence`: a stateful model's request's correlation ID (int or str)
     /// and START and END flags. `events`: a `generate_stream` request's writer, which writes

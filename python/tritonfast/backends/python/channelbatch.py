@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -151,7 +152,7 @@ class Batches:
             name,
             size,
             [
-                (model, version, i, orjson.loads(p) if p else {}, o, s, _trace(t), places)
+                (model, version, i, _parameters(p), o, s, _trace(t), places)
                 for i, p, o, s, places, t, _ in described
             ],
             self.flags(flags_name, flags_size),
@@ -258,6 +259,18 @@ def no_reschedule(request: BatchRequest, instance_name: str) -> TritonError:
         f" instance '{instance_name}' does not support rescheduling: it takes"
         " sequence_batching { iterative_sequence: true }"
     )
+
+
+def _parameters(text: str) -> dict[str, Any]:
+    """A request's parameters from their JSON text. A string the server's Python read from a
+    body that is not UTF-8 holds lone surrogates, which the text escapes and orjson refuses:
+    Python's own parser reads those as the server's Python had them."""
+    if not text:
+        return {}
+    try:
+        return orjson.loads(text)  # type: ignore[no-any-return]
+    except orjson.JSONDecodeError:
+        return json.loads(text)  # type: ignore[no-any-return]
 
 
 def channel_head(
