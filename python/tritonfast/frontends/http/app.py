@@ -360,9 +360,9 @@ async def generate_stream(
             if _identity(request) and dataplane.lane_for(model_name, model_version) is not None:
                 body = await _read_body(request)
                 array = body if isinstance(body, bytes) else np.frombuffer(body, np.uint8)
-                stream = dataplane.open_events(model_name, model_version, array, writer)
-                if stream is not None:
-                    items = _items_of(stream)
+                opened = dataplane.open_events(model_name, model_version, array, writer)
+                if opened is not None:
+                    items = _items_of(opened)
         if items is None:
             infer_request = await _generate_request(
                 request, dataplane, model_name, model_version, body
