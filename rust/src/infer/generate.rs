@@ -37,8 +37,8 @@ pub fn decode_generate(body: &[u8], signature: &Signature) -> Option<(CoreReques
     let mut request = CoreRequest::default();
     let mut parameters = Parameters::default();
     take_members(members, signature, &mut request, &mut parameters, true)?;
-    request.priority = parameters.unsigned("priority", u64::from(u32::MAX))?;
-    request.timeout_us = parameters.unsigned("timeout", u64::MAX)?;
+    parameters.unsigned("priority", u64::from(u32::MAX), &mut request.priority)?;
+    parameters.unsigned("timeout", u64::MAX, &mut request.timeout_us)?;
     let batch_size = signature.check(&request).ok()?;
     Some((request, parameters.text(), batch_size))
 }
@@ -166,17 +166,18 @@ impl Parameters {
         }
     }
 
-    /// Parameter `name` as an unsigned integer up to `most` (None: not one the core takes
-    /// on); `Some(None)` when there is none.
-    fn unsigned(&self, name: &str, most: u64) -> Option<Option<u64>> {
-        match self.0.iter().find(|(n, _)| n == name) {
-            None => Some(None),
-            Some((_, text)) if text.bytes().all(|c| c.is_ascii_digit()) => {
-                let value: u64 = text.parse().ok()?;
-                (value <= most).then_some(Some(value))
-            }
-            Some(_) => None,
+    /// Parameter `name`, when there is one, into `value`: an unsigned integer up to `most`
+    /// (None: a value the core does not take on).
+    fn unsigned(&self, name: &str, most: u64, value: &mut Option<u64>) -> Option<()> {
+        let Some((_, text)) = self.0.iter().find(|(n, _)| n == name) else {
+            return Some(());
+        };
+        if !text.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
         }
+        let number: u64 = text.parse().ok()?;
+        *value = Some(number).filter(|&n| n <= most);
+        value.map(|_| ())
     }
 
     /// The parameters as a JSON object's text (empty for none).
@@ -262,7 +263,7 @@ mod tests {
     #[test]
     fn what_the_reference_path_words_is_left_to_it() {
         for body in [
-            r#"[1]"#,
+            "[1]",
             r#"{"N": 1, "TEXT": "t"}"#,                 // an input missing
             r#"{"N": 1, "TEXT": "t", "X": [1, 2, 3]}"#, // no shape for 3 values
             r#"{"N": 1.5, "TEXT": "t", "X": [1, 2]}"#,  // a fraction for INT32

@@ -466,10 +466,10 @@ impl PyLane {
         py: Python<'_>,
         body: &Bound<'_, PyAny>,
         sink: Py<PyAny>,
-        events: PyRef<'_, PyEventWriter>,
+        events: &Bound<'_, PyEventWriter>,
     ) -> PyResult<Option<PyLaneTicket>> {
         let body = lent_body(body)?;
-        let writer = Arc::clone(&events.0);
+        let writer = Arc::clone(&events.get().0);
         let lane = &self.inner;
         match py.detach(move || lane.submit_generate((*body).as_ref(), sink, writer)) {
             Submitted::Queued(queued) => Ok(Some(ticket(queued))),
