@@ -47,6 +47,7 @@ from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget
 log = logging.getLogger("tritonfast.grpc")
 
 _NO_FLAGS = 0
+_BUFFER_HINT = cygrpc.WriteFlag.buffer_hint
 _OK = cygrpc.StatusCode.ok
 _QUEUE_TIMEOUT = cygrpc.CompletionType.queue_timeout
 _QUEUE_SHUTDOWN = cygrpc.CompletionType.queue_shutdown
@@ -334,7 +335,10 @@ class _Call:
 
 class StreamWriter:
     """Sends a streaming call's messages in order, each from the completion-queue thread as
-    the previous one completes (grpc allows one send in flight per call). The loop only
+    the previous one completes (grpc allows one send in flight per call). A message with more
+    queued behind it goes with grpc's buffer hint: grpc may hold it until the next one, so a
+    burst leaves in a few large writes, not one write (and one wake-up of the client) each;
+    the last one queued goes without, which sends it and everything held. The loop only
     queues them; :meth:`write` hands back a future to wait on when :data:`_STREAM_AHEAD` are
     queued, resolved once half of them are sent. Another thread may queue messages too
     (:meth:`send`, with the GIL), waiting while the queue is :meth:`full` (told through
@@ -425,6 +429,7 @@ class StreamWriter:
                 self._queued.clear()
             elif self._queued:
                 payload = self._queued.popleft()
+            more = bool(self._queued)
             if payload is None:
                 self._sending = False
             half = payload is None or len(self._queued) <= _STREAM_AHEAD // 2
@@ -442,8 +447,9 @@ class StreamWriter:
         if freed is not None:
             freed()
         if payload is not None:
+            flags = _BUFFER_HINT if more else _NO_FLAGS
             self._call.call.start_server_batch(
-                (cygrpc.SendMessageOperation(payload, _NO_FLAGS),), self._sent
+                (cygrpc.SendMessageOperation(payload, flags),), self._sent
             )
 
 
