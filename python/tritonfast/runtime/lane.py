@@ -463,29 +463,34 @@ class LaneScheduler(Scheduler):
         stream = ResponseStream(self._loop)
         # (A decoupled model's responses may be written as events by the core itself.)
         events = request.event_writer if self._decoupled else None
+        started = perf_counter_ns()
         ticket = self._enqueue(request, stream, batch_size, self._decoupled, events)
-        self._watch(stream, ticket, events)
+        self._watch(stream, ticket, events, started)
         return stream
 
     def open_events(self, body: Any, writer: EventWriter) -> ResponseStream | None:
         if not self._decoupled:
             return None
         stream = ResponseStream(self._loop)
+        started = perf_counter_ns()
         ticket = self.lane.submit_generate(body, _Sink(stream, None, stream_room(stream)), writer)
         if ticket is None:
             return None
-        self._watch(stream, ticket, writer)
+        self._watch(stream, ticket, writer, started)
         return stream
 
     def _watch(
-        self, stream: ResponseStream, ticket: LaneTicket, events: EventWriter | None
+        self,
+        stream: ResponseStream,
+        ticket: LaneTicket,
+        events: EventWriter | None,
+        started: int,
     ) -> None:
-        """A queued request's stream: its time to a first response observed, its consumer
-        going away cancelling it."""
+        """A request queued at ``started`` (``perf_counter_ns``): the time to its first
+        response observed, its consumer going away cancelling it."""
         lane = self.lane
         histogram = self._first_response
         if histogram is not None:
-            started = perf_counter_ns()
 
             def first() -> None:
                 # (The core's writer wrote the first response before the stream heard of it.)
