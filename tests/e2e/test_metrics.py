@@ -6,6 +6,7 @@ sends (models used here get no other traffic while a test runs).
 
 from __future__ import annotations
 
+import http.client
 import queue
 import re
 import shutil
@@ -270,7 +271,8 @@ def test_latency_summaries_when_configured(server: Any, tmp_path: Any) -> None:
 
 def test_first_response_histograms_for_decoupled_models(server: Any, tmp_path: Any) -> None:
     """``histogram_latencies=true``: nv_inference_first_response_histogram_ms for decoupled
-    models only, with Triton's default buckets or the model's ``model_metrics`` override."""
+    models only, with Triton's default buckets or the model's ``model_metrics`` override;
+    ``generate_stream``'s requests, whose events the core writes, count too."""
     _, default = scrape(server)
     assert not any(name.startswith(FIRST_RESPONSE) for name, _ in default)
     repository = tmp_path / "models"
@@ -294,19 +296,25 @@ def test_first_response_histograms_for_decoupled_models(server: Any, tmp_path: A
             client.async_stream_infer(model, [values])
         assert [done.get(timeout=30) for _ in range(8)] == [None] * 8
         client.stop_stream()
+        host, port = histograms.http_url.rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("POST", "/v2/models/repeat_py/generate_stream", b'{"IN": [1, 2]}')
+        events = connection.getresponse().read()
+        connection.close()
+        assert events.count(b"data: ") == 2
         text, samples = scrape(histograms)
     finally:
         client.close()
         assert histograms.stop() == 0
     assert f"# TYPE {FIRST_RESPONSE} histogram\n" in text
     labels = {"model": "repeat_py", "version": "1"}
-    assert value(samples, FIRST_RESPONSE + "_count", **labels) == 3
+    assert value(samples, FIRST_RESPONSE + "_count", **labels) == 4
     assert value(samples, FIRST_RESPONSE + "_sum", **labels) > 0
     buckets = [
         value(samples, FIRST_RESPONSE + "_bucket", **labels, le=le)
         for le in ("100", "500", "2000", "5000", "+Inf")
     ]
-    assert buckets == sorted(buckets) and buckets[-1] == 3
+    assert buckets == sorted(buckets) and buckets[-1] == 4
     custom = {"model": "repeat_buckets", "version": "1"}
     assert value(samples, FIRST_RESPONSE + "_bucket", **custom, le="+Inf") == 1
     assert (FIRST_RESPONSE + "_bucket", frozenset({**custom, "le": "2.5"}.items())) in samples
