@@ -433,6 +433,15 @@ class Lane:
         serialized (``stream``: as a stream's ``ModelStreamInferResponse``), goes to
         ``deliver`` with ``sink``; None for the reference path."""
 
+    def submit_generate_http(
+        self, body: Any, stream: OutStream, minor: int, keep_alive: bool, token: int
+    ) -> LaneTicket | None:
+        """A ``generate`` body (bytes, or a C-contiguous numpy array of bytes), decoded,
+        checked and queued without the GIL, for a model neither decoupled nor with sequences;
+        its answer (the generate extension's JSON) is written on ``stream`` and ``token``
+        handed to the completions. None when the reference path must take it; raises
+        Triton's error for a refused one."""
+
     def submit_generate(self, body: Any, sink: Any, events: EventWriter) -> LaneTicket | None:
         """A ``generate_stream`` body (bytes, or a C-contiguous numpy array of bytes) for a
         decoupled model, decoded, checked and queued without the GIL: its responses are
@@ -528,6 +537,11 @@ class EnsembleLane:
         token: int,
     ) -> EnsembleRun | None:
         """As ``Lane.submit_http``; None when the reference path must take the request."""
+
+    def submit_generate_http(
+        self, body: Any, stream: OutStream, minor: int, keep_alive: bool, token: int
+    ) -> EnsembleRun | None:
+        """None: an ensemble's ``generate`` requests take the reference path."""
 
     def submit_grpc(self, message: bytes, sink: Any) -> EnsembleRun | None:
         """As ``Lane.submit_grpc``: the reply goes to the ``deliver`` of the lane whose step

@@ -216,6 +216,7 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
             keep_alive: true,
         },
         token: 7,
+        generate: false,
     };
     assert!(matches!(
         lane.submit_http(Box::new(body.to_vec()), body.len(), reply),
@@ -243,14 +244,46 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
             keep_alive: true,
         },
         token: 8,
+        generate: false,
     };
     assert!(matches!(
         lane.submit_http(Box::new(wrong.to_vec()), wrong.len(), reply),
         Submitted::Refused(_)
     ));
 
+    // A `generate` request: its body decoded by the generate extension's rules, its answer
+    // that extension's flat object (parameters go to the model, not into the answer).
+    let body = br#"{"INPUT0":[5,6],"id":"g","max_tokens":2}"#;
+    let reply = HttpReply {
+        stream: outbox.open(connection.as_fd()).unwrap(),
+        framing: Framing {
+            minor: 1,
+            keep_alive: true,
+        },
+        token: 9,
+        generate: true,
+    };
+    assert!(matches!(
+        lane.submit_generate_http(body, reply),
+        Submitted::Queued(_)
+    ));
+    wait_until(|| completions.take() == [9]);
+    let mut answer = vec![0; 4096];
+    let n = client.read(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(
+        answer.starts_with("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.ends_with(
+            r#"{"OUTPUT0":[5.0,6.0],"id":"g","model_name":"identity","model_version":"1"}"#
+        ),
+        "{answer}"
+    );
+
     let stats = lane.stats().snapshot();
-    assert_eq!(stats.success.count, 2);
+    assert_eq!(stats.success.count, 3);
     lane.close();
     assert_eq!(driver.join().unwrap(), DriveEnd::Closed);
     drop(lane);

@@ -128,6 +128,50 @@ def test_the_core_answers_as_the_reference_path(
     assert core.ask(*request) == reference.ask(*request)
 
 
+@st.composite
+def generate_requests(draw: Any) -> tuple[str, bytes, dict[str, str]]:
+    """A ``generate`` request (the generate extension's flat JSON object) to one of the
+    identity models, as its path, body and headers: the input as an array, a scalar, nested
+    or inside ``parameters``, or missing; parameters of every kind and some of none."""
+    datatype = draw(st.sampled_from(sorted(DATATYPES)))
+    values = _json(datatype, _values(datatype, draw(st.integers(0, 4)), draw))
+    body: dict[str, Any] = {}
+    where = draw(st.integers(0, 9))
+    if where == 1 and values:
+        body["INPUT0"] = values[0]
+    elif where == 2:
+        body["parameters"] = {"INPUT0": values}
+    elif where == 3:
+        body["INPUT0"] = [values]
+    elif where > 3:
+        body["INPUT0"] = values
+    if draw(st.booleans()):
+        body["id"] = draw(st.sampled_from(["g1", 'q"d', "é"]))
+    kinds = st.one_of(
+        st.integers(-3, 2**33),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.booleans(),
+        st.text("ab é", max_size=2),
+        st.none(),
+    )
+    names = st.sampled_from(["max_tokens", "temperature", "priority", "stop"])
+    body.update(draw(st.dictionaries(names, kinds, max_size=2)))
+    text = json.dumps(body, ensure_ascii=draw(st.booleans()))
+    path = f"/v2/models/identity_{DATATYPES[datatype]}/generate"
+    return path, text.encode(), {"Content-Type": "application/json"}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(generate_requests())
+def test_generate_requests_get_the_reference_answers(
+    connections: tuple[Connection, Connection], request: tuple[str, bytes, dict[str, str]]
+) -> None:
+    """``generate`` bodies the core decodes itself (and answers with the generate
+    extension's JSON) against the reference path's decoder and encoder."""
+    core, reference = connections
+    assert core.ask(*request) == reference.ask(*request)
+
+
 @pytest.mark.parametrize("count", [1 << 18, 3 << 18])
 def test_large_bodies_get_the_reference_answers(
     connections: tuple[Connection, Connection], count: int

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::response::{json_data, json_string};
+use super::response::{error_json, json_data, json_string};
 use super::{Answer, OwnedResponse, monotonic_ns};
 use crate::error::CoreError;
 use crate::outbox::Stream;
@@ -137,18 +137,10 @@ fn push_event(out: &mut Vec<u8>, json: &[u8]) {
     out.extend_from_slice(b"\n\n\r\n");
 }
 
-/// `{"error": message}`.
-fn error_json(message: &str) -> Vec<u8> {
-    let mut out = b"{\"error\":".to_vec();
-    json_string(&mut out, message.as_bytes());
-    out.push(b'}');
-    out
-}
-
 /// A response as the generate extension's flat JSON object: members sorted by name; a
 /// parameter overrides the model's name, version or the id, and an output any of them, as in
 /// the reference encoder, which fills one object in that order.
-fn response_json(response: &OwnedResponse) -> Result<Vec<u8>, CoreError> {
+pub(crate) fn response_json(response: &OwnedResponse) -> Result<Vec<u8>, CoreError> {
     let quoted = |text: &str| {
         let mut out = Vec::with_capacity(text.len() + 2);
         json_string(&mut out, text.as_bytes());

@@ -49,11 +49,14 @@ use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, STREAM_TAG
 use channel::{Channel, GET_READY};
 use completions::Completions;
 use ensemble::{Ended, Spent, StepSink};
-use events::EventWriter;
+use events::{EventWriter, response_json};
 pub use grpcreply::GrpcForm;
 use grpcreply::{grpc_answer, grpc_empty_final};
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
-use response::{Framing, HttpAnswer, ResponseParts, error_answer, response_answer, slot_bytes};
+use response::{
+    Framing, HttpAnswer, ResponseParts, error_answer, error_json, json_answer, response_answer,
+    slot_bytes,
+};
 use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
 use sequence::{Controls, null_inputs};
 use source::{Entry, Popped, RunTicket, Source};
@@ -80,6 +83,8 @@ pub struct HttpReply {
     pub framing: Framing,
     /// Handed to the event loop once the answer is written.
     pub token: u64,
+    /// The answer is the generate extension's (a `generate` request), not an `infer` one's.
+    pub generate: bool,
 }
 
 /// Who is waiting for a request's answer.
@@ -532,6 +537,25 @@ impl<E: Send + Sync> Lane<E> {
             body: no_body(),
             parameters,
             sink: Sink::Events(sink, writer),
+        };
+        self.push_decoded(item, batch_size)
+    }
+
+    /// Decodes a `generate` body and queues it, for a model that is neither decoupled nor a
+    /// sequence model: its answer (the generate extension's JSON) is written on `reply`'s
+    /// stream. A body the core does not take on goes to the reference path.
+    pub fn submit_generate_http(&self, body: &[u8], reply: HttpReply) -> Submitted {
+        if self.decoupled || self.source.is_sequence() || !reply.generate {
+            return Submitted::Reference;
+        }
+        let Some((request, parameters, batch_size)) = decode_generate(body, &self.signature) else {
+            return Submitted::Reference;
+        };
+        let item = LaneItem {
+            request,
+            body: no_body(),
+            parameters,
+            sink: Sink::Http(reply),
         };
         self.push_decoded(item, batch_size)
     }
@@ -999,7 +1023,11 @@ impl<E: Send + Sync> Lane<E> {
             let LaneItem { request, sink, .. } = item;
             match sink {
                 Sink::Http(reply) => {
-                    let answer = http_outcome(&request, outcome, segment, reply.framing);
+                    let answer = if reply.generate {
+                        generate_outcome(outcome, segment, reply.framing)
+                    } else {
+                        http_outcome(&request, outcome, segment, reply.framing)
+                    };
                     answers.push((reply, answer));
                 }
                 Sink::External(sink) | Sink::Events(sink, _) => {
@@ -1538,7 +1566,12 @@ fn answer_error<E: Send + Sync>(
 ) {
     match sink {
         Sink::Http(reply) => {
-            let _ = reply.stream.write_now(&error_answer(error, reply.framing));
+            let answer = if reply.generate {
+                generate_error(error, reply.framing)
+            } else {
+                error_answer(error, reply.framing)
+            };
+            let _ = reply.stream.write_now(&answer);
             tokens.push(reply.token);
         }
         Sink::External(sink) | Sink::Grpc(sink, _) | Sink::Events(sink, _) => {
@@ -1568,6 +1601,21 @@ fn http_outcome<'a>(
         response_answer(request, &parts, framing)
     });
     answer.unwrap_or_else(|error| HttpAnswer::whole(error_answer(&error, framing)))
+}
+
+/// A `generate` request's answer: the response as the generate extension's JSON object, or
+/// its error (status 400, whatever the error, as the reference path answers a response that
+/// is an error).
+fn generate_outcome(outcome: &Outcome, segment: &[u8], framing: Framing) -> HttpAnswer<'static> {
+    let json = owned_outcome(outcome, segment).and_then(|response| response_json(&response));
+    HttpAnswer::whole(match json {
+        Ok(json) => json_answer(200, &json, framing),
+        Err(error) => generate_error(&error, framing),
+    })
+}
+
+fn generate_error(error: &CoreError, framing: Framing) -> Vec<u8> {
+    json_answer(400, &error_json(&error.message), framing)
 }
 
 /// A worker's response and the segment its outputs lie in; or its error.

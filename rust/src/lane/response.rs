@@ -122,20 +122,34 @@ fn head(
 
 /// The answer to a failed request: `{"error": message}` with the code's status.
 pub fn error_answer(error: &CoreError, framing: Framing) -> Vec<u8> {
-    let mut body = Vec::with_capacity(error.message.len() + 16);
+    json_answer(
+        http_status(error.code),
+        &error_json(&error.message),
+        framing,
+    )
+}
+
+/// `{"error": message}`.
+pub fn error_json(message: &str) -> Vec<u8> {
+    let mut body = Vec::with_capacity(message.len() + 16);
     body.extend_from_slice(b"{\"error\":");
-    json_string(&mut body, error.message.as_bytes());
+    json_string(&mut body, message.as_bytes());
     body.push(b'}');
+    body
+}
+
+/// An answer of `status` whose body is the JSON document `body`.
+pub fn json_answer(status: u16, body: &[u8], framing: Framing) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + 128);
     head(
         &mut out,
-        http_status(error.code),
+        status,
         "application/json",
         body.len(),
         "",
         framing,
     );
-    out.extend_from_slice(&body);
+    out.extend_from_slice(body);
     out
 }
 

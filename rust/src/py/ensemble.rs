@@ -79,6 +79,22 @@ impl PyEnsembleLane {
         Ok(dict)
     }
 
+    /// A `generate` request: always the reference path's (an ensemble's generate answers are
+    /// made from the responses of its steps in Python). The signature of
+    /// `Lane.submit_generate_http`.
+    #[allow(clippy::unused_self)]
+    fn submit_generate_http(
+        &self,
+        body: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyOutStream>,
+        minor: u8,
+        keep_alive: bool,
+        token: u64,
+    ) -> Option<PyEnsembleRun> {
+        let _ = (body, stream, minor, keep_alive, token);
+        None
+    }
+
     /// As `Lane.submit_http`: an `EnsembleRun` once started, None when the reference path
     /// must take the request (it words every refusal).
     #[allow(clippy::too_many_arguments)]

@@ -220,6 +220,7 @@ pub(super) fn http_reply(
         stream: Arc::clone(&stream.get().0),
         framing: Framing { minor, keep_alive },
         token,
+        generate: false,
     }
 }
 
@@ -424,6 +425,32 @@ impl PyLane {
         let reply = http_reply(stream, minor, keep_alive, token);
         let lane = &self.inner;
         match py.detach(|| lane.submit_http(body, json_length, reply)) {
+            Submitted::Queued(queued) => Ok(Some(ticket(queued))),
+            Submitted::Reference => Ok(None),
+            Submitted::Refused(error) => Err(to_py_err(py, &error)),
+        }
+    }
+
+    /// A `generate` body (bytes, or a C-contiguous numpy array of bytes) for this model,
+    /// decoded, checked and queued without the GIL; its answer (the generate extension's JSON)
+    /// is written on `stream` and `token` handed to the completions. A `Ticket` once queued;
+    /// None when the reference path must take it; raises Triton's error for a refused one.
+    fn submit_generate_http(
+        &self,
+        py: Python<'_>,
+        body: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyOutStream>,
+        minor: u8,
+        keep_alive: bool,
+        token: u64,
+    ) -> PyResult<Option<PyLaneTicket>> {
+        let body = lent_body(body)?;
+        let reply = HttpReply {
+            generate: true,
+            ..http_reply(stream, minor, keep_alive, token)
+        };
+        let lane = &self.inner;
+        match py.detach(move || lane.submit_generate_http((*body).as_ref(), reply)) {
             Submitted::Queued(queued) => Ok(Some(ticket(queued))),
             Submitted::Reference => Ok(None),
             Submitted::Refused(error) => Err(to_py_err(py, &error)),

@@ -1,7 +1,9 @@
 """HTTP inference requests handed to the Rust core whole.
 
 For a model whose requests the core takes all the way (:mod:`tritonfast.runtime.lane`), an
-inference request whose body has arrived goes to the model's lane in one call: the core
+inference request (``infer``, or the generate extension's ``generate`` for a model that is
+neither decoupled nor a sequence model) whose body has arrived goes to the model's lane in
+one call: the core
 decodes and checks it, queues it, runs its batch on the worker and writes its response on the
 connection's :class:`~tritonfast._core.OutStream`, then names it in the server's
 :class:`~tritonfast._core.LaneCompletions`, which the event loop watches to serve the
@@ -10,14 +12,15 @@ connection's next request. No Python runs for the request between the call and t
 A large body, received into a buffer of its own, goes to the core once all of it has arrived
 (the connection waits for it: :meth:`CorePath.lane_of` says whether to).
 
-A request takes the reference path (``app.infer``), which answers every request as Triton
-does, whenever anything about it is not the everyday case: tracing, header forwarding or an
-API restriction on, a compressed body or answer, ``Expect``, a small body still arriving, a
-body over the body budget, a raw binary body, a JSON header of ``codec.LARGE_JSON_BYTES`` or
-more (read on a low-priority thread there, off the event loop), a connection that closes after
-the answer, a response cache, or a request the core's decoder leaves to the reference path
-(CUDA shared memory, a system region not registered or too small, classification, parameters
-it does not know, invalid requests: their errors are worded there).
+A request takes the reference path (``app.infer``, ``app.generate_once``), which answers
+every request as Triton does, whenever anything about it is not the everyday case: tracing,
+header forwarding or an API restriction on, a compressed body or answer, ``Expect``, a small
+body still arriving, a body over the body budget, a raw binary body, a JSON header (or
+generate body) of ``codec.LARGE_JSON_BYTES`` or more (read on a low-priority thread there,
+off the event loop), a connection that closes after the answer, a response cache, or a
+request the core's decoder leaves to the reference path (CUDA shared memory, a system region
+not registered or too small, classification, parameters it does not know, invalid requests:
+their errors are worded there).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.lane import CoreLane
 
 _IDENTITY = (None, "identity")
+# The endpoints whose requests the core takes: inference, and the generate extension's
+# single response (generate_stream's go through the handler, see app.generate_stream).
+_TAKEN = (Endpoint.INFER, Endpoint.GENERATE)
 
 
 class CorePath:
@@ -52,22 +58,30 @@ class CorePath:
         body = _arrived_body(request)
         if body is None:
             return None
-        lane = self.lane_of(request)
-        if lane is None:
+        routed = self._routed(request)
+        if routed is None:
             return None
-        try:
-            length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
-        except TritonError:
-            return None
-        if length == 0:  # a raw binary body
-            return None
+        lane, generate = routed
+        if generate:
+            length = len(body)
+        else:
+            try:
+                length = codec.header_length(request.headers.get(codec.HEADER_LENGTH), len(body))
+            except TritonError:
+                return None
+            if length == 0:  # a raw binary body
+                return None
         if length >= codec.LARGE_JSON_BYTES:
             # Megabytes of JSON take long to read (or to refuse): the reference path does it
             # on a low-priority thread, where the core would do it on the event loop's.
             return None
         token = next(self._tokens)
+        minor = request.version[1]
         try:
-            ticket = lane.submit_http(body, length, out, request.version[1], True, token)
+            if generate:
+                ticket = lane.submit_generate_http(body, out, minor, True, token)
+            else:
+                ticket = lane.submit_http(body, length, out, minor, True, token)
         except TritonError:  # refused: the reference path words it
             return None
         return None if ticket is None else (lane, ticket, token)
@@ -75,10 +89,15 @@ class CorePath:
     def lane_of(self, request: Request) -> CoreLane | None:
         """The lane ``request`` goes to once its body has arrived, unless anything about the
         request but its body sends it to the reference path."""
+        routed = self._routed(request)
+        return None if routed is None else routed[0]
+
+    def _routed(self, request: Request) -> tuple[CoreLane, bool] | None:
+        """:meth:`lane_of`, and whether the request is a ``generate`` one (else ``infer``)."""
         if request.method != "POST" or request.version[0] != 1 or not request.keep_alive:
             return None
         route = resolve(request.path)
-        if route is None or route.endpoint is not Endpoint.INFER:
+        if route is None or route.endpoint not in _TAKEN:
             return None
         headers = request.headers
         if (
@@ -90,7 +109,8 @@ class CorePath:
         dataplane = self._dataplane
         if dataplane.tracer.enabled or dataplane.forwards_headers("HTTP"):
             return None
-        return dataplane.lane_for(route.name, route.version)
+        lane = dataplane.lane_for(route.name, route.version)
+        return None if lane is None else (lane, route.endpoint is Endpoint.GENERATE)
 
 
 def _arrived_body(request: Request) -> bytes | np.ndarray | None:
