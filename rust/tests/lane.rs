@@ -31,7 +31,7 @@ use tritonfast_core::lane::{
     Answer, Batching, Deliver, DriveEnd, HttpReply, Lane, LaneItem, Marks, Scheduling, Sink,
     Submitted, WorkerLink,
 };
-use tritonfast_core::outbox::Outbox;
+use tritonfast_core::outbox::{Outbox, Stream};
 use tritonfast_core::queue::QueueConfig;
 use tritonfast_core::sequence::{CorrelationId, SequenceConfig, Strategy};
 use tritonfast_core::shm::{AttachedSegment, OwnedSegment};
@@ -176,6 +176,25 @@ fn wait_until(mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Where an HTTP request's answer goes: `stream`, keep-alive HTTP/1.1.
+fn reply_on(stream: Arc<Stream>, token: u64, generate: bool) -> HttpReply {
+    HttpReply {
+        stream,
+        framing: Framing {
+            minor: 1,
+            keep_alive: true,
+        },
+        token,
+        generate,
+    }
+}
+
+fn read_answer(client: &mut UnixStream) -> String {
+    let mut answer = vec![0; 4096];
+    let n = client.read(&mut answer).unwrap();
+    String::from_utf8_lossy(&answer[..n]).into_owned()
+}
+
 #[test]
 fn requests_from_python_and_http_are_answered_by_the_worker() {
     let (lane, delivered, completions) = lane();
@@ -209,23 +228,13 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
     let stream = outbox.open(connection.as_fd()).unwrap();
     let body =
         br#"{"id":"a","inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[3,4]}]}"#;
-    let reply = HttpReply {
-        stream,
-        framing: Framing {
-            minor: 1,
-            keep_alive: true,
-        },
-        token: 7,
-        generate: false,
-    };
+    let reply = reply_on(stream, 7, false);
     assert!(matches!(
         lane.submit_http(Box::new(body.to_vec()), body.len(), reply),
         Submitted::Queued(_)
     ));
     wait_until(|| completions.take() == [7]);
-    let mut answer = vec![0; 4096];
-    let n = client.read(&mut answer).unwrap();
-    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    let answer = read_answer(&mut client);
     assert!(
         answer.starts_with("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"),
         "{answer}"
@@ -237,15 +246,7 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
     // A request its model refuses is answered by the decoder, never queued.
     let wrong = br#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2],"data":[3,4]}]}"#;
     let (_, other) = UnixStream::pair().unwrap();
-    let reply = HttpReply {
-        stream: outbox.open(other.as_fd()).unwrap(),
-        framing: Framing {
-            minor: 1,
-            keep_alive: true,
-        },
-        token: 8,
-        generate: false,
-    };
+    let reply = reply_on(outbox.open(other.as_fd()).unwrap(), 8, false);
     assert!(matches!(
         lane.submit_http(Box::new(wrong.to_vec()), wrong.len(), reply),
         Submitted::Refused(_)
@@ -254,23 +255,13 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
     // A `generate` request: its body decoded by the generate extension's rules, its answer
     // that extension's flat object (parameters go to the model, not into the answer).
     let body = br#"{"INPUT0":[5,6],"id":"g","max_tokens":2}"#;
-    let reply = HttpReply {
-        stream: outbox.open(connection.as_fd()).unwrap(),
-        framing: Framing {
-            minor: 1,
-            keep_alive: true,
-        },
-        token: 9,
-        generate: true,
-    };
+    let reply = reply_on(outbox.open(connection.as_fd()).unwrap(), 9, true);
     assert!(matches!(
         lane.submit_generate_http(body, reply),
         Submitted::Queued(_)
     ));
     wait_until(|| completions.take() == [9]);
-    let mut answer = vec![0; 4096];
-    let n = client.read(&mut answer).unwrap();
-    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    let answer = read_answer(&mut client);
     assert!(
         answer.starts_with("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"),
         "{answer}"
