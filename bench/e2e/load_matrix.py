@@ -9,6 +9,8 @@ Rows (``ROWS``, space-separated; all by default), closed loop, one load thread:
 - ``grpc-c1``, ``grpc-c16``: gRPC ``ModelInfer`` with raw input contents; c=16 is 4 HTTP/2
   connections of 4 streams.
 - ``binL-c4``, ``grpcL-c4``: one 4 MiB FP32 input ([1, 1048576]); gRPC over 4 connections.
+- ``gen-c1``, ``gen-c16``: HTTP ``generate`` (the generate extension), the 16 FP32 values as
+  ``{"INPUT0": [...]}``.
 
 Each row first sends its exact request once and checks the answer (OUTPUT0 == INPUT0), then
 runs WARM s of load and measures DUR s. Every answer must be a success, and the server's
@@ -44,7 +46,7 @@ class Failed(Exception):
 
 @dataclass(frozen=True)
 class Row:
-    protocol: str  # "json", "bin" or "grpc"
+    protocol: str  # "json", "bin", "grpc" or "generate"
     concurrency: int
     values: int
     connections: int = 1  # gRPC: HTTP/2 connections
@@ -59,6 +61,8 @@ ROWS = {
     "grpc-c16": Row("grpc", 16, SMALL, connections=4),
     "binL-c4": Row("bin", 4, LARGE),
     "grpcL-c4": Row("grpc", 4, LARGE, connections=4),
+    "gen-c1": Row("generate", 1, SMALL),
+    "gen-c16": Row("generate", 16, SMALL),
 }
 
 
@@ -88,10 +92,21 @@ def json_request(address: str, model: str, data: np.ndarray) -> bytes:
     return head + body
 
 
+def generate_request(address: str, model: str, data: np.ndarray) -> bytes:
+    body = json.dumps({"INPUT0": data.ravel().tolist()}, separators=(",", ":")).encode()
+    head = (
+        f"POST /v2/models/{model}/generate HTTP/1.1\r\nHost: {address}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
 def request_for(row: Row, address: str, model: str) -> bytes:
     data = values(row.values)
     if row.protocol == "json":
         return json_request(address, model, data)
+    if row.protocol == "generate":
+        return generate_request(address, model, data)
     tensor = Tensor("INPUT0", "FP32", list(data.shape), data)
     if row.protocol == "grpc":
         return payloads.grpc_request(model, "", [tensor], ["OUTPUT0"])
@@ -116,8 +131,12 @@ def check_http(address: str, request: bytes, expected: np.ndarray) -> None:
         raise Failed(f"HTTP {answer.status}: {data[:300]!r}")
     header_length = answer.getheader("Inference-Header-Content-Length")
     if header_length is None:
-        [output] = json.loads(data)["outputs"]
-        got = np.asarray(output["data"], np.float32)
+        document = json.loads(data)
+        if "outputs" in document:
+            [output] = document["outputs"]
+            got = np.asarray(output["data"], np.float32)
+        else:  # the generate extension's flat object
+            got = np.asarray(document["OUTPUT0"], np.float32)
     else:
         got = np.frombuffer(data[int(header_length) :], "<f4")
     if not np.array_equal(got.ravel(), expected.ravel()):

@@ -38,7 +38,7 @@ part() {  # name repo model rows script
 }
 
 part small "$ROOT/bench/models" identity \
-  "bin-c1 bin-c16 json-c16 grpc-c1 grpc-c16" "$LOAD_MATRIX"
+  "bin-c1 bin-c16 json-c16 grpc-c1 grpc-c16 gen-c1 gen-c16" "$LOAD_MATRIX"
 part large "$ROOT/bench/models" identity "binL-c4 grpcL-c4" "$LOAD_MATRIX"
 part bls "$ROOT/bench/models_compose" bls_identity "bin-c1 bin-c16" "$LOAD_MATRIX"
 part ensemble "$ROOT/bench/models_compose" ens_identity "bin-c16 grpc-c16" "$LOAD_MATRIX"
