@@ -526,26 +526,26 @@ impl<E: Send + Sync> Lane<E> {
     /// (and of every response the writer declines) through [`Deliver::stream`]. A body the
     /// core does not take on goes to the reference path.
     pub fn submit_generate(&self, body: &[u8], sink: E, writer: Arc<EventWriter>) -> Submitted {
-        if !self.decoupled || self.source.is_sequence() {
+        if !self.decoupled {
             return Submitted::Reference;
         }
-        let Some((request, parameters, batch_size)) = decode_generate(body, &self.signature) else {
-            return Submitted::Reference;
-        };
-        let item = LaneItem {
-            request,
-            body: no_body(),
-            parameters,
-            sink: Sink::Events(sink, writer),
-        };
-        self.push_decoded(item, batch_size)
+        self.queue_generate(body, Sink::Events(sink, writer))
     }
 
     /// Decodes a `generate` body and queues it, for a model that is neither decoupled nor a
     /// sequence model: its answer (the generate extension's JSON) is written on `reply`'s
     /// stream. A body the core does not take on goes to the reference path.
     pub fn submit_generate_http(&self, body: &[u8], reply: HttpReply) -> Submitted {
-        if self.decoupled || self.source.is_sequence() || !reply.generate {
+        if self.decoupled || !reply.generate {
+            return Submitted::Reference;
+        }
+        self.queue_generate(body, Sink::Http(reply))
+    }
+
+    /// A generate body decoded and queued for `sink` (not for a sequence model's lane: the
+    /// reference path words what a sequence needs).
+    fn queue_generate(&self, body: &[u8], sink: Sink<E>) -> Submitted {
+        if self.source.is_sequence() {
             return Submitted::Reference;
         }
         let Some((request, parameters, batch_size)) = decode_generate(body, &self.signature) else {
@@ -555,7 +555,7 @@ impl<E: Send + Sync> Lane<E> {
             request,
             body: no_body(),
             parameters,
-            sink: Sink::Http(reply),
+            sink,
         };
         self.push_decoded(item, batch_size)
     }
