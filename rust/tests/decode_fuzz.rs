@@ -1,10 +1,11 @@
-//! The core's request decoder under arbitrary input: whatever bytes arrive, decoding ends in a
+//! The core's request decoders under arbitrary input: whatever bytes arrive, decoding ends in a
 //! request, Triton's error or the reference path, never in a panic, and a request's tensors lie
-//! within the body they came in.
+//! within the body they came in (a generate body's hold exactly their shape's elements).
 
 use proptest::prelude::*;
 use tritonfast_core::infer::{
-    Decoded, Signature, TensorData, TensorSpec, decode_grpc, decode_http, grpc_target,
+    DataType, Decoded, Signature, TensorData, TensorSpec, decode_generate, decode_grpc,
+    decode_http, grpc_target,
 };
 
 fn signature() -> Signature {
@@ -56,6 +57,11 @@ const PIECES: &[&str] = &[
     "18446744073709551616",
     "\"\\u0041\"",
     " ",
+    "\"max_tokens\"",
+    "\"priority\"",
+    "\"x\"",
+    "false",
+    "null",
 ];
 
 fn header() -> impl Strategy<Value = Vec<u8>> {
@@ -71,6 +77,22 @@ fn check(body: &[u8], json_length: usize) {
             }
         }
     }
+}
+
+fn check_generate(body: &[u8]) {
+    let Some((request, parameters, _)) = decode_generate(body, &signature()) else {
+        return;
+    };
+    for input in &request.inputs {
+        let TensorData::Owned(bytes) = &input.data else {
+            panic!("a generate input not in bytes of its own");
+        };
+        let count: u64 = input.shape.iter().product();
+        if input.datatype == DataType::Fp32 {
+            assert_eq!(bytes.len() as u64, count * 4);
+        }
+    }
+    assert!(parameters.is_empty() || (parameters.starts_with('{') && parameters.ends_with('}')));
 }
 
 fn check_grpc(message: &[u8]) {
@@ -132,6 +154,16 @@ proptest! {
     }
 
     #[test]
+    fn generate_bodies_of_arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..300)) {
+        check_generate(&body);
+    }
+
+    #[test]
+    fn generate_bodies_made_of_real_pieces(body in header()) {
+        check_generate(&body);
+    }
+
+    #[test]
     fn headers_made_of_real_pieces(head in header(), tail in prop::collection::vec(any::<u8>(), 0..40)) {
         let mut body = head.clone();
         body.extend_from_slice(&tail);
@@ -146,4 +178,10 @@ fn a_deeply_nested_header_is_left_alone() {
         decode_http(deep.as_bytes(), deep.len(), &signature()),
         Decoded::Reference
     );
+    let deep_input = format!(
+        "{{\"INPUT0\":{}{}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    assert!(decode_generate(deep_input.as_bytes(), &signature()).is_none());
 }
