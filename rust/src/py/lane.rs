@@ -209,6 +209,16 @@ pub(super) fn request_body<'a>(body: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]>
     Ok(unsafe { borrowed_bytes(address, len) })
 }
 
+/// What a submit of a request the core decodes gives Python: a `Ticket` once queued, None
+/// when the reference path must take it, Triton's error raised for a refused one.
+fn handed(py: Python<'_>, submitted: Submitted) -> PyResult<Option<PyLaneTicket>> {
+    match submitted {
+        Submitted::Queued(queued) => Ok(Some(ticket(queued))),
+        Submitted::Reference => Ok(None),
+        Submitted::Refused(error) => Err(to_py_err(py, &error)),
+    }
+}
+
 /// Where the answer to an HTTP request handed over on `stream` goes.
 pub(super) fn http_reply(
     stream: &Bound<'_, PyOutStream>,
@@ -424,11 +434,7 @@ impl PyLane {
         let body = lent_body(body)?;
         let reply = http_reply(stream, minor, keep_alive, token);
         let lane = &self.inner;
-        match py.detach(|| lane.submit_http(body, json_length, reply)) {
-            Submitted::Queued(queued) => Ok(Some(ticket(queued))),
-            Submitted::Reference => Ok(None),
-            Submitted::Refused(error) => Err(to_py_err(py, &error)),
-        }
+        handed(py, py.detach(|| lane.submit_http(body, json_length, reply)))
     }
 
     /// A `generate` body (bytes, or a C-contiguous numpy array of bytes) for this model,
@@ -450,11 +456,10 @@ impl PyLane {
             ..http_reply(stream, minor, keep_alive, token)
         };
         let lane = &self.inner;
-        match py.detach(move || lane.submit_generate_http((*body).as_ref(), reply)) {
-            Submitted::Queued(queued) => Ok(Some(ticket(queued))),
-            Submitted::Reference => Ok(None),
-            Submitted::Refused(error) => Err(to_py_err(py, &error)),
-        }
+        handed(
+            py,
+            py.detach(move || lane.submit_generate_http((*body).as_ref(), reply)),
+        )
     }
 
     /// A gRPC `ModelInferRequest` as received, decoded and queued without the GIL; its reply,
@@ -476,11 +481,7 @@ impl PyLane {
         } else {
             GrpcForm::Unary
         };
-        match py.detach(|| lane.submit_grpc(message, sink, form)) {
-            Submitted::Queued(queued) => Ok(Some(ticket(queued))),
-            Submitted::Reference => Ok(None),
-            Submitted::Refused(error) => Err(to_py_err(py, &error)),
-        }
+        handed(py, py.detach(|| lane.submit_grpc(message, sink, form)))
     }
 
     /// A `generate_stream` body (bytes, or a C-contiguous numpy array of bytes) for a
@@ -498,11 +499,10 @@ impl PyLane {
         let body = lent_body(body)?;
         let writer = Arc::clone(&events.get().0);
         let lane = &self.inner;
-        match py.detach(move || lane.submit_generate((*body).as_ref(), sink, writer)) {
-            Submitted::Queued(queued) => Ok(Some(ticket(queued))),
-            Submitted::Reference => Ok(None),
-            Submitted::Refused(error) => Err(to_py_err(py, &error)),
-        }
+        handed(
+            py,
+            py.detach(move || lane.submit_generate((*body).as_ref(), sink, writer)),
+        )
     }
 
     /// A request the server's Python decoded and checked; `sink` is handed back to `deliver`
