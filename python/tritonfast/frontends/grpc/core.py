@@ -459,18 +459,43 @@ def _resolve(future: asyncio.Future[Any], event: Any) -> None:
 
 
 class _Requests:
-    """A streaming call's requests, read one message at a time."""
+    """A streaming call's requests, read one message at a time. The handler may set
+    :attr:`take`: a function the completion-queue thread offers each message to as it
+    arrives; a message it takes (True) never reaches the loop, and the next one is asked for
+    from that thread at once, so that a request the core can take leaves without a turn of
+    the event loop."""
 
-    __slots__ = ("_call",)
+    __slots__ = ("_call", "take")
 
     def __init__(self, call: _Call) -> None:
         self._call = call
+        self.take: Callable[[bytes], bool] | None = None
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
 
+    def _receive(self) -> asyncio.Future[Any]:
+        """The next message's completion event that :attr:`take` did not take."""
+        call = self._call
+        future = call.server.loop.create_future()
+        receive = (cygrpc.ReceiveMessageOperation(_NO_FLAGS),)
+
+        def completed(event: Any) -> None:  # on the completion-queue thread
+            take = self.take
+            data = event.batch_operations[0].message()
+            if take is not None and data is not None and take(data):
+                try:
+                    call.call.start_server_batch(receive, completed)
+                except Exception:  # the call is over: so is the reading (its task ends)
+                    call.server.call_soon(future.cancel)
+                return
+            call.server.call_soon(_resolve, future, event)
+
+        call.call.start_server_batch(receive, completed)
+        return future
+
     async def __anext__(self) -> Any:
-        event = await self._call.batch((cygrpc.ReceiveMessageOperation(_NO_FLAGS),))
+        event = await self._receive()
         data = event.batch_operations[0].message()
         if data is None:
             raise StopAsyncIteration

@@ -7,7 +7,8 @@ of responses, written as Triton writes them.
   the request and serializes its reply: :mod:`.corepath`); a decoupled model's responses go
   out as they come, interleaved with everything else (those the core serializes are queued
   on the call by the core's reader threads themselves, when the gRPC engine allows: no turn
-  of the event loop per response).
+  of the event loop per response; and such a request, when small, is handed to the core by
+  the completion-queue thread as it arrives, the loop counting it after the fact).
 - Every reply carries the ``triton_final_response`` parameter (whether it is the request's
   last). A final flag with no response is written as an empty reply only when the request set
   ``triton_enable_empty_final_response``.
@@ -87,6 +88,11 @@ class StreamSession:
             self._direct = (writer, room)
         self._window = asyncio.Semaphore(STREAM_WINDOW)
         self._running: set[asyncio.Future[Any]] = set()
+        self._loop = asyncio.get_running_loop()
+        # With a writer other threads may write to, a decoupled model's requests the core
+        # takes are handed to it from the completion-queue thread (see _take_here).
+        if self._direct is not None and hasattr(requests, "take"):
+            requests.take = self._take_here
         # Single-response requests' replies (messages, or bytes the core serialized), in
         # request order, until their turn.
         self._ordered: deque[asyncio.Future[Any]] = deque()
@@ -166,6 +172,51 @@ class StreamSession:
         finally:
             self._reading_done = True
             self._maybe_end()
+
+    def _take_here(self, data: bytes) -> bool:
+        """On the completion-queue thread, as a request arrives: a small one to a decoupled
+        model whose lane takes it is handed to the lane from here, its replies written by the
+        core's reader thread (see _start_in_core): the event loop then only keeps count, after
+        the fact. False: the loop reads it (anything else, or no room now)."""
+        direct = self._direct
+        if (
+            self._over
+            or direct is None
+            or len(data) >= COUNTED_BYTES
+            or not self._out_room.is_set()
+            or direct[0].full()
+            or len(self._running) >= STREAM_WINDOW // 2
+        ):
+            return False
+        lane = stream_lane(self._dataplane, data)
+        if lane is None or not lane.decoupled:
+            return False
+        writer, room = direct
+        over: asyncio.Future[Any] = self._loop.create_future()
+        sink = StreamedReplies(writer.send, room, over, data, direct=True)
+        try:
+            ticket = lane.submit_grpc(data, sink, True)
+        except TritonError:  # (a full queue, say): the loop's path words it
+            return False
+        if ticket is None:
+            return False
+        with contextlib.suppress(RuntimeError):  # the loop is gone: so is the call
+            self._loop.call_soon_threadsafe(self._taken, lane, ticket, over)
+        return True
+
+    def _taken(self, lane: Lane, ticket: Any, over: asyncio.Future[Any]) -> None:
+        """On the loop: a request the completion-queue thread handed to the core, counted
+        among those in flight (outside the reading window, which it never waited for)."""
+        if self._over:
+            lane.cancel(ticket)
+            return
+        over.add_done_callback(lambda done: lane.cancel(ticket) if done.cancelled() else None)
+        self._running.add(over)
+        over.add_done_callback(self._taken_over)
+
+    def _taken_over(self, over: asyncio.Future[Any]) -> None:
+        self._running.discard(over)
+        self._maybe_end()
 
     def _refuse(self, text: str) -> None:
         """An error reply in the place of a message that could not be read."""
