@@ -458,6 +458,10 @@ def _resolve(future: asyncio.Future[Any], event: Any) -> None:
         future.set_result(event)
 
 
+def _cancel(future: asyncio.Future[Any]) -> None:
+    future.cancel()
+
+
 class _Requests:
     """A streaming call's requests, read one message at a time. The handler may set
     :attr:`take`: a function the completion-queue thread offers each message to as it
@@ -487,7 +491,7 @@ class _Requests:
                 try:
                     call.call.start_server_batch(receive, completed)
                 except Exception:  # the call is over: so is the reading (its task ends)
-                    call.server.call_soon(future.cancel)
+                    call.server.call_soon(_cancel, future)
                 return
             call.server.call_soon(_resolve, future, event)
 
