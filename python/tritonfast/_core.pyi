@@ -442,6 +442,13 @@ class Lane:
         handed to the completions. None when the reference path must take it; raises
         Triton's error for a refused one."""
 
+    def submit_generate_events(self, body: Any, stream: OutStream, token: int) -> LaneTicket | None:
+        """A ``generate_stream`` body the connection hands over whole, for a decoupled model:
+        decoded, checked and queued without the GIL, its answer written on ``stream``
+        (keep-alive HTTP/1.1) by the core alone, ``token`` handed to the completions once it
+        is. None when the reference path must take it; raises Triton's error for a refused
+        one."""
+
     def submit_generate(self, body: Any, sink: Any, events: EventWriter) -> LaneTicket | None:
         """A ``generate_stream`` body (bytes, or a C-contiguous numpy array of bytes) for a
         decoupled model, decoded, checked and queued without the GIL: its responses are
@@ -542,6 +549,11 @@ class EnsembleLane:
         self, body: Any, stream: OutStream, minor: int, keep_alive: bool, token: int
     ) -> EnsembleRun | None:
         """None: an ensemble's ``generate`` requests take the reference path."""
+
+    def submit_generate_events(
+        self, body: Any, stream: OutStream, token: int
+    ) -> EnsembleRun | None:
+        """None: an ensemble's ``generate_stream`` requests take the reference path."""
 
     def submit_grpc(self, message: bytes, sink: Any) -> EnsembleRun | None:
         """As ``Lane.submit_grpc``: the reply goes to the ``deliver`` of the lane whose step

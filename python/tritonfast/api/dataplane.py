@@ -149,6 +149,18 @@ class DataPlane:
             return None
         return model.http_lane
 
+    def events_lane_for(self, name: str, version: str = "") -> CoreLane | None:
+        """:meth:`lane_for`, for ``generate_stream`` requests the core answers whole: None
+        also for a model that keeps a first-response histogram (which the server's Python
+        observes)."""
+        try:
+            model = self._repository.get(name, version)
+        except TritonError:
+            return None
+        if model.first_response_histogram() is not None:
+            return None
+        return model.http_lane
+
     def open_events(
         self, name: str, version: str, body: Any, writer: EventWriter
     ) -> ResponseStream | None:

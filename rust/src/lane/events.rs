@@ -13,6 +13,12 @@
 //! response a 200 with no event: the writer declines both, and the server's Python (the
 //! reference encoder) takes that response and every later one.
 //!
+//! A writer made [`EventWriter::whole`] answers the request all by itself (a request the
+//! connection handed to the core whole, whose Python handler never runs): it declines nothing
+//! (a first error makes the head a 400, an empty stream a 200 with no event, as the reference
+//! path answers them), writes the body's last chunk after the final response and then hands
+//! the request's token to the completions the event loop watches.
+//!
 //! Backpressure: once more than [`UNSENT_BOUND`] bytes of the connection wait unsent (a client
 //! that reads slowly, or not at all), the reader thread waits ([`EventWriter::hold`]) until
 //! half of them are sent, the client is gone or the lane closes, as it waits for a stream the
@@ -23,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::completions::Completions;
 use super::response::{error_json, json_data, json_string};
 use super::{Answer, OwnedResponse, monotonic_ns};
 use crate::error::CoreError;
@@ -32,6 +39,11 @@ use crate::outbox::Stream;
 /// Python writes it.
 const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n\
 Transfer-Encoding: chunked\r\n\r\n";
+/// The same with a first response that is an error.
+const ERROR_HEAD: &[u8] = b"HTTP/1.1 400 Bad Request\r\n\
+Content-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n";
+/// A chunked body's end.
+const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// What a writer lets wait unsent on its connection before the reader thread waits.
 pub const UNSENT_BOUND: usize = 1 << 20;
@@ -40,9 +52,13 @@ pub const UNSENT_BOUND: usize = 1 << 20;
 const HOLD_POLL_FIRST: Duration = Duration::from_millis(1);
 const HOLD_POLL_MOST: Duration = Duration::from_millis(50);
 
+/// (Never: a generate request's responses are never serialized for gRPC.)
+const NOT_WRITABLE: &str = "a response the generate extension cannot write";
+
 const FRESH: u8 = 0;
 const STARTED: u8 = 1;
 const DECLINED: u8 = 2;
+const FINISHED: u8 = 3;
 
 /// Writes one `generate_stream` request's events on its connection (see the module's doc).
 #[derive(Debug)]
@@ -51,6 +67,8 @@ pub struct EventWriter {
     state: AtomicU8,
     /// When the first event was written (`CLOCK_MONOTONIC` nanoseconds; 0 before).
     first_at: AtomicU64,
+    /// A whole answer's completions and token (see the module's doc).
+    whole: Option<(Arc<Completions>, u64)>,
 }
 
 impl EventWriter {
@@ -59,7 +77,21 @@ impl EventWriter {
             stream,
             state: AtomicU8::new(FRESH),
             first_at: AtomicU64::new(0),
+            whole: None,
         }
+    }
+
+    /// A writer that answers the request all by itself, `token` handed to `completions`
+    /// once the answer is written.
+    pub fn whole(stream: Arc<Stream>, completions: Arc<Completions>, token: u64) -> Self {
+        EventWriter {
+            whole: Some((completions, token)),
+            ..EventWriter::new(stream)
+        }
+    }
+
+    pub fn is_whole(&self) -> bool {
+        self.whole.is_some()
     }
 
     /// Whether the answer's head (and first event) was written.
@@ -71,12 +103,61 @@ impl EventWriter {
         self.first_at.load(Ordering::Acquire)
     }
 
-    /// Writes one response (None: a bare final flag) as its event. True when it is written
-    /// (or, for a bare final flag after the first event, when nothing is left to write but
-    /// the body's end); false when the writer declines it, and from then on every response.
-    pub fn write(&self, answer: Option<&Result<Answer, CoreError>>) -> bool {
+    /// Writes one response (None: a bare final flag) as its event, `last` the request's
+    /// final one. True when it is written (or, for a bare final flag after the first event,
+    /// when nothing is left to write but the body's end); false when the writer declines it,
+    /// and from then on every response (a whole writer declines nothing).
+    pub fn write(&self, answer: Option<&Result<Answer, CoreError>>, last: bool) -> bool {
+        let written = if self.whole.is_some() {
+            self.write_whole(answer)
+        } else {
+            self.write_event(answer)
+        };
+        if last && self.whole.is_some() {
+            self.finish();
+        }
+        written
+    }
+
+    /// A whole answer's next part: the head with the first, whatever it is.
+    fn write_whole(&self, answer: Option<&Result<Answer, CoreError>>) -> bool {
+        if self.state.load(Ordering::Acquire) != FRESH {
+            return self.write_event(answer);
+        }
+        let (head, json) = match answer {
+            None => (HEAD, None),
+            Some(Ok(Answer::Response(response))) => match response_json(response) {
+                Ok(json) => (HEAD, Some(json)),
+                Err(error) => (ERROR_HEAD, Some(error_json(&error.message))),
+            },
+            Some(Ok(Answer::Encoded(_))) => (ERROR_HEAD, Some(error_json(NOT_WRITABLE))),
+            Some(Err(error)) => (ERROR_HEAD, Some(error_json(&error.message))),
+        };
+        let mut bytes = head.to_vec();
+        if let Some(json) = json {
+            push_event(&mut bytes, &json);
+        }
+        let _ = self.stream.write_now(&bytes);
+        self.first_at.store(monotonic_ns(), Ordering::Release);
+        self.state.store(STARTED, Ordering::Release);
+        true
+    }
+
+    /// The body's last chunk, then the token to the completions (once).
+    fn finish(&self) {
+        if self.state.swap(FINISHED, Ordering::AcqRel) == FINISHED {
+            return;
+        }
+        let _ = self.stream.write(LAST_CHUNK);
+        if let Some((completions, token)) = &self.whole {
+            completions.add(&[*token]);
+        }
+    }
+
+    fn write_event(&self, answer: Option<&Result<Answer, CoreError>>) -> bool {
         match self.state.load(Ordering::Acquire) {
             DECLINED => false,
+            FINISHED => true,
             FRESH => {
                 let encoded = match answer {
                     Some(Ok(Answer::Response(response))) => response_json(response).ok(),
@@ -100,9 +181,7 @@ impl EventWriter {
                     Some(Ok(Answer::Response(response))) => {
                         response_json(response).unwrap_or_else(|error| error_json(&error.message))
                     }
-                    Some(Ok(Answer::Encoded(_))) => {
-                        error_json("a response the generate extension cannot write")
-                    }
+                    Some(Ok(Answer::Encoded(_))) => error_json(NOT_WRITABLE),
                     Some(Err(error)) => error_json(&error.message),
                 };
                 let mut bytes = Vec::with_capacity(json.len() + 16);
@@ -452,10 +531,10 @@ mod tests {
     fn the_head_goes_with_the_first_event_and_an_error_later_is_an_event() {
         let (writer, client, _outbox) = writer_and_peer();
         let first = Ok(Answer::Response(response("", Vec::new())));
-        assert!(writer.write(Some(&first)));
+        assert!(writer.write(Some(&first), false));
         assert!(writer.started() && writer.first_at() > 0);
-        assert!(writer.write(Some(&Err(CoreError::internal("late")))));
-        assert!(writer.write(None));
+        assert!(writer.write(Some(&Err(CoreError::internal("late"))), false));
+        assert!(writer.write(None, true));
         let got = read_all(client, writer);
         assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
         assert!(got.ends_with(
@@ -465,12 +544,39 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_writer_answers_everything_itself_and_names_its_token() {
+        use std::os::fd::AsFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let cases: [(Option<Result<Answer, CoreError>>, &str); 2] = [
+            (
+                Some(Err(CoreError::invalid_arg("bad"))),
+                "HTTP/1.1 400 Bad Request\r\n",
+            ),
+            (None, "HTTP/1.1 200 OK\r\n"),
+        ];
+        for (token, (first, status)) in (1u64..).zip(cases) {
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            let outbox = crate::outbox::Outbox::new().unwrap();
+            let stream = outbox.open(server.as_fd()).unwrap();
+            let completions = Arc::new(Completions::new().unwrap());
+            let writer = EventWriter::whole(stream, Arc::clone(&completions), token);
+            assert!(writer.write(first.as_ref(), true));
+            assert_eq!(completions.take(), [token]);
+            let got = read_all(client, writer);
+            assert!(got.starts_with(status), "{got}");
+            assert!(got.ends_with("\r\n0\r\n\r\n"), "{got:?}");
+            assert_eq!(got.contains("\"error\":\"bad\""), token == 1, "{got}");
+        }
+    }
+
+    #[test]
     fn a_first_error_or_bare_final_flag_is_declined_and_so_is_the_rest() {
         for first in [None, Some(Err(CoreError::invalid_arg("bad")))] {
             let (writer, client, _outbox) = writer_and_peer();
-            assert!(!writer.write(first.as_ref()));
+            assert!(!writer.write(first.as_ref(), false));
             let later = Ok(Answer::Response(response("", Vec::new())));
-            assert!(!writer.write(Some(&later)));
+            assert!(!writer.write(Some(&later), true));
             assert!(!writer.started());
             assert_eq!(read_all(client, writer), "");
         }

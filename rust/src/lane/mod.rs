@@ -532,6 +532,21 @@ impl<E: Send + Sync> Lane<E> {
         self.queue_generate(body, Sink::Events(sink, writer))
     }
 
+    /// Decodes a `generate_stream` body the connection handed over whole and queues it, for a
+    /// decoupled model: its answer is written on `stream` (keep-alive HTTP/1.1) by a whole
+    /// event writer, which hands `token` to the completions once it is; `sink` (nothing the
+    /// server's Python reads) only fills the sink's place.
+    pub fn submit_generate_events(
+        &self,
+        body: &[u8],
+        stream: Arc<Stream>,
+        token: u64,
+        sink: E,
+    ) -> Submitted {
+        let writer = EventWriter::whole(stream, Arc::clone(&self.completions), token);
+        self.submit_generate(body, sink, Arc::new(writer))
+    }
+
     /// Decodes a `generate` body and queues it, for a model that is neither decoupled nor a
     /// sequence model: its answer (the generate extension's JSON) is written on `reply`'s
     /// stream. A body the core does not take on goes to the reference path.
@@ -1574,6 +1589,9 @@ fn answer_error<E: Send + Sync>(
             let _ = reply.stream.write_now(&answer);
             tokens.push(reply.token);
         }
+        Sink::Events(_, writer) if writer.is_whole() => {
+            writer.write(Some(&Err(error.clone())), true);
+        }
         Sink::External(sink) | Sink::Grpc(sink, _) | Sink::Events(sink, _) => {
             externals.push((sink, Err(error.clone())));
         }
@@ -1681,10 +1699,12 @@ fn hand_on<E>(
     parts: &mut Vec<Streamed<E>>,
 ) -> Option<Arc<EventWriter>> {
     if let Some(writer) = writer
-        && writer.write(answer.as_ref())
+        && writer.write(answer.as_ref(), last)
     {
         if last {
-            parts.push((sink, None, true));
+            if !writer.is_whole() {
+                parts.push((sink, None, true));
+            }
             return None;
         }
         return writer.over_bound().then_some(writer);

@@ -95,6 +95,18 @@ impl PyEnsembleLane {
         None
     }
 
+    /// A `generate_stream` request: always the reference path's (an ensemble is not a
+    /// decoupled model's lane). The signature of `Lane.submit_generate_events`.
+    fn submit_generate_events(
+        &self,
+        body: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyOutStream>,
+        token: u64,
+    ) -> Option<PyEnsembleRun> {
+        let _ = (self, body, stream, token);
+        None
+    }
+
     /// As `Lane.submit_http`: an `EnsembleRun` once started, None when the reference path
     /// must take the request (it words every refusal).
     #[allow(clippy::too_many_arguments)]

@@ -505,6 +505,28 @@ impl PyLane {
         )
     }
 
+    /// A `generate_stream` body the connection hands over whole (bytes, or a C-contiguous
+    /// numpy array of bytes), for a decoupled model: decoded, checked and queued without the
+    /// GIL, its answer written on `stream` (keep-alive HTTP/1.1) by the core alone, `token`
+    /// handed to the completions once it is. A `Ticket` once queued; None when the reference
+    /// path must take it; raises Triton's error for a refused one.
+    fn submit_generate_events(
+        &self,
+        py: Python<'_>,
+        body: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyOutStream>,
+        token: u64,
+    ) -> PyResult<Option<PyLaneTicket>> {
+        let body = lent_body(body)?;
+        let stream = Arc::clone(&stream.get().0);
+        let nobody = py.None();
+        let lane = &self.inner;
+        handed(
+            py,
+            py.detach(move || lane.submit_generate_events((*body).as_ref(), stream, token, nobody)),
+        )
+    }
+
     /// A request the server's Python decoded and checked; `sink` is handed back to `deliver`
     /// with its result. `sequence`: a stateful model's request's correlation ID (int or str)
     /// and START and END flags. `events`: a `generate_stream` request's writer, which writes

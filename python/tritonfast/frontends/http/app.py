@@ -345,11 +345,13 @@ async def generate_stream(
     request: Request, dataplane: DataPlane, model_name: str, model_version: str
 ) -> Answer:
     """``generate_stream``: each response as a Server-Sent Event, as it comes. The status is
-    the first response's; a later error response is an event with an ``error`` member. A
-    decoupled model on the core's lane has its events written by the core, on the thread that
-    reads its responses (``_core.EventWriter``), when the connection allows: the answer's
-    head goes out with the first event, and the event loop hears only of the end (then
-    writes the body's last chunk), or of a first response the writer declines."""
+    the first response's; a later error response is an event with an ``error`` member. (Most
+    requests to a decoupled model on the core's lane never come here: the connection hands
+    them to the core whole, see corepath.) A decoupled model on the core's lane has its
+    events written by the core, on the thread that reads its responses
+    (``_core.EventWriter``), when the connection allows: the answer's head goes out with the
+    first event, and the event loop hears only of the end (then writes the body's last
+    chunk), or of a first response the writer declines."""
     infer_request = None
     try:
         writer = items = body = None

@@ -1,9 +1,10 @@
 """HTTP inference requests handed to the Rust core whole.
 
 For a model whose requests the core takes all the way (:mod:`tritonfast.runtime.lane`), an
-inference request (``infer``, or the generate extension's ``generate`` for a model that is
-neither decoupled nor a sequence model) whose body has arrived goes to the model's lane in
-one call: the core
+inference request (``infer``; the generate extension's ``generate`` for a model that is
+neither decoupled nor a sequence model, and its ``generate_stream`` over HTTP/1.1 for a
+decoupled one that keeps no first-response histogram, whose events the core writes as they
+come) whose body has arrived goes to the model's lane in one call: the core
 decodes and checks it, queues it, runs its batch on the worker and writes its response on the
 connection's :class:`~tritonfast._core.OutStream`, then names it in the server's
 :class:`~tritonfast._core.LaneCompletions`, which the event loop watches to serve the
@@ -39,9 +40,8 @@ from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.runtime.lane import CoreLane
 
 _IDENTITY = (None, "identity")
-# The endpoints whose requests the core takes: inference, and the generate extension's
-# single response (generate_stream's go through the handler, see app.generate_stream).
-_TAKEN = (Endpoint.INFER, Endpoint.GENERATE)
+# The endpoints whose requests the core takes: inference and the generate extension's.
+_TAKEN = (Endpoint.INFER, Endpoint.GENERATE, Endpoint.GENERATE_STREAM)
 
 
 class CorePath:
@@ -61,8 +61,8 @@ class CorePath:
         routed = self._routed(request)
         if routed is None:
             return None
-        lane, generate = routed
-        if generate:
+        lane, endpoint = routed
+        if endpoint is not Endpoint.INFER:
             length = len(body)
         else:
             try:
@@ -78,8 +78,11 @@ class CorePath:
         token = next(self._tokens)
         minor = request.version[1]
         try:
-            if generate:
+            if endpoint is Endpoint.GENERATE:
                 ticket = lane.submit_generate_http(body, out, minor, True, token)
+            elif endpoint is Endpoint.GENERATE_STREAM:
+                # (Events are chunks: HTTP/1.1 only.)
+                ticket = lane.submit_generate_events(body, out, token) if minor == 1 else None
             else:
                 ticket = lane.submit_http(body, length, out, minor, True, token)
         except TritonError:  # refused: the reference path words it
@@ -92,8 +95,8 @@ class CorePath:
         routed = self._routed(request)
         return None if routed is None else routed[0]
 
-    def _routed(self, request: Request) -> tuple[CoreLane, bool] | None:
-        """:meth:`lane_of`, and whether the request is a ``generate`` one (else ``infer``)."""
+    def _routed(self, request: Request) -> tuple[CoreLane, Endpoint] | None:
+        """:meth:`lane_of`, and the request's endpoint."""
         if request.method != "POST" or request.version[0] != 1 or not request.keep_alive:
             return None
         route = resolve(request.path)
@@ -109,8 +112,11 @@ class CorePath:
         dataplane = self._dataplane
         if dataplane.tracer.enabled or dataplane.forwards_headers("HTTP"):
             return None
-        lane = dataplane.lane_for(route.name, route.version)
-        return None if lane is None else (lane, route.endpoint is Endpoint.GENERATE)
+        if route.endpoint is Endpoint.GENERATE_STREAM:
+            lane = dataplane.events_lane_for(route.name, route.version)
+        else:
+            lane = dataplane.lane_for(route.name, route.version)
+        return None if lane is None else (lane, route.endpoint)
 
 
 def _arrived_body(request: Request) -> bytes | np.ndarray | None:
