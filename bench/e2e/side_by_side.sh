@@ -42,7 +42,7 @@ part small "$ROOT/bench/models" identity \
 part large "$ROOT/bench/models" identity "binL-c4 grpcL-c4" "$LOAD_MATRIX"
 part bls "$ROOT/bench/models_compose" bls_identity "bin-c1 bin-c16" "$LOAD_MATRIX"
 part ensemble "$ROOT/bench/models_compose" ens_identity "bin-c16 grpc-c16" "$LOAD_MATRIX"
-part stateful "$ROOT/bench/models_stateful" sequence_sum "seq stream streamcore streampaced sse ssecore first" \
+part stateful "$ROOT/bench/models_stateful" sequence_sum "seq stream streamcore streampaced sse ssecore first firstcore" \
   "$ROOT/bench/e2e/stateful_bench.sh"
 part shm "$ROOT/bench/models" identity "" "$transfer"
 echo "== onnx"

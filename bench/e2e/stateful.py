@@ -33,6 +33,8 @@ Rows (``ROWS``, space-separated; all by default):
 - ``first``: the time to a first response with nothing else running: one gRPC stream, then
   one Server-Sent Events connection, each sending LONE requests of one response (N = 1) one
   after another. Reports requests/s and each one's median time to its first response.
+- ``firstcore``: ``first``'s requests from the core's load generator (DUR / 2 seconds on
+  each), without the Python clients' own time.
 
 With ``SERVER_PGID`` set (bench/e2e/peer_ab.sh sets it), each row also reports the server's
 CPU time per request or response, from /proc for that process group.
@@ -352,6 +354,30 @@ def core_sse(http_url: str) -> tuple[int, dict[str, float]]:
 
 
 # -- first ----------------------------------------------------------------------------------------
+def core_lone(http_url: str, grpc_url: str) -> tuple[int, dict[str, float]]:
+    """``first``'s lone requests (N = 1, one at a time) from the core's load generator: one
+    gRPC stream, then one HTTP connection (``generate_stream``), DUR / 2 seconds each; the
+    time to the first response without a Python client's own time in it."""
+    seconds = float(os.environ.get("DUR", "6")) / 2
+    try:
+        grpc = closed_loop(
+            "grpc-stream", grpc_url, stream_payload(responses=1), 1, seconds, decoupled=True
+        )
+        body = json.dumps({"N": 1}).encode()
+        head = (
+            f"POST {SSE_PATH} HTTP/1.1\r\nHost: {http_url}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sse = closed_loop("http", http_url, head.encode() + body, 1, seconds)
+    except LoadFailed as failure:
+        raise Failed(str(failure)) from None
+    return grpc.requests + sse.requests, {
+        "seconds": grpc.seconds + sse.seconds,
+        "grpc_first_response_p50_ms": grpc.first_p50_us / 1000,
+        "sse_first_response_p50_ms": sse.first_p50_us / 1000,
+    }
+
+
 def lone_requests(http_url: str, grpc_url: str) -> tuple[int, dict[str, float]]:
     """LONE one-response requests on one gRPC stream, then on one SSE connection."""
     grpc_first: list[float] = []
@@ -427,8 +453,9 @@ def main() -> None:
         "ssecore": (lambda: core_sse(http_url), "responses/s"),
         "sse": (lambda: sse_streams(http_url), "responses/s"),
         "first": (lambda: lone_requests(http_url, grpc_url), "requests/s"),
+        "firstcore": (lambda: core_lone(http_url, grpc_url), "requests/s"),
     }
-    rows = "seq stream streamcore streampaced sse ssecore first"
+    rows = "seq stream streamcore streampaced sse ssecore first firstcore"
     for row in os.environ.get("ROWS", rows).split():
         run, unit = loads[row]
         try:
