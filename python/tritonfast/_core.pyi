@@ -449,13 +449,6 @@ class Lane:
         is. None when the reference path must take it; raises Triton's error for a refused
         one."""
 
-    def submit_generate(self, body: Any, sink: Any, events: EventWriter) -> LaneTicket | None:
-        """A ``generate_stream`` body (bytes, or a C-contiguous numpy array of bytes) for a
-        decoupled model, decoded, checked and queued without the GIL: its responses are
-        written as events by ``events``, and ``sink`` hears of the end (and of every response
-        the writer declines); None when the reference path must take it; raises Triton's
-        error when it cannot be queued."""
-
     def submit(
         self,
         request_id: str,

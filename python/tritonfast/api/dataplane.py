@@ -15,7 +15,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tritonfast import __version__
-from tritonfast._core import EventWriter, LaneCompletions
+from tritonfast._core import LaneCompletions
 from tritonfast.api.bulkwork import BulkWork
 from tritonfast.config.jsonform import config_to_json
 from tritonfast.custommetrics import ServerCustomMetrics
@@ -30,7 +30,7 @@ from tritonfast.logsettings import ServerLog
 from tritonfast.memory.bodybudget import BodyBudget
 from tritonfast.memory.sharedmemory import SharedMemory
 from tritonfast.runtime.classification import wants_classification
-from tritonfast.runtime.responses import ResponseStream, Streamed
+from tritonfast.runtime.responses import Streamed
 from tritonfast.tracing import RequestTrace, Tracer
 
 if TYPE_CHECKING:
@@ -160,21 +160,6 @@ class DataPlane:
         if model.first_response_histogram() is not None:
             return None
         return model.http_lane
-
-    def open_events(
-        self, name: str, version: str, body: Any, writer: EventWriter
-    ) -> ResponseStream | None:
-        """A ``generate_stream`` body for ``name`` (``version``) that the core decodes and
-        queues itself, its responses written as events by ``writer``: the stream that hears
-        of its end (and of what the writer declines). None when the caller must decode it:
-        an unknown model, tracing on, a model the core does not drive, a body it leaves."""
-        if self.tracer.enabled:
-            return None
-        try:
-            model = self._repository.get(name, version)
-        except TritonError:
-            return None
-        return model.open_events(body, writer)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may send any number of responses per request."""

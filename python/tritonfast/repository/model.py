@@ -7,7 +7,6 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
-from tritonfast._core import EventWriter
 from tritonfast._proto import model_config_pb2
 from tritonfast.data.types import InferRequest, InferResponse, RequestedOutput
 from tritonfast.errors import UnavailableError
@@ -144,14 +143,6 @@ class ModelVersion:
             self._refuse_if_stuck()
         request.model_version = self._version_text
         return self._scheduler.open_stream(request, batch_size)
-
-    def open_events(self, body: Any, writer: EventWriter) -> ResponseStream | None:
-        """A ``generate_stream`` body the core decodes and queues itself (see
-        :meth:`~tritonfast.runtime.scheduler.Scheduler.open_events`); None when the caller
-        must decode it."""
-        if self._cache is not None:
-            return None
-        return self._scheduler.open_events(body, writer)
 
     def counters(self) -> dict[str, Any]:
         """The core's counters for this version (the statistics layout plus

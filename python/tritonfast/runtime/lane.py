@@ -331,7 +331,7 @@ class LaneScheduler(Scheduler):
                 on_loop.append((sink, described))
                 continue
             result = response_of(described)
-            if marks[0] and sink.request is not None:
+            if marks[0]:
                 _count(sink.request, marks)
             if type(sink.target) is Future:  # a caller waiting on another thread
                 settle(sink.target, result, True)
@@ -466,17 +466,6 @@ class LaneScheduler(Scheduler):
         started = perf_counter_ns()
         ticket = self._enqueue(request, stream, batch_size, self._decoupled, events)
         self._watch(stream, ticket, events, started)
-        return stream
-
-    def open_events(self, body: Any, writer: EventWriter) -> ResponseStream | None:
-        if not self._decoupled:
-            return None
-        stream = ResponseStream(self._loop)
-        started = perf_counter_ns()
-        ticket = self.lane.submit_generate(body, _Sink(stream, None, stream_room(stream)), writer)
-        if ticket is None:
-            return None
-        self._watch(stream, ticket, writer, started)
         return stream
 
     def _watch(
@@ -614,9 +603,7 @@ class _Sink:
 
     __slots__ = ("request", "room", "target")
 
-    def __init__(
-        self, target: Sink, request: InferRequest | None, room: Room | None = None
-    ) -> None:
+    def __init__(self, target: Sink, request: InferRequest, room: Room | None = None) -> None:
         self.target = target
         self.request = request
         self.room = room

@@ -67,14 +67,7 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
-from tritonfast._core import (
-    QUEUE_FULL_MESSAGE,
-    Batch,
-    EventWriter,
-    QueuePolicy,
-    RequestQueue,
-    Ticket,
-)
+from tritonfast._core import QUEUE_FULL_MESSAGE, Batch, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
 from tritonfast.data.rawtensor import request_prefix
 from tritonfast.data.types import InferRequest, InferResponse
@@ -156,12 +149,6 @@ class Scheduler(abc.ABC):
     def open_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Queue ``request`` and return the stream of its responses (on the event loop).
         The caller must :meth:`~.ResponseStream.cancel` it if it stops reading early."""
-
-    def open_events(self, body: Any, writer: EventWriter) -> ResponseStream | None:
-        """A ``generate_stream`` body the core decodes and queues itself, its responses
-        written as events by ``writer`` (the returned stream gets the end, and what the writer
-        declines); None when the caller must decode it (see runtime.lane)."""
-        return None
 
     @abc.abstractmethod
     def statistics(self) -> dict[str, Any]:

@@ -522,10 +522,9 @@ impl<E: Send + Sync> Lane<E> {
     }
 
     /// Decodes a `generate_stream` body and queues it, for a decoupled model whose requests
-    /// are not sequences': its events are written by `writer`, and `sink` hears of the end
-    /// (and of every response the writer declines) through [`Deliver::stream`]. A body the
-    /// core does not take on goes to the reference path.
-    pub fn submit_generate(&self, body: &[u8], sink: E, writer: Arc<EventWriter>) -> Submitted {
+    /// are not sequences': its events are written by `writer`. A body the core does not take
+    /// on goes to the reference path.
+    fn submit_generate(&self, body: &[u8], sink: E, writer: Arc<EventWriter>) -> Submitted {
         if !self.decoupled {
             return Submitted::Reference;
         }

@@ -484,27 +484,6 @@ impl PyLane {
         handed(py, py.detach(|| lane.submit_grpc(message, sink, form)))
     }
 
-    /// A `generate_stream` body (bytes, or a C-contiguous numpy array of bytes) for a
-    /// decoupled model, decoded, checked and queued without the GIL: its responses are written
-    /// as events by `events`, and `deliver`'s stream gets `sink` with the end (and every
-    /// response the writer declines). A `Ticket` once queued; None when the reference path
-    /// must take it; raises Triton's error when it cannot be queued.
-    fn submit_generate(
-        &self,
-        py: Python<'_>,
-        body: &Bound<'_, PyAny>,
-        sink: Py<PyAny>,
-        events: &Bound<'_, PyEventWriter>,
-    ) -> PyResult<Option<PyLaneTicket>> {
-        let body = lent_body(body)?;
-        let writer = Arc::clone(&events.get().0);
-        let lane = &self.inner;
-        handed(
-            py,
-            py.detach(move || lane.submit_generate((*body).as_ref(), sink, writer)),
-        )
-    }
-
     /// A `generate_stream` body the connection hands over whole (bytes, or a C-contiguous
     /// numpy array of bytes), for a decoupled model: decoded, checked and queued without the
     /// GIL, its answer written on `stream` (keep-alive HTTP/1.1) by the core alone, `token`

@@ -40,7 +40,7 @@ from tritonfast.frontends.http.routes import Endpoint, resolve
 from tritonfast.frontends.restricted import Restriction, http_refusal
 from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget
 from tritonfast.memory.bufferpool import pooled_memory
-from tritonfast.runtime.responses import ResponseStream, Result, Streamed
+from tritonfast.runtime.responses import Result
 
 if TYPE_CHECKING:
     from tritonfast.api.dataplane import DataPlane
@@ -297,24 +297,14 @@ async def infer(
 
 # -- the generate extension ---------------------------------------------------------------------
 async def _generate_request(
-    request: Request,
-    dataplane: DataPlane,
-    model_name: str,
-    model_version: str,
-    body: Body | None = None,
+    request: Request, dataplane: DataPlane, model_name: str, model_version: str
 ) -> InferRequest:
-    """The inference request of a generate body (``body``: already read)."""
     metadata = dataplane.model_metadata(model_name, model_version)  # an unknown model first
-    if not _identity(request):
-        raise UnsupportedError("Unsupported content-encoding, only 'identity' is supported.")
-    if body is None:
-        body = await _read_body(request)
-    return generate.decode_request(body, model_name, model_version, metadata)
-
-
-def _identity(request: Request) -> bool:
     encoding = request.headers.get("Content-Encoding")
-    return not encoding or encoding == "identity"
+    if encoding and encoding != "identity":
+        raise UnsupportedError("Unsupported content-encoding, only 'identity' is supported.")
+    body = await _read_body(request)
+    return generate.decode_request(body, model_name, model_version, metadata)
 
 
 async def generate_once(
@@ -345,52 +335,30 @@ async def generate_stream(
     request: Request, dataplane: DataPlane, model_name: str, model_version: str
 ) -> Answer:
     """``generate_stream``: each response as a Server-Sent Event, as it comes. The status is
-    the first response's; a later error response is an event with an ``error`` member. (Most
-    requests to a decoupled model on the core's lane never come here: the connection hands
-    them to the core whole, see corepath.) A decoupled model on the core's lane has its
-    events written by the core, on the thread that reads its responses
+    the first response's; a later error response is an event with an ``error`` member. (A
+    request to a decoupled model on the core's lane whose body the core decodes never comes
+    here: the connection hands it to the core whole, see corepath.) A decoupled model on the
+    core's lane has its events written by the core, on the thread that reads its responses
     (``_core.EventWriter``), when the connection allows: the answer's head goes out with the
     first event, and the event loop hears only of the end (then writes the body's last
     chunk), or of a first response the writer declines."""
-    infer_request = None
+    writer = None
     try:
-        writer = items = body = None
+        infer_request = await _generate_request(request, dataplane, model_name, model_version)
         if request.out is not None and not dataplane.tracer.enabled:
-            writer = EventWriter(request.out)
-            # The core decodes the body itself, when it can (of a model it drives: an unknown
-            # model is named before anything about the body).
-            if _identity(request) and dataplane.lane_for(model_name, model_version) is not None:
-                body = await _read_body(request)
-                array = body if isinstance(body, bytes) else np.frombuffer(body, np.uint8)
-                opened = dataplane.open_events(model_name, model_version, array, writer)
-                if opened is not None:
-                    items = _items_of(opened)
-        if items is None:
-            infer_request = await _generate_request(
-                request, dataplane, model_name, model_version, body
-            )
-            infer_request.event_writer = writer
-            items = dataplane.stream(infer_request)
+            writer = infer_request.event_writer = EventWriter(request.out)
+        items = dataplane.stream(infer_request)
         first = await anext(items)
         if writer is not None and writer.started:  # every event is out: this is the end
             stream = _events(items, done=first.final)
             answer = Answer(200, (), generate.EVENT_STREAM, stream=stream, written=True)
-            return answer if infer_request is None else _traced(dataplane, infer_request, answer)
+            return _traced(dataplane, infer_request, answer)
     except TritonError as err:
         return _error(err)
     status = generate.ERROR_RESPONSE_STATUS if isinstance(first.result, TritonError) else 200
     parts = [] if first.result is None else [generate.result_event(first.result)]
     answer = Answer(status, parts, generate.EVENT_STREAM, stream=_events(items, done=first.final))
-    return answer if infer_request is None else _traced(dataplane, infer_request, answer)
-
-
-async def _items_of(stream: ResponseStream) -> AsyncGenerator[Streamed, None]:
-    """``stream``'s items; closing it early cancels the request (the client went away)."""
-    try:
-        async for item in stream:
-            yield item
-    finally:
-        stream.cancel()
+    return _traced(dataplane, infer_request, answer)
 
 
 async def _events(items: AsyncGenerator[Any, None], *, done: bool = False) -> AsyncIterator[bytes]:
