@@ -242,6 +242,13 @@ class PooledBuffer:
     def offset(self) -> int | None:
         """Where the buffer starts in its pool's shared segment (None for heap buffers)."""
     @property
+    def object(self) -> tuple[str, int, int] | None:
+        """The shared-memory object the buffer is, ``(path, device, inode)``, for a pool made
+        with ``objects``; None otherwise."""
+    def reserve(self, nbytes: int) -> None:
+        """Take the memory of an object buffer's first ``nbytes`` bytes now, so that writing
+        them cannot fail (raises UnavailableError when shared memory has no room)."""
+    @property
     def __array_interface__(self) -> dict[str, Any]: ...
     def __len__(self) -> int: ...
 
@@ -423,10 +430,12 @@ class Lane:
         minor: int,
         keep_alive: bool,
         token: int,
+        body_object: tuple[str, int, int] | None = None,
     ) -> LaneTicket | None:
         """An HTTP request (its body ``bytes`` or a C-contiguous uint8 array) queued (a
         ``LaneTicket``); None for the reference path; raises Triton's error for a refused
-        one."""
+        one. ``body_object``: the shared-memory object ``(path, device, inode)`` the body was
+        received into (``PooledBuffer.object``), where the worker reads its large inputs."""
 
     def submit_grpc(self, message: bytes, sink: Any, stream: bool = False) -> LaneTicket | None:
         """A gRPC ``ModelInferRequest`` as received, queued (a ``LaneTicket``); its reply,
@@ -535,6 +544,7 @@ class EnsembleLane:
         minor: int,
         keep_alive: bool,
         token: int,
+        body_object: tuple[str, int, int] | None = None,
     ) -> EnsembleRun | None:
         """As ``Lane.submit_http``; None when the reference path must take the request."""
 
@@ -626,11 +636,17 @@ class TensorPool:
     """Recycled buffers in power-of-two size classes (at least 256 bytes, 64-byte aligned).
 
     With ``segment`` (a POSIX shared-memory name) and ``segment_bytes``, the buffers are ranges
-    of that new segment, which another process can map by name and read at ``offset``.
+    of that new segment, which another process can map by name and read at ``offset``. With
+    ``objects`` (a POSIX name prefix), each buffer is a shared-memory object of its own
+    (``PooledBuffer.object``).
     """
 
     def __new__(
-        cls, max_free_per_class: int = 4, segment: str | None = None, segment_bytes: int = 0
+        cls,
+        max_free_per_class: int = 4,
+        segment: str | None = None,
+        segment_bytes: int = 0,
+        objects: str | None = None,
     ) -> Self: ...
     @property
     def segment(self) -> str | None: ...

@@ -10,7 +10,10 @@
 //! A pool hands out heap memory, or, made with [`TensorPool::in_segment`], ranges of one
 //! POSIX shared-memory segment it owns: such a buffer also has an [`offset`](PoolBuffer::offset)
 //! in the segment, which is how another process that maps the segment by name finds the same
-//! bytes (tensors passed between processes by offset, not copied through a pipe).
+//! bytes (tensors passed between processes by offset, not copied through a pipe). Made with
+//! [`TensorPool::in_objects`], each of its buffers is a shared-memory object of its own
+//! ([`PoolBuffer::object`]), which another process maps by name: request bodies that a worker
+//! reads where they were received.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -77,14 +80,26 @@ fn advise_huge_pages(start: *mut u8, len: usize) {
 /// together; a large block freed past it goes back to the kernel.
 pub const IDLE_MAPPED_BYTES: usize = 64 << 20;
 
-/// 64-byte aligned bytes; the unit the free lists hold: heap memory, or a range of the
-/// pool's shared segment.
+/// 64-byte aligned bytes; the unit the free lists hold: heap memory, a range of the pool's
+/// shared segment, or a shared-memory object of its own.
 struct Block {
     start: *mut u8,
     capacity: usize,
     /// Where the block starts in the pool's segment (segment blocks only).
     offset: Option<usize>,
+    /// The block's own object (blocks of a pool made with [`TensorPool::in_objects`]).
+    object: Option<Box<ObjectBlock>>,
 }
+
+/// A shared-memory object that is one block.
+struct ObjectBlock {
+    segment: OwnedSegment,
+    /// Its first bytes whose memory is taken already ([`PoolBuffer::reserve`]).
+    reserved: AtomicUsize,
+}
+
+/// Numbers the objects of this process's object pools, so that no two share a name.
+static OBJECT_SERIALS: AtomicU64 = AtomicU64::new(1);
 
 // SAFETY: a block is plain memory owned by the block (heap) or by the pool's segment, which
 // outlives it (buffers hold the pool); whoever holds the block has sole use of its bytes.
@@ -133,12 +148,37 @@ impl Block {
             start,
             capacity,
             offset: None,
+            object: None,
+        })
+    }
+
+    /// A new shared-memory object of `capacity` bytes, `<prefix>-<pid>-<n>` (the creator's pid
+    /// next to last, as the sweep of what a killed server left behind reads it). Its memory is
+    /// taken only as it is reserved or written.
+    fn object(prefix: &str, capacity: usize) -> Result<Self, CoreError> {
+        let serial = OBJECT_SERIALS.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{prefix}-{}-{serial}", std::process::id());
+        let segment = OwnedSegment::create(&name, capacity)?;
+        Ok(Self {
+            start: segment.start(),
+            capacity,
+            offset: None,
+            object: Some(Box::new(ObjectBlock {
+                segment,
+                reserved: AtomicUsize::new(0),
+            })),
         })
     }
 
     /// Heap memory mapped from the kernel (see [`MAPPED_BYTES`]).
     fn mapped(&self) -> bool {
-        self.offset.is_none() && self.capacity >= MAPPED_BYTES
+        self.offset.is_none() && self.object.is_none() && self.capacity >= MAPPED_BYTES
+    }
+
+    /// Whether the block counts against [`IDLE_MAPPED_BYTES`] while idle: memory of its own
+    /// that the kernel gets back when it is dropped.
+    fn idle_bounded(&self) -> bool {
+        self.mapped() || self.object.is_some()
     }
 
     fn layout(capacity: usize) -> std::alloc::Layout {
@@ -148,8 +188,9 @@ impl Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if self.offset.is_some() {
-            return; // a range of the pool's segment, which goes with the segment
+        if self.offset.is_some() || self.object.is_some() {
+            return; // a range of the pool's segment, which goes with the segment; an object
+            // goes with its `OwnedSegment` (unmapped and unlinked)
         }
         if self.mapped() {
             // SAFETY: mapped in `on_heap` with this length, and unmapped only here.
@@ -189,6 +230,7 @@ impl SegmentArena {
             start: unsafe { self.segment.start().add(offset) },
             capacity: end - offset,
             offset: Some(offset),
+            object: None,
         })
     }
 }
@@ -200,6 +242,8 @@ struct Shared {
     idle_mapped: AtomicUsize,
     counters: Counters,
     arena: Option<SegmentArena>,
+    /// The name prefix of a pool whose blocks are objects of their own.
+    objects: Option<String>,
 }
 
 /// A pool of tensor buffers. Cheap to clone (clones share the free lists); thread-safe.
@@ -225,7 +269,7 @@ impl Default for TensorPool {
 impl TensorPool {
     /// A pool of heap buffers that keeps up to `max_free_per_class` idle buffers per class.
     pub fn new(max_free_per_class: usize) -> Self {
-        Self::with_shared(max_free_per_class, None)
+        Self::with_shared(max_free_per_class, None, None)
     }
 
     /// A pool whose buffers are ranges of a new shared-memory segment `name` of `bytes` bytes
@@ -242,10 +286,21 @@ impl TensorPool {
             segment: OwnedSegment::create(name, bytes)?,
             next: Mutex::new(0),
         };
-        Ok(Self::with_shared(max_free_per_class, Some(arena)))
+        Ok(Self::with_shared(max_free_per_class, Some(arena), None))
     }
 
-    fn with_shared(max_free_per_class: usize, arena: Option<SegmentArena>) -> Self {
+    /// A pool each of whose buffers is a shared-memory object of its own, named
+    /// `<prefix>-<pid>-<n>` (removed when the buffer leaves the pool); idle ones are kept
+    /// within the bounds of mapped heap buffers.
+    pub fn in_objects(prefix: &str, max_free_per_class: usize) -> Self {
+        Self::with_shared(max_free_per_class, None, Some(prefix.to_owned()))
+    }
+
+    fn with_shared(
+        max_free_per_class: usize,
+        arena: Option<SegmentArena>,
+        objects: Option<String>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 free: (0..CLASSES).map(|_| Mutex::new(Vec::new())).collect(),
@@ -253,6 +308,7 @@ impl TensorPool {
                 idle_mapped: AtomicUsize::new(0),
                 counters: Counters::default(),
                 arena,
+                objects,
             }),
         }
     }
@@ -276,22 +332,24 @@ impl TensorPool {
         let recycled = class.and_then(|class| self.shared.free[class].lock().pop());
         let block = if let Some(block) = recycled {
             counters.reused.fetch_add(1, Ordering::Relaxed);
-            if block.mapped() {
+            if block.idle_bounded() {
                 self.shared
                     .idle_mapped
                     .fetch_sub(block.capacity, Ordering::Relaxed);
             }
             block
         } else {
-            let block = match (&self.shared.arena, class) {
-                (Some(arena), Some(class)) => arena.carve(class_bytes(class))?,
+            let shared = &self.shared;
+            let block = match (&shared.arena, &shared.objects, class) {
+                (Some(arena), _, Some(class)) => arena.carve(class_bytes(class))?,
+                (None, Some(prefix), Some(class)) => Block::object(prefix, class_bytes(class))?,
                 // A segment's ranges are never returned, so only pooled sizes come from it.
-                (Some(_), None) => {
+                (Some(_), _, None) | (None, Some(_), None) => {
                     return Err(CoreError::invalid_arg(format!(
                         "{len} bytes is too large for a shared tensor pool buffer"
                     )));
                 }
-                (None, class) => Block::on_heap(class.map_or(len, class_bytes))?,
+                (None, None, class) => Block::on_heap(class.map_or(len, class_bytes))?,
             };
             counters.allocated.fetch_add(1, Ordering::Relaxed);
             block
@@ -387,6 +445,31 @@ impl PoolBuffer {
         self.block.as_ref().and_then(|block| block.offset)
     }
 
+    /// The shared-memory object the buffer is, from its start (a pool made with
+    /// [`TensorPool::in_objects`]).
+    pub fn object(&self) -> Option<&OwnedSegment> {
+        let block = self.block.as_ref()?;
+        block.object.as_ref().map(|object| &object.segment)
+    }
+
+    /// Takes the memory of the buffer's first `len` bytes now, for an object buffer (see
+    /// [`OwnedSegment::reserve`]); nothing for others, whose memory cannot run out that way.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when shared memory has no room for them.
+    pub fn reserve(&self, len: usize) -> Result<(), CoreError> {
+        let Some(object) = self.block.as_ref().and_then(|block| block.object.as_ref()) else {
+            return Ok(());
+        };
+        let len = len.min(self.len);
+        if object.reserved.load(Ordering::Acquire) >= len {
+            return Ok(());
+        }
+        object.segment.reserve(len)?;
+        object.reserved.fetch_max(len, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Start of the buffer: 64-byte aligned, valid for `len` bytes while `self` lives, and
     /// never moved (heap blocks are not reallocated, segments not remapped, while on loan).
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
@@ -427,7 +510,7 @@ impl Drop for PoolBuffer {
         if block.offset.is_some() {
             free.push(block);
         } else if free.len() < self.pool.max_free_per_class {
-            if block.mapped() {
+            if block.idle_bounded() {
                 let idle = &self.pool.idle_mapped;
                 let kept = idle.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
                     Some(held + block.capacity).filter(|&total| total <= IDLE_MAPPED_BYTES)
@@ -527,6 +610,57 @@ mod tests {
         drop((reused, small));
         drop((pool, second, again));
         assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+    }
+
+    #[test]
+    fn an_object_pool_hands_out_objects_of_their_own() {
+        let prefix = format!("/tritonfast-test-{}-objects", std::process::id());
+        let pool = TensorPool::in_objects(&prefix, 2);
+        let mut first = pool.acquire(3 << 20).unwrap();
+        let object = first.object().unwrap();
+        let path = format!("/dev/shm{}", object.name());
+        assert!(object.name().starts_with(&prefix));
+        assert_eq!(object.len(), 4 << 20, "the size class");
+        first.reserve(1 << 20).unwrap();
+        first.as_mut_slice()[..5].copy_from_slice(b"hello");
+        // What another process sees when it maps the object by name, and its identity.
+        let seen = std::fs::read(&path).unwrap();
+        assert_eq!(&seen[..5], b"hello");
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            first.object().unwrap().identity(),
+            Some((
+                std::os::unix::fs::MetadataExt::dev(&meta),
+                std::os::unix::fs::MetadataExt::ino(&meta)
+            ))
+        );
+        drop(first);
+        let again = pool.acquire(4 << 20).unwrap();
+        assert_eq!(
+            again.object().unwrap().name(),
+            &path["/dev/shm".len()..],
+            "recycled"
+        );
+        assert!(pool.acquire(usize::MAX).is_err(), "no huge object");
+        drop((pool, again));
+        // Past the idle bound, an object goes: unlinked.
+        let pool = TensorPool::in_objects(&prefix, 8);
+        let held: Vec<_> = (0..5).map(|_| pool.acquire(16 << 20).unwrap()).collect();
+        let names: Vec<String> = held
+            .iter()
+            .map(|b| b.object().unwrap().name().to_owned())
+            .collect();
+        drop(held);
+        let left = names
+            .iter()
+            .filter(|name| std::path::Path::new(&format!("/dev/shm{name}")).exists());
+        assert_eq!(left.count(), IDLE_MAPPED_BYTES / (16 << 20));
+        drop(pool);
+        assert!(
+            names
+                .iter()
+                .all(|name| !std::path::Path::new(&format!("/dev/shm{name}")).exists())
+        );
     }
 
     #[test]

@@ -238,6 +238,9 @@ fn page_size() -> u64 {
     u64::try_from(size).unwrap_or(4096)
 }
 
+/// Where POSIX shared-memory objects are, for another process to open one by path.
+pub const SHM_DIR: &str = "/dev/shm";
+
 /// A shared-memory object this process creates, maps read-write, and unlinks when dropped:
 /// memory another process can map by [`name`](OwnedSegment::name) and address by offset.
 #[derive(Debug)]
@@ -245,6 +248,8 @@ pub struct OwnedSegment {
     name: String,
     mapping: Mapping,
     len: usize,
+    /// Kept open: for the object's identity, and to reserve its memory ([`Self::reserve`]).
+    fd: Fd,
 }
 
 impl OwnedSegment {
@@ -289,12 +294,46 @@ impl OwnedSegment {
             name: path.to_string_lossy().into_owned(),
             mapping,
             len,
+            fd,
         })
+    }
+
+    /// The object's (device, inode), by which another process that opens it by name checks
+    /// that it is this object.
+    pub fn identity(&self) -> Option<(u64, u64)> {
+        let stat = object_stat(&self.fd)?;
+        Some((stat.st_dev, stat.st_ino))
+    }
+
+    /// Takes the memory of the object's first `len` bytes now (`posix_fallocate`), so that
+    /// writing them cannot fail later: a write to a page the file system has no room for
+    /// raises SIGBUS, where this returns an error.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the file system holding shared memory has no room for them.
+    pub fn reserve(&self, len: usize) -> Result<(), CoreError> {
+        let len = libc::off_t::try_from(len.min(self.len))
+            .map_err(|_| CoreError::invalid_arg("too large"))?;
+        // SAFETY: a descriptor this value owns; the kernel checks the range.
+        let failed = unsafe { libc::posix_fallocate(self.fd.0, 0, len) };
+        if failed != 0 {
+            let reason = std::io::Error::from_raw_os_error(failed);
+            return Err(CoreError::unavailable(format!(
+                "no shared memory left for {len} bytes of '{}': {reason}",
+                self.name
+            )));
+        }
+        Ok(())
     }
 
     /// The POSIX name other processes open (with its leading `/`).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Where the object is in the file system (what a worker opens).
+    pub fn path(&self) -> String {
+        format!("{SHM_DIR}{}", self.name)
     }
 
     pub fn len(&self) -> usize {

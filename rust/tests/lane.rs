@@ -230,7 +230,7 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
         br#"{"id":"a","inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[3,4]}]}"#;
     let reply = reply_on(stream, 7, false);
     assert!(matches!(
-        lane.submit_http(Box::new(body.to_vec()), body.len(), reply),
+        lane.submit_http(Box::new(body.to_vec()), body.len(), reply, None),
         Submitted::Queued(_)
     ));
     wait_until(|| completions.take() == [7]);
@@ -248,7 +248,7 @@ fn requests_from_python_and_http_are_answered_by_the_worker() {
     let (_, other) = UnixStream::pair().unwrap();
     let reply = reply_on(outbox.open(other.as_fd()).unwrap(), 8, false);
     assert!(matches!(
-        lane.submit_http(Box::new(wrong.to_vec()), wrong.len(), reply),
+        lane.submit_http(Box::new(wrong.to_vec()), wrong.len(), reply, None),
         Submitted::Refused(_)
     ));
 

@@ -6,6 +6,7 @@ invalid), sent over real sockets to a server whose core answers them and to one 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import struct
 import time
@@ -16,6 +17,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonfast._proto import grpc_service_pb2 as pb
@@ -202,6 +204,76 @@ def test_large_bodies_get_the_reference_answers(
         answer = core.ask(*request)
         assert answer[0] == b"HTTP/1.1 200 OK"
         assert answer == reference.ask(*request)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_outputs_that_are_views_of_large_inputs_get_the_reference_answers(
+    connections: tuple[Connection, Connection], binary: bool
+) -> None:
+    """Large inputs are read by the worker where the body was received, and outputs that are
+    views of them (the input itself; one without its first element, at an offset) are answered
+    from the body: the same answers as the reference path's, binary and JSON, beside an output
+    of new memory, several in a row on one connection."""
+    for round_ in range(3):
+        a = (np.arange(1 << 16, dtype=np.float32) + round_) / 3
+        b = (np.arange(150_001 + round_) % 60_000 - 30_000).astype(np.int16)
+        names = ("TAIL", "SAME", "TWICE")
+        doc = {
+            "inputs": [
+                {
+                    "name": "A",
+                    "datatype": "FP32",
+                    "shape": [1, a.size],
+                    "parameters": {"binary_data_size": a.nbytes},
+                },
+                {
+                    "name": "B",
+                    "datatype": "INT16",
+                    "shape": [1, b.size],
+                    "parameters": {"binary_data_size": b.nbytes},
+                },
+            ],
+            "outputs": [{"name": n, "parameters": {"binary_data": binary}} for n in names],
+        }
+        header = json.dumps(doc).encode()
+        request = (
+            "/v2/models/body_views/infer",
+            header + a.tobytes() + b.tobytes(),
+            {"Inference-Header-Content-Length": str(len(header))},
+        )
+        core, reference = connections
+        answer = core.ask(*request)
+        assert answer[0] == b"HTTP/1.1 200 OK"
+        assert answer == reference.ask(*request)
+
+
+def test_concurrent_requests_get_their_own_inputs_back(servers: tuple[RunningServer, ...]) -> None:
+    """Requests batched together, each body received into an object of its own: each answer
+    holds its own request's tensors (the views answered from the right body)."""
+    count = 8
+
+    def ask(index: int) -> None:
+        client = httpclient.InferenceServerClient(servers[0].http_url)
+        try:
+            a = np.full((1, 1 << 16), index, np.float32)
+            b = np.arange(index, index + 140_000, dtype=np.int16).reshape(1, -1)
+            inputs = [
+                httpclient.InferInput("A", a.shape, "FP32"),
+                httpclient.InferInput("B", b.shape, "INT16"),
+            ]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(b)
+            for _ in range(4):
+                result = client.infer("body_views", inputs)
+                np.testing.assert_array_equal(result.as_numpy("SAME"), a)
+                np.testing.assert_array_equal(result.as_numpy("TAIL"), b[:, 1:])
+                np.testing.assert_array_equal(result.as_numpy("TWICE"), a * 2)
+        finally:
+            client.close()
+
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        for done in [pool.submit(ask, index) for index in range(count)]:
+            done.result()
 
 
 @pytest.mark.parametrize("count", [1 << 18, 3 << 18])

@@ -258,3 +258,44 @@ def test_a_request_naming_regions_is_answered_through_them(
     assert json.loads(body)["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 8]}]
     assert objects[1].read()[:32] == values.tobytes()
     objects[1].clear()
+
+
+def test_an_output_lying_in_its_body_goes_into_its_region(
+    connections: tuple[Connection, Connection], objects: tuple[SharedObject, ...]
+) -> None:
+    """An input large enough to be read where the body was received, and an output that is
+    a view of it (input B without its first element), too small for the worker to write into
+    the client's object itself: the core copies it from the body into the region, as the
+    reference path writes it there."""
+    b = (np.arange(PLACED_BYTES // 2) % 60_000 - 30_000).astype(np.int16)
+    a = np.arange(4, dtype=np.float32)
+    window = {"shared_memory_region": "out", "shared_memory_byte_size": b.nbytes - 2}
+    doc = {
+        "inputs": [
+            {
+                "name": "A",
+                "datatype": "FP32",
+                "shape": [1, 4],
+                "parameters": {"binary_data_size": a.nbytes},
+            },
+            {
+                "name": "B",
+                "datatype": "INT16",
+                "shape": [1, b.size],
+                "parameters": {"binary_data_size": b.nbytes},
+            },
+        ],
+        "outputs": [{"name": "TAIL", "parameters": window}, {"name": "SAME"}],
+    }
+    header = json.dumps(doc).encode()
+    request = (
+        "/v2/models/body_views/infer",
+        header + a.tobytes() + b.tobytes(),
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+    core, reference = connections
+    answer = core.ask(*request)
+    assert answer[0] == b"HTTP/1.1 200 OK"
+    assert answer == reference.ask(*request)
+    assert objects[1].read()[: b.nbytes - 2] == b[1:].tobytes()
+    _outputs_agree(objects)

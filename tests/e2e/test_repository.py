@@ -677,8 +677,15 @@ def test_what_a_killed_server_left_is_swept_by_the_next_and_a_clean_stop_leaves_
                 "uploaded", config=json.dumps(config), files={"file:1/model.py": code}
             )
             assert generation_of(client, httpclient, "uploaded") == 7
+            # A large body is received into a shared-memory object of the server's (this one
+            # is refused: the model takes one value per row).
+            many = httpclient.InferInput("X", [1, 1 << 18], "INT32")
+            many.set_data_from_numpy(np.zeros((1, 1 << 18), dtype=np.int32))
+            with pytest.raises(InferenceServerException, match="unexpected shape"):
+                client.infer("uploaded", [many])
             left = _left_by(server.proc.pid)
             assert any(path.is_dir() for path in left) and any(path.is_file() for path in left)
+            assert any(path.name.startswith("tritonfast-body-") for path in left)
         finally:
             client.close()
         if kill:

@@ -30,9 +30,11 @@ def test_sweep_removes_what_dead_processes_left_and_keeps_the_rest(tmp_path: Pat
         shm / f"tritonfast-in-3-{dead}-0",
         shm / f"tritonfast-cancel-0-{dead}-12",
         shm / f"tritonfast-out-{alive}-3-1-{dead}-4",  # a worker that died
+        shm / f"tritonfast-body-{dead}-5",
     ]
     kept = [
         shm / f"tritonfast-in-3-{alive}-0",
+        shm / f"tritonfast-body-{alive}-5",
         shm / "tritonfast-in-not-ours",
         shm / f"someone-else-{dead}-0",
     ]

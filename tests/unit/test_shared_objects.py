@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tritonfast._core import copy_into
+from tritonfast._core import TensorPool, copy_into
 from tritonfast.backends.python import sharedobjects
 from tritonfast.backends.python.sharedobjects import MAPPED_OBJECTS, Place, SharedObjects
 from tritonfast.errors import InternalError, InvalidArgumentError
@@ -202,3 +202,29 @@ def test_copy_into_refuses_what_it_cannot_do() -> None:
         copy_into(read_only, np.zeros(4, np.uint8))
     with pytest.raises(ValueError, match="C-contiguous"):
         copy_into(np.zeros(8, np.uint8), np.zeros(8, np.uint8)[::2])
+
+
+def test_an_output_that_is_a_view_of_a_body_input_is_found_there(
+    shm_object: Path, objects: SharedObjects
+) -> None:
+    """The server's request-body objects: an output lying inside one of its request's inputs
+    there is described by its place; new memory, bytes of the object outside the request's
+    inputs, and a client's object are not."""
+    pool = TensorPool(objects="tritonfast-body")
+    buffer = pool.acquire(1 << 20)
+    buffer.reserve(1 << 20)
+    assert buffer.object is not None
+    path, device, inode = buffer.object
+    assert os.path.basename(path).startswith(sharedobjects.BODY_PREFIX)
+    np.asarray(buffer)[:] = np.arange(1 << 20) % 251
+    inputs: list[Place] = [(path, device, inode, 4096, 8192)]
+    objects.start_batch()
+    view = np.frombuffer(objects.window(inputs[0]), np.uint8)  # as the model reads the input
+    assert objects.body_place_of(view, inputs) == inputs[0]
+    assert objects.body_place_of(view[100:300], inputs) == (path, device, inode, 4196, 200)
+    assert objects.body_place_of(view.copy(), inputs) is None
+    outside = np.frombuffer(objects.window((path, device, inode, 0, 4096)), np.uint8)
+    assert objects.body_place_of(outside, inputs) is None
+    client = place_of(shm_object, 0, 4096)
+    assert objects.body_place_of(np.frombuffer(objects.window(client), np.uint8), [client]) is None
+    objects.end_batch()

@@ -1,18 +1,36 @@
-"""The process's pool of recycled tensor buffers (the Rust core's ``TensorPool``).
+"""The process's pools of recycled tensor buffers (the Rust core's ``TensorPool``).
 
-Large request bodies and batch tensors come from here: a buffer is reused once the last numpy
+Batch tensors and large request bodies come from here: a buffer is reused once the last numpy
 view of it dies, so big tensors cost neither fresh page faults nor zero-filling each time.
+A large HTTP request body is received into a shared-memory object of its own
+(:func:`shared_body`), from which a model's worker reads its large inputs where they arrived.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tritonfast._core import TensorPool
+from tritonfast._core import PooledBuffer, TensorPool
+from tritonfast.errors import TritonError
 
 POOL = TensorPool()
+# Each buffer a shared-memory object of its own, named tritonfast-body-<pid>-<n> (what a killed
+# server leaves behind is swept by memory.leftovers).
+BODY_POOL = TensorPool(objects="tritonfast-body")
 
 
 def pooled_memory(nbytes: int) -> memoryview:
     """``nbytes`` uninitialised bytes on loan from the pool (back when the last view dies)."""
     return np.asarray(POOL.acquire(nbytes)).data
+
+
+def shared_body(nbytes: int, reserved: int) -> tuple[memoryview, PooledBuffer | None]:
+    """``nbytes`` uninitialised bytes for a request body: a shared-memory object's, its first
+    ``reserved`` bytes' memory taken already (see ``PooledBuffer.reserve``), and the object's
+    buffer; the heap's (and None) when shared memory has no room or no object that large."""
+    try:
+        buffer = BODY_POOL.acquire(nbytes)
+        buffer.reserve(reserved)
+    except (TritonError, MemoryError, ValueError):
+        return pooled_memory(nbytes), None
+    return np.asarray(buffer).data, buffer

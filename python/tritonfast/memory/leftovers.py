@@ -3,7 +3,8 @@ behind, and the sweep that removes it when the next server starts.
 
 Every file a server creates outside its model repositories names the process that made it:
 shared-memory segments in ``/dev/shm`` (``tritonfast-<kind>-...-<pid>-<n>``, see
-:mod:`.shmsegment`) and temporary directories (``tritonfast-model-<pid>-...`` for uploaded
+:mod:`.shmsegment`, and request bodies' ``tritonfast-body-<pid>-<n>``, see :mod:`.bufferpool`)
+and temporary directories (``tritonfast-model-<pid>-...`` for uploaded
 models, ``tritonfast-bound-<pid>-...`` for bound callables). A clean shutdown removes its own;
 the sweep removes those whose process is gone. A process that still runs (or a new process
 that got the same pid) keeps its files: the sweep never takes what may be in use.
@@ -23,7 +24,7 @@ from tritonfast.memory.shmsegment import SHM_DIR
 log = logging.getLogger(__name__)
 
 # Segments: the creator's pid is the next to last field (Segment.create).
-_SEGMENT = re.compile(r"tritonfast-(?:in|out|cancel)-.*-(\d+)-\d+")
+_SEGMENT = re.compile(r"tritonfast-(?:(?:in|out|cancel)-.*|body)-(\d+)-\d+")
 # Temporary directories: the creator's pid comes right after the prefix.
 _DIRECTORY = re.compile(r"tritonfast-(?:model|bound)-(\d+)-.*")
 DIRECTORY_PREFIXES = ("model", "bound")

@@ -549,6 +549,7 @@ class CoreLane(Protocol):
         minor: int,
         keep_alive: bool,
         token: int,
+        body_object: tuple[str, int, int] | None = None,
     ) -> object | None: ...
 
     def submit_generate_http(

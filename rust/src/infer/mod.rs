@@ -27,14 +27,17 @@ pub use grpc::{decode_grpc, grpc_target};
 pub use http::decode_http;
 pub(crate) use http::fits;
 pub use request::{
-    CoreInput, CoreOutput, CoreRequest, NamedModel, ObjectPlace, OutputRegion, RegionRef,
-    RegionWindow, SequenceFields, TensorData,
+    BodyObject, CoreInput, CoreOutput, CoreRequest, NamedModel, ObjectPlace, OutputRegion,
+    RegionRef, RegionWindow, SequenceFields, TensorData,
 };
 pub use signature::{Signature, TensorSpec, request_prefix};
 
 use crate::error::CoreError;
 
 /// What the core made of a request.
+// (Decoded once per request and moved at once into its queue item: boxing the request would
+// cost an allocation for nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decoded {
     /// A request its model takes; its batch size.

@@ -22,6 +22,15 @@ pub struct ObjectPlace {
     pub byte_size: u64,
 }
 
+/// A request body received into a shared-memory object of its own, from the object's start:
+/// the object as a worker opens it (its path, and identity: device and inode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyObject {
+    pub path: String,
+    pub device: u64,
+    pub inode: u64,
+}
+
 /// A window of a registered shared-memory region, as a request names it (Triton's
 /// `shared_memory_region`, `shared_memory_offset` and `shared_memory_byte_size` parameters).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,6 +210,9 @@ pub struct CoreRequest {
     pub timeout_us: Option<u64>,
     /// Outputs the model's worker writes straight into a client's shared-memory object.
     pub output_places: Vec<(String, ObjectPlace)>,
+    /// The shared-memory object its body was received into, when inputs of it are read
+    /// there by the worker (`TensorData::Placed` in it).
+    pub body_object: Option<Box<BodyObject>>,
     /// The token of its trace, for the calls its model makes (0: untraced; the server's
     /// Python keeps the traces).
     pub trace: u64,

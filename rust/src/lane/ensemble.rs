@@ -497,6 +497,7 @@ impl<E: Send + Sync> EnsembleRun<E> {
             priority: self.request.priority,
             timeout_us: self.request.timeout_us,
             output_places: Vec::new(),
+            body_object: None,
             trace: 0,
             sequence: None,
             empty_final: None,
@@ -687,6 +688,7 @@ fn parts_of<'a, E>(
         parameters: "",
         outputs: &built.0,
         segment: &built.1,
+        body: &[],
     }
 }
 

@@ -3,7 +3,7 @@
 //! encoder serializes it (fields in number order, empty strings left out, shapes packed).
 
 use super::message::Slot;
-use super::response::{ResponseParts, in_region, slot_bytes};
+use super::response::{ResponseParts, in_region};
 use crate::error::CoreError;
 use crate::infer::{CoreRequest, NamedModel};
 
@@ -112,7 +112,7 @@ pub fn grpc_answer(
         raws.push(if in_region(request, slot) {
             &[][..]
         } else {
-            slot_bytes(response.segment, slot)?
+            response.data(request, slot)?.unwrap_or_default()
         });
     }
     for raw in raws {

@@ -37,8 +37,8 @@ use parking_lot::Mutex;
 
 use crate::error::{Code, CoreError};
 use crate::infer::{
-    CoreInput, CoreOutput, CoreRequest, DataType, Decoded, Signature, TensorData, decode_generate,
-    decode_grpc, decode_http, request_prefix,
+    BodyObject, CoreInput, CoreOutput, CoreRequest, DataType, Decoded, Signature, TensorData,
+    decode_generate, decode_grpc, decode_http, request_prefix,
 };
 use crate::outbox::Stream;
 use crate::queue::{QUEUE_FULL_MESSAGE, QueueConfig, RequestMeta, RequestQueue};
@@ -53,6 +53,7 @@ use events::{EventWriter, response_json};
 pub use grpcreply::GrpcForm;
 use grpcreply::{grpc_answer, grpc_empty_final};
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
+
 use response::{
     Framing, HttpAnswer, ResponseParts, error_answer, error_json, json_answer, response_answer,
     slot_bytes,
@@ -470,8 +471,16 @@ impl<E: Send + Sync> Lane<E> {
         &self.signature
     }
 
-    /// Decodes an HTTP request's body (its JSON header `json_length` bytes) and queues it.
-    pub fn submit_http(&self, body: Body, json_length: usize, reply: HttpReply) -> Submitted {
+    /// Decodes an HTTP request's body (its JSON header `json_length` bytes) and queues it; the
+    /// large inputs of a body received into a shared-memory `object` are read there by the
+    /// worker.
+    pub fn submit_http(
+        &self,
+        body: Body,
+        json_length: usize,
+        reply: HttpReply,
+        object: Option<&BodyObject>,
+    ) -> Submitted {
         if self.decoupled {
             return Submitted::Reference;
         }
@@ -481,6 +490,9 @@ impl<E: Send + Sync> Lane<E> {
             Decoded::Request(mut request, batch_size) => {
                 if !self.takes(&mut request) {
                     return Submitted::Reference;
+                }
+                if let Some(object) = object {
+                    regions::place_in_body(&mut request, object);
                 }
                 let item = LaneItem {
                     parameters: reference_parameters(&request),
@@ -1001,11 +1013,8 @@ impl<E: Send + Sync> Lane<E> {
         }
         let reply = match reply {
             Ok(reply) if reply.results.len() == items.len() => reply,
-            Ok(_) => {
-                self.answer_all(items, &self.answered_wrongly(), true);
-                return Ok(());
-            }
-            Err(error) => {
+            failed => {
+                let error = failed.err().unwrap_or_else(|| self.answered_wrongly());
                 self.answer_all(items, &error, true);
                 return Ok(());
             }
@@ -1022,11 +1031,12 @@ impl<E: Send + Sync> Lane<E> {
                 }
             }
         };
+        let bodies = bodies_answered_from(&mut items);
         let mut successes = Vec::with_capacity(items.len());
         let mut externals = Vec::new();
         let mut answers: Vec<(HttpReply, HttpAnswer<'_>)> = Vec::new();
         let mut steps = Vec::new();
-        for (entry, outcome) in items.into_iter().zip(&reply.results) {
+        for ((entry, outcome), body) in items.into_iter().zip(&reply.results).zip(&bodies) {
             let Some(item) = entry.item else {
                 continue; // a null request: its answer goes nowhere
             };
@@ -1037,10 +1047,11 @@ impl<E: Send + Sync> Lane<E> {
             let LaneItem { request, sink, .. } = item;
             match sink {
                 Sink::Http(reply) => {
+                    let body = body.as_ref().map_or(&[][..], |body| (**body).as_ref());
                     let answer = if reply.generate {
                         generate_outcome(outcome, segment, reply.framing)
                     } else {
-                        http_outcome(&request, outcome, segment, reply.framing)
+                        http_outcome(&request, outcome, segment, body, reply.framing)
                     };
                     answers.push((reply, answer));
                 }
@@ -1606,15 +1617,30 @@ fn answer_error<E: Send + Sync>(
     }
 }
 
+/// The bodies of `items` that outputs may lie in (see `regions::in_body`), taken from them:
+/// they must outlive the answers sent from them.
+fn bodies_answered_from<E>(items: &mut [Entry<E>]) -> Vec<Option<Body>> {
+    items
+        .iter_mut()
+        .map(|entry| {
+            let item = entry.item.as_mut()?;
+            item.request.body_object.as_ref()?;
+            Some(std::mem::replace(&mut item.body, no_body()))
+        })
+        .collect()
+}
+
 /// An HTTP request's answer, written out.
 fn http_outcome<'a>(
     request: &CoreRequest,
     outcome: &'a Outcome,
     segment: &'a [u8],
+    body: &'a [u8],
     framing: Framing,
 ) -> HttpAnswer<'a> {
-    let answer = parts_of(outcome, segment).and_then(|parts| {
-        regions::write_outputs(request, parts.outputs, segment)?;
+    let answer = parts_of(outcome, segment).and_then(|mut parts| {
+        parts.body = body;
+        regions::write_outputs(request, &parts)?;
         response_answer(request, &parts, framing)
     });
     answer.unwrap_or_else(|error| HttpAnswer::whole(error_answer(&error, framing)))
@@ -1651,6 +1677,7 @@ fn parts_of<'a>(outcome: &'a Outcome, segment: &'a [u8]) -> Result<ResponseParts
             parameters,
             outputs,
             segment,
+            body: &[],
         }),
         Outcome::Error(code, message) => Err(CoreError::new(*code, message.clone())),
         Outcome::Streamed => Err(CoreError::internal(
@@ -1669,7 +1696,7 @@ fn grpc_outcome(
     last: bool,
 ) -> Result<Answer, CoreError> {
     if let Ok(parts) = parts_of(outcome, segment) {
-        regions::write_outputs(request, parts.outputs, segment)?;
+        regions::write_outputs(request, &parts)?;
         if let Some(encoded) = grpc_answer(request, &parts, form, last)? {
             return Ok(Answer::Encoded(encoded));
         }

@@ -15,22 +15,19 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use super::message::Slot;
-use super::response::slot_bytes;
+use super::response::ResponseParts;
 use crate::error::CoreError;
 #[cfg(test)]
 use crate::infer::DataType;
 use crate::infer::{
-    CoreOutput, CoreRequest, ObjectPlace, OutputRegion, RegionRef, RegionWindow, TensorData, fits,
+    BodyObject, CoreOutput, CoreRequest, ObjectPlace, OutputRegion, RegionRef, RegionWindow,
+    TensorData, fits,
 };
-use crate::shm::{Region, RegionRegistry};
+use crate::shm::{Region, RegionRegistry, SHM_DIR};
 
 /// Tensors from this size on are read and written by the worker in the client's object: below
 /// it a copy costs about what the system calls that check the object do.
 pub const PLACED_BYTES: u64 = 256 * 1024;
-
-/// Where POSIX shared-memory objects are, for a worker to open one by path.
-const SHM_DIR: &str = "/dev/shm";
 
 /// Finds `request`'s windows in `regions`: true when every one is there and fits its tensor.
 pub fn resolve(request: &mut CoreRequest, regions: &RegionRegistry) -> bool {
@@ -113,22 +110,67 @@ fn object_place(region: &Region, named: &RegionRef) -> Option<ObjectPlace> {
     })
 }
 
+/// Gives each input of `request` whose bytes lie in its body, `body` (received into the
+/// shared-memory object `object`), a place in that object when it takes [`PLACED_BYTES`] or
+/// more: the worker reads it where it was received, where the driver would copy it into the
+/// batch's segment. (BYTES tensors stay: the worker reads their framing from a segment.) The
+/// request then names the object, so that an output the worker finds lying in it is answered
+/// from the body ([`in_body`]).
+pub fn place_in_body(request: &mut CoreRequest, object: &BodyObject) {
+    for input in &mut request.inputs {
+        let TensorData::Body(range) = &input.data else {
+            continue;
+        };
+        let len = range.len() as u64;
+        if len < PLACED_BYTES || input.datatype.element_size().is_none() {
+            continue;
+        }
+        let place = ObjectPlace {
+            path: object.path.clone(),
+            device: object.device,
+            inode: object.inode,
+            offset: range.start as u64,
+            byte_size: len,
+        };
+        input.data = TensorData::Placed(place, len);
+        request.body_object = Some(Box::new(object.clone()));
+    }
+}
+
+/// Whether `place`, where a worker answered an output lies, is in `request`'s own body object.
+pub fn is_body_place(request: &CoreRequest, place: &ObjectPlace) -> bool {
+    request.body_object.as_ref().is_some_and(|object| {
+        (object.path.as_str(), object.device, object.inode)
+            == (place.path.as_str(), place.device, place.inode)
+    })
+}
+
+/// The bytes of an output a worker answered as lying at `place` in `request`'s own body
+/// (a view of an input it read there: nothing was copied), from `body`; None for a place
+/// elsewhere, or one outside the body (the object's bytes past it are not this request's).
+pub fn in_body<'a>(request: &CoreRequest, place: &ObjectPlace, body: &'a [u8]) -> Option<&'a [u8]> {
+    if !is_body_place(request, place) {
+        return None;
+    }
+    let start = usize::try_from(place.offset).ok()?;
+    let len = usize::try_from(place.byte_size).ok()?;
+    body.get(start..start.checked_add(len)?)
+}
+
 /// Writes each output of a response that `request` wants in a region there (those the worker
 /// did not write there itself); Triton's error for one that does not fit.
-pub fn write_outputs(
-    request: &CoreRequest,
-    outputs: &[Slot],
-    segment: &[u8],
-) -> Result<(), CoreError> {
-    for slot in outputs {
-        let window = match request.output(&slot.name) {
-            Some(CoreOutput {
-                region: Some(OutputRegion::Window(window)),
-                ..
-            }) if slot.place.is_none() => window,
-            _ => continue,
+pub fn write_outputs(request: &CoreRequest, response: &ResponseParts<'_>) -> Result<(), CoreError> {
+    for slot in response.outputs {
+        let Some(CoreOutput {
+            region: Some(OutputRegion::Window(window)),
+            ..
+        }) = request.output(&slot.name)
+        else {
+            continue;
         };
-        write_output(window, &slot.name, slot_bytes(segment, slot)?)?;
+        if let Some(bytes) = response.data(request, slot)? {
+            write_output(window, &slot.name, bytes)?;
+        }
     }
     Ok(())
 }
@@ -243,6 +285,66 @@ mod tests {
         assert!(matches!(outputs[1].region, Some(OutputRegion::Window(_))));
         assert_eq!(request.output_places.len(), 1);
         assert_eq!(request.output_places[0].1.offset, 4096);
+    }
+
+    #[test]
+    fn places_large_body_inputs_and_finds_outputs_in_the_body() {
+        let big = usize::try_from(PLACED_BYTES).unwrap();
+        let body_input = |datatype, range: std::ops::Range<usize>| CoreInput {
+            name: "IN".into(),
+            datatype,
+            shape: vec![1],
+            data: TensorData::Body(range),
+        };
+        let mut request = CoreRequest {
+            inputs: vec![
+                body_input(DataType::Fp32, 100..104),
+                body_input(DataType::Uint8, 128..128 + big),
+                body_input(DataType::Bytes, 128 + big..128 + 2 * big),
+            ],
+            ..CoreRequest::default()
+        };
+        let object = BodyObject {
+            path: "/dev/shm/tritonfast-body-1-2".into(),
+            device: 3,
+            inode: 4,
+        };
+        place_in_body(&mut request, &object);
+        assert_eq!(request.body_object.as_deref(), Some(&object));
+        // Small and BYTES inputs stay in the body, copied into the batch's segment.
+        assert!(matches!(request.inputs[0].data, TensorData::Body(_)));
+        assert!(matches!(request.inputs[2].data, TensorData::Body(_)));
+        let TensorData::Placed(place, len) = &request.inputs[1].data else {
+            panic!("not placed: {:?}", request.inputs[1].data)
+        };
+        assert_eq!(
+            (place.offset, place.byte_size, *len),
+            (128, PLACED_BYTES, PLACED_BYTES)
+        );
+        assert_eq!(place.path, object.path);
+        let body: Vec<u8> = (0..128 + 2 * big)
+            .map(|i| u8::try_from(i % 251).unwrap())
+            .collect();
+        let at = |offset, byte_size| ObjectPlace {
+            offset,
+            byte_size,
+            ..place.clone()
+        };
+        assert_eq!(in_body(&request, &at(130, 3), &body), Some(&body[130..133]));
+        let past = (128 + 2 * big) as u64;
+        assert_eq!(
+            in_body(&request, &at(past - 1, 2), &body),
+            None,
+            "past the body"
+        );
+        let elsewhere = ObjectPlace {
+            inode: 5,
+            ..at(130, 3)
+        };
+        assert!(!is_body_place(&request, &elsewhere));
+        assert_eq!(in_body(&request, &elsewhere, &body), None);
+        let unplaced = CoreRequest::default();
+        assert_eq!(in_body(&unplaced, &at(130, 3), &body), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use super::message::Slot;
+use super::regions;
 use crate::error::{Code, CoreError};
 use crate::infer::{CoreRequest, DataType};
 use crate::outbox::{Stream, WriteError};
@@ -71,6 +72,30 @@ pub struct ResponseParts<'a> {
     pub outputs: &'a [Slot],
     /// The bytes the slots' offsets are within.
     pub segment: &'a [u8],
+    /// The request's body, where an output the worker found lying in it is (see
+    /// [`regions::in_body`]); empty for a request whose body is not in a shared object.
+    pub body: &'a [u8],
+}
+
+impl<'a> ResponseParts<'a> {
+    /// Output `slot`'s bytes: in the worker's segment, or in the request's own body where the
+    /// worker answered it lies there; None for one the worker wrote into a client's object.
+    ///
+    /// # Errors
+    /// INTERNAL for bytes that are not where the slot says (a worker's fault).
+    pub fn data(&self, request: &CoreRequest, slot: &Slot) -> Result<Option<&'a [u8]>, CoreError> {
+        let Some(place) = &slot.place else {
+            return slot_bytes(self.segment, slot).map(Some);
+        };
+        if !regions::is_body_place(request, place) {
+            return Ok(None);
+        }
+        regions::in_body(request, place, self.body)
+            .map(Some)
+            .ok_or_else(|| {
+                CoreError::internal(format!("output '{}' lies outside its body", slot.name))
+            })
+    }
 }
 
 /// Triton's `HttpCodeFromError`.
@@ -195,7 +220,7 @@ pub fn response_answer<'a>(
         let bytes = if shared {
             &[]
         } else {
-            slot_bytes(response.segment, slot)?
+            response.data(request, slot)?.unwrap_or_default()
         };
         if !first {
             json.push(b',');
@@ -264,7 +289,9 @@ pub fn response_answer<'a>(
 /// Whether output `slot` went into a client's shared memory (written there by the worker, or
 /// by the core for a region the request names).
 pub fn in_region(request: &CoreRequest, slot: &Slot) -> bool {
-    slot.place.is_some()
+    slot.place
+        .as_ref()
+        .is_some_and(|place| !regions::is_body_place(request, place))
         || request
             .output(&slot.name)
             .is_some_and(|o| o.region.is_some())
@@ -504,6 +531,7 @@ mod tests {
             parameters: "",
             outputs: &outputs,
             segment: &segment,
+            body: &[],
         };
         let framing = Framing {
             minor: 1,

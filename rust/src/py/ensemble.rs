@@ -108,7 +108,9 @@ impl PyEnsembleLane {
     }
 
     /// As `Lane.submit_http`: an `EnsembleRun` once started, None when the reference path
-    /// must take the request (it words every refusal).
+    /// must take the request (it words every refusal). (Its steps copy their inputs:
+    /// `body_object` is not used.)
+    #[pyo3(signature = (body, json_length, stream, minor, keep_alive, token, body_object=None))]
     #[allow(clippy::too_many_arguments)]
     fn submit_http(
         &self,
@@ -119,7 +121,9 @@ impl PyEnsembleLane {
         minor: u8,
         keep_alive: bool,
         token: u64,
+        body_object: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<PyEnsembleRun>> {
+        let _ = body_object;
         let body = request_body(body)?;
         let reply = http_reply(stream, minor, keep_alive, token);
         let ensemble = &self.0;

@@ -22,13 +22,15 @@ use super::shm::PySharedMemoryRegistry;
 use super::stats::snapshot_dict;
 use crate::error::{Code, CoreError};
 use crate::infer::{
-    CoreInput, CoreOutput, CoreRequest, DataType, ObjectPlace, SequenceFields, TensorData,
+    BodyObject, CoreInput, CoreOutput, CoreRequest, DataType, ObjectPlace, SequenceFields,
+    TensorData,
 };
 use crate::lane::call::{CallAnswer, CallMessage, CallTensor, LaneRegistry};
 use crate::lane::channel::{Channel, GET_READY, GET_READY_POLL};
 use crate::lane::completions::Completions;
 use crate::lane::events::EventWriter;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
+
 use crate::lane::response::Framing;
 use crate::lane::sequence::{Controls, FlagControl, FlagKind};
 use crate::lane::streams::{StreamMessage, StreamPart, Streamed};
@@ -418,8 +420,11 @@ impl PyLane {
     }
 
     /// An HTTP request for this model: decoded, checked and queued without the GIL; its answer
-    /// is written on `stream` and `token` handed to the completions. A `Ticket` once queued;
-    /// None when the reference path must take it; raises Triton's error for a refused one.
+    /// is written on `stream` and `token` handed to the completions. `body_object`: the
+    /// shared-memory object `(path, device, inode)` the body was received into, from its
+    /// start, where the worker reads its large inputs. A `Ticket` once queued; None when the
+    /// reference path must take it; raises Triton's error for a refused one.
+    #[pyo3(signature = (body, json_length, stream, minor, keep_alive, token, body_object=None))]
     #[allow(clippy::too_many_arguments)]
     fn submit_http(
         &self,
@@ -430,11 +435,20 @@ impl PyLane {
         minor: u8,
         keep_alive: bool,
         token: u64,
+        body_object: Option<(String, u64, u64)>,
     ) -> PyResult<Option<PyLaneTicket>> {
         let body = lent_body(body)?;
         let reply = http_reply(stream, minor, keep_alive, token);
+        let object = body_object.map(|(path, device, inode)| BodyObject {
+            path,
+            device,
+            inode,
+        });
         let lane = &self.inner;
-        handed(py, py.detach(|| lane.submit_http(body, json_length, reply)))
+        handed(
+            py,
+            py.detach(|| lane.submit_http(body, json_length, reply, object.as_ref())),
+        )
     }
 
     /// A `generate` body (bytes, or a C-contiguous numpy array of bytes) for this model,
@@ -566,6 +580,7 @@ impl PyLane {
                 .into_iter()
                 .map(|(name, place)| (name, object_place(place)))
                 .collect(),
+            body_object: None,
             trace,
             sequence,
             empty_final: None,

@@ -54,17 +54,21 @@ pub(crate) fn array_memory(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize, 
 #[pymethods]
 impl PyTensorPool {
     /// A heap pool; or, given `segment` (a POSIX name) and `segment_bytes`, a pool whose
-    /// buffers are ranges of that new shared-memory segment (see `PooledBuffer.offset`).
+    /// buffers are ranges of that new shared-memory segment (see `PooledBuffer.offset`); or,
+    /// given `objects` (a POSIX name prefix), a pool each of whose buffers is a shared-memory
+    /// object of its own (see `PooledBuffer.object`).
     #[new]
-    #[pyo3(signature = (max_free_per_class = 4, segment = None, segment_bytes = 0))]
+    #[pyo3(signature = (max_free_per_class = 4, segment = None, segment_bytes = 0, objects = None))]
     fn new(
         max_free_per_class: usize,
         segment: Option<&str>,
         segment_bytes: usize,
+        objects: Option<&str>,
     ) -> PyResult<Self> {
-        let pool = match segment {
-            Some(name) => TensorPool::in_segment(name, segment_bytes, max_free_per_class)?,
-            None => TensorPool::new(max_free_per_class),
+        let pool = match (segment, objects) {
+            (Some(name), _) => TensorPool::in_segment(name, segment_bytes, max_free_per_class)?,
+            (None, Some(prefix)) => TensorPool::in_objects(prefix, max_free_per_class),
+            (None, None) => TensorPool::new(max_free_per_class),
         };
         Ok(Self { pool })
     }
@@ -146,6 +150,21 @@ impl PyPooledBuffer {
     #[getter]
     fn offset(&self) -> Option<usize> {
         self.buffer.offset()
+    }
+
+    /// The shared-memory object the buffer is, as another process opens it: `(path, device,
+    /// inode)`; None unless its pool was made with `objects`.
+    #[getter]
+    fn object(&self) -> Option<(String, u64, u64)> {
+        let object = self.buffer.object()?;
+        let (device, inode) = object.identity()?;
+        Some((object.path(), device, inode))
+    }
+
+    /// Takes the memory of the first `nbytes` bytes of an object buffer now, so that writing
+    /// them cannot fail; raises UNAVAILABLE when shared memory has no room for them.
+    fn reserve(&self, nbytes: usize) -> PyResult<()> {
+        Ok(self.buffer.reserve(nbytes)?)
     }
 
     /// numpy's array interface (version 3): a writable 1-D `uint8` array over the buffer.

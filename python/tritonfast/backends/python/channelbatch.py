@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
@@ -21,7 +22,7 @@ import orjson
 from tritonfast.backends.base import PhaseClock
 from tritonfast.backends.python import workerbls
 from tritonfast.backends.python.segmentlayout import Laid, raw_bytes, read_tensor, write_tensors
-from tritonfast.backends.python.sharedobjects import Place, SharedObjects
+from tritonfast.backends.python.sharedobjects import BODY_PREFIX, Place, SharedObjects
 from tritonfast.data.types import (
     RELEASE_RESCHEDULE,
     InferRequest,
@@ -180,8 +181,13 @@ class Batches:
         for index in sorted(failed):
             results.insert(index, failed[index])
         _, out_name, out_size, laid = describe_results(
-            self.outputs, results, [d[4] for d in described], self.objects
+            self.outputs,
+            results,
+            [d[4] for d in described],
+            self.objects,
+            [_body_places(d[3]) for d in described],
         )
+        self.objects.end_batch()
         return out_name, out_size, [channel_result(entry) for entry in laid]
 
     def _streamed(
@@ -205,6 +211,15 @@ class Batches:
         for index in sorted(failed):
             results.insert(index, ("error", *_coded(failed[index])))
         return results
+
+
+def _body_places(slots: list[tuple[Any, ...]]) -> list[Place]:
+    """The places of a request's inputs that lie in the server's body object."""
+    return [
+        slot[5]
+        for slot in slots
+        if slot[5] is not None and os.path.basename(slot[5][0]).startswith(BODY_PREFIX)
+    ]
 
 
 def _coded(error: TritonError) -> tuple[str, str]:
@@ -362,16 +377,20 @@ def describe_results(
     results: list[Result | None],
     places: list[dict[str, Place] | None],
     objects: SharedObjects,
+    bodies: list[list[Place]] | None = None,
 ) -> tuple[str, str, int, list[tuple[Any, ...]]]:
-    """The reply to a batch: outputs with a place in a client's object written there, the
-    others into the writer's segment. None: a rescheduled request (no response yet)."""
+    """The reply to a batch: outputs with a place in a client's object written there, those
+    lying in their request's body object (``bodies``: each request's inputs read there)
+    described by their place there, the others written into the writer's segment. None: a
+    rescheduled request (no response yet)."""
     laid: list[list[Laid]] = []
     for index, (result, placed) in enumerate(zip(results, places, strict=True)):
         if result is None or isinstance(result, TritonError):
             laid.append([])
             continue
+        body = bodies[index] if bodies is not None else []
         try:
-            laid.append([laid_output(t, placed, objects) for t in result.outputs])
+            laid.append([laid_output(t, placed, objects, body) for t in result.outputs])
         except TritonError as error:
             results[index] = error
             laid.append([])
@@ -402,10 +421,20 @@ def describe_results(
 
 
 def laid_output(
-    tensor: OutputTensor, places: dict[str, Place] | None, objects: SharedObjects
+    tensor: OutputTensor,
+    places: dict[str, Place] | None,
+    objects: SharedObjects,
+    body: list[Place] | None = None,
 ) -> Laid:
-    """An output to describe; one bound for a client's object is written there first."""
+    """An output to describe; one bound for a client's object is written there first, and
+    one that lies in an input of ``body`` (the request's inputs in its body object) is
+    described by its place there."""
     place = places.get(tensor.name) if places is not None else None
+    if place is None and body and tensor.datatype != "BYTES":
+        raw = raw_bytes(tensor.datatype, tensor.data)  # (a view, unless it must convert)
+        found = objects.body_place_of(raw, body)
+        if found is not None:
+            return (tensor.name, tensor.datatype, tensor.shape, raw, found)
     window = None
     if place is not None:
         # Changed since the server looked: the server writes it, as in-process.

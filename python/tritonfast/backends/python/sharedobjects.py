@@ -11,6 +11,11 @@ longer leads to their object (unlinked or replaced by the client) are dropped wh
 object is mapped, and at the start of a batch once :data:`SWEEP_S` have passed, so that an
 object the client removed does not stay pinned in memory by the worker for long.
 
+The server's own request-body objects (:data:`BODY_PREFIX`) come the same way: the large
+inputs of a body received into one are read where they arrived, and an output that is a view
+of such an input is answered by its place there (:meth:`SharedObjects.body_place_of`), for the
+server to send it from the body: neither is copied.
+
 Before each use the object's size is checked: touching a page past the end of an object its
 owner shrank raises SIGBUS. What is left is the same race as in the server (the owner shrinking
 it between the check and the access), and here it ends the worker, not the server: the batch
@@ -35,6 +40,12 @@ from tritonfast.memory.sharedmemory import output_too_large
 
 # Where a tensor lies: (path, device, inode, offset, byte_size), an ObjectPlace as a tuple.
 Place = tuple[str, int, int, int, int]
+# The name of the server's request-body objects (memory.bufferpool), after /dev/shm/.
+BODY_PREFIX = "tritonfast-body-"
+# Body objects larger than this are let go of once their batch is over: the server removes a
+# large one as soon as its request is answered, and a mapping kept here would hold its memory
+# until the next batch. Smaller ones are the server's recycled buffers, mapped once.
+KEPT_BODY_BYTES = 16 << 20
 # The most objects one worker keeps mapped, beyond those of the batch it runs.
 MAPPED_OBJECTS = 16
 # How often a batch start looks for mappings of objects their clients removed.
@@ -47,6 +58,7 @@ class SharedObjects:
     def __init__(self) -> None:
         # path -> (device, inode, mapping of the whole object)
         self._mapped: OrderedDict[str, tuple[int, int, mmap.mmap]] = OrderedDict()
+        self._starts: dict[str, int] = {}  # path -> the address its mapping starts at
         self._in_batch: set[str] = set()  # the paths the running batch uses: never dropped
         self._swept = time.monotonic()
 
@@ -56,6 +68,13 @@ class SharedObjects:
         self._in_batch.clear()
         if self._mapped and time.monotonic() - self._swept >= SWEEP_S:
             self._sweep()
+
+    def end_batch(self) -> None:
+        """The batch is answered: let go of the large body objects it mapped."""
+        for path in self._in_batch:
+            entry = self._mapped.get(path)
+            if path in self._starts and entry is not None and len(entry[2]) > KEPT_BODY_BYTES:
+                self._forget(path)  # (unmapped once the batch's last view of it is gone)
 
     def window(self, place: Place) -> memoryview:
         """The ``byte_size`` bytes at ``offset`` of the object, writable. Raises
@@ -77,6 +96,20 @@ class SharedObjects:
                 " longer there (register it again)"
             )
         return memoryview(entry[2])[offset:end]
+
+    def body_place_of(self, raw: np.ndarray, inputs: list[Place]) -> Place | None:
+        """Where ``raw`` (an output's bytes, C-contiguous) lies when it is inside one of
+        ``inputs``, places of the request's inputs in the server's body object this batch
+        mapped (a model that returned a view of such an input); None otherwise."""
+        start = raw.__array_interface__["data"][0]
+        for path, device, inode, offset, byte_size in inputs:
+            base = self._starts.get(path)
+            if base is None or path not in self._in_batch:
+                continue
+            window = base + offset
+            if window <= start and start + raw.nbytes <= window + byte_size:
+                return (path, device, inode, offset + start - window, raw.nbytes)
+        return None
 
     @staticmethod
     def put(window: memoryview, raw: np.ndarray, name: str) -> None:
@@ -115,6 +148,8 @@ class SharedObjects:
             os.close(descriptor)  # the mapping keeps its own
         entry = (device, inode, mapping)
         self._mapped[path] = entry
+        if os.path.basename(path).startswith(BODY_PREFIX) and len(mapping):
+            self._starts[path] = np.frombuffer(mapping, np.uint8).__array_interface__["data"][0]
         for old in list(self._mapped):  # least recently used first
             if len(self._mapped) <= MAPPED_OBJECTS:
                 break
@@ -135,6 +170,7 @@ class SharedObjects:
                 self._forget(path)
 
     def _forget(self, path: str) -> None:
+        self._starts.pop(path, None)
         entry = self._mapped.pop(path, None)
         if entry is not None:
             with contextlib.suppress(BufferError):  # views still alive keep it mapped

@@ -58,6 +58,8 @@ class CorePath:
         body = _arrived_body(request)
         if body is None:
             return None
+        direct = request.body  # (its object, where the worker reads large inputs)
+        body_object = None if direct is None else direct.object
         routed = self._routed(request)
         if routed is None:
             return None
@@ -84,7 +86,7 @@ class CorePath:
                 # (Events are chunks: HTTP/1.1 only.)
                 ticket = lane.submit_generate_events(body, out, token) if minor == 1 else None
             else:
-                ticket = lane.submit_http(body, length, out, minor, True, token)
+                ticket = lane.submit_http(body, length, out, minor, True, token, body_object)
         except TritonError:  # refused: the reference path words it
             return None
         return None if ticket is None else (lane, ticket, token)

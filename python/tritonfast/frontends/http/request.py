@@ -1,17 +1,18 @@
 """What an HTTP handler sees of one request, and a large body received straight into one
-pooled buffer (see :mod:`tritonfast.frontends.http.connection` for how it is filled)."""
+pooled buffer (see :mod:`tritonfast.frontends.http.connection` for how it is filled): a
+shared-memory object, where a worker can read the body's large inputs."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from tritonfast.errors import UnavailableError
+from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget, BodyCount
-from tritonfast.memory.bufferpool import pooled_memory
+from tritonfast.memory.bufferpool import shared_body
 
 if TYPE_CHECKING:
-    from tritonfast._core import OutStream
+    from tritonfast._core import OutStream, PooledBuffer
 
 # Triton reads content lengths as int32; bodies up to that size are accepted.
 MAX_BODY_BYTES = (1 << 31) - 1
@@ -40,9 +41,26 @@ class DirectBody:
     bound). What counts against the server's body budget follows the bytes that arrived:
     :data:`FIRST_COUNTED_BYTES` at first, doubling as they come. So a declared length alone
     holds neither memory nor budget, and clients that declare huge bodies and send little
-    hold little."""
+    hold little.
 
-    __slots__ = ("buffer", "counted", "done", "failure", "filled", "length", "released")
+    The buffer is a shared-memory object when there is room (:attr:`object` names it, for the
+    core to let the model's worker read the body's large inputs there). Its memory is taken
+    (``PooledBuffer.reserve``) ahead of the bytes as they come, at most twice what arrived: a
+    shared-memory file system without room fails the body with 503, where writing a page it
+    cannot back would kill the server."""
+
+    __slots__ = (
+        "_reserved",
+        "_shared",
+        "buffer",
+        "counted",
+        "done",
+        "failure",
+        "filled",
+        "length",
+        "object",
+        "released",
+    )
 
     def __init__(
         self, length: int, start: bytes, loop: asyncio.AbstractEventLoop, budget: BodyBudget
@@ -54,10 +72,16 @@ class DirectBody:
         self.done: asyncio.Future[None] = loop.create_future()
         self.done.add_done_callback(_retrieved)
         self.filled = len(start)
+        self._shared: PooledBuffer | None = None
+        self._reserved = len(start)
+        # The shared-memory object (path, device, inode) the buffer is, from its start.
+        self.object: tuple[str, int, int] | None = None
         if not self._count(max(FIRST_COUNTED_BYTES, 2 * len(start))):
             self.buffer = memoryview(b"")  # its bytes are read and dropped (see room)
         else:
-            self.buffer = pooled_memory(length)
+            self.buffer, self._shared = shared_body(length, len(start))
+            if self._shared is not None:
+                self.object = self._shared.object
             self.buffer[: len(start)] = start  # what came with the head, already parsed out
         self.received(0)
 
@@ -82,7 +106,28 @@ class DirectBody:
         counted = self.counted
         if self.filled >= counted.bytes and not self._count(self.filled + 1):
             return None
-        return self.buffer[self.filled : min(counted.bytes, self.filled + DIRECT_READ_BYTES)]
+        end = min(counted.bytes, self.filled + DIRECT_READ_BYTES)
+        if end > self._reserved and not self._reserve(end):
+            return None
+        return self.buffer[self.filled : end]
+
+    def _reserve(self, end: int) -> bool:
+        """Take the shared memory of the buffer's bytes up to ``end`` at least (twice what
+        arrived, in doubling steps); without room the body fails with 503, and False."""
+        shared = self._shared
+        if shared is not None:
+            target = min(self.length, max(end, 2 * self.filled))
+            try:
+                shared.reserve(target)
+            except TritonError as exc:
+                self.failure = UnavailableError(
+                    f"the server has no shared memory left to receive a request body of"
+                    f" {self.length} bytes: {exc.message}"
+                )
+                return False
+            end = target
+        self._reserved = end
+        return True
 
     def received(self, nbytes: int) -> bool:
         """Counts ``nbytes`` more received; whether the body is now complete."""
