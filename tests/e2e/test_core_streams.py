@@ -35,13 +35,16 @@ MODELS = ("repeat_proc", "async_repeat_proc", "square_proc")
 # typed_events_proc: responses of FP32, BYTES and BOOL outputs with parameters of every kind
 # (generate_stream only).
 EVENT_MODELS = (*MODELS, "typed_events_proc")
+# queued_stream_proc: one instance held HOLD seconds per request, behind a queue whose requests
+# time out after 50 ms.
+QUEUED_MODEL = "queued_stream_proc"
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, ...]]:
     repository = tmp_path_factory.mktemp("decoupled_models")
-    for model in EVENT_MODELS:
+    for model in (*EVENT_MODELS, QUEUED_MODEL):
         shutil.copytree(STREAMING_MODELS / model, repository / model)
     yield from server_pair([repository], tmp_path_factory.mktemp("core_streams"))
 
@@ -111,7 +114,7 @@ def test_the_core_streams_them(servers: tuple[RunningServer, ...], channels: Any
     replies = _replies_by_request(channels[0], [message.SerializeToString()])
     assert len(replies["x"]) == 3
     core, reference = servers
-    assert _reader_threads(core.proc.pid) == len(EVENT_MODELS)
+    assert _reader_threads(core.proc.pid) == len(EVENT_MODELS) + 1  # (and QUEUED_MODEL)
     assert _reader_threads(reference.proc.pid) == 0
 
 
@@ -185,3 +188,33 @@ def test_generate_streams_get_the_reference_paths_events(
             connection.close()
     core, reference = answers
     assert core == reference
+
+
+def test_a_generate_stream_whose_queue_timeout_expires_gets_the_reference_answer(
+    servers: tuple[RunningServer, ...],
+) -> None:
+    """A ``generate_stream`` request that waits behind a held instance past its queue's
+    timeout (REJECT) is answered before it ever runs: the core writes that whole answer
+    itself, as the reference path words it (and as Triton 2.51 answers it); the held request's
+    event comes after."""
+    answers = []
+    for server in servers:
+        host, port = server.http_url.rsplit(":", 1)
+        held = http.client.HTTPConnection(host, int(port), timeout=60)
+        queued = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            held.request("POST", f"/v2/models/{QUEUED_MODEL}/generate_stream", b'{"HOLD":[0.5]}')
+            body = b'{"HOLD":[0.0]}'
+            expired = _generate_stream(queued, QUEUED_MODEL, body)
+            reply = held.getresponse()
+            answers.append((expired, reply.status, reply.read()))
+        finally:
+            held.close()
+            queued.close()
+    core, reference = answers
+    assert core == reference
+    (status, content_type, _, body), held_status, held_events = core
+    assert (status, content_type) == (400, "text/event-stream; charset=utf-8")
+    assert body == b'data: {"error":"Request timeout expired"}\n\n'
+    assert held_status == 200
+    assert b'"OUT":0.5' in held_events
