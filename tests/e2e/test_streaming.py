@@ -354,10 +354,44 @@ def test_generate_maps_inputs_parameters_and_outputs(stream_server: RunningServe
             500,
             "failed to parse the request JSON buffer: Missing a name for object member. at 1",
         )
-        # An input named twice in one object is refused (JSON would keep the last one).
-        for twice in (b'{"IN": 1, "IN": 2}', b'{"parameters": {"IN": 1, "IN": 2}}'):
-            status, body = post_json(stream_server, "/v2/models/async_repeat/generate", twice)
-            assert (status, body["error"]) == (400, "input 'IN' already exists in request")
+        # An input named twice in one object is refused (JSON would keep the last one); an
+        # error in the nested object names it (Triton 2.51's answers, checked side by side).
+        twice = "[request id: <id_unknown>] input 'IN' already exists in request"
+        for body_text, prefix in (
+            (b'{"IN": 1, "IN": 2}', ""),
+            (b'{"parameters": {"IN": 1, "IN": 2}}', "Converting keyword: 'parameters': "),
+            (b'{"IN": 1, "parameters": {"IN": 2}}', "Converting keyword: 'parameters': "),
+        ):
+            status, body = post_json(stream_server, "/v2/models/async_repeat/generate", body_text)
+            assert (status, body["error"]) == (400, prefix + twice)
+        not_int = (
+            "Unable to parse 'data': attempt to access JSON non-signed-integer as signed-integer"
+        )
+        refusals = {
+            b'{"IN": 1, "id": 5}': "Unable to parse 'id': attempt to access JSON non-string as"
+            " string",
+            b'{"IN": 1, "parameters": 5}': "Expected JSON object for keyword: 'parameters':"
+            " attempt to access JSON non-object as object",
+            b'{"IN": {"a": 1}}': not_int,
+            b'{"parameters": {"IN": [1, {"a": 1}]}}': "Converting keyword: 'parameters': "
+            + not_int,
+        }
+        for body_text, message in refusals.items():
+            status, body = post_json(stream_server, "/v2/models/async_repeat/generate", body_text)
+            assert (status, body["error"]) == (500, message)
+        # The id is the request's, and a parameter the model sees too, as in Triton.
+        status, body = post_json(
+            stream_server,
+            "/v2/models/params/generate",
+            {"INPUT0": [1], "id": "abc", "note": "x", "parameters": {"k": True}},
+        )
+        assert (status, body["seen_request_id"], body["id"]) == (200, "abc", "abc")
+        assert (body["note"], body["k"]) == ("x", True)
+        # A nested id is a parameter only (the model's parameters come back in the answer).
+        status, body = post_json(
+            stream_server, "/v2/models/params/generate", {"INPUT0": [1], "parameters": {"id": "in"}}
+        )
+        assert (status, body["seen_request_id"], body["id"]) == (200, "", "in")
         status, body = post_json(
             stream_server, "/v2/models/identity_bytes/generate", {"INPUT0": {"USER": "hi"}}
         )

@@ -3,10 +3,12 @@
 //!
 //! A member named like one of the model's inputs is that input: a scalar, or an array,
 //! flattened, its shape taken from the model's metadata shape (fixed dimensions as they are,
-//! the innermost variable one holding the rest, other variable ones 1); `id` (a string) is the
-//! request id; any other member is a request parameter (string, number or boolean), and the
-//! member `parameters`, an object, holds more members under the same rules (inputs among
-//! them). `priority` and `timeout`, unsigned integers, are also the request's own.
+//! the innermost variable one holding the rest, other variable ones 1); any other member is a
+//! request parameter (string, number or boolean), `id` too, which (a string) is also the
+//! request id; and the member `parameters`, an object, holds more members under the same
+//! rules (inputs among them). As in Triton, no member sets how the request is scheduled: those
+//! named like the protocol's own parameters (`priority`, `timeout`, a sequence's) are left out,
+//! as the reference path leaves them out of what the model sees.
 //!
 //! The core takes on the bodies clients send every day; anything else (a member the model
 //! would refuse, a value of another kind, an escape in a string, a name given twice, a shape
@@ -22,6 +24,16 @@ use crate::jsonscan;
 
 /// The member whose object holds more members.
 const NESTED: &str = "parameters";
+/// Parameters an `infer` request sets its scheduling with: a generate body's members of these
+/// names set nothing, and the model does not see them.
+const PROTOCOL_PARAMETERS: [&str; 6] = [
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+    "priority",
+    "timeout",
+    "binary_data_output",
+];
 
 /// A body the core takes on: the request, the parameters its model gets (a JSON object's
 /// text, empty for none) and its batch size; None for the reference path.
@@ -37,8 +49,6 @@ pub fn decode_generate(body: &[u8], signature: &Signature) -> Option<(CoreReques
     let mut request = CoreRequest::default();
     let mut parameters = Parameters::default();
     take_members(members, signature, &mut request, &mut parameters, true)?;
-    parameters.unsigned("priority", u64::from(u32::MAX), &mut request.priority)?;
-    parameters.unsigned("timeout", u64::MAX, &mut request.timeout_us)?;
     let batch_size = signature.check(&request).ok()?;
     Some((request, parameters.text(), batch_size))
 }
@@ -63,7 +73,14 @@ fn take_members(
             (NESTED, Value::Object(nested)) if top => {
                 take_members(nested, signature, request, parameters, false)?;
             }
-            ("id", Value::Str(id)) if top => (*id).clone_into(&mut request.id),
+            (NESTED, _) if top => return None, // not an object: refused
+            ("id", Value::Str(id)) if top => {
+                (*id).clone_into(&mut request.id);
+                parameters.set(name, format!("\"{id}\""));
+            }
+            ("id", _) if top => return None, // not a string: refused
+            (_, Value::Str(_) | Value::Number(_) | Value::Bool(_))
+                if PROTOCOL_PARAMETERS.contains(name) => {}
             (_, Value::Str(text)) => parameters.set(name, format!("\"{text}\"")),
             (_, Value::Number(text)) => parameters.set(name, (*text).to_owned()),
             (_, Value::Bool(truth)) => parameters.set(name, truth.to_string()),
@@ -166,20 +183,6 @@ impl Parameters {
         }
     }
 
-    /// Parameter `name`, when there is one, into `value`: an unsigned integer up to `most`
-    /// (None: a value the core does not take on).
-    fn unsigned(&self, name: &str, most: u64, value: &mut Option<u64>) -> Option<()> {
-        let Some((_, text)) = self.0.iter().find(|(n, _)| n == name) else {
-            return Some(());
-        };
-        if !text.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        let number: u64 = text.parse().ok()?;
-        *value = Some(number).filter(|&n| n <= most);
-        value.map(|_| ())
-    }
-
     /// The parameters as a JSON object's text (empty for none).
     fn text(&self) -> String {
         if self.0.is_empty() {
@@ -243,10 +246,10 @@ mod tests {
             request.inputs[1].data,
             TensorData::Owned(b"\x01\0\0\0a\x02\0\0\0bc".to_vec())
         );
-        assert_eq!(request.priority, Some(2));
+        assert_eq!(request.priority, None, "a parameter like any other");
         assert_eq!(
             parameters,
-            r#"{"max_tokens": 8, "stream": true, "note": "x", "temperature": 0.5, "priority": 2}"#
+            r#"{"id": "r1", "max_tokens": 8, "stream": true, "note": "x", "temperature": 0.5}"#
         );
     }
 
@@ -273,18 +276,21 @@ mod tests {
             r#"{"N": 1, "TEXT": "t", "X": [1, {"a": 2}]}"#,
             r#"{"N": 1, "TEXT": "t", "X": [1, 2], "parameters": {"N": 2}}"#, // N twice
             r#"{"N": 1, "TEXT": "t\n", "X": [1, 2]}"#,                       // an escape
-            r#"{"N": 1, "TEXT": "t", "X": [1, 2], "priority": -1}"#,
-            r#"{"N": 1, "TEXT": "t", "X": [1, 2], "timeout": "5"}"#,
+            r#"{"N": 1, "TEXT": "t", "X": [1, 2], "id": 5}"#,                // an id not a string
+            r#"{"N": 1, "TEXT": "t", "X": [1, 2], "parameters": 5}"#,        // not an object
+            r#"{"N": 1, "TEXT": "t", "X": [1, 2], "timeout": null}"#,
         ] {
             assert!(decoded(body, 0).is_none(), "{body}");
         }
-        // A nested `id` or `parameters` is a parameter; a top-level non-string `id` too.
+        // A nested `id` or `parameters` is a parameter; the protocol's names set nothing.
         let (request, parameters, _) = decoded(
-            r#"{"N": 1, "TEXT": "t", "X": [1, 2], "id": 5, "parameters": {"id": "in", "parameters": "p"}}"#,
+            r#"{"N": 1, "TEXT": "t", "X": [1, 2], "priority": -1, "timeout": "5",
+                "parameters": {"id": "in", "parameters": "p", "sequence_id": 3}}"#,
             0,
         )
         .unwrap();
         assert_eq!(request.id, "");
+        assert_eq!((request.priority, request.timeout_us), (None, None));
         assert_eq!(parameters, r#"{"id": "in", "parameters": "p"}"#);
     }
 

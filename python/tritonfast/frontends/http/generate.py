@@ -2,9 +2,14 @@
 
 A request is one flat JSON object. A member named like one of the model's inputs is that input
 (a scalar, or an array, flattened, its shape taken from the model's dims: fixed dimensions as they
-are, the innermost variable one holding the rest, other variable ones 1); ``id`` is the
-request id; any other member is a request parameter (string, integer, boolean or number). The
-member ``parameters`` is an object whose members follow the same rule.
+are, the innermost variable one holding the rest, other variable ones 1); any other member is a
+request parameter (string, integer, boolean or number), ``id`` too, which (a string, else
+INTERNAL) is also the request id. The member ``parameters`` is an object (else INTERNAL) whose
+members follow the same rule; an error among them names it ("Converting keyword:
+'parameters': ..."). As in Triton, no member is the protocol's own: ``priority``, ``timeout``
+or ``sequence_id`` set nothing about how the request is scheduled. (Triton hands those members
+to the model as parameters; tritonfast leaves them out of what the model sees, see
+:data:`~tritonfast.data.types.PROTOCOL_PARAMETERS`.)
 
 A response is one flat JSON object with its members sorted by name, as Triton writes it:
 ``id`` (when the request had one), ``model_name``, ``model_version``, the response's
@@ -23,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tritonfast.data.types import InferRequest, InferResponse, InputTensor
+from tritonfast.data import rawtensor
+from tritonfast.data.types import PROTOCOL_PARAMETERS, InferRequest, InferResponse, InputTensor
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.http import jsonparse, tensordata
 
@@ -59,6 +65,10 @@ def decode_request(
             "Keyword 'parameters' for nested schema also given as input tensor name"
         )
     request = InferRequest(model_name=model_name, model_version=model_version)
+    if "id" in document:  # (read before anything else, as Triton reads it)
+        if type(document["id"]) is not str:
+            raise InternalError("Unable to parse 'id': attempt to access JSON non-string as string")
+        request.id = document["id"]
     _take_members(document, specs, request, repeated, nested=True)
     return request
 
@@ -92,19 +102,29 @@ def _take_members(
 ) -> None:
     again = repeated.get(id(members))
     if again is not None and again in specs:
-        raise InvalidArgumentError(f"input '{again}' already exists in request")
+        raise _named_twice(again, request)
     for key, value in members.items():
         spec = specs.get(key)
         if spec is not None:
+            tensor = _tensor(spec, value, request.model_name)  # (read first, as Triton does)
             if any(tensor.name == key for tensor in request.inputs):
-                raise InvalidArgumentError(f"input '{key}' already exists in request")
-            request.inputs.append(_tensor(spec, value, request.model_name))
-        elif key == _NESTED and nested and type(value) is dict:
-            _take_members(value, specs, request, repeated, nested=False)
-        elif key == "id" and nested and type(value) is str:
-            request.id = value
+                raise _named_twice(key, request)
+            request.inputs.append(tensor)
+        elif key == _NESTED and nested:
+            if type(value) is not dict:
+                raise InternalError(
+                    f"Expected JSON object for keyword: '{key}': attempt to access JSON"
+                    " non-object as object"
+                )
+            try:
+                _take_members(value, specs, request, repeated, nested=False)
+            except TritonError as error:
+                raise TritonError(
+                    f"Converting keyword: '{key}': {error.message}", error.code
+                ) from None
         elif type(value) in _PARAMETER_TYPES:
-            request.parameters[key] = value
+            if key not in PROTOCOL_PARAMETERS:
+                request.parameters[key] = value
         else:
             raise InvalidArgumentError(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or"
@@ -112,15 +132,19 @@ def _take_members(
             )
 
 
+def _named_twice(name: str, request: InferRequest) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{rawtensor.request_prefix(request.id)}input '{name}' already exists in request"
+    )
+
+
 def _tensor(spec: Mapping[str, Any], value: Any, model_name: str) -> InputTensor:
     name, datatype = spec["name"], spec["datatype"]
     values = tensordata.flatten(value) if type(value) is list else [value]
     if any(type(item) is dict for item in values):
-        if datatype == "BYTES":  # (Triton's words, and its status: 500)
-            raise InternalError(
-                "Unable to parse JSON bytes array: attempt to access JSON non-string as string"
-            )
-        raise _shape_error(name)
+        # Triton reads the values before it shapes them: its error for the datatype (500).
+        tensordata.from_json(datatype, (len(values),), values, name, model_name)
+        raise _shape_error(name)  # (not reached: no datatype takes an object)
     shape = _shape(spec["shape"], len(values), name)
     data = tensordata.from_json(datatype, shape, values, name, model_name)
     return InputTensor(name, datatype, shape, data)
