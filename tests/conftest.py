@@ -87,15 +87,18 @@ def start_server(
     wait_ready: bool = True,
     pythonpath: tuple[Path, ...] = (),
     new_session: bool = False,
+    launcher: tuple[str, ...] = (),
 ) -> RunningServer:
     """Start ``python -m tritonfast serve`` and wait (bounded) until it answers /v2/health/live.
     ``pythonpath``: folders the server's interpreter finds modules in first. ``new_session``:
     the server leads a process group of its own (with its workers), which a test may signal.
+    ``launcher``: a command that sets something up and then execs the server's command line,
+    given as its arguments (so that the server keeps the launcher's process id).
 
     A free port can still be taken by some other socket between picking it and the server
     binding it; a server that exits for that reason is started again on fresh ports."""
     for attempt in range(3):
-        server = _launch(repositories, log_path, extra, pythonpath, new_session)
+        server = _launch(repositories, log_path, extra, pythonpath, new_session, launcher)
         if not wait_ready:
             return server
         try:
@@ -121,9 +124,10 @@ def _launch(
     extra: tuple[str, ...],
     pythonpath: tuple[Path, ...],
     new_session: bool,
+    launcher: tuple[str, ...] = (),
 ) -> RunningServer:
     http, grpc, metrics = free_ports(3)
-    cmd = [sys.executable, "-m", "tritonfast", "serve"]
+    cmd = [*launcher, sys.executable, "-m", "tritonfast", "serve"]
     for repo in repositories:
         cmd += ["--model-repository", str(repo)]
     cmd += [

@@ -319,7 +319,8 @@ impl OwnedSegment {
         if failed != 0 {
             let reason = std::io::Error::from_raw_os_error(failed);
             return Err(CoreError::unavailable(format!(
-                "no shared memory left for {len} bytes of '{}': {reason}",
+                "no shared memory left for {len} bytes of '{}': {reason} (a container's \
+                 --shm-size sets how much {SHM_DIR} holds)",
                 self.name
             )));
         }

@@ -14,6 +14,8 @@ import mmap
 import os
 from pathlib import Path
 
+from tritonfast.errors import UnavailableError
+
 SHM_DIR = Path("/dev/shm")
 # Tensors start on 64-byte boundaries (cache lines; what numpy's SIMD loops like best).
 ALIGNMENT = 64
@@ -22,6 +24,19 @@ _serial = itertools.count()
 
 def aligned(offset: int) -> int:
     return (offset + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+def _back(fd: int, name: str, size: int) -> None:
+    """Take the memory of a new segment's ``size`` bytes now: its writer writes all of them,
+    and a page the file system cannot back kills the writing process (SIGBUS), where this
+    raises UnavailableError."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        raise UnavailableError(
+            f"no shared memory left for segment '{name}' of {size} bytes ({exc.strerror}; a"
+            f" container's --shm-size sets how much {SHM_DIR} holds)"
+        ) from None
 
 
 class Segment:
@@ -37,6 +52,7 @@ class Segment:
         try:
             if owner:
                 os.ftruncate(fd, size)
+                _back(fd, name, size)
             self.buffer = mmap.mmap(fd, size)
         except BaseException:
             if owner:

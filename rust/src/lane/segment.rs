@@ -20,6 +20,15 @@ fn segment_name(prefix: &str) -> String {
     format!("{prefix}-{}-{n}", std::process::id())
 }
 
+/// A new segment whose memory is taken now: the server writes all of it, and a page the
+/// shared-memory file system cannot back would kill the server (SIGBUS) where this fails
+/// with UNAVAILABLE.
+fn backed_segment(prefix: &str, size: usize) -> Result<OwnedSegment, CoreError> {
+    let segment = OwnedSegment::create(&segment_name(prefix), size)?;
+    segment.reserve(size)?;
+    Ok(segment)
+}
+
 /// Tensors start on 64-byte boundaries (cache lines), as the worker's writer places them.
 pub const ALIGNMENT: usize = 64;
 /// The first segment's size.
@@ -51,7 +60,7 @@ impl InputSegment {
         if self.current.as_ref().is_none_or(|s| s.len() < len) {
             let size = len.max(FIRST_BYTES).next_power_of_two();
             self.current = None; // unlinked first: at most one segment per worker
-            self.current = Some(OwnedSegment::create(&segment_name(&self.prefix), size)?);
+            self.current = Some(backed_segment(&self.prefix, size)?);
         }
         let segment = self
             .current
@@ -103,7 +112,7 @@ impl CancelFlags {
     /// A segment named `<prefix>-<pid>-<n>`.
     pub fn new(prefix: &str) -> Result<Self, CoreError> {
         Ok(CancelFlags {
-            segment: OwnedSegment::create(&segment_name(prefix), CANCEL_FLAGS)?,
+            segment: backed_segment(prefix, CANCEL_FLAGS)?,
         })
     }
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonfast.errors import TritonError, UnavailableError
 from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget, BodyCount
-from tritonfast.memory.bufferpool import shared_body
+from tritonfast.memory.bufferpool import pooled_memory, shared_body
 
 if TYPE_CHECKING:
     from tritonfast._core import OutStream, PooledBuffer
@@ -45,9 +45,9 @@ class DirectBody:
 
     The buffer is a shared-memory object when there is room (:attr:`object` names it, for the
     core to let the model's worker read the body's large inputs there). Its memory is taken
-    (``PooledBuffer.reserve``) ahead of the bytes as they come, at most twice what arrived: a
-    shared-memory file system without room fails the body with 503, where writing a page it
-    cannot back would kill the server."""
+    (``PooledBuffer.reserve``) ahead of the bytes as they come, at most twice what arrived,
+    because writing a page the shared-memory file system cannot back would kill the server:
+    when it has no room left, the body moves to the heap (what arrived copied there once)."""
 
     __slots__ = (
         "_reserved",
@@ -113,20 +113,33 @@ class DirectBody:
 
     def _reserve(self, end: int) -> bool:
         """Take the shared memory of the buffer's bytes up to ``end`` at least (twice what
-        arrived, in doubling steps); without room the body fails with 503, and False."""
+        arrived, in doubling steps); without room, move the body to the heap (False, with the
+        body failed with 503, when the heap has no room either)."""
         shared = self._shared
-        if shared is not None:
-            target = min(self.length, max(end, 2 * self.filled))
-            try:
-                shared.reserve(target)
-            except TritonError as exc:
-                self.failure = UnavailableError(
-                    f"the server has no shared memory left to receive a request body of"
-                    f" {self.length} bytes: {exc.message}"
-                )
-                return False
-            end = target
-        self._reserved = end
+        if shared is None:
+            self._reserved = end
+            return True
+        target = min(self.length, max(end, 2 * self.filled))
+        try:
+            shared.reserve(target)
+        except TritonError:
+            return self._to_heap()
+        self._reserved = target
+        return True
+
+    def _to_heap(self) -> bool:
+        """Shared memory has no room for the rest: continue in a heap buffer, what arrived
+        copied there (the worker then gets a copy of the body's tensors)."""
+        try:
+            heap = pooled_memory(self.length)
+        except (MemoryError, ValueError, TritonError):
+            self.failure = UnavailableError(
+                f"the server has no memory left to receive a request body of {self.length} bytes"
+            )
+            return False
+        heap[: self.filled] = self.buffer[: self.filled]
+        self.buffer, self._shared, self.object = heap, None, None
+        self._reserved = self.length
         return True
 
     def received(self, nbytes: int) -> bool:
