@@ -35,7 +35,8 @@ SMALL_SHM = (
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("small_shm")
-    shutil.copytree(TEST_MODELS / "identity_fp32", root / "models" / "identity_fp32")
+    for model in ("identity_fp32", "body_views"):
+        shutil.copytree(TEST_MODELS / model, root / "models" / model)
     running = start_server([root / "models"], root / "server.log", launcher=SMALL_SHM)
     yield running
     assert running.stop() == 0, running.log()
@@ -63,5 +64,34 @@ def test_a_request_too_large_for_shared_memory_is_refused_and_the_server_goes_on
             _identity(client, 1 << 20)
             _identity(client, 16)
         assert server.proc.poll() is None
+    finally:
+        client.close()
+
+
+def _twice(client: httpclient.InferenceServerClient, count: int) -> None:
+    a = np.arange(count, dtype=np.float32).reshape(1, -1)
+    b = np.arange(4, dtype=np.int16).reshape(1, -1)
+    inputs = [httpclient.InferInput("A", list(a.shape), "FP32")]
+    inputs.append(httpclient.InferInput("B", list(b.shape), "INT16"))
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer("body_views", inputs, outputs=[httpclient.InferRequestedOutput("TWICE")])
+    np.testing.assert_array_equal(result.as_numpy("TWICE"), a * 2)
+
+
+def test_outputs_too_large_for_shared_memory_fail_their_batch_not_the_worker(
+    server: RunningServer,
+) -> None:
+    """The worker writes a computed output into its own segment: one that has no room fails
+    its batch with 503, and the worker serves the next one (it did not die)."""
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    try:
+        _twice(client, 1 << 16)
+        with pytest.raises(InferenceServerException) as refused:
+            _twice(client, 3 << 19)  # 6 MiB in, 6 MiB out: an 8 MiB output segment
+        assert refused.value.status() == "503"
+        assert "no shared memory left for segment" in refused.value.message()
+        _twice(client, 1 << 16)
+        assert "Traceback" not in server.log()  # (a worker that died would have left one)
     finally:
         client.close()

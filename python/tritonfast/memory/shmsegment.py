@@ -83,13 +83,20 @@ class SegmentWriter:
 
     def __init__(self, prefix: str, initial_size: int = 1 << 20) -> None:
         self._prefix = prefix
+        self._initial_size = initial_size
         self.segment = Segment.create(prefix, initial_size)
 
     def reserve(self, nbytes: int) -> Segment:
-        """The segment to write the next message into, replaced by one of at least ``nbytes``."""
+        """The segment to write the next message into, replaced by one of at least ``nbytes``
+        (UnavailableError when shared memory has no room for it: the writer then holds one of
+        its first size again)."""
         if nbytes > self.segment.size:
             self.segment.close()
-            self.segment = Segment.create(self._prefix, 1 << (nbytes - 1).bit_length())
+            try:
+                self.segment = Segment.create(self._prefix, 1 << (nbytes - 1).bit_length())
+            except UnavailableError:
+                self.segment = Segment.create(self._prefix, self._initial_size)
+                raise
         return self.segment
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from tritonfast.data.types import (
     OutputTensor,
     RequestedOutput,
 )
-from tritonfast.errors import InternalError, TritonError
+from tritonfast.errors import InternalError, TritonError, UnavailableError
 from tritonfast.memory.shmsegment import SegmentReader, SegmentWriter
 from tritonfast.runtime.instance import backend_failed, miscounted
 from tritonfast.runtime.modelinstance import ModelInstance
@@ -395,7 +395,11 @@ def describe_results(
             results[index] = error
             laid.append([])
     tensors = [tensor for outputs in laid for tensor in outputs]
-    name, size, slots = write_tensors(writer, tensors) if tensors else ("", 0, [])
+    try:
+        name, size, slots = write_tensors(writer, tensors) if tensors else ("", 0, [])
+    except UnavailableError as full:  # no shared memory left for the outputs: the batch fails
+        results = [None if result is None else full for result in results]
+        name, size, slots = "", 0, []
     described: list[tuple[Any, ...]] = []
     position = 0
     for result in results:
