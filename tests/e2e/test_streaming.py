@@ -387,6 +387,20 @@ def test_generate_maps_inputs_parameters_and_outputs(stream_server: RunningServe
         )
         assert (status, body["seen_request_id"], body["id"]) == (200, "abc", "abc")
         assert (body["note"], body["k"]) == ("x", True)
+        # An id that is not valid UTF-8 has its bytes replaced (Triton passes them through).
+        for path, latin1 in (
+            ("/v2/models/async_repeat/generate", b'{"IN": 1, "id": "\xe9t\xe9"}'),
+            (
+                "/v2/models/identity_fp32/infer",
+                b'{"id": "\xe9", "inputs": [{"name": "INPUT0", "datatype": "FP32",'
+                b' "shape": [1, 1], "data": [1]}]}',
+            ),
+        ):
+            status, body = post_json(stream_server, path, latin1)
+            assert (status, body["id"]) == (
+                200,
+                "\ufffdt\ufffd" if "generate" in path else "\ufffd",
+            )
         # A nested id is a parameter only (the model's parameters come back in the answer).
         status, body = post_json(
             stream_server, "/v2/models/params/generate", {"INPUT0": [1], "parameters": {"id": "in"}}

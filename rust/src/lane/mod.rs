@@ -53,7 +53,6 @@ use events::{EventWriter, response_json};
 pub use grpcreply::GrpcForm;
 use grpcreply::{grpc_answer, grpc_empty_final};
 use message::{BatchMessage, BatchRequest, Outcome, ReplyMessage, Slot};
-
 use response::{
     Framing, HttpAnswer, ResponseParts, error_answer, error_json, json_answer, response_answer,
     slot_bytes,

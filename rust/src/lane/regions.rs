@@ -117,6 +117,7 @@ fn object_place(region: &Region, named: &RegionRef) -> Option<ObjectPlace> {
 /// request then names the object, so that an output the worker finds lying in it is answered
 /// from the body ([`in_body`]).
 pub fn place_in_body(request: &mut CoreRequest, object: &BodyObject) {
+    let mut placed = false;
     for input in &mut request.inputs {
         let TensorData::Body(range) = &input.data else {
             continue;
@@ -133,6 +134,9 @@ pub fn place_in_body(request: &mut CoreRequest, object: &BodyObject) {
             byte_size: len,
         };
         input.data = TensorData::Placed(place, len);
+        placed = true;
+    }
+    if placed {
         request.body_object = Some(Box::new(object.clone()));
     }
 }

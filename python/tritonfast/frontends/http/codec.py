@@ -131,7 +131,7 @@ def decode_infer_request(
         doc = {}
     request = InferRequest(model_name=model_name, model_version=model_version)
     if "id" in doc:
-        request.id = _require(doc["id"], str, "id")
+        request.id = jsonparse.valid_text(_require(doc["id"], str, "id"))
     binary_default = False
     if "parameters" in doc:
         request.parameters, binary_default = _request_parameters(doc["parameters"])

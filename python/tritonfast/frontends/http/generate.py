@@ -68,7 +68,7 @@ def decode_request(
     if "id" in document:  # (read before anything else, as Triton reads it)
         if type(document["id"]) is not str:
             raise InternalError("Unable to parse 'id': attempt to access JSON non-string as string")
-        request.id = document["id"]
+        request.id = jsonparse.valid_text(document["id"])
     _take_members(document, specs, request, repeated, nested=True)
     return request
 

@@ -110,3 +110,12 @@ def _checked_end(buf: Buffer) -> int:
 def _laxer_loads(document: bytes) -> Any:
     """A document RapidJSON accepts and orjson does not: the standard library is laxer."""
     return json.loads(document.decode("utf-8", "surrogateescape"))
+
+
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: the lone surrogates that stand for invalid UTF-8 bytes of the
+    body (read with surrogateescape) become U+FFFD, for text that must be valid, such as a
+    request id (Triton passes such bytes through as they came)."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
