@@ -304,3 +304,45 @@ def test_the_core_runs_the_sessions(
         if _driver_ticks(core.proc.pid) > before:
             return
     raise AssertionError("the core's driver threads never ran")
+
+
+@pytest.mark.parametrize("rows", [1 << 16, 3 << 16])
+def test_large_inputs_read_where_the_body_arrived_get_the_reference_answers(
+    connections: tuple[Connection, Connection], rows: int
+) -> None:
+    """An input large enough to stay in the shared-memory object its body was received into
+    (512 KiB and 1.5 MiB): the in-process session reads it there; the same answers, several
+    in a row on one connection."""
+    for offset in range(2):
+        a = (np.arange(rows * 2, dtype=np.float32) + offset).reshape(rows, 2)
+        b = np.array([[0.5, -1.0]], np.float32)
+        doc = {
+            "inputs": [
+                {
+                    "name": "A",
+                    "datatype": "FP32",
+                    "shape": [rows, 2],
+                    "parameters": {"binary_data_size": a.nbytes},
+                },
+                {
+                    "name": "B",
+                    "datatype": "FP32",
+                    "shape": [1, 2],
+                    "parameters": {"binary_data_size": b.nbytes},
+                },
+            ],
+            "outputs": [{"name": "SUM", "parameters": {"binary_data": True}}],
+        }
+        header = json.dumps(doc).encode()
+        message = (
+            "/v2/models/optional/infer",
+            header + a.tobytes() + b.tobytes(),
+            {"Inference-Header-Content-Length": str(len(header))},
+        )
+        core, reference = connections
+        answer = core.ask(*message)
+        assert answer[0] == b"HTTP/1.1 200 OK"
+        assert answer == reference.ask(*message)
+        np.testing.assert_array_equal(
+            np.frombuffer(answer[2][-a.nbytes :], np.float32), (a + b).ravel()
+        )
