@@ -379,14 +379,23 @@ def test_generate_maps_inputs_parameters_and_outputs(stream_server: RunningServe
         for body_text, message in refusals.items():
             status, body = post_json(stream_server, "/v2/models/async_repeat/generate", body_text)
             assert (status, body["error"]) == (500, message)
-        # The id is the request's, and a parameter the model sees too, as in Triton.
+        # The id is the request's, and a parameter the model sees too; members named like the
+        # protocol's parameters are the model's, and schedule nothing (as in Triton 2.51).
         status, body = post_json(
             stream_server,
             "/v2/models/params/generate",
-            {"INPUT0": [1], "id": "abc", "note": "x", "parameters": {"k": True}},
+            {
+                "INPUT0": [1],
+                "id": "abc",
+                "note": "x",
+                "priority": 3,
+                "timeout": 1,
+                "parameters": {"k": True, "sequence_id": 4, "binary_data_output": True},
+            },
         )
         assert (status, body["seen_request_id"], body["id"]) == (200, "abc", "abc")
-        assert (body["note"], body["k"]) == ("x", True)
+        assert (body["note"], body["k"], body["priority"], body["timeout"]) == ("x", True, 3, 1)
+        assert (body["sequence_id"], body["binary_data_output"]) == (4, True)
         # An id that is not valid UTF-8 has its bytes replaced (Triton passes them through).
         for path, latin1 in (
             ("/v2/models/async_repeat/generate", b'{"IN": 1, "id": "\xe9t\xe9"}'),

@@ -24,6 +24,17 @@ import numpy as np
 PROTOCOL_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
 )
+# A key in the parameters of a request whose parameters are all the model's, none of them the
+# protocol's (a generate request, as Triton reads one): the server schedules it by none of
+# them, and its model sees them all, this key aside. (It travels with the parameters, to a
+# worker too; a JSON key no client has a reason to send.)
+MODEL_PARAMETERS_ONLY = "\u0000model-parameters-only"
+
+
+def protocol_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The parameters a request is scheduled by (``priority``, ``timeout``, a sequence's):
+    ``parameters`` itself, or none for a request whose parameters are all the model's."""
+    return {} if MODEL_PARAMETERS_ONLY in parameters else parameters
 
 
 @dataclass(slots=True)

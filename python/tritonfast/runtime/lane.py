@@ -49,7 +49,13 @@ from tritonfast._core import (
 )
 from tritonfast._proto import model_config_pb2
 from tritonfast.data import rawtensor
-from tritonfast.data.types import InferRequest, InferResponse, InputTensor, OutputTensor
+from tritonfast.data.types import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    protocol_parameters,
+)
 from tritonfast.errors import Code, InvalidArgumentError, TritonError, error_for
 from tritonfast.memory.sharedmemory import NO_DATA
 from tritonfast.runtime.handle import Handle
@@ -410,10 +416,11 @@ class LaneScheduler(Scheduler):
         _hold_back); ``events``: the writer of its responses as Server-Sent Events."""
         mark_enqueued(request, sink)
         params = request.parameters
+        protocol = protocol_parameters(params)
         priority = timeout = 0  # (the lane applies them only under the dynamic batcher)
-        if params:
-            priority = unsigned_parameter(params.get("priority", 0), _U32)
-            timeout = unsigned_parameter(params.get("timeout", 0), _U64)
+        if protocol:
+            priority = unsigned_parameter(protocol.get("priority", 0), _U32)
+            timeout = unsigned_parameter(protocol.get("timeout", 0), _U64)
         # (A decoupled request outlives its batch: its worker gets copies, and its responses
         # are not written into a client's memory there.)
         places = None if self._decoupled else request.input_places
@@ -431,9 +438,9 @@ class LaneScheduler(Scheduler):
         sequence = None
         if self._sequences:
             sequence = (
-                correlation_id(params),
-                bool(params.get("sequence_start")),
-                bool(params.get("sequence_end")),
+                correlation_id(protocol),
+                bool(protocol.get("sequence_start")),
+                bool(protocol.get("sequence_end")),
             )
         return self.lane.submit(
             request.id,

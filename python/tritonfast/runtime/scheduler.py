@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 from tritonfast._core import QUEUE_FULL_MESSAGE, Batch, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
 from tritonfast.data.rawtensor import request_prefix
-from tritonfast.data.types import InferRequest, InferResponse
+from tritonfast.data.types import InferRequest, InferResponse, protocol_parameters
 from tritonfast.errors import CancelledError, TritonError, UnavailableError
 from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.histogram import Histogram, first_response_buckets
@@ -448,7 +448,7 @@ class DynamicBatchScheduler(QueueScheduler):
     def _push(
         self, queue: RequestQueue, request: InferRequest, sink: Sink, batch_size: int
     ) -> Ticket:
-        params = request.parameters
+        params = protocol_parameters(request.parameters)
         priority = unsigned_parameter(params.get("priority", 0), _U32) if params else 0
         timeout = unsigned_parameter(params.get("timeout", 0), _U64) if params else 0
         shape_key = self._shape_key(request) if self._needs_shape_key else 0
@@ -549,7 +549,7 @@ class SequenceScheduler(QueueScheduler):
         return source
 
     def _push(self, queue: Any, request: InferRequest, sink: Sink, batch_size: int) -> Any:
-        params = request.parameters
+        params = protocol_parameters(request.parameters)
         if self._iterative and not correlation_id(params):
             # A request of an iterative sequence model needs no ID: it gets one of its own.
             params["sequence_id"] = next(self._iteration_ids)
@@ -591,7 +591,7 @@ class SequenceScheduler(QueueScheduler):
 
     def end(self, request: InferRequest) -> None:
         """A request ran without being rescheduled: its sequence is over."""
-        self._batcher.end(correlation_id(request.parameters))
+        self._batcher.end(correlation_id(protocol_parameters(request.parameters)))
 
     def pending(self) -> int:
         return len(self._batcher)

@@ -46,6 +46,7 @@ from tritonfast.data.types import (
     InferResponse,
     InputTensor,
     RequestedOutput,
+    protocol_parameters,
 )
 from tritonfast.runtime.modelinstance import ModelInstance, PhaseClock
 from tritonfast.runtime.responses import ResponseSender, ResponseStream, Result
@@ -385,7 +386,7 @@ class SequenceInstance(ModelInstance):
         controls, states = self._controls, self._states
         for request in requests:
             slot, ready = request.slot
-            params = request.parameters
+            params = protocol_parameters(request.parameters)
             start = ready and bool(params.get("sequence_start"))
             end = ready and bool(params.get("sequence_end"))
             if controls:
@@ -435,7 +436,9 @@ class SequenceInstance(ModelInstance):
         for request, result in zip(requests, results, strict=False):
             slot, ready = request.slot
             if ready and isinstance(result, InferResponse):
-                states.keep(slot, result, bool(request.parameters.get("sequence_end")))
+                states.keep(
+                    slot, result, bool(protocol_parameters(request.parameters).get("sequence_end"))
+                )
 
     def unloading(self) -> None:
         self._inner.unloading()

@@ -6,9 +6,10 @@
 //! the innermost variable one holding the rest, other variable ones 1); any other member is a
 //! request parameter (string, number or boolean), `id` too, which (a string) is also the
 //! request id; and the member `parameters`, an object, holds more members under the same
-//! rules (inputs among them). As in Triton, no member sets how the request is scheduled: those
-//! named like the protocol's own parameters (`priority`, `timeout`, a sequence's) are left out,
-//! as the reference path leaves them out of what the model sees.
+//! rules (inputs among them). As in Triton, no member sets how the request is scheduled, and
+//! the model sees every one (those named like the protocol's own, `priority`, `timeout` or a
+//! sequence's, too): the parameters carry [`MODEL_PARAMETERS_ONLY`] to say so, as the
+//! reference path's do.
 //!
 //! The core takes on the bodies clients send every day; anything else (a member the model
 //! would refuse, a value of another kind, an escape in a string, a name given twice, a shape
@@ -24,16 +25,9 @@ use crate::jsonscan;
 
 /// The member whose object holds more members.
 const NESTED: &str = "parameters";
-/// Parameters an `infer` request sets its scheduling with: a generate body's members of these
-/// names set nothing, and the model does not see them.
-const PROTOCOL_PARAMETERS: [&str; 6] = [
-    "sequence_id",
-    "sequence_start",
-    "sequence_end",
-    "priority",
-    "timeout",
-    "binary_data_output",
-];
+/// The parameter (its JSON-escaped name) that tells the worker every other one is the model's,
+/// none the protocol's (`data.types.MODEL_PARAMETERS_ONLY` on the Python side).
+const MODEL_PARAMETERS_ONLY: &str = "\\u0000model-parameters-only";
 
 /// A body the core takes on: the request, the parameters its model gets (a JSON object's
 /// text, empty for none) and its batch size; None for the reference path.
@@ -48,6 +42,7 @@ pub fn decode_generate(body: &[u8], signature: &Signature) -> Option<(CoreReques
     };
     let mut request = CoreRequest::default();
     let mut parameters = Parameters::default();
+    parameters.set(MODEL_PARAMETERS_ONLY, "true".to_owned());
     take_members(members, signature, &mut request, &mut parameters, true)?;
     let batch_size = signature.check(&request).ok()?;
     Some((request, parameters.text(), batch_size))
@@ -79,8 +74,6 @@ fn take_members(
                 parameters.set(name, format!("\"{id}\""));
             }
             ("id", _) if top => return None, // not a string: refused
-            (_, Value::Str(_) | Value::Number(_) | Value::Bool(_))
-                if PROTOCOL_PARAMETERS.contains(name) => {}
             (_, Value::Str(text)) => parameters.set(name, format!("\"{text}\"")),
             (_, Value::Number(text)) => parameters.set(name, (*text).to_owned()),
             (_, Value::Bool(truth)) => parameters.set(name, truth.to_string()),
@@ -249,7 +242,7 @@ mod tests {
         assert_eq!(request.priority, None, "a parameter like any other");
         assert_eq!(
             parameters,
-            r#"{"id": "r1", "max_tokens": 8, "stream": true, "note": "x", "temperature": 0.5}"#
+            r#"{"\u0000model-parameters-only": true, "id": "r1", "max_tokens": 8, "stream": true, "note": "x", "temperature": 0.5, "priority": 2}"#
         );
     }
 
@@ -260,7 +253,7 @@ mod tests {
         assert_eq!(batch, 1);
         assert_eq!(request.inputs[0].shape, [1, 1]);
         assert_eq!(request.inputs[2].shape, [1, 2, 1]);
-        assert!(parameters.is_empty());
+        assert_eq!(parameters, r#"{"\u0000model-parameters-only": true}"#);
     }
 
     #[test]
@@ -291,7 +284,10 @@ mod tests {
         .unwrap();
         assert_eq!(request.id, "");
         assert_eq!((request.priority, request.timeout_us), (None, None));
-        assert_eq!(parameters, r#"{"id": "in", "parameters": "p"}"#);
+        assert_eq!(
+            parameters,
+            r#"{"\u0000model-parameters-only": true, "priority": -1, "timeout": "5", "id": "in", "parameters": "p", "sequence_id": 3}"#
+        );
     }
 
     #[test]

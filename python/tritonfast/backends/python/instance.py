@@ -31,11 +31,13 @@ from tritonfast.backends.python.modelloop import ModelLoop
 from tritonfast.config.jsonform import config_to_json
 from tritonfast.data.datatypes import WIRE_DATATYPES
 from tritonfast.data.types import (
+    MODEL_PARAMETERS_ONLY,
     PROTOCOL_PARAMETERS,
     RELEASE_RESCHEDULE,
     InferRequest,
     InferResponse,
     OutputTensor,
+    protocol_parameters,
 )
 from tritonfast.errors import InternalError, TritonError, error_for
 from tritonfast.runtime import batchtensor
@@ -260,14 +262,17 @@ class PythonInstance(ModelInstance):
             [o.name for o in request.outputs] if request.outputs is not None else self._output_names
         )
         params = request.parameters
-        if not PROTOCOL_PARAMETERS.isdisjoint(params):
+        protocol = protocol_parameters(params)
+        if protocol is not params:  # all the model's (a generate request's)
+            params = {k: v for k, v in params.items() if k != MODEL_PARAMETERS_ONLY}
+        elif not PROTOCOL_PARAMETERS.isdisjoint(params):
             params = {k: v for k, v in params.items() if k not in PROTOCOL_PARAMETERS}
         pb_request = pb_utils.InferenceRequest._of(
             request.model_name,
             wanted,
             [pb_utils.Tensor._wrap(t.name, t.data, t.datatype) for t in request.inputs],
             request.id,
-            request.parameters.get("sequence_id", 0),
+            protocol.get("sequence_id", 0),
             params,
         )
         pb_request._origin = request

@@ -7,9 +7,8 @@ request parameter (string, integer, boolean or number), ``id`` too, which (a str
 INTERNAL) is also the request id. The member ``parameters`` is an object (else INTERNAL) whose
 members follow the same rule; an error among them names it ("Converting keyword:
 'parameters': ..."). As in Triton, no member is the protocol's own: ``priority``, ``timeout``
-or ``sequence_id`` set nothing about how the request is scheduled. (Triton hands those members
-to the model as parameters; tritonfast leaves them out of what the model sees, see
-:data:`~tritonfast.data.types.PROTOCOL_PARAMETERS`.)
+or ``sequence_id`` set nothing about how the request is scheduled, and the model sees them
+among its parameters (:data:`~tritonfast.data.types.MODEL_PARAMETERS_ONLY` marks them so).
 
 A response is one flat JSON object with its members sorted by name, as Triton writes it:
 ``id`` (when the request had one), ``model_name``, ``model_version``, the response's
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tritonfast.data import rawtensor
-from tritonfast.data.types import PROTOCOL_PARAMETERS, InferRequest, InferResponse, InputTensor
+from tritonfast.data.types import MODEL_PARAMETERS_ONLY, InferRequest, InferResponse, InputTensor
 from tritonfast.errors import InternalError, InvalidArgumentError, TritonError
 from tritonfast.frontends.http import jsonparse, tensordata
 
@@ -65,6 +64,7 @@ def decode_request(
             "Keyword 'parameters' for nested schema also given as input tensor name"
         )
     request = InferRequest(model_name=model_name, model_version=model_version)
+    request.parameters[MODEL_PARAMETERS_ONLY] = True
     if "id" in document:  # (read before anything else, as Triton reads it)
         if type(document["id"]) is not str:
             raise InternalError("Unable to parse 'id': attempt to access JSON non-string as string")
@@ -123,8 +123,7 @@ def _take_members(
                     f"Converting keyword: '{key}': {error.message}", error.code
                 ) from None
         elif type(value) in _PARAMETER_TYPES:
-            if key not in PROTOCOL_PARAMETERS:
-                request.parameters[key] = value
+            request.parameters[key] = value
         else:
             raise InvalidArgumentError(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or"
