@@ -6,12 +6,14 @@ answers compare byte for byte, and a gRPC call's outcome. A test module that def
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 
 from tests.conftest import RunningServer, start_server
 
@@ -43,6 +45,42 @@ class Connection:
     def close(self) -> None:
         self._reader.close()
         self._sock.close()
+
+
+# An HTTP request as Connection.ask takes it: (path, body, headers).
+Request = tuple[str, bytes, dict[str, str]]
+
+
+def binary_request(
+    model: str, inputs: list[tuple[str, str, np.ndarray]], outputs: list[dict[str, Any]]
+) -> Request:
+    """An ``infer`` request to ``model`` whose ``inputs`` (name, datatype, array) travel as
+    binary data, asking for ``outputs`` (the JSON header's entries)."""
+    entries = [
+        {
+            "name": name,
+            "datatype": datatype,
+            "shape": list(values.shape),
+            "parameters": {"binary_data_size": values.nbytes},
+        }
+        for name, datatype, values in inputs
+    ]
+    header = json.dumps({"inputs": entries, "outputs": outputs}).encode()
+    body = header + b"".join(values.tobytes() for _, _, values in inputs)
+    return (
+        f"/v2/models/{model}/infer",
+        body,
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+
+
+def same_answers(connections: tuple[Connection, Connection], request: Request) -> Any:
+    """``request``'s answer from the core's server, a success and the reference's too."""
+    core, reference = connections
+    answer = core.ask(*request)
+    assert answer[0] == b"HTTP/1.1 200 OK", answer
+    assert answer == reference.ask(*request)
+    return answer
 
 
 def grpc_answer(call: Any, message: bytes) -> tuple[str, Any]:

@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 from tritonfast._proto import grpc_service_pb2 as pb
 
 from tests.conftest import RunningServer
-from tests.e2e.corepair import Connection, grpc_answer, server_pair
+from tests.e2e.corepair import (
+    Connection,
+    binary_request,
+    grpc_answer,
+    same_answers,
+    server_pair,
+)
 from tests.e2e.test_core_path import _driver_ticks
 
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
@@ -316,33 +322,9 @@ def test_large_inputs_read_where_the_body_arrived_get_the_reference_answers(
     for offset in range(2):
         a = (np.arange(rows * 2, dtype=np.float32) + offset).reshape(rows, 2)
         b = np.array([[0.5, -1.0]], np.float32)
-        doc = {
-            "inputs": [
-                {
-                    "name": "A",
-                    "datatype": "FP32",
-                    "shape": [rows, 2],
-                    "parameters": {"binary_data_size": a.nbytes},
-                },
-                {
-                    "name": "B",
-                    "datatype": "FP32",
-                    "shape": [1, 2],
-                    "parameters": {"binary_data_size": b.nbytes},
-                },
-            ],
-            "outputs": [{"name": "SUM", "parameters": {"binary_data": True}}],
-        }
-        header = json.dumps(doc).encode()
-        message = (
-            "/v2/models/optional/infer",
-            header + a.tobytes() + b.tobytes(),
-            {"Inference-Header-Content-Length": str(len(header))},
-        )
-        core, reference = connections
-        answer = core.ask(*message)
-        assert answer[0] == b"HTTP/1.1 200 OK"
-        assert answer == reference.ask(*message)
+        inputs = [("A", "FP32", a), ("B", "FP32", b)]
+        outputs = [{"name": "SUM", "parameters": {"binary_data": True}}]
+        answer = same_answers(connections, binary_request("optional", inputs, outputs))
         np.testing.assert_array_equal(
             np.frombuffer(answer[2][-a.nbytes :], np.float32), (a + b).ravel()
         )

@@ -23,7 +23,13 @@ from hypothesis import strategies as st
 from tritonfast._proto import grpc_service_pb2 as pb
 
 from tests.conftest import TEST_MODELS, RunningServer
-from tests.e2e.corepair import Connection, grpc_answer, server_pair
+from tests.e2e.corepair import (
+    Connection,
+    binary_request,
+    grpc_answer,
+    same_answers,
+    server_pair,
+)
 
 DATATYPES = {
     "BOOL": "bool",
@@ -217,34 +223,12 @@ def test_outputs_that_are_views_of_large_inputs_get_the_reference_answers(
     for round_ in range(3):
         a = (np.arange(1 << 16, dtype=np.float32) + round_) / 3
         b = (np.arange(150_001 + round_) % 60_000 - 30_000).astype(np.int16)
-        names = ("TAIL", "SAME", "TWICE")
-        doc = {
-            "inputs": [
-                {
-                    "name": "A",
-                    "datatype": "FP32",
-                    "shape": [1, a.size],
-                    "parameters": {"binary_data_size": a.nbytes},
-                },
-                {
-                    "name": "B",
-                    "datatype": "INT16",
-                    "shape": [1, b.size],
-                    "parameters": {"binary_data_size": b.nbytes},
-                },
-            ],
-            "outputs": [{"name": n, "parameters": {"binary_data": binary}} for n in names],
-        }
-        header = json.dumps(doc).encode()
-        request = (
-            "/v2/models/body_views/infer",
-            header + a.tobytes() + b.tobytes(),
-            {"Inference-Header-Content-Length": str(len(header))},
-        )
-        core, reference = connections
-        answer = core.ask(*request)
-        assert answer[0] == b"HTTP/1.1 200 OK"
-        assert answer == reference.ask(*request)
+        inputs = [("A", "FP32", a.reshape(1, -1)), ("B", "INT16", b.reshape(1, -1))]
+        outputs = [
+            {"name": name, "parameters": {"binary_data": binary}}
+            for name in ("TAIL", "SAME", "TWICE")
+        ]
+        same_answers(connections, binary_request("body_views", inputs, outputs))
 
 
 def test_concurrent_requests_get_their_own_inputs_back(servers: tuple[RunningServer, ...]) -> None:

@@ -23,7 +23,13 @@ from hypothesis import strategies as st
 from tritonfast._proto import grpc_service_pb2 as pb
 
 from tests.conftest import TEST_MODELS, RunningServer
-from tests.e2e.corepair import Connection, grpc_answer, server_pair
+from tests.e2e.corepair import (
+    Connection,
+    binary_request,
+    grpc_answer,
+    same_answers,
+    server_pair,
+)
 from tests.e2e.test_core_path import DATATYPES, _raw, _values
 
 # The worker reads and writes tensors from this size on in the client's object itself.
@@ -270,32 +276,8 @@ def test_an_output_lying_in_its_body_goes_into_its_region(
     b = (np.arange(PLACED_BYTES // 2) % 60_000 - 30_000).astype(np.int16)
     a = np.arange(4, dtype=np.float32)
     window = {"shared_memory_region": "out", "shared_memory_byte_size": b.nbytes - 2}
-    doc = {
-        "inputs": [
-            {
-                "name": "A",
-                "datatype": "FP32",
-                "shape": [1, 4],
-                "parameters": {"binary_data_size": a.nbytes},
-            },
-            {
-                "name": "B",
-                "datatype": "INT16",
-                "shape": [1, b.size],
-                "parameters": {"binary_data_size": b.nbytes},
-            },
-        ],
-        "outputs": [{"name": "TAIL", "parameters": window}, {"name": "SAME"}],
-    }
-    header = json.dumps(doc).encode()
-    request = (
-        "/v2/models/body_views/infer",
-        header + a.tobytes() + b.tobytes(),
-        {"Inference-Header-Content-Length": str(len(header))},
-    )
-    core, reference = connections
-    answer = core.ask(*request)
-    assert answer[0] == b"HTTP/1.1 200 OK"
-    assert answer == reference.ask(*request)
+    inputs = [("A", "FP32", a.reshape(1, -1)), ("B", "INT16", b.reshape(1, -1))]
+    outputs = [{"name": "TAIL", "parameters": window}, {"name": "SAME"}]
+    same_answers(connections, binary_request("body_views", inputs, outputs))
     assert objects[1].read()[: b.nbytes - 2] == b[1:].tobytes()
     _outputs_agree(objects)
