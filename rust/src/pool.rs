@@ -101,8 +101,9 @@ struct ObjectBlock {
 /// Numbers the objects of this process's object pools, so that no two share a name.
 static OBJECT_SERIALS: AtomicU64 = AtomicU64::new(1);
 
-// SAFETY: a block is plain memory owned by the block (heap) or by the pool's segment, which
-// outlives it (buffers hold the pool); whoever holds the block has sole use of its bytes.
+// SAFETY: a block is plain memory owned by the block (heap, or its own object) or by the
+// pool's segment, which outlives it (buffers hold the pool); whoever holds the block has sole
+// use of its bytes.
 unsafe impl Send for Block {}
 // SAFETY: `&Block` gives only the address and sizes; reading or writing the bytes goes through
 // `PoolBuffer`, whose borrow rules (or the unsafe contracts of raw-pointer users) keep it sound.
@@ -188,9 +189,10 @@ impl Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
+        // A range of the pool's segment goes with the segment; an object with its
+        // `OwnedSegment` (unmapped and unlinked).
         if self.offset.is_some() || self.object.is_some() {
-            return; // a range of the pool's segment, which goes with the segment; an object
-            // goes with its `OwnedSegment` (unmapped and unlinked)
+            return;
         }
         if self.mapped() {
             // SAFETY: mapped in `on_heap` with this length, and unmapped only here.
