@@ -638,7 +638,7 @@ class TensorPool:
     With ``segment`` (a POSIX shared-memory name) and ``segment_bytes``, the buffers are ranges
     of that new segment, which another process can map by name and read at ``offset``. With
     ``objects`` (a POSIX name prefix), each buffer is a shared-memory object of its own
-    (``PooledBuffer.object``).
+    (``PooledBuffer.object``), idle ones kept up to ``idle_bytes`` in all.
     """
 
     def __new__(
@@ -647,6 +647,7 @@ class TensorPool:
         segment: str | None = None,
         segment_bytes: int = 0,
         objects: str | None = None,
+        idle_bytes: int = ...,
     ) -> Self: ...
     @property
     def segment(self) -> str | None: ...

@@ -242,6 +242,8 @@ struct Shared {
     max_free_per_class: usize,
     /// Bytes of mapped blocks on the free lists (see [`IDLE_MAPPED_BYTES`]).
     idle_mapped: AtomicUsize,
+    /// The most bytes `idle_mapped` may reach.
+    idle_limit: usize,
     counters: Counters,
     arena: Option<SegmentArena>,
     /// The name prefix of a pool whose blocks are objects of their own.
@@ -292,25 +294,31 @@ impl TensorPool {
     }
 
     /// A pool each of whose buffers is a shared-memory object of its own, named
-    /// `<prefix>-<pid>-<n>` (removed when the buffer leaves the pool); idle ones are kept
-    /// within the bounds of mapped heap buffers.
-    pub fn in_objects(prefix: &str, max_free_per_class: usize) -> Self {
-        Self::with_shared(max_free_per_class, None, Some(prefix.to_owned()))
+    /// `<prefix>-<pid>-<n>` (removed when the buffer leaves the pool); idle ones are kept up
+    /// to `idle_bytes` in all (their memory is the shared-memory file system's, which the
+    /// server's segments need too).
+    pub fn in_objects(prefix: &str, max_free_per_class: usize, idle_bytes: usize) -> Self {
+        Self::with_shared(
+            max_free_per_class,
+            None,
+            Some((prefix.to_owned(), idle_bytes)),
+        )
     }
 
     fn with_shared(
         max_free_per_class: usize,
         arena: Option<SegmentArena>,
-        objects: Option<String>,
+        objects: Option<(String, usize)>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 free: (0..CLASSES).map(|_| Mutex::new(Vec::new())).collect(),
                 max_free_per_class,
                 idle_mapped: AtomicUsize::new(0),
+                idle_limit: objects.as_ref().map_or(IDLE_MAPPED_BYTES, |o| o.1),
                 counters: Counters::default(),
                 arena,
-                objects,
+                objects: objects.map(|(prefix, _)| prefix),
             }),
         }
     }
@@ -515,7 +523,7 @@ impl Drop for PoolBuffer {
             if block.idle_bounded() {
                 let idle = &self.pool.idle_mapped;
                 let kept = idle.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
-                    Some(held + block.capacity).filter(|&total| total <= IDLE_MAPPED_BYTES)
+                    Some(held + block.capacity).filter(|&total| total <= self.pool.idle_limit)
                 });
                 if kept.is_err() {
                     return; // dropped: unmapped
@@ -617,7 +625,7 @@ mod tests {
     #[test]
     fn an_object_pool_hands_out_objects_of_their_own() {
         let prefix = format!("/tritonfast-test-{}-objects", std::process::id());
-        let pool = TensorPool::in_objects(&prefix, 2);
+        let pool = TensorPool::in_objects(&prefix, 2, IDLE_MAPPED_BYTES);
         let mut first = pool.acquire(3 << 20).unwrap();
         let object = first.object().unwrap();
         let path = format!("/dev/shm{}", object.name());
@@ -646,7 +654,7 @@ mod tests {
         assert!(pool.acquire(usize::MAX).is_err(), "no huge object");
         drop((pool, again));
         // Past the idle bound, an object goes: unlinked.
-        let pool = TensorPool::in_objects(&prefix, 8);
+        let pool = TensorPool::in_objects(&prefix, 8, 32 << 20);
         let held: Vec<_> = (0..5).map(|_| pool.acquire(16 << 20).unwrap()).collect();
         let names: Vec<String> = held
             .iter()
@@ -656,7 +664,7 @@ mod tests {
         let left = names
             .iter()
             .filter(|name| std::path::Path::new(&format!("/dev/shm{name}")).exists());
-        assert_eq!(left.count(), IDLE_MAPPED_BYTES / (16 << 20));
+        assert_eq!(left.count(), 2, "32 MiB of idle objects");
         drop(pool);
         assert!(
             names

@@ -12,15 +12,17 @@ import numpy as np
 
 from tritonfast._core import PooledBuffer, TensorPool
 from tritonfast.errors import TritonError
+from tritonfast.memory.shmsegment import idle_body_bytes
 
 POOL = TensorPool()
 # Each buffer a shared-memory object of its own, named tritonfast-body-<pid>-<n> (what a killed
 # server leaves behind is swept by memory.leftovers).
-BODY_POOL = TensorPool(objects="tritonfast-body")
+BODY_POOL = TensorPool(objects="tritonfast-body", idle_bytes=idle_body_bytes())
 # Bodies up to this size go into shared-memory objects, which the pool recycles (its idle
-# bound holds two of the largest) and a worker maps once. A larger one would be a new object
-# each time, whose pages both processes fault in one by one (no huge pages in /dev/shm): a
-# 64 MiB identity request took 20% longer so than on the heap with its two copies.
+# bound, 64 MiB where /dev/shm is large, holds two of the largest) and a worker maps once.
+# A larger one would be a new object each time, whose pages both processes fault in one by
+# one (no huge pages in /dev/shm): a 64 MiB identity request took 20% longer so than on the
+# heap with its two copies.
 BODY_OBJECT_BYTES = 32 << 20
 
 

@@ -22,6 +22,18 @@ ALIGNMENT = 64
 _serial = itertools.count()
 
 
+def idle_body_bytes() -> int:
+    """How many bytes of request-body objects may stay in ``/dev/shm`` while no request uses
+    them (kept by the server's pool, and mapped by a worker): 64 MiB, or an eighth of the
+    shared-memory file system when that is less (a container's is 64 MiB unless given more),
+    so that idle bodies never take the room the server's segments need."""
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return min(64 << 20, stat.f_blocks * stat.f_frsize // 8)
+
+
 def aligned(offset: int) -> int:
     return (offset + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
 

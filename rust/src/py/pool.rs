@@ -10,7 +10,7 @@ use pyo3::types::{PyDict, PyList};
 
 use super::gil::without_gil;
 use crate::error::CoreError;
-use crate::pool::{PoolBuffer, TensorPool};
+use crate::pool::{IDLE_MAPPED_BYTES, PoolBuffer, TensorPool};
 
 #[pyclass(name = "TensorPool", module = "tritonfast._core", frozen)]
 pub(crate) struct PyTensorPool {
@@ -56,18 +56,19 @@ impl PyTensorPool {
     /// A heap pool; or, given `segment` (a POSIX name) and `segment_bytes`, a pool whose
     /// buffers are ranges of that new shared-memory segment (see `PooledBuffer.offset`); or,
     /// given `objects` (a POSIX name prefix), a pool each of whose buffers is a shared-memory
-    /// object of its own (see `PooledBuffer.object`).
+    /// object of its own (see `PooledBuffer.object`), idle ones kept up to `idle_bytes`.
     #[new]
-    #[pyo3(signature = (max_free_per_class = 4, segment = None, segment_bytes = 0, objects = None))]
+    #[pyo3(signature = (max_free_per_class = 4, segment = None, segment_bytes = 0, objects = None, idle_bytes = IDLE_MAPPED_BYTES))]
     fn new(
         max_free_per_class: usize,
         segment: Option<&str>,
         segment_bytes: usize,
         objects: Option<&str>,
+        idle_bytes: usize,
     ) -> PyResult<Self> {
         let pool = match (segment, objects) {
             (Some(name), _) => TensorPool::in_segment(name, segment_bytes, max_free_per_class)?,
-            (None, Some(prefix)) => TensorPool::in_objects(prefix, max_free_per_class),
+            (None, Some(prefix)) => TensorPool::in_objects(prefix, max_free_per_class, idle_bytes),
             (None, None) => TensorPool::new(max_free_per_class),
         };
         Ok(Self { pool })

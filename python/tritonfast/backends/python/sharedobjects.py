@@ -37,15 +37,16 @@ import numpy as np
 from tritonfast._core import copy_into
 from tritonfast.errors import InternalError, InvalidArgumentError
 from tritonfast.memory.sharedmemory import output_too_large
+from tritonfast.memory.shmsegment import idle_body_bytes
 
 # Where a tensor lies: (path, device, inode, offset, byte_size), an ObjectPlace as a tuple.
 Place = tuple[str, int, int, int, int]
 # The name of the server's request-body objects (memory.bufferpool), after /dev/shm/.
 BODY_PREFIX = "tritonfast-body-"
-# Body objects larger than this are let go of once their batch is over: the server removes a
-# large one as soon as its request is answered, and a mapping kept here would hold its memory
-# until the next batch. Smaller ones are the server's recycled buffers, mapped once.
-KEPT_BODY_BYTES = 16 << 20
+# The most bytes of body objects kept mapped once their batch is over (the most recently used
+# first): as many as the server's pool keeps idle, which are those it hands out again. One the
+# server has removed (beyond its own bound) would otherwise stay in /dev/shm while mapped here.
+KEPT_BODY_BYTES = idle_body_bytes()
 # The most objects one worker keeps mapped, beyond those of the batch it runs.
 MAPPED_OBJECTS = 16
 # How often a batch start looks for mappings of objects their clients removed.
@@ -70,11 +71,17 @@ class SharedObjects:
             self._sweep()
 
     def end_batch(self) -> None:
-        """The batch is answered: let go of the large body objects it mapped."""
-        for path in self._in_batch:
-            entry = self._mapped.get(path)
-            if path in self._starts and entry is not None and len(entry[2]) > KEPT_BODY_BYTES:
-                self._forget(path)  # (unmapped once the batch's last view of it is gone)
+        """The batch is answered: keep at most :data:`KEPT_BODY_BYTES` of body objects mapped,
+        the most recently used (the others unmapped once the batch's last views are gone)."""
+        kept = 0
+        for path in reversed(list(self._mapped)):  # most recently used first
+            if path not in self._starts:
+                continue  # a client's object
+            size = len(self._mapped[path][2])
+            if kept + size > KEPT_BODY_BYTES:
+                self._forget(path)
+            else:
+                kept += size
 
     def window(self, place: Place) -> memoryview:
         """The ``byte_size`` bytes at ``offset`` of the object, writable. Raises
