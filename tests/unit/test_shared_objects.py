@@ -228,3 +228,24 @@ def test_an_output_that_is_a_view_of_a_body_input_is_found_there(
     client = place_of(shm_object, 0, 4096)
     assert objects.body_place_of(np.frombuffer(objects.window(client), np.uint8), [client]) is None
     objects.end_batch()
+
+
+def test_a_worker_keeps_no_more_body_objects_mapped_than_the_pool_keeps_idle(
+    objects: SharedObjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a batch only the most recently used body objects stay mapped, within
+    KEPT_BODY_BYTES (what the server's pool keeps idle): the others are unmapped."""
+    monkeypatch.setattr(sharedobjects, "KEPT_BODY_BYTES", 3 << 19)  # 1.5 MiB
+    pool = TensorPool(objects="tritonfast-body")
+    buffers = [pool.acquire(1 << 20) for _ in range(2)]
+    paths = []
+    objects.start_batch()
+    for buffer in buffers:
+        path, device, inode = buffer.object or ("", 0, 0)
+        paths.append(path)
+        bytes(objects.window((path, device, inode, 0, 16)))  # read, as a batch reads inputs
+    objects.end_batch()
+    # (This process's pool maps each object once itself.)
+    mapped = Path("/proc/self/maps").read_text()
+    assert mapped.count(paths[1]) == 2, "the most recently used is kept"
+    assert mapped.count(paths[0]) == 1
