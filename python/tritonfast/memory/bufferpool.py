@@ -21,8 +21,8 @@ BODY_POOL = TensorPool(objects="tritonfast-body", idle_bytes=idle_body_bytes())
 # Bodies up to this size go into shared-memory objects, which the pool recycles (its idle
 # bound, 64 MiB where /dev/shm is large, holds two of the largest) and a worker maps once.
 # A larger one would be a new object each time, whose pages both processes fault in one by
-# one (no huge pages in /dev/shm): a 64 MiB identity request took 20% longer so than on the
-# heap with its two copies.
+# one (no huge pages in /dev/shm): that costs a 64 MiB identity request about 20% more than
+# the heap and its two copies do.
 BODY_OBJECT_BYTES = 32 << 20
 
 
