@@ -85,10 +85,17 @@ pub const IDLE_MAPPED_BYTES: usize = 64 << 20;
 struct Block {
     start: *mut u8,
     capacity: usize,
-    /// Where the block starts in the pool's segment (segment blocks only).
-    offset: Option<usize>,
-    /// The block's own object (blocks of a pool made with [`TensorPool::in_objects`]).
-    object: Option<Box<ObjectBlock>>,
+    backing: Backing,
+}
+
+/// What a block's bytes are.
+enum Backing {
+    /// The heap's (mapped from the kernel from [`MAPPED_BYTES`] on).
+    Heap,
+    /// A range of the pool's segment, starting this far into it.
+    Segment(usize),
+    /// A shared-memory object of its own (a pool made with [`TensorPool::in_objects`]).
+    Object(Box<ObjectBlock>),
 }
 
 /// A shared-memory object that is one block.
@@ -148,23 +155,21 @@ impl Block {
         Ok(Self {
             start,
             capacity,
-            offset: None,
-            object: None,
+            backing: Backing::Heap,
         })
     }
 
     /// A new shared-memory object of `capacity` bytes, `<prefix>-<pid>-<n>` (the creator's pid
     /// next to last, as the sweep of what a killed server left behind reads it). Its memory is
     /// taken only as it is reserved or written.
-    fn object(prefix: &str, capacity: usize) -> Result<Self, CoreError> {
+    fn new_object(prefix: &str, capacity: usize) -> Result<Self, CoreError> {
         let serial = OBJECT_SERIALS.fetch_add(1, Ordering::Relaxed);
         let name = format!("{prefix}-{}-{serial}", std::process::id());
         let segment = OwnedSegment::create(&name, capacity)?;
         Ok(Self {
             start: segment.start(),
             capacity,
-            offset: None,
-            object: Some(Box::new(ObjectBlock {
+            backing: Backing::Object(Box::new(ObjectBlock {
                 segment,
                 reserved: AtomicUsize::new(0),
             })),
@@ -173,13 +178,20 @@ impl Block {
 
     /// Heap memory mapped from the kernel (see [`MAPPED_BYTES`]).
     fn mapped(&self) -> bool {
-        self.offset.is_none() && self.object.is_none() && self.capacity >= MAPPED_BYTES
+        matches!(self.backing, Backing::Heap) && self.capacity >= MAPPED_BYTES
     }
 
-    /// Whether the block counts against [`IDLE_MAPPED_BYTES`] while idle: memory of its own
+    /// Whether the block counts against the pool's idle bound while idle: memory of its own
     /// that the kernel gets back when it is dropped.
     fn idle_bounded(&self) -> bool {
-        self.mapped() || self.object.is_some()
+        self.mapped() || matches!(self.backing, Backing::Object(_))
+    }
+
+    fn object(&self) -> Option<&ObjectBlock> {
+        match &self.backing {
+            Backing::Object(object) => Some(object),
+            _ => None,
+        }
     }
 
     fn layout(capacity: usize) -> std::alloc::Layout {
@@ -191,7 +203,7 @@ impl Drop for Block {
     fn drop(&mut self) {
         // A range of the pool's segment goes with the segment; an object with its
         // `OwnedSegment` (unmapped and unlinked).
-        if self.offset.is_some() || self.object.is_some() {
+        if !matches!(self.backing, Backing::Heap) {
             return;
         }
         if self.mapped() {
@@ -231,8 +243,7 @@ impl SegmentArena {
             // SAFETY: offset < end <= the segment's mapped length.
             start: unsafe { self.segment.start().add(offset) },
             capacity: end - offset,
-            offset: Some(offset),
-            object: None,
+            backing: Backing::Segment(offset),
         })
     }
 }
@@ -352,7 +363,7 @@ impl TensorPool {
             let shared = &self.shared;
             let block = match (&shared.arena, &shared.objects, class) {
                 (Some(arena), _, Some(class)) => arena.carve(class_bytes(class))?,
-                (None, Some(prefix), Some(class)) => Block::object(prefix, class_bytes(class))?,
+                (None, Some(prefix), Some(class)) => Block::new_object(prefix, class_bytes(class))?,
                 // A segment's ranges are never returned, so only pooled sizes come from it.
                 (Some(_), _, None) | (None, Some(_), None) => {
                     return Err(CoreError::invalid_arg(format!(
@@ -452,14 +463,16 @@ impl PoolBuffer {
 
     /// Where the buffer starts in its pool's shared segment (None for heap buffers).
     pub fn offset(&self) -> Option<usize> {
-        self.block.as_ref().and_then(|block| block.offset)
+        match self.block.as_ref()?.backing {
+            Backing::Segment(offset) => Some(offset),
+            _ => None,
+        }
     }
 
     /// The shared-memory object the buffer is, from its start (a pool made with
     /// [`TensorPool::in_objects`]).
     pub fn object(&self) -> Option<&OwnedSegment> {
-        let block = self.block.as_ref()?;
-        block.object.as_ref().map(|object| &object.segment)
+        self.block.as_ref()?.object().map(|object| &object.segment)
     }
 
     /// Takes the memory of the buffer's first `len` bytes now, for an object buffer (see
@@ -468,7 +481,7 @@ impl PoolBuffer {
     /// # Errors
     /// `UNAVAILABLE` when shared memory has no room for them.
     pub fn reserve(&self, len: usize) -> Result<(), CoreError> {
-        let Some(object) = self.block.as_ref().and_then(|block| block.object.as_ref()) else {
+        let Some(object) = self.block.as_ref().and_then(Block::object) else {
             return Ok(());
         };
         let len = len.min(self.len);
@@ -517,7 +530,7 @@ impl Drop for PoolBuffer {
         let mut free = self.pool.free[class].lock();
         // Heap blocks beyond the bounds go back to the allocator; a segment's blocks must stay
         // on the list (their range of the segment would be lost otherwise).
-        if block.offset.is_some() {
+        if matches!(block.backing, Backing::Segment(_)) {
             free.push(block);
         } else if free.len() < self.pool.max_free_per_class {
             if block.idle_bounded() {

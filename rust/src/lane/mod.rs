@@ -1035,7 +1035,7 @@ impl<E: Send + Sync> Lane<E> {
         let mut externals = Vec::new();
         let mut answers: Vec<(HttpReply, HttpAnswer<'_>)> = Vec::new();
         let mut steps = Vec::new();
-        for ((entry, outcome), body) in items.into_iter().zip(&reply.results).zip(&bodies) {
+        for (index, (entry, outcome)) in items.into_iter().zip(&reply.results).enumerate() {
             let Some(item) = entry.item else {
                 continue; // a null request: its answer goes nowhere
             };
@@ -1046,7 +1046,7 @@ impl<E: Send + Sync> Lane<E> {
             let LaneItem { request, sink, .. } = item;
             match sink {
                 Sink::Http(reply) => {
-                    let body = body.as_ref().map_or(&[][..], |body| (**body).as_ref());
+                    let body = body_at(&bodies, index);
                     let answer = if reply.generate {
                         generate_outcome(outcome, segment, reply.framing)
                     } else {
@@ -1616,9 +1616,19 @@ fn answer_error<E: Send + Sync>(
     }
 }
 
-/// The bodies of `items` that outputs may lie in (see `regions::in_body`), taken from them:
-/// they must outlive the answers sent from them.
+/// The bodies of `items` that outputs may lie in (see `regions::in_body`), taken from them,
+/// by position: they must outlive the answers sent from them. Empty (nothing allocated) for a
+/// batch with none, the usual one.
 fn bodies_answered_from<E>(items: &mut [Entry<E>]) -> Vec<Option<Body>> {
+    let in_objects = |entry: &Entry<E>| {
+        entry
+            .item
+            .as_ref()
+            .is_some_and(|item| item.request.body_object.is_some())
+    };
+    if !items.iter().any(in_objects) {
+        return Vec::new();
+    }
     items
         .iter_mut()
         .map(|entry| {
@@ -1627,6 +1637,14 @@ fn bodies_answered_from<E>(items: &mut [Entry<E>]) -> Vec<Option<Body>> {
             Some(std::mem::replace(&mut item.body, no_body()))
         })
         .collect()
+}
+
+/// The body at `index` of those [`bodies_answered_from`] took (empty for one it did not).
+fn body_at(bodies: &[Option<Body>], index: usize) -> &[u8] {
+    bodies
+        .get(index)
+        .and_then(Option::as_ref)
+        .map_or(&[][..], |body| (**body).as_ref())
 }
 
 /// An HTTP request's answer, written out.

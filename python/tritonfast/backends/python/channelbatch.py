@@ -185,7 +185,8 @@ class Batches:
             results,
             [d[4] for d in described],
             self.objects,
-            [_body_places(d[3]) for d in described],
+            # (Only a worker that has a body object mapped may have outputs lying in one.)
+            [_body_places(d[3]) for d in described] if self.objects.maps_bodies() else None,
         )
         self.objects.end_batch()
         return out_name, out_size, [channel_result(entry) for entry in laid]

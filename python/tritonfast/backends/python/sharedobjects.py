@@ -70,9 +70,15 @@ class SharedObjects:
         if self._mapped and time.monotonic() - self._swept >= SWEEP_S:
             self._sweep()
 
+    def maps_bodies(self) -> bool:
+        """Whether a body object of the server's is mapped here."""
+        return bool(self._starts)
+
     def end_batch(self) -> None:
         """The batch is answered: keep at most :data:`KEPT_BODY_BYTES` of body objects mapped,
         the most recently used (the others unmapped once the batch's last views are gone)."""
+        if not self._starts:
+            return  # (no body object mapped: the usual batch)
         kept = 0
         for path in reversed(list(self._mapped)):  # most recently used first
             if path not in self._starts:
