@@ -406,7 +406,12 @@ class Lane:
         keyed_by_names: bool,
         instances: int = 0,
         registry: LaneRegistry | None = None,
-        controls: tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]
+        controls: tuple[
+            list[tuple[str, str, str, bytes, bytes]],
+            tuple[str, str] | None,
+            bool,
+            list[tuple[str, str, str, list[int], bytes]],
+        ]
         | None = None,
         regions: SharedMemoryRegistry | None = None,
         streamed: Callable[[list[tuple[Any, tuple[Any, ...] | None, bool]]], None] | None = None,
@@ -414,7 +419,8 @@ class Lane:
     ) -> Self:
         """``queue``: a queue with the rules to follow (its configuration is copied), or a
         sequence batcher and its requests' ``controls`` (flags as name, kind, datatype, false
-        and true bytes; CORRID as name and datatype; whether the model batches);
+        and true bytes; CORRID as name and datatype; whether the model batches; implicit
+        states as input and output names, datatype, initial shape and bytes);
         ``deliver(items, extra, marks)`` answers requests submitted from Python; ``regions``:
         the system shared-memory regions its requests may name (without, such requests take
         the reference path); ``streamed(items)``: a decoupled model's lane, whose responses

@@ -472,6 +472,7 @@ fn sequence_lane() -> (Arc<Lane<u32>>, Delivered) {
         ],
         corrid: Some(("CORRID".into(), DataType::Uint64)),
         batched: true,
+        states: Vec::new(),
     };
     let config = SequenceConfig {
         model: "counter".into(),

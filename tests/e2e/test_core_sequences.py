@@ -1,12 +1,14 @@
 """Stateful models on the core's path (a lane whose batches come from the sequence batcher,
 ``rust/src/lane/source.rs``, with the control inputs and null requests the core writes,
-``rust/src/lane/sequence.rs``) against the reference scheduler: generated scripts of
+``rust/src/lane/sequence.rs``, and the implicit states it keeps, ``rust/src/lane/state.rs``)
+against the reference scheduler: generated scripts of
 sequences (started, continued, restarted and ended; integer and string correlation IDs; HTTP
 JSON, HTTP binary and gRPC; refused requests in between) sent one request at a time over real
 sockets to a server whose core runs them and to one with
 ``--backend-config=python,core-path=off`` get the same status, headers and bytes. The probe
 models (tests/models_sequence_probe) answer with what they were handed: each request's
-controls, correlation ID and parameters, and its batch's size and null requests."""
+controls, correlation ID and parameters, its implicit states, and its batch's size and null
+requests."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from tests.e2e.corepair import Connection, grpc_answer, server_pair
 PROBE_MODELS = ROOT / "tests" / "models_sequence_probe"
 # Each model, with how many sequences it holds at once (slots over all instances) and
 # whether it batches.
-MODELS = {"seq_probe": (3, True), "seq_probe_text": (4, False)}
+MODELS = {"seq_probe": (3, True), "seq_probe_text": (4, False), "seq_probe_state": (3, True)}
 # Correlation IDs no script used before: every script ends the sequences it starts, and the
 # servers keep nothing of them afterwards.
 _fresh_ids = itertools.count(1)
@@ -217,6 +219,64 @@ def test_null_requests_fill_the_slots_below_a_busy_one(
     assert batch["name"] == "BATCH"
     # 3 requests, 2 of them null, each with 2 zero elements of IN and nothing else set.
     assert batch["data"] == [3, 2, 4]
+
+
+def test_the_core_keeps_implicit_states(
+    connections: tuple[Connection, Connection], grpc_calls: tuple[Any, Any]
+) -> None:
+    """seq_probe_state's states: HISTORY grows by each request's sum, LAST is the previous
+    request's text; a request that returns no state outputs (a sum that is a multiple of 5)
+    or fails (a 7) leaves them as they were; START starts again from the initial states; a
+    null request gets the initial states; the state outputs never reach the client."""
+    first, second = next(_fresh_ids), next(_fresh_ids)
+
+    def step(sequence_id: int, start: bool, end: bool, values: list[int], kind: str) -> Step:
+        return {
+            "protocol": kind,
+            "values": [values],
+            "sequence_id": sequence_id,
+            "sequence_start": start,
+            "sequence_end": end,
+            "explicit_flags": False,
+        }
+
+    script = [
+        step(first, True, False, [1, 2], "json"),
+        step(first, False, False, [4], "binary"),
+        step(first, False, False, [2, 3], "grpc"),  # sums to 5: no state outputs
+        step(first, False, False, [7], "json"),  # fails
+        step(second, True, False, [1], "json"),  # slot 1: a batch of two, slot 0 null
+        step(first, False, False, [1], "grpc"),
+        step(first, True, False, [9], "json"),  # START again: the initial states
+        step(first, False, True, [1], "json"),
+        step(second, False, True, [3], "binary"),
+    ]
+    core = answers(connections[0], grpc_calls[0], "seq_probe_state", script)
+    assert core == answers(connections[1], grpc_calls[1], "seq_probe_state", script)
+
+    def seen(answer: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+        if len(answer) == 2:  # a gRPC answer: ("ok", reply)
+            assert answer[0] == "ok", answer
+            response = pb.ModelInferResponse.FromString(answer[1])
+            assert [o.name for o in response.outputs] == ["BATCH", "SEEN"]
+            got = json.loads(response.raw_output_contents[1][4:])
+            return got["history"], got["last"], None
+        status, _, body = answer
+        assert status.endswith(b" 200 OK"), answer
+        doc = json.loads(body)
+        assert [o["name"] for o in doc["outputs"]] == ["BATCH", "SEEN"]
+        got = json.loads(doc["outputs"][1]["data"][0])
+        return got["history"], got["last"], doc["outputs"][0]["data"]
+
+    assert seen(core[0])[:2] == ([[0]], [""])
+    assert seen(core[1])[:2] == ([[0, 3]], ["1 2"])
+    assert seen(core[2])[:2] == ([[0, 3, 4]], ["4"])
+    assert not core[3][0].endswith(b" 200 OK")  # the 7
+    assert seen(core[4]) == ([[0]], [""], [2, 0, 0])  # slot 0's null request: initial states
+    assert seen(core[5])[:2] == ([[0, 3, 4]], ["4"])
+    assert seen(core[6])[:2] == ([[0]], [""])
+    assert seen(core[7])[:2] == ([[0, 9]], ["9"])
+    assert seen(core[8])[:2] == ([[0, 1]], ["1"])
 
 
 def test_concurrent_sequences_keep_their_sums(servers: tuple[RunningServer, ...]) -> None:

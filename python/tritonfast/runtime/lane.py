@@ -15,8 +15,8 @@ decoded, serialized by the core for the stream's writer.
 A version takes this path (:func:`lane_eligible`) when every instance is a worker the core
 can drive (:class:`CoreDriven`) and its scheduler is the default, the dynamic
 batcher without shape tensors, or the sequence batcher (the core adds each request's control
-inputs) without implicit state or iterative sequences; everything else keeps the queue
-schedulers of :mod:`.scheduler`.
+inputs and implicit states) without iterative sequences, and without implicit state for a
+decoupled model; everything else keeps the queue schedulers of :mod:`.scheduler`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -169,10 +170,12 @@ def lane_scheduler(
     version: int,
     options: Mapping[str, bool],
     trace_token: Callable[[Any], int] | None = None,
+    model_dir: Path | None = None,
 ) -> LaneScheduler | None:
     """A backend's version on the core's path: its :class:`LaneScheduler` when ``server``
     can take one (None: it cannot, the backend schedules the version its own way). The
-    backend has decided that the core takes it (:func:`core_path_on`, :func:`lane_eligible`)."""
+    backend has decided that the core takes it (:func:`core_path_on`, :func:`lane_eligible`).
+    ``model_dir`` holds what the config refers to (initial states' files)."""
     if server is None or server.lane_completions is None:
         return None
     return LaneScheduler(
@@ -186,6 +189,7 @@ def lane_scheduler(
         latency_summaries=bool(options.get("latency_summaries")),
         histogram_latencies=bool(options.get("histogram_latencies")),
         trace_token=trace_token,
+        model_dir=model_dir,
     )
 
 
@@ -197,8 +201,10 @@ def lane_eligible(config: model_config_pb2.ModelConfig, instances: list[ModelIns
         return False
     if config.HasField("sequence_batching"):
         batching = config.sequence_batching
-        if batching.iterative_sequence or batching.state:
+        if batching.iterative_sequence:
             return False
+        if batching.state and config.model_transaction_policy.decoupled:
+            return False  # (the reference scheduler gives them their initial states only)
     if any(shape_checked_inputs(config).values()):  # shape tensors: batched by content
         return False
     if config.dynamic_batching.preserve_ordering and len(instances) > 1:
@@ -234,6 +240,7 @@ class LaneScheduler(Scheduler):
         latency_summaries: bool = False,
         histogram_latencies: bool = False,
         trace_token: Callable[[Any], int] | None = None,
+        model_dir: Path | None = None,
     ) -> None:
         self._loop = loop
         # A decoupled model's requests' responses are streamed (see _streamed); the time to
@@ -271,7 +278,7 @@ class LaneScheduler(Scheduler):
             keyed_by_names=any(tensor.optional for tensor in config.input),
             instances=len(instances),
             registry=server.lane_registry,
-            controls=core_controls(config) if self._sequences else None,
+            controls=core_controls(config, model_dir) if self._sequences else None,
             regions=server.shared_memory_regions,
             streamed=self._streamed if self._decoupled else None,
             cancel_stream=self._cancel_stream if self._decoupled else None,

@@ -39,6 +39,7 @@ import numpy as np
 from tritonfast._core import Batch, SequenceBatcher
 from tritonfast._proto.model_config_pb2 import ModelConfig, ModelSequenceBatching
 from tritonfast.config.sequence import initial_state_path
+from tritonfast.data import rawtensor
 from tritonfast.data.datatypes import NUMPY_DTYPES, WIRE_DATATYPES
 from tritonfast.data.types import (
     RELEASE_RESCHEDULE,
@@ -119,15 +120,39 @@ _FLAG_KINDS = {
     Control.CONTROL_SEQUENCE_READY: "ready",
 }
 
-CoreControls = tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]
+CoreControls = tuple[
+    list[tuple[str, str, str, bytes, bytes]],
+    tuple[str, str] | None,
+    bool,
+    list[tuple[str, str, str, list[int], bytes]],
+]
 
 
-def core_controls(config: ModelConfig) -> CoreControls:
-    """``config``'s control inputs, as the core's lane writes them and :class:`Controls` builds
-    them for the other schedulers: each flag control's name, kind (``"start"``, ``"end"``,
-    ``"ready"``), datatype and false and true values as bytes; the CORRID control's name and
-    datatype; and whether the model batches. (The configuration's checks, in
-    ``config/sequence.py``, leave only these kinds and datatypes.)"""
+def core_controls(config: ModelConfig, model_dir: Path | None) -> CoreControls:
+    """``config``'s control inputs and implicit states, as the core's lane writes them and
+    :class:`Controls` and :class:`SlotStates` build them for the other schedulers: each flag
+    control's name, kind (``"start"``, ``"end"``, ``"ready"``), datatype and false and true
+    values as bytes; the CORRID control's name and datatype; whether the model batches; and
+    each state's input and output names, datatype and initial value (shape and bytes as they
+    travel). (The configuration's checks, in ``config/sequence.py``, leave only these kinds
+    and datatypes.)"""
+    states = [
+        (
+            spec.input_name,
+            spec.output_name,
+            spec.datatype,
+            list(spec.initial.shape),
+            bytes(rawtensor.to_raw(spec.datatype, spec.initial)),
+        )
+        for spec in state_specs(config, model_dir)
+    ]
+    return (*control_parts(config), states)
+
+
+def control_parts(
+    config: ModelConfig,
+) -> tuple[list[tuple[str, str, str, bytes, bytes]], tuple[str, str] | None, bool]:
+    """The control inputs of :func:`core_controls`."""
     flags: list[tuple[str, str, str, bytes, bytes]] = []
     corrid: tuple[str, str] | None = None
     for control_input in config.sequence_batching.control_input:
@@ -171,7 +196,7 @@ class Controls:
     """Builds the control inputs of the requests handed to the model."""
 
     def __init__(self, config: ModelConfig) -> None:
-        flags, corrid, batched = core_controls(config)
+        flags, corrid, batched = control_parts(config)
         self._shape: tuple[int, ...] = (1, 1) if batched else (1,)
         self._flags = [
             _Flag(name, kind, datatype, self._constant(off, datatype), self._constant(on, datatype))

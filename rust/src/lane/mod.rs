@@ -25,6 +25,7 @@ pub mod response;
 pub mod segment;
 pub mod sequence;
 pub mod source;
+pub mod state;
 pub mod streams;
 
 use std::hash::{Hash, Hasher};
@@ -61,6 +62,7 @@ use segment::{CancelFlags, InputSegment, OutputSegment, aligned};
 use sequence::{Controls, null_inputs};
 use source::{Entry, Popped, RunTicket, Source};
 pub use source::{LaneTicket, REQUEST_TIMEOUT_MESSAGE};
+use state::ImplicitStates;
 use streams::{OpenStream, OpenStreams, Replies, StreamMessage, StreamSink, Streamed};
 /// The most streamed responses a worker's reader hands over together.
 const STREAMED_AT_ONCE: usize = 256;
@@ -345,6 +347,8 @@ pub struct Lane<E> {
     streams: OpenStreams<E>,
     /// The last stream token given out.
     tokens: AtomicU64,
+    /// A stateful model's implicit states (none for others).
+    states: ImplicitStates,
 }
 
 impl<E> std::fmt::Debug for Lane<E> {
@@ -364,11 +368,13 @@ impl<E: Send + Sync> Lane<E> {
         completions: Arc<Completions>,
         deliver: Box<dyn Deliver<E>>,
     ) -> Result<Self, CoreError> {
+        let mut states = ImplicitStates::default();
         let (source, batching) = match scheduling {
             Scheduling::Queue(queue, batching) => {
                 (Source::Queue(RequestQueue::with_config(queue)?), batching)
             }
-            Scheduling::Sequences(config, controls) => {
+            Scheduling::Sequences(config, mut controls) => {
+                states = ImplicitStates::new(std::mem::take(&mut controls.states));
                 (Source::sequence(config, controls)?, Batching::default())
             }
         };
@@ -389,6 +395,7 @@ impl<E: Send + Sync> Lane<E> {
             decoupled: false,
             streams: OpenStreams::default(),
             tokens: AtomicU64::new(0),
+            states,
         })
     }
 
@@ -977,7 +984,7 @@ impl<E: Send + Sync> Lane<E> {
     ) -> Result<(), Vec<Entry<E>>> {
         let dequeued_at = Instant::now();
         let started_ns = monotonic_ns();
-        let mut message = match self.write_inputs(&items, link) {
+        let mut message = match self.write_inputs(instance, &items, link) {
             Ok(message) => message,
             Err(error) => {
                 self.answer_all(items, &error, true);
@@ -1010,7 +1017,7 @@ impl<E: Send + Sync> Lane<E> {
             self.settle_streamed(&items, &tokens, reply, dequeued_at, marks);
             return Ok(());
         }
-        let reply = match reply {
+        let mut reply = match reply {
             Ok(reply) if reply.results.len() == items.len() => reply,
             failed => {
                 let error = failed.err().unwrap_or_else(|| self.answered_wrongly());
@@ -1030,6 +1037,7 @@ impl<E: Send + Sync> Lane<E> {
                 }
             }
         };
+        self.keep_states(instance, &items, &mut reply.results, segment);
         let bodies = bodies_answered_from(&mut items);
         let mut successes = Vec::with_capacity(items.len());
         let mut externals = Vec::new();
@@ -1343,10 +1351,11 @@ impl<E: Send + Sync> Lane<E> {
     /// are zeros shaped like the batch's first request's.
     fn write_inputs(
         &self,
+        instance: usize,
         entries: &[Entry<E>],
         link: &mut WorkerLink,
     ) -> Result<BatchMessage, CoreError> {
-        let added = self.added_inputs(entries);
+        let added = self.added_inputs(instance, entries);
         let no_body: &[u8] = &[];
         let inputs_of = |index: usize| {
             let entry = &entries[index];
@@ -1403,7 +1412,11 @@ impl<E: Send + Sync> Lane<E> {
                 });
                 offset = aligned(offset + size);
             }
-            requests.push(batch_request(entry.item.as_ref(), inputs));
+            let mut request = batch_request(entry.item.as_ref(), inputs);
+            if let Some(outputs) = &mut request.outputs {
+                outputs.extend(self.states.output_names().map(str::to_owned));
+            }
+            requests.push(request);
         }
         Ok(BatchMessage {
             model_name: self.model_name.clone(),
@@ -1418,10 +1431,36 @@ impl<E: Send + Sync> Lane<E> {
 }
 
 impl<E: Send + Sync> Lane<E> {
-    /// What each position of a batch adds to its own inputs: a sequence's controls, and a null
-    /// request's inputs (zeros shaped like the batch's first request's). Nothing (no
-    /// allocation) for a lane without sequences.
-    fn added_inputs(&self, entries: &[Entry<E>]) -> Vec<Vec<CoreInput>> {
+    /// Keeps the next implicit states the responses of a batch of instance `instance` carry,
+    /// taking them out of the responses (see [`state`]); a response whose state output is
+    /// not where the worker says becomes an error.
+    fn keep_states(
+        &self,
+        instance: usize,
+        entries: &[Entry<E>],
+        results: &mut [Outcome],
+        segment: &[u8],
+    ) {
+        if self.states.is_empty() {
+            return;
+        }
+        for (entry, outcome) in entries.iter().zip(results) {
+            let (Some(flags), Some(_)) = (entry.sequence, &entry.item) else {
+                continue;
+            };
+            if let Outcome::Response { outputs, .. } = outcome
+                && let Err(error) = self.states.keep(instance, flags, outputs, segment)
+            {
+                *outcome = Outcome::Error(error.code, error.message);
+            }
+        }
+    }
+
+    /// What each position of a batch of instance `instance` adds to its own inputs: a
+    /// sequence's controls and implicit states, and a null request's inputs (zeros shaped
+    /// like the batch's first request's). Nothing (no allocation) for a lane without
+    /// sequences.
+    fn added_inputs(&self, instance: usize, entries: &[Entry<E>]) -> Vec<Vec<CoreInput>> {
         let Some(controls) = self.source.controls() else {
             return Vec::new();
         };
@@ -1435,12 +1474,17 @@ impl<E: Send + Sync> Lane<E> {
                 let Some(flags) = entry.sequence else {
                     return Vec::new();
                 };
-                if let Some(item) = &entry.item {
+                let mut inputs = if let Some(item) = &entry.item {
                     let id = item.request.sequence.as_ref().map(|s| &s.id);
-                    return controls.inputs(flags, id.unwrap_or(&CorrelationId::Number(0)));
+                    controls.inputs(flags, id.unwrap_or(&CorrelationId::Number(0)))
+                } else {
+                    let mut inputs = null_inputs(template);
+                    inputs.extend(controls.inputs(flags, &CorrelationId::Number(0)));
+                    inputs
+                };
+                if !self.states.is_empty() {
+                    inputs.extend(self.states.inputs(instance, flags));
                 }
-                let mut inputs = null_inputs(template);
-                inputs.extend(controls.inputs(flags, &CorrelationId::Number(0)));
                 inputs
             })
             .collect()

@@ -9,9 +9,12 @@
 //!   inputs are zeros shaped like the batch's first request's, READY, START and END false and
 //!   CORRID 0. Its answer goes nowhere and it is not counted.
 //!
-//! The server's Python reads the configuration and hands the lane each control already
-//! encoded ([`Controls`]); the lane writes the tensors.
+//! * **Implicit state** (`state`): see [`super::state`].
+//!
+//! The server's Python reads the configuration and hands the lane each control and initial
+//! state already encoded ([`Controls`]); the lane writes the tensors.
 
+use super::state::StateSpec;
 use crate::infer::{CoreInput, DataType};
 use crate::sequence::CorrelationId;
 
@@ -41,6 +44,8 @@ pub struct Controls {
     pub corrid: Option<(String, DataType)>,
     /// Whether the model batches (the controls' shape is `[1, 1]`, else `[1]`).
     pub batched: bool,
+    /// Its implicit states.
+    pub states: Vec<StateSpec>,
 }
 
 /// A request's place in its sequence, as the model is told it.
@@ -50,6 +55,8 @@ pub struct SequenceFlags {
     pub end: bool,
     /// False for a null request.
     pub ready: bool,
+    /// The instance slot it runs in.
+    pub slot: usize,
 }
 
 impl Controls {
@@ -163,6 +170,7 @@ mod tests {
             ],
             corrid: Some(("CORRID".into(), DataType::Uint32)),
             batched: true,
+            states: Vec::new(),
         }
     }
 
@@ -172,6 +180,7 @@ mod tests {
             start: true,
             end: false,
             ready: true,
+            slot: 0,
         };
         let inputs = controls().inputs(start, &CorrelationId::Number((7 << 32) | 5));
         let values: Vec<&[u8]> = inputs.iter().map(bytes).collect();

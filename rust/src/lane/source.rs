@@ -180,6 +180,7 @@ impl<E> Source<E> {
                                     start: taken.start,
                                     end: taken.end,
                                     ready: true,
+                                    slot: entry.slot,
                                 }),
                             },
                             None => Entry {
@@ -189,7 +190,10 @@ impl<E> Source<E> {
                                 },
                                 ticket: RunTicket::None,
                                 item: None,
-                                sequence: Some(SequenceFlags::default()),
+                                sequence: Some(SequenceFlags {
+                                    slot: entry.slot,
+                                    ..SequenceFlags::default()
+                                }),
                             },
                         })
                         .collect(),

@@ -33,6 +33,7 @@ use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
 
 use crate::lane::response::Framing;
 use crate::lane::sequence::{Controls, FlagControl, FlagKind};
+use crate::lane::state::{StateSpec, StateValue};
 use crate::lane::streams::{StreamMessage, StreamPart, Streamed};
 use crate::lane::{
     Answer, BatchRunner, Batching, Body, Deliver, DriveEnd, GrpcForm, HttpReply, Lane, LaneItem,
@@ -317,16 +318,25 @@ fn ticket(inner: LaneTicket) -> PyLaneTicket {
 /// (`"start"`, `"end"`, `"ready"`), datatype, and its false and true values' bytes.
 type PyFlagControl = (String, String, String, Vec<u8>, Vec<u8>);
 
+/// An implicit state as Python describes it: its input's and output's names, datatype, and
+/// its initial value's shape and bytes.
+type PyStateSpec = (String, String, String, Vec<u64>, Vec<u8>);
+
 /// The controls of a stateful model's requests: its flag controls, its CORRID control (name,
-/// datatype) and whether it batches.
-type PyControls = (Vec<PyFlagControl>, Option<(String, String)>, bool);
+/// datatype), whether it batches, and its implicit states.
+type PyControls = (
+    Vec<PyFlagControl>,
+    Option<(String, String)>,
+    bool,
+    Vec<PyStateSpec>,
+);
 
 fn datatype_named(name: &str) -> PyResult<DataType> {
     DataType::from_name(name)
         .ok_or_else(|| CoreError::bad_value(format!("unknown datatype '{name}'")).into())
 }
 
-fn controls_of((flags, corrid, batched): PyControls) -> PyResult<Controls> {
+fn controls_of((flags, corrid, batched, states): PyControls) -> PyResult<Controls> {
     let flags = flags
         .into_iter()
         .map(|(name, kind, datatype, off, on)| {
@@ -349,10 +359,22 @@ fn controls_of((flags, corrid, batched): PyControls) -> PyResult<Controls> {
         Some((name, datatype)) => Some((name, datatype_named(&datatype)?)),
         None => None,
     };
+    let states = states
+        .into_iter()
+        .map(|(input, output, datatype, shape, bytes)| {
+            Ok(StateSpec {
+                input,
+                output,
+                datatype: datatype_named(&datatype)?,
+                initial: StateValue { shape, bytes },
+            })
+        })
+        .collect::<PyResult<_>>()?;
     Ok(Controls {
         flags,
         corrid,
         batched,
+        states,
     })
 }
 

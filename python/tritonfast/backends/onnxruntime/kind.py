@@ -74,7 +74,14 @@ class OnnxRuntimeBackend(Backend):
             lane_instances = driven(instances, config.name, name)
             if lane_eligible(config, lane_instances):
                 scheduler = lane_scheduler(
-                    name, config, lane_instances, loop, server, version, options
+                    name,
+                    config,
+                    lane_instances,
+                    loop,
+                    server,
+                    version,
+                    options,
+                    model_dir=self.model_dir,
                 )
                 if scheduler is not None:
                     return scheduler

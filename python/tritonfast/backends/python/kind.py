@@ -78,7 +78,15 @@ class PythonBackend(Backend):
     ) -> Scheduler:
         if core_path_on(self.name, self.settings) and lane_eligible(config, instances):
             scheduler = lane_scheduler(
-                name, config, instances, loop, server, version, options, _trace_token
+                name,
+                config,
+                instances,
+                loop,
+                server,
+                version,
+                options,
+                _trace_token,
+                self.model_dir,
             )
             if scheduler is None:
                 raise InternalError(f"model '{config.name}' needs the server it runs in")
