@@ -340,8 +340,8 @@ class LaneScheduler(Scheduler):
         on_loop: list[tuple[Any, Any]] = []
         for sink, described in items:
             if type(sink) is not _Sink:  # a frontend's (LaneAnswer): it reads the answer
-                sink.send_early(described)
-                on_loop.append((sink, described))
+                if not sink.send_early(described):
+                    on_loop.append((sink, described))
                 continue
             result = response_of(described)
             if marks[0]:
@@ -581,10 +581,11 @@ class CoreLane(Protocol):
 
 class LaneAnswer(Protocol):
     """A frontend's sink (a gRPC call the core answers whole): reads the answer as the core
-    described it, on the event loop."""
+    described it, on the driver thread and then, unless that settled it, on the event loop."""
 
-    def send_early(self, described: tuple[Any, ...]) -> None:
-        """On the driver thread, first: what of the answer may go out from there."""
+    def send_early(self, described: tuple[Any, ...]) -> bool:
+        """On the driver thread, first: what of the answer may go out from there; True when
+        nothing is left for :meth:`answered`."""
         ...
 
     def answered(self, described: tuple[Any, ...]) -> None: ...

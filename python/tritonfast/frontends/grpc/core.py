@@ -19,7 +19,10 @@ How a call flows:
   expiry) and, for a unary request, its one message are asked for at once.
 - When the request is in, the handler starts on the event loop (one ``call_soon_threadsafe``
   per call); a unary reply leaves in one batch (initial metadata, message, status) from the
-  loop, and its completion needs nothing more.
+  loop, and its completion needs nothing more. A unary call the core answers whole
+  (``Method.whole``: ``ModelInfer`` to a model on a lane) skips the loop: its small message
+  is handed to the core right here, and the core's driver thread sends the reply or hands
+  it back to this thread (:mod:`.corepath`).
 - A cancelled call cancels its handler's task. Streams read one message at a time, each step
   an awaited batch. A streaming reply's messages are queued by the loop (or by another
   thread: the core's reader threads queue a decoupled model's responses themselves) and sent
@@ -88,6 +91,8 @@ class Method:
     serialize: Callable[[Any], bytes] | None
     # For a unary method the core may answer whole (ModelInfer): given the call and its
     # request, hands it to the core and returns True, or returns False (the handler runs).
+    # Called on the completion-queue thread (the only one polling) for a message below the
+    # body budget's threshold, else on the loop.
     whole: Callable[[_Call, bytes], bool] | None = None
 
     @classmethod
@@ -198,19 +203,28 @@ class _Call:
                 self.server.call_soon(self.over)
                 return
             self.budgeted = len(data)
-        if data is not None:
-            self.server.call_soon(self.start, data)
-        # None: the call was cancelled before its request arrived (on_close saw it).
+        if data is None:
+            return  # the call was cancelled before its request arrived (on_close saw it)
+        whole = self.method.whole
+        if (
+            whole is not None
+            and not self.budgeted
+            and not self.cancelled
+            and self.server.helper.idle()
+            and whole(self, data)
+        ):
+            return  # the core has it: no loop wake-up for the call to start
+        self.server.call_soon(self.start, data, whole is not None and not self.budgeted)
 
     # -- on the event loop -------------------------------------------------------------------
-    def start(self, data: bytes | None) -> None:
+    def start(self, data: bytes | None, tried_whole: bool = False) -> None:
         if self.cancelled:
             # Its cancellation may have been handled first, on the other polling thread,
             # before its message counted against the budget: give that back too.
             self.over()
             return
         whole = self.method.whole
-        if whole is not None and data is not None and whole(self, data):
+        if not tried_whole and whole is not None and data is not None and whole(self, data):
             return
         self.task = self.server.loop.create_task(self.run(data))
 
@@ -222,17 +236,18 @@ class _Call:
             lane, ticket = self.core_ticket
             self.core_ticket = None
             if lane.cancel(ticket):  # taken out before it ran: the core will not answer it
-                self.server.running -= 1
+                self.server.add_running(-1)
         self.over()
 
     def over(self) -> None:
-        """The RPC is over: run its done callbacks, once."""
+        """The RPC is over: run its done callbacks, once. On the loop; for a call the core
+        answered whole (no handler, no done callbacks, no budgeted bytes), on the driver
+        thread that answered it."""
         if self.budgeted:
             self.server.body_budget.give(self.budgeted)
             self.budgeted = 0
         if self.counted:
-            self.counted = False
-            self.server.unary_over()
+            self.server.unary_over(self)
         callbacks, self.done_callbacks = self.done_callbacks, None
         for callback in callbacks or ():
             try:
@@ -246,7 +261,7 @@ class _Call:
         if method.response_streaming:
             context.writer = StreamWriter(self)
         # Counted from the task's first step: a task cancelled before it never runs this.
-        self.server.running += 1
+        self.server.add_running(1)
         try:
             if method.request_streaming:
                 request: Any = _Requests(self)
@@ -270,7 +285,7 @@ class _Call:
             log.exception("unexpected error in the gRPC handler of %s", self.method.handler)
             self.finish(cygrpc.StatusCode.unknown, f"Unexpected {type(error)}: {error}")
         finally:
-            self.server.running -= 1
+            self.server.add_running(-1)
             self.over()
 
     async def _stream_replies(self, replies: Any, writer: StreamWriter) -> None:
@@ -530,6 +545,10 @@ class _Helper:
                 self._thread = threading.Thread(target=self._run, name="grpc-core-2", daemon=True)
                 self._thread.start()
 
+    def idle(self) -> bool:
+        """Whether it is not polling: the completion-queue thread is the only one."""
+        return self._thread is None
+
     def join(self) -> None:
         with self._lock:
             thread = self._thread
@@ -575,7 +594,11 @@ class CoreServer:
         self._unary_lock = threading.Lock()
         self._unary_live = 0
         self._unary_idle: asyncio.Future[None] | None = None
-        self.running = 0  # handlers started and not yet finished (on the loop)
+        # Handlers started and calls handed to the core, not yet finished: counted on the
+        # loop and on the completion-queue thread (which hands small unary calls to the core
+        # as their message arrives, Method.whole), read anywhere.
+        self.running = 0
+        self._running_lock = threading.Lock()
 
     def add_insecure_port(self, address: str) -> int:
         return int(self._server.add_http2_port(address.encode()))
@@ -622,13 +645,21 @@ class CoreServer:
         await asyncio.to_thread(self.helper.join)
         self._server.destroy()
 
-    def unary_over(self) -> None:
-        """A unary call ended (on the loop): the drain waits for the last one."""
+    def unary_over(self, call: _Call) -> None:
+        """Unary call ``call`` ended (once, whichever thread asks first): the drain waits for
+        the last one."""
         with self._unary_lock:
+            if not call.counted:
+                return
+            call.counted = False
             self._unary_live -= 1
             idle = self._unary_idle if self._unary_live == 0 else None
-        if idle is not None and not idle.done():
-            idle.set_result(None)
+        if idle is not None:
+            self.call_soon(_resolve, idle, None)
+
+    def add_running(self, delta: int) -> None:
+        with self._running_lock:
+            self.running += delta
 
     def call_soon(self, callback: Callable[..., None], *args: Any) -> None:
         """Run ``callback`` on the event loop (from the completion-queue thread)."""
