@@ -299,10 +299,13 @@ impl std::fmt::Debug for CallSink {
 }
 
 impl CallSink {
-    /// Sends the call's answer (a worker gone meanwhile takes nothing).
+    /// Sends the call's answer (a worker gone meanwhile takes nothing), and pokes the
+    /// caller's driver thread if it waits for the worker's next message
+    /// ([`Channel::recv_after_call`]).
     pub fn answer(self, answer: &CallAnswer) {
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         let _ = self.channel.send(&answer.encode());
+        self.channel.poke();
     }
 }
 

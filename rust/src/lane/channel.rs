@@ -5,12 +5,14 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::error::CoreError;
 use crate::spin::Spin;
+use crate::wake::WakeFd;
 
 /// The largest message either side sends (a batch's description, not its tensors).
 const MAX_MESSAGE_BYTES: usize = 1 << 30;
@@ -24,6 +26,10 @@ pub struct Channel {
     sending: Mutex<()>,
     /// How long [`recv_soon`](Self::recv_soon) polls before it blocks (see there).
     poll: Mutex<Spin>,
+    /// What [`poke`](Self::poke) raises for a thread in
+    /// [`recv_after_call`](Self::recv_after_call) (None: no eventfd to be had; it sleeps on).
+    poked: Option<WakeFd>,
+    poke_wanted: AtomicBool,
 }
 
 /// The message that tells a worker a batch leaves soon (no batch message is empty).
@@ -33,6 +39,9 @@ pub const GET_READY_POLL: Duration = Duration::from_micros(150);
 
 /// The longest [`Channel::recv_soon`] polls: about what a worker takes for a small batch.
 const POLL_WINDOW: Duration = Duration::from_micros(60);
+/// How long a thread poked in [`Channel::recv_after_call`] polls: about what a worker takes
+/// from a call's answer to its batch's reply.
+const AFTER_CALL_POLL: Duration = Duration::from_micros(150);
 
 fn gone(err: &io::Error) -> CoreError {
     CoreError::disconnected(format!("the worker's channel closed: {err}"))
@@ -45,6 +54,8 @@ impl Channel {
             stream: UnixStream::from(fd),
             sending: Mutex::new(()),
             poll: Mutex::new(Spin::new(POLL_WINDOW)),
+            poked: WakeFd::new().ok(),
+            poke_wanted: AtomicBool::new(false),
         }
     }
 
@@ -90,6 +101,36 @@ impl Channel {
         let message = self.recv()?;
         self.poll.lock().learn(start.elapsed());
         Ok(message)
+    }
+
+    /// Like [`recv`](Self::recv) for the message a worker sends once a call it made has its
+    /// answer (another call, or its batch's reply): sleeps, but asks whoever sends the
+    /// answer to [`poke`](Self::poke) it as the answer leaves, and then polls for the message
+    /// (up to [`AFTER_CALL_POLL`]): its wake-up overlaps the worker's work on the answer
+    /// instead of following it.
+    pub fn recv_after_call(&self) -> Result<Vec<u8>, CoreError> {
+        let Some(poked) = &self.poked else {
+            return self.recv();
+        };
+        poked.drain(); // (a poke that came after an earlier wait ended)
+        self.poke_wanted.store(true, Ordering::Release);
+        let readable = self.wait(poked.fd())?;
+        self.poke_wanted.store(false, Ordering::Release);
+        if !readable {
+            poked.drain();
+            self.poll_for(AFTER_CALL_POLL);
+        }
+        self.recv()
+    }
+
+    /// Wakes a thread waiting in [`recv_after_call`](Self::recv_after_call) on this
+    /// channel; nothing when none waits.
+    pub fn poke(&self) {
+        if self.poke_wanted.swap(false, Ordering::AcqRel)
+            && let Some(poked) = &self.poked
+        {
+            poked.signal();
+        }
     }
 
     /// Polls (giving way to any other thread ready to run) until bytes are there to read or
@@ -144,6 +185,8 @@ impl Channel {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -157,6 +200,28 @@ mod tests {
         assert_eq!(b.recv().unwrap(), b"");
         drop(a);
         assert!(b.recv().is_err());
+    }
+
+    #[test]
+    fn a_poked_wait_polls_for_the_message_and_an_unwanted_poke_is_nothing() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = (Channel::new(a.into()), Arc::new(Channel::new(b.into())));
+        b.poke(); // nobody waits: nothing is raised
+        assert!(!b.poke_wanted.load(Ordering::Acquire));
+        let waiter = {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || b.recv_after_call().unwrap())
+        };
+        while !b.poke_wanted.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        b.poke(); // as a call's answer leaves for the worker ...
+        std::thread::sleep(Duration::from_millis(1));
+        a.send(b"reply").unwrap(); // ... whose reply comes after the poke
+        assert_eq!(waiter.join().unwrap(), b"reply");
+        // A message that comes unpoked is read as ever.
+        a.send(b"unpoked").unwrap();
+        assert_eq!(b.recv_after_call().unwrap(), b"unpoked");
     }
 
     #[test]

@@ -1130,7 +1130,8 @@ impl<E: Send + Sync> Lane<E> {
     ) -> Result<Vec<u8>, CoreError> {
         // A lone request's first message comes soon after its batch (polled for: see
         // `Lane::drive_batches` for why only a lone one's); one after a call waits for the
-        // call's answer from another model first.
+        // call's answer from another model first (a lone request's driver is poked as the
+        // answer leaves, and polls for the message from then on).
         let mut message = if lone {
             channel.recv_soon()?
         } else {
@@ -1144,7 +1145,11 @@ impl<E: Send + Sync> Lane<E> {
             if let Some(answer) = answer {
                 channel.send(&answer.encode())?;
             }
-            message = channel.recv()?;
+            message = if lone {
+                channel.recv_after_call()?
+            } else {
+                channel.recv()?
+            };
         }
     }
 
