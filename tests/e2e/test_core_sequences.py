@@ -103,6 +103,20 @@ def grpc_request(model: str, step: Step) -> bytes:
     return message.SerializeToString()
 
 
+def plain_step(
+    sequence_id: int, start: bool, end: bool, values: list[int], protocol: str = "json"
+) -> Step:
+    """A request of one row of ``values``, its flags only where set."""
+    return {
+        "protocol": protocol,
+        "values": [values],
+        "sequence_id": sequence_id,
+        "sequence_start": start,
+        "sequence_end": end,
+        "explicit_flags": False,
+    }
+
+
 # -- scripts ---------------------------------------------------------------------------------
 @st.composite
 def steps(draw: Any, model: str, sequence_id: Any, start: bool, end: bool) -> Step:
@@ -193,17 +207,7 @@ def test_null_requests_fill_the_slots_below_a_busy_one(
     run in batches of three, two of them null requests shaped like it, with READY false (the
     probe's BATCH output), on both paths alike."""
     first, second, third = (next(_fresh_ids) for _ in range(3))
-
-    def step(sequence_id: int, start: bool, end: bool, values: list[int]) -> Step:
-        return {
-            "protocol": "json",
-            "values": [values],
-            "sequence_id": sequence_id,
-            "sequence_start": start,
-            "sequence_end": end,
-            "explicit_flags": False,
-        }
-
+    step = plain_step
     script = [
         step(first, True, False, [1]),
         step(second, True, False, [2]),
@@ -229,17 +233,7 @@ def test_the_core_keeps_implicit_states(
     or fails (a 7) leaves them as they were; START starts again from the initial states; a
     null request gets the initial states; the state outputs never reach the client."""
     first, second = next(_fresh_ids), next(_fresh_ids)
-
-    def step(sequence_id: int, start: bool, end: bool, values: list[int], kind: str) -> Step:
-        return {
-            "protocol": kind,
-            "values": [values],
-            "sequence_id": sequence_id,
-            "sequence_start": start,
-            "sequence_end": end,
-            "explicit_flags": False,
-        }
-
+    step = plain_step
     script = [
         step(first, True, False, [1, 2], "json"),
         step(first, False, False, [4], "binary"),
