@@ -180,12 +180,11 @@ class _Reply:
     """Where the core's answer to one call goes: sent from the driver thread that answered
     it, or from the event loop (an error, an answer the reference encoder writes)."""
 
-    __slots__ = ("_call", "_data", "_sent")
+    __slots__ = ("_call", "_data")
 
     def __init__(self, call: _Call, data: bytes) -> None:
         self._call = call
         self._data = data
-        self._sent = False
 
     def send_early(self, described: tuple[Any, ...]) -> bool:
         """On the driver thread that answered the call (GIL held): a serialized reply goes
@@ -203,7 +202,6 @@ class _Reply:
             call.send_reply(None)
         else:
             call.call.start_server_batch((), call.send_reply)
-        self._sent = True
         call.server.add_running(-1)
         call.core_ticket = None
         call.over()
@@ -216,9 +214,7 @@ class _Reply:
         if call.cancelled:  # the call is over already
             return
         kind = described[0]
-        if self._sent:
-            pass  # (sent by send_early)
-        elif kind == "bytes":
+        if kind == "bytes":  # (a call of the body budget's: see send_early)
             call.reply(described[1])
         elif kind == "error":
             error = error_for(Code(described[1]), described[2])
