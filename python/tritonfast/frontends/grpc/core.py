@@ -206,15 +206,18 @@ class _Call:
         if data is None:
             return  # the call was cancelled before its request arrived (on_close saw it)
         whole = self.method.whole
+        tried = False
         if (
             whole is not None
             and not self.budgeted
             and not self.cancelled
             and self.server.helper.idle()
-            and whole(self, data)
         ):
-            return  # the core has it: no loop wake-up for the call to start
-        self.server.call_soon(self.start, data, whole is not None and not self.budgeted)
+            if whole(self, data):
+                return  # the core has it: no loop wake-up for the call to start
+            tried = True
+        # (On the loop the core is asked, unless it refused here already.)
+        self.server.call_soon(self.start, data, tried)
 
     # -- on the event loop -------------------------------------------------------------------
     def start(self, data: bytes | None, tried_whole: bool = False) -> None:
