@@ -3,6 +3,8 @@ request again for as long as it reschedules it (``set_release_flags``), as Trito
 
 from __future__ import annotations
 
+import http.client
+import json
 import queue
 
 import numpy as np
@@ -213,6 +215,24 @@ def test_a_rescheduled_request_is_answered_once_after_its_last_execution(server)
         assert client.infer("counter", in_tensor(httpclient, 1)).as_numpy("OUT").tolist() == [11]
     finally:
         client.close()
+
+
+def test_a_generate_request_runs_its_own_sequence(server) -> None:
+    """A generate request's parameters are all the model's: the sequence the server gives it
+    is kept apart from them, found again at each rescheduling, and ended after its last
+    execution (a sequence left live would hold the model's one slot: the next request would
+    wait for good)."""
+    host, port = server.http_url.rsplit(":", 1)
+    for _ in range(3):
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            connection.request("POST", "/v2/models/counter/generate", body=b'{"IN": 2}')
+            response = connection.getresponse()
+            answer = json.loads(response.read())
+        finally:
+            connection.close()
+        assert response.status == 200, answer
+        assert answer["OUT"] == 21  # two executions, START seen on the first only
 
 
 def test_a_model_that_is_no_iterative_sequence_model_cannot_reschedule(server) -> None:

@@ -27,14 +27,20 @@ PROTOCOL_PARAMETERS = frozenset(
 # A key in the parameters of a request whose parameters are all the model's, none of them the
 # protocol's (a generate request, as Triton reads one): the server schedules it by none of
 # them, and its model sees them all, this key aside. (It travels with the parameters, to a
-# worker too; a JSON key no client has a reason to send.)
+# worker too; a JSON key no client has a reason to send.) Its value is True, or a dict of the
+# protocol's parameters the server set for the request itself (an iterative sequence's own
+# correlation ID: see protocol_parameters).
 MODEL_PARAMETERS_ONLY = "\u0000model-parameters-only"
 
 
 def protocol_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     """The parameters a request is scheduled by (``priority``, ``timeout``, a sequence's):
-    ``parameters`` itself, or none for a request whose parameters are all the model's."""
-    return {} if MODEL_PARAMETERS_ONLY in parameters else parameters
+    ``parameters`` itself; for a request whose parameters are all the model's, only those the
+    server set for it, kept under :data:`MODEL_PARAMETERS_ONLY`."""
+    if MODEL_PARAMETERS_ONLY not in parameters:
+        return parameters
+    own = parameters[MODEL_PARAMETERS_ONLY]
+    return own if type(own) is dict else {}
 
 
 @dataclass(slots=True)

@@ -70,7 +70,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 from tritonfast._core import QUEUE_FULL_MESSAGE, Batch, QueuePolicy, RequestQueue, Ticket
 from tritonfast._proto import model_config_pb2
 from tritonfast.data.rawtensor import request_prefix
-from tritonfast.data.types import InferRequest, InferResponse, protocol_parameters
+from tritonfast.data.types import (
+    MODEL_PARAMETERS_ONLY,
+    InferRequest,
+    InferResponse,
+    protocol_parameters,
+)
 from tritonfast.errors import CancelledError, TritonError, UnavailableError
 from tritonfast.runtime.handle import Handle
 from tritonfast.runtime.histogram import Histogram, first_response_buckets
@@ -551,7 +556,10 @@ class SequenceScheduler(QueueScheduler):
     def _push(self, queue: Any, request: InferRequest, sink: Sink, batch_size: int) -> Any:
         params = protocol_parameters(request.parameters)
         if self._iterative and not correlation_id(params):
-            # A request of an iterative sequence model needs no ID: it gets one of its own.
+            # A request of an iterative sequence model needs no ID: it gets one of its own
+            # (kept apart from the model's parameters when they are all the model's).
+            if params is not request.parameters:
+                params = request.parameters[MODEL_PARAMETERS_ONLY] = {}
             params["sequence_id"] = next(self._iteration_ids)
             params["sequence_start"] = True
         ticket = self._batcher.push(
@@ -576,7 +584,7 @@ class SequenceScheduler(QueueScheduler):
             self.end(request)
             self._end_rescheduled(request, CancelledError(RESCHEDULED_CANCELLED_MESSAGE))
             return
-        params = request.parameters
+        params = protocol_parameters(request.parameters)
         params["sequence_start"] = params["sequence_end"] = False
         try:
             self._push(None, request, request.sink, 1)
