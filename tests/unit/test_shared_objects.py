@@ -215,7 +215,7 @@ def test_an_output_that_is_a_view_of_a_body_input_is_found_there(
     buffer.reserve(1 << 20)
     assert buffer.object is not None
     path, device, inode = buffer.object
-    assert os.path.basename(path).startswith(sharedobjects.BODY_PREFIX)
+    assert sharedobjects.is_body_object(path)
     np.asarray(buffer)[:] = np.arange(1 << 20) % 251
     inputs: list[Place] = [(path, device, inode, 4096, 8192)]
     objects.start_batch()

@@ -12,12 +12,12 @@ import numpy as np
 
 from tritonfast._core import PooledBuffer, TensorPool
 from tritonfast.errors import TritonError
-from tritonfast.memory.shmsegment import idle_body_bytes
+from tritonfast.memory.shmsegment import BODY_PREFIX, idle_body_bytes
 
 POOL = TensorPool()
 # Each buffer a shared-memory object of its own, named tritonfast-body-<pid>-<n> (what a killed
 # server leaves behind is swept by memory.leftovers).
-BODY_POOL = TensorPool(objects="tritonfast-body", idle_bytes=idle_body_bytes())
+BODY_POOL = TensorPool(objects=BODY_PREFIX, idle_bytes=idle_body_bytes())
 # Bodies up to this size go into shared-memory objects, which the pool recycles (its idle
 # bound, 64 MiB where /dev/shm is large, holds two of the largest) and a worker maps once.
 # A larger one would be a new object each time, whose pages both processes fault in one by

@@ -17,6 +17,8 @@ from pathlib import Path
 from tritonfast.errors import UnavailableError
 
 SHM_DIR = Path("/dev/shm")
+# The name of the server's request-body objects (memory.bufferpool), before -<pid>-<n>.
+BODY_PREFIX = "tritonfast-body"
 # Tensors start on 64-byte boundaries (cache lines; what numpy's SIMD loops like best).
 ALIGNMENT = 64
 _serial = itertools.count()

@@ -12,6 +12,7 @@
 //! its slot (the sequence batcher's rule), so a slot's states never race.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -21,11 +22,13 @@ use super::sequence::SequenceFlags;
 use crate::error::CoreError;
 use crate::infer::{CoreInput, DataType, TensorData};
 
-/// A state's value: its shape and its bytes as they travel (BYTES elements length-prefixed).
+/// A state's value: its shape and its bytes as they travel (BYTES elements length-prefixed),
+/// shared by the slot that holds it and the batches it is an input of (copied only into a
+/// batch's segment).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateValue {
     pub shape: Vec<u64>,
-    pub bytes: Vec<u8>,
+    pub bytes: Arc<Vec<u8>>,
 }
 
 /// One implicit state of a model.
@@ -85,7 +88,7 @@ impl ImplicitStates {
                 name: spec.input.clone(),
                 datatype: spec.datatype,
                 shape: value.shape,
-                data: TensorData::Owned(value.bytes),
+                data: TensorData::Shared(value.bytes),
             })
             .collect()
     }
@@ -120,7 +123,7 @@ impl ImplicitStates {
                     slot.name
                 )));
             }
-            let bytes = slot_bytes(segment, &slot)?.to_vec();
+            let bytes = Arc::new(slot_bytes(segment, &slot)?.to_vec());
             let shape = slot.shape.iter().map(|&d| u64::try_from(d).unwrap_or(0));
             next.push((
                 which,
@@ -154,7 +157,7 @@ mod tests {
             datatype: DataType::Int32,
             initial: StateValue {
                 shape: vec![1, 1],
-                bytes: 1000i32.to_le_bytes().to_vec(),
+                bytes: Arc::new(1000i32.to_le_bytes().to_vec()),
             },
         }
     }
@@ -170,8 +173,8 @@ mod tests {
 
     fn value_of(inputs: &[CoreInput]) -> (Vec<u64>, Vec<u8>) {
         match &inputs[0].data {
-            TensorData::Owned(bytes) => (inputs[0].shape.clone(), bytes.clone()),
-            _ => panic!("not owned"),
+            TensorData::Shared(bytes) => (inputs[0].shape.clone(), bytes.to_vec()),
+            _ => panic!("not shared"),
         }
     }
 

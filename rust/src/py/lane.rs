@@ -30,7 +30,6 @@ use crate::lane::channel::{Channel, GET_READY, GET_READY_POLL};
 use crate::lane::completions::Completions;
 use crate::lane::events::EventWriter;
 use crate::lane::message::{BatchMessage, Outcome, ReplyMessage, Slot};
-
 use crate::lane::response::Framing;
 use crate::lane::sequence::{Controls, FlagControl, FlagKind};
 use crate::lane::state::{StateSpec, StateValue};
@@ -366,7 +365,10 @@ fn controls_of((flags, corrid, batched, states): PyControls) -> PyResult<Control
                 input,
                 output,
                 datatype: datatype_named(&datatype)?,
-                initial: StateValue { shape, bytes },
+                initial: StateValue {
+                    shape,
+                    bytes: Arc::new(bytes),
+                },
             })
         })
         .collect::<PyResult<_>>()?;

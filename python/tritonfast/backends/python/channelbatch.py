@@ -12,7 +12,6 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
@@ -22,7 +21,7 @@ import orjson
 from tritonfast.backends.base import PhaseClock
 from tritonfast.backends.python import workerbls
 from tritonfast.backends.python.segmentlayout import Laid, raw_bytes, read_tensor, write_tensors
-from tritonfast.backends.python.sharedobjects import BODY_PREFIX, Place, SharedObjects
+from tritonfast.backends.python.sharedobjects import Place, SharedObjects, is_body_object
 from tritonfast.data.types import (
     RELEASE_RESCHEDULE,
     InferRequest,
@@ -216,11 +215,7 @@ class Batches:
 
 def _body_places(slots: list[tuple[Any, ...]]) -> list[Place]:
     """The places of a request's inputs that lie in the server's body object."""
-    return [
-        slot[5]
-        for slot in slots
-        if slot[5] is not None and os.path.basename(slot[5][0]).startswith(BODY_PREFIX)
-    ]
+    return [slot[5] for slot in slots if slot[5] is not None and is_body_object(slot[5][0])]
 
 
 def _coded(error: TritonError) -> tuple[str, str]:

@@ -11,7 +11,7 @@ longer leads to their object (unlinked or replaced by the client) are dropped wh
 object is mapped, and at the start of a batch once :data:`SWEEP_S` have passed, so that an
 object the client removed does not stay pinned in memory by the worker for long.
 
-The server's own request-body objects (:data:`BODY_PREFIX`) come the same way: the large
+The server's own request-body objects (:func:`is_body_object`) come the same way: the large
 inputs of a body received into one are read where they arrived, and an output that is a view
 of such an input is answered by its place there (:meth:`SharedObjects.body_place_of`), for the
 server to send it from the body: neither is copied.
@@ -37,12 +37,10 @@ import numpy as np
 from tritonfast._core import copy_into
 from tritonfast.errors import InternalError, InvalidArgumentError
 from tritonfast.memory.sharedmemory import output_too_large
-from tritonfast.memory.shmsegment import idle_body_bytes
+from tritonfast.memory.shmsegment import BODY_PREFIX, idle_body_bytes
 
 # Where a tensor lies: (path, device, inode, offset, byte_size), an ObjectPlace as a tuple.
 Place = tuple[str, int, int, int, int]
-# The name of the server's request-body objects (memory.bufferpool), after /dev/shm/.
-BODY_PREFIX = "tritonfast-body-"
 # The most bytes of body objects kept mapped once their batch is over (the most recently used
 # first): as many as the server's pool keeps idle, which are those it hands out again. One the
 # server has removed (beyond its own bound) would otherwise stay in /dev/shm while mapped here.
@@ -51,6 +49,11 @@ KEPT_BODY_BYTES = idle_body_bytes()
 MAPPED_OBJECTS = 16
 # How often a batch start looks for mappings of objects their clients removed.
 SWEEP_S = 1.0
+
+
+def is_body_object(path: str) -> bool:
+    """Whether ``path`` is one of the server's request-body objects (memory.bufferpool)."""
+    return os.path.basename(path).startswith(BODY_PREFIX + "-")
 
 
 class SharedObjects:
@@ -161,7 +164,7 @@ class SharedObjects:
             os.close(descriptor)  # the mapping keeps its own
         entry = (device, inode, mapping)
         self._mapped[path] = entry
-        if os.path.basename(path).startswith(BODY_PREFIX) and len(mapping):
+        if is_body_object(path) and len(mapping):
             self._starts[path] = np.frombuffer(mapping, np.uint8).__array_interface__["data"][0]
         for old in list(self._mapped):  # least recently used first
             if len(self._mapped) <= MAPPED_OBJECTS:
