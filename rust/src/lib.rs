@@ -26,6 +26,7 @@ pub mod pool;
 pub mod queue;
 pub mod sequence;
 pub mod shm;
+pub mod slice;
 pub mod spin;
 pub mod stats;
 pub mod wake;

@@ -740,6 +740,9 @@ impl<E: Send + Sync> Lane<E> {
             _ => return self.drive_batches(instance, link, None),
         };
         // A decoupled model's worker sends at any time: a reader thread takes what it sends.
+        // Its workers may run flat out while their streams are busy: this thread and the
+        // reader, which a new request's first response passes, take the CPU when they wake.
+        crate::slice::ask_short_slice();
         let Ok(replies) = Replies::new() else {
             return DriveEnd::Died; // (no descriptors left: as good as a dead worker)
         };
@@ -767,6 +770,7 @@ impl<E: Send + Sync> Lane<E> {
     /// response.
     fn read_worker(&self, instance: usize, channel: &Arc<Channel>, replies: &Replies, died: &str) {
         name_this_thread(c"tritonfast-read");
+        crate::slice::ask_short_slice();
         let mut pending = Vec::new();
         // Event writers whose clients have too much unsent (see events::EventWriter::hold).
         let mut held: Vec<Arc<EventWriter>> = Vec::new();
