@@ -9,6 +9,7 @@ from typing_extensions import Self
 __all__ = [
     "QUEUE_FULL_MESSAGE",
     "Batch",
+    "CallReplies",
     "EnsembleLane",
     "EnsembleRun",
     "EventWriter",
@@ -30,6 +31,7 @@ __all__ = [
     "QueuePolicy",
     "RegionView",
     "RequestQueue",
+    "RequestReplies",
     "SequenceBatcher",
     "SequenceTicket",
     "SharedMemoryRegistry",
@@ -443,10 +445,19 @@ class Lane:
         one. ``body_object``: the shared-memory object ``(path, device, inode)`` the body was
         received into (``PooledBuffer.object``), where the worker reads its large inputs."""
 
-    def submit_grpc(self, message: bytes, sink: Any, stream: bool = False) -> LaneTicket | None:
+    def submit_grpc(
+        self,
+        message: bytes,
+        sink: Any,
+        stream: bool = False,
+        replies: RequestReplies | None = None,
+    ) -> LaneTicket | None:
         """A gRPC ``ModelInferRequest`` as received, queued (a ``LaneTicket``); its reply,
         serialized (``stream``: as a stream's ``ModelStreamInferResponse``), goes to
-        ``deliver`` with ``sink``; None for the reference path."""
+        ``deliver`` with ``sink``, or, with ``replies``, a decoupled model's replies are
+        queued on the stream's call by the core (``deliver`` hears of the end, of replies
+        it must encode, and of the call to start sending on: a response None that is not
+        the last); None for the reference path."""
 
     def submit_generate_http(
         self, body: Any, stream: OutStream, minor: int, keep_alive: bool, token: int
@@ -780,6 +791,42 @@ class OutStream:
     @property
     def unsent(self) -> int:
         """Bytes written and not yet handed to the kernel."""
+
+@final
+class CallReplies:
+    """A gRPC stream call's serialized replies in the order queued, full at ``ahead``: the
+    core's reader threads queue a decoupled model's replies here without the GIL."""
+
+    def __new__(cls, ahead: int) -> CallReplies: ...
+    def push(self, reply: bytes) -> bool | None:
+        """Queue ``reply``: True when the call was idle (the caller starts sending, with
+        ``next()``), False when a send in flight takes it on, None when the call is over."""
+
+    def next(self) -> tuple[bytes, bool] | None:
+        """The next reply to send and whether more wait behind it; None once none is queued
+        (the call is idle from then on) or the call is over."""
+
+    def end(self) -> None:
+        """Nothing more is sent: what is queued, and whatever comes, is dropped."""
+
+    @property
+    def over(self) -> bool: ...
+    @property
+    def sending(self) -> bool:
+        """Whether a send is in flight (or about to be started)."""
+
+    def full(self) -> bool: ...
+    def __len__(self) -> int: ...
+
+@final
+class RequestReplies:
+    """One request's replies on its call's queue (handed to ``Lane.submit_grpc``)."""
+
+    def __new__(cls, call: CallReplies) -> RequestReplies: ...
+    @property
+    def first_at(self) -> int:
+        """When the core queued the request's first reply (``time.perf_counter_ns()``); 0
+        before."""
 
 @final
 class EventWriter:

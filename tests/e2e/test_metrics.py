@@ -272,12 +272,14 @@ def test_latency_summaries_when_configured(server: Any, tmp_path: Any) -> None:
 def test_first_response_histograms_for_decoupled_models(server: Any, tmp_path: Any) -> None:
     """``histogram_latencies=true``: nv_inference_first_response_histogram_ms for decoupled
     models only, with Triton's default buckets or the model's ``model_metrics`` override;
-    ``generate_stream``'s requests, whose events the core writes, count too."""
+    ``generate_stream``'s requests, whose events the core writes, count too. The time is the
+    first response's, not the last's (a gRPC stream's replies the core queues on the call)."""
     _, default = scrape(server)
     assert not any(name.startswith(FIRST_RESPONSE) for name, _ in default)
     repository = tmp_path / "models"
     for name in ("repeat_py", "repeat_buckets"):
         shutil.copytree(STREAMING / "repeat_py", repository / name)
+    shutil.copytree(STREAMING / "repeat_example", repository / "repeat_example")
     with (repository / "repeat_buckets" / "config.pbtxt").open("a") as config:
         config.write(
             "model_metrics { metric_control: [ { metric_identifier: { family:"
@@ -294,7 +296,16 @@ def test_first_response_histograms_for_decoupled_models(server: Any, tmp_path: A
             values = grpcclient.InferInput("IN", [2], "INT32")
             values.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
             client.async_stream_infer(model, [values])
-        assert [done.get(timeout=30) for _ in range(8)] == [None] * 8
+        # Two responses, the second 500 ms after the first.
+        inputs = [
+            grpcclient.InferInput("IN", [2], "INT32"),
+            grpcclient.InferInput("DELAY", [2], "UINT32"),
+            grpcclient.InferInput("WAIT", [1], "UINT32"),
+        ]
+        for tensor, data in zip(inputs, ([1, 2], [0, 500], [0]), strict=True):
+            tensor.set_data_from_numpy(np.array(data, dtype=tensor.datatype().lower()))
+        client.async_stream_infer("repeat_example", inputs)
+        assert [done.get(timeout=30) for _ in range(10)] == [None] * 10
         client.stop_stream()
         host, port = histograms.http_url.rsplit(":", 1)
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -318,6 +329,9 @@ def test_first_response_histograms_for_decoupled_models(server: Any, tmp_path: A
     custom = {"model": "repeat_buckets", "version": "1"}
     assert value(samples, FIRST_RESPONSE + "_bucket", **custom, le="+Inf") == 1
     assert (FIRST_RESPONSE + "_bucket", frozenset({**custom, "le": "2.5"}.items())) in samples
+    paced = {"model": "repeat_example", "version": "1"}
+    assert value(samples, FIRST_RESPONSE + "_count", **paced) == 1
+    assert value(samples, FIRST_RESPONSE + "_sum", **paced) < 250
     assert not any(
         name.startswith(FIRST_RESPONSE) and ("model", "add_sub") in labels_
         for name, labels_ in samples

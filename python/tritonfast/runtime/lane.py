@@ -356,8 +356,9 @@ class LaneScheduler(Scheduler):
 
     def _streamed(self, items: list[tuple[Any, tuple[Any, ...] | None, bool]]) -> None:
         """On a worker's reader thread: a decoupled model's responses, as the worker sent
-        them (a result None: a bare final flag); then held back while a stream they went to
-        has as many waiting as its client may be ahead."""
+        them (a result None: a bare final flag, or, to a gRPC stream's request whose replies
+        the core queues on its call, not final, the call's sending to start); then held back
+        while a stream they went to has as many waiting as its client may be ahead."""
         on_loop: list[tuple[Any, Any, bool]] = []
         for sink, described, final in items:
             if type(sink) is not _Sink:  # a frontend's (a gRPC stream's request): it reads it
@@ -384,9 +385,9 @@ class LaneScheduler(Scheduler):
         its client has not taken (or a gRPC stream's writer as many replies), this worker's
         responses wait here, and so, once the channel fills, do its model's sends. Not once
         the model is unloading: its requests must be able to finish."""
-        for sink, _, final in items:
+        for sink, described, final in items:
             room = sink.room
-            if not final and room is not None:
+            if not final and described is not None and room is not None:
                 room.wait(self._stopping)
 
     def _stopping(self) -> bool:

@@ -633,7 +633,10 @@ impl<E: Send + Sync> EnsembleRun<E> {
                     .unwrap_or_else(|error| error_answer(&error, framing));
                 Some(Ended::Http(reply, answer))
             }
-            Sink::Grpc(sink, _) | Sink::External(sink) | Sink::Events(sink, _) => {
+            Sink::Grpc(sink, _)
+            | Sink::Replies(sink, _)
+            | Sink::External(sink)
+            | Sink::Events(sink, _) => {
                 let answer = response.and_then(|built| {
                     grpc_answer(
                         &self.request,

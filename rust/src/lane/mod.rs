@@ -14,6 +14,7 @@
 //! per batch.
 
 pub mod call;
+pub mod callreplies;
 pub mod channel;
 pub mod completions;
 pub mod ensemble;
@@ -47,6 +48,7 @@ use crate::sequence::{CorrelationId, SequenceConfig};
 use crate::shm::RegionRegistry;
 use crate::stats::{ComputeTimes, ModelStats};
 use call::{CALL_TAG, CallAnswer, CallMessage, CallSink, LaneRegistry, STREAM_TAG, stuck_message};
+use callreplies::{CallReplies, Pushed, RequestReplies};
 use channel::{Channel, GET_READY};
 use completions::Completions;
 use ensemble::{Ended, Spent, StepSink};
@@ -63,7 +65,7 @@ use sequence::{Controls, null_inputs};
 use source::{Entry, Popped, RunTicket, Source};
 pub use source::{LaneTicket, REQUEST_TIMEOUT_MESSAGE};
 use state::ImplicitStates;
-use streams::{OpenStream, OpenStreams, Replies, StreamMessage, StreamSink, Streamed};
+use streams::{Direct, OpenStream, OpenStreams, Replies, StreamMessage, StreamSink, Streamed};
 /// The most streamed responses a worker's reader hands over together.
 const STREAMED_AT_ONCE: usize = 256;
 
@@ -97,6 +99,9 @@ pub enum Sink<E> {
     External(E),
     /// A gRPC call or a stream's request: its serialized reply handed to [`Deliver`].
     Grpc(E, GrpcForm),
+    /// A gRPC stream's request to a decoupled model: its serialized replies queued on its
+    /// call by the core ([`callreplies`]).
+    Replies(E, Arc<RequestReplies>),
     /// A `generate_stream` request from the server's Python: on a decoupled lane its events
     /// are written by the core ([`events`]), else it is answered as `External`.
     Events(E, Arc<EventWriter>),
@@ -516,6 +521,27 @@ impl<E: Send + Sync> Lane<E> {
     /// take on, or that its model refuses, goes to the reference path (which words gRPC's
     /// errors).
     pub fn submit_grpc(&self, message: Body, sink: E, form: GrpcForm) -> Submitted {
+        self.queue_grpc(message, form, Sink::Grpc(sink, form))
+    }
+
+    /// As [`Lane::submit_grpc`] for a stream's request whose replies are queued on its call
+    /// by the core ([`callreplies`]) when the model is decoupled (else its one reply goes to
+    /// [`Deliver`] as `submit_grpc`'s).
+    pub fn submit_grpc_replies(
+        &self,
+        message: Body,
+        sink: E,
+        replies: Arc<RequestReplies>,
+    ) -> Submitted {
+        let sink = if self.decoupled {
+            Sink::Replies(sink, replies)
+        } else {
+            Sink::Grpc(sink, GrpcForm::Stream)
+        };
+        self.queue_grpc(message, GrpcForm::Stream, sink)
+    }
+
+    fn queue_grpc(&self, message: Body, form: GrpcForm, sink: Sink<E>) -> Submitted {
         if self.decoupled && form == GrpcForm::Unary {
             return Submitted::Reference;
         }
@@ -534,7 +560,7 @@ impl<E: Send + Sync> Lane<E> {
             parameters: reference_parameters(&request),
             request,
             body: message,
-            sink: Sink::Grpc(sink, form),
+            sink,
         };
         self.push_decoded(item, batch_size)
     }
@@ -719,8 +745,8 @@ impl<E: Send + Sync> Lane<E> {
         }
         let mut parts = Vec::with_capacity(ended.len());
         for stream in ended {
-            let (sink, writer) = (stream.sink.sink(), stream.sink.writer());
-            hand_on(sink, writer, Some(Err(error.clone())), true, &mut parts);
+            let (sink, direct) = (stream.sink.sink(), stream.sink.direct());
+            hand_on(sink, direct, Some(Err(error.clone())), true, &mut parts);
         }
         self.deliver.stream(parts);
     }
@@ -772,20 +798,24 @@ impl<E: Send + Sync> Lane<E> {
         name_this_thread(c"tritonfast-read");
         crate::slice::ask_short_slice();
         let mut pending = Vec::new();
-        // Event writers whose clients have too much unsent (see events::EventWriter::hold).
-        let mut held: Vec<Arc<EventWriter>> = Vec::new();
+        // Writers whose clients have too much unsent (see Behind).
+        let mut held: Vec<Behind> = Vec::new();
+        // What is pending must reach the server's Python before more is read (see Handed).
+        let mut now = false;
         let error = loop {
             if !held.is_empty() {
                 if !pending.is_empty() {
                     self.deliver.stream(std::mem::take(&mut pending));
                 }
                 for writer in held.drain(..) {
-                    writer.hold(|| self.source.is_closed());
+                    writer.hold(&|| self.source.is_closed());
                 }
             }
-            if pending.len() >= STREAMED_AT_ONCE || (!pending.is_empty() && !channel.readable_now())
+            if pending.len() >= STREAMED_AT_ONCE
+                || (!pending.is_empty() && (now || !channel.readable_now()))
             {
                 self.deliver.stream(std::mem::take(&mut pending));
+                now = false;
             }
             if pending.is_empty() {
                 match channel.wait(replies.stop_fd()) {
@@ -799,7 +829,7 @@ impl<E: Send + Sync> Lane<E> {
                 Err(error) => break Some(error),
             };
             if message.first() == Some(&STREAM_TAG) {
-                self.collect_streamed(&message, &mut pending, &mut held);
+                now |= self.collect_streamed(&message, &mut pending, &mut held);
                 continue;
             }
             // (What came before it reaches its sinks first.)
@@ -833,30 +863,35 @@ impl<E: Send + Sync> Lane<E> {
     }
 
     /// A worker's streamed responses, each with its request's sink, added to `parts` (those
-    /// an event writer takes, written; the writers that must wait added to `held`).
+    /// an event writer or a call's queue takes, handed to it; the writers that must wait
+    /// added to `held`): whether `parts` must reach the server's Python at once.
     fn collect_streamed(
         &self,
         message: &[u8],
         parts: &mut Vec<Streamed<E>>,
-        held: &mut Vec<Arc<EventWriter>>,
-    ) {
+        held: &mut Vec<Behind>,
+    ) -> bool {
         let Ok(message) = StreamMessage::decode(message) else {
-            return; // (the worker's side is ours: a bug, which its streams' ends would show)
+            return false; // (the worker's side is ours: a bug, which its streams' ends would show)
         };
+        let mut now = false;
         for part in &message.parts {
             let answered = self.streams.with(part.token, part.last, |stream| {
                 let answer = match &part.outcome {
                     Some(outcome) => Some(stream_answer(stream, outcome, &message.data, part.last)),
                     None => empty_final(stream),
                 };
-                (stream.sink.sink(), stream.sink.writer(), answer)
+                (stream.sink.sink(), stream.sink.direct(), answer)
             });
-            if let Some((sink, writer, answer)) = answered
-                && let Some(writer) = hand_on(sink, writer, answer, part.last, parts)
-            {
-                held.push(writer);
+            if let Some((sink, direct, answer)) = answered {
+                match hand_on(sink, direct, answer, part.last, parts) {
+                    Handed::Done => {}
+                    Handed::Now => now = true,
+                    Handed::Hold(writer) => held.push(writer),
+                }
             }
         }
+        now
     }
 
     fn drive_batches(
@@ -1066,7 +1101,8 @@ impl<E: Send + Sync> Lane<E> {
                     };
                     answers.push((reply, answer));
                 }
-                Sink::External(sink) | Sink::Events(sink, _) => {
+                // (Replies: only on decoupled lanes, see submit_grpc_replies)
+                Sink::External(sink) | Sink::Events(sink, _) | Sink::Replies(sink, _) => {
                     externals.push((sink, owned_outcome(outcome, segment).map(Answer::Response)));
                 }
                 Sink::Grpc(sink, form) => {
@@ -1233,6 +1269,7 @@ impl<E: Send + Sync> Lane<E> {
             let sink = match sink {
                 Sink::External(sink) => StreamSink::External(Arc::new(sink)),
                 Sink::Grpc(sink, _) => StreamSink::Grpc(Arc::new(sink)),
+                Sink::Replies(sink, replies) => StreamSink::Replies(Arc::new(sink), replies),
                 Sink::Events(sink, writer) => StreamSink::Events(Arc::new(sink), writer),
                 other => {
                     // (Such requests never reach a decoupled lane: see submit_http, serve_call.)
@@ -1300,7 +1337,7 @@ impl<E: Send + Sync> Lane<E> {
             if let Some(error) = failure
                 && let Some((sink, writer)) = self
                     .streams
-                    .with(token, true, |s| (s.sink.sink(), s.sink.writer()))
+                    .with(token, true, |s| (s.sink.sink(), s.sink.direct()))
             {
                 hand_on(sink, writer, Some(Err(error)), true, &mut ended);
             }
@@ -1654,7 +1691,10 @@ fn answer_error<E: Send + Sync>(
         Sink::Events(_, writer) if writer.is_whole() => {
             writer.write(Some(&Err(error.clone())), true);
         }
-        Sink::External(sink) | Sink::Grpc(sink, _) | Sink::Events(sink, _) => {
+        Sink::External(sink)
+        | Sink::Grpc(sink, _)
+        | Sink::Replies(sink, _)
+        | Sink::Events(sink, _) => {
             externals.push((sink, Err(error.clone())));
         }
         Sink::Call(sink) => sink.answer(&CallAnswer::Error(error.code, error.message.clone())),
@@ -1784,35 +1824,109 @@ fn grpc_outcome(
     Ok(Answer::Response(response))
 }
 
-/// A streamed response on its way to its request: written by the request's event writer when
-/// it has one that takes it (the server's Python then hears only of the end), else added to
-/// `parts`. The writer, when its client has too much unsent to write more now.
+/// A writer whose client has too much unsent: the reader thread waits on it (once what it
+/// has is handed on) before it reads more of the worker's responses, and so the worker's
+/// sends wait too.
+enum Behind {
+    Events(Arc<EventWriter>),
+    Call(Arc<CallReplies>),
+}
+
+impl Behind {
+    fn hold(&self, stop: &dyn Fn() -> bool) {
+        match self {
+            Behind::Events(writer) => writer.hold(stop),
+            Behind::Call(call) => call.hold(stop),
+        }
+    }
+}
+
+/// What handing a streamed response on asks of the reader thread.
+enum Handed {
+    Done,
+    /// The parts must reach the server's Python before anything more is handed on: a call
+    /// to start sending on (its first reply waits on it), or a reply the server's Python
+    /// encodes, queued on its call behind those handed on before it, not after those that
+    /// follow.
+    Now,
+    Hold(Behind),
+}
+
+/// A streamed response on its way to its request: written by the request's event writer, or
+/// queued on its gRPC call, when it has one that takes it (the server's Python then hears
+/// only of the end, and of a call to start sending on: a part with no answer that is not
+/// the last), else added to `parts`.
 fn hand_on<E>(
     sink: Arc<E>,
-    writer: Option<Arc<EventWriter>>,
+    direct: Direct,
     answer: Option<Result<Answer, CoreError>>,
     last: bool,
     parts: &mut Vec<Streamed<E>>,
-) -> Option<Arc<EventWriter>> {
-    if let Some(writer) = writer
-        && writer.write(answer.as_ref(), last)
-    {
-        if last {
-            if !writer.is_whole() {
+) -> Handed {
+    match direct {
+        Direct::Events(writer) if writer.write(answer.as_ref(), last) => {
+            if last {
+                if !writer.is_whole() {
+                    parts.push((sink, None, true));
+                }
+                return Handed::Done;
+            }
+            if writer.over_bound() {
+                Handed::Hold(Behind::Events(writer))
+            } else {
+                Handed::Done
+            }
+        }
+        Direct::Replies(replies) => queue_reply(sink, &replies, answer, last, parts),
+        Direct::Events(_) | Direct::None => {
+            parts.push((sink, answer, last));
+            Handed::Done
+        }
+    }
+}
+
+/// [`hand_on`] for a request whose replies are queued on its gRPC call.
+fn queue_reply<E>(
+    sink: Arc<E>,
+    replies: &RequestReplies,
+    answer: Option<Result<Answer, CoreError>>,
+    last: bool,
+    parts: &mut Vec<Streamed<E>>,
+) -> Handed {
+    let reply = match answer {
+        Some(Ok(Answer::Encoded(reply))) => reply,
+        None => {
+            // A bare final flag (no empty final response asked for).
+            if last {
                 parts.push((sink, None, true));
             }
-            return None;
+            return Handed::Done;
         }
-        return writer.over_bound().then_some(writer);
+        encoded_by_python => {
+            parts.push((sink, encoded_by_python, last));
+            return Handed::Now;
+        }
+    };
+    let pushed = replies.push(reply);
+    if pushed == Pushed::Idle {
+        parts.push((Arc::clone(&sink), None, false));
     }
-    parts.push((sink, answer, last));
-    None
+    if last {
+        parts.push((sink, None, true));
+    } else if replies.call.is_full() {
+        return Handed::Hold(Behind::Call(Arc::clone(&replies.call)));
+    }
+    if pushed == Pushed::Idle {
+        Handed::Now
+    } else {
+        Handed::Done
+    }
 }
 
 /// What a bare final flag sends a gRPC stream's request that asked for an empty final
 /// response; None otherwise (the flag only ends the stream).
 fn empty_final<E>(stream: &OpenStream<E>) -> Option<Result<Answer, CoreError>> {
-    let StreamSink::Grpc(_) = stream.sink else {
+    let (StreamSink::Grpc(_) | StreamSink::Replies(..)) = stream.sink else {
         return None;
     };
     let named = stream.request.empty_final.as_ref()?;
@@ -1833,7 +1947,9 @@ fn stream_answer<E>(
         StreamSink::External(_) | StreamSink::Events(..) => {
             owned_outcome(outcome, data).map(Answer::Response)
         }
-        StreamSink::Grpc(_) => grpc_outcome(&stream.request, outcome, data, GrpcForm::Stream, last),
+        StreamSink::Grpc(_) | StreamSink::Replies(..) => {
+            grpc_outcome(&stream.request, outcome, data, GrpcForm::Stream, last)
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::call::STREAM_TAG;
+use super::callreplies::RequestReplies;
 use super::events::EventWriter;
 use super::message::{Outcome, Reader, Writer};
 use super::source::RunTicket;
@@ -96,24 +97,38 @@ pub enum StreamSink<E> {
     External(Arc<E>),
     /// A gRPC stream's request: each response serialized as a `ModelStreamInferResponse`.
     Grpc(Arc<E>),
+    /// The same, its replies queued on its call by the core ([`super::callreplies`]); the
+    /// server's Python hears of its end, of a call to start sending on, and of the replies
+    /// it must encode itself.
+    Replies(Arc<E>, Arc<RequestReplies>),
     /// A `generate_stream` request whose events the core writes ([`super::events`]); the
     /// server's Python hears of its end (and of every response once the writer declines).
     Events(Arc<E>, Arc<EventWriter>),
 }
 
+/// Who takes a stream's responses before the server's Python does.
+#[derive(Debug)]
+pub enum Direct {
+    None,
+    Events(Arc<EventWriter>),
+    Replies(Arc<RequestReplies>),
+}
+
 impl<E> StreamSink<E> {
     pub fn sink(&self) -> Arc<E> {
         match self {
-            StreamSink::External(sink) | StreamSink::Grpc(sink) | StreamSink::Events(sink, _) => {
-                Arc::clone(sink)
-            }
+            StreamSink::External(sink)
+            | StreamSink::Grpc(sink)
+            | StreamSink::Replies(sink, _)
+            | StreamSink::Events(sink, _) => Arc::clone(sink),
         }
     }
 
-    pub fn writer(&self) -> Option<Arc<EventWriter>> {
+    pub fn direct(&self) -> Direct {
         match self {
-            StreamSink::Events(_, writer) => Some(Arc::clone(writer)),
-            _ => None,
+            StreamSink::Events(_, writer) => Direct::Events(Arc::clone(writer)),
+            StreamSink::Replies(_, replies) => Direct::Replies(Arc::clone(replies)),
+            StreamSink::External(_) | StreamSink::Grpc(_) => Direct::None,
         }
     }
 }

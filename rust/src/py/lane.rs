@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+use super::callreplies::PyRequestReplies;
 use super::error::to_py_err;
 use super::gil::without_gil;
 use super::infer::PyInferSignature;
@@ -502,18 +503,29 @@ impl PyLane {
 
     /// A gRPC `ModelInferRequest` as received, decoded and queued without the GIL; its reply,
     /// serialized (`stream`: as the `ModelStreamInferResponse` of a stream's request), is
-    /// handed to `deliver` with `sink`. A `Ticket` once queued; None when the reference path
-    /// must take it; raises Triton's error when it cannot be queued.
-    #[pyo3(signature = (message, sink, stream=false))]
+    /// handed to `deliver` with `sink`, or, with `replies`, a decoupled model's replies are
+    /// queued on the stream's call by the core (`deliver` hears of the end, of replies it
+    /// must encode, and of the call to start sending on: a response None that is not the
+    /// last). A `Ticket` once queued; None when the reference path must take it; raises
+    /// Triton's error when it cannot be queued.
+    #[pyo3(signature = (message, sink, stream=false, replies=None))]
     fn submit_grpc(
         &self,
         py: Python<'_>,
         message: &Bound<'_, PyBytes>,
         sink: Py<PyAny>,
         stream: bool,
+        replies: Option<&Bound<'_, PyRequestReplies>>,
     ) -> PyResult<Option<PyLaneTicket>> {
         let message = lent_body(message)?;
         let lane = &self.inner;
+        if let Some(replies) = replies {
+            let replies = Arc::clone(&replies.get().0);
+            return handed(
+                py,
+                py.detach(|| lane.submit_grpc_replies(message, sink, replies)),
+            );
+        }
         let form = if stream {
             GrpcForm::Stream
         } else {

@@ -3,6 +3,7 @@
 //! It converts types, maps [`CoreError`](crate::CoreError) to the package's exceptions
 //! ([`error`]), and releases the GIL around every wait ([`gil::without_gil`]).
 
+mod callreplies;
 mod copy;
 mod ensemble;
 mod error;
@@ -41,6 +42,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ensemble::PyEnsembleRun>()?;
     m.add_class::<infer::PyInferSignature>()?;
     m.add_class::<inflate::PyInflater>()?;
+    m.add_class::<callreplies::PyCallReplies>()?;
+    m.add_class::<callreplies::PyRequestReplies>()?;
     m.add_class::<lane::PyLane>()?;
     m.add_class::<lane::PyLaneTicket>()?;
     m.add_class::<lane::PyLaneCompletions>()?;

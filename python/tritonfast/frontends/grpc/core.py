@@ -37,7 +37,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 import grpc
 from grpc._cython import cygrpc
 
+from tritonfast._core import CallReplies
 from tritonfast.memory.bodybudget import COUNTED_BYTES, BodyBudget
 
 log = logging.getLogger("tritonfast.grpc")
@@ -353,24 +353,25 @@ class _Call:
 
 class StreamWriter:
     """Sends a streaming call's messages in order, each from the completion-queue thread as
-    the previous one completes (grpc allows one send in flight per call). A message with more
-    queued behind it goes with grpc's buffer hint: grpc may hold it until the next one, so a
-    burst leaves in a few large writes, not one write (and one wake-up of the client) each;
-    the last one queued goes without, which sends it and everything held. The loop only
-    queues them; :meth:`write` hands back a future to wait on when :data:`_STREAM_AHEAD` are
-    queued, resolved once half of them are sent. Another thread may queue messages too
-    (:meth:`send`, with the GIL), waiting while the queue is :meth:`full` (told through
-    :meth:`hold_with`): a decoupled model's responses, which the core's threads write without
-    a turn of the event loop."""
+    the previous one completes (grpc allows one send in flight per call). The messages wait
+    in :attr:`queue` (the core's ``CallReplies``), where the core's reader threads queue a
+    decoupled model's replies without the GIL, and where :meth:`send` queues those of any
+    other thread (the loop's, among others). Whoever queues a message on an idle call starts
+    the sending (:meth:`kick`). A message with more queued behind it goes with grpc's buffer
+    hint: grpc may hold it until the next one, so a burst leaves in a few large writes, not
+    one write (and one wake-up of the client) each; the last one queued goes without, which
+    sends it and everything held. :meth:`write` hands the loop a future to wait on when
+    :data:`_STREAM_AHEAD` are queued, resolved once half of them are sent; other threads
+    wait while the queue is :meth:`full` (told through :meth:`hold_with`; the core's reader
+    threads wait in the queue itself)."""
 
-    __slots__ = ("_call", "_ended", "_freed", "_idle", "_lock", "_queued", "_room", "_sending")
+    __slots__ = ("_call", "_freed", "_idle", "_lock", "_room", "queue")
 
     def __init__(self, call: _Call) -> None:
         self._call = call
+        self.queue = CallReplies(_STREAM_AHEAD)
+        # Guards the loop's futures against the completion-queue thread's sends.
         self._lock = threading.Lock()
-        self._queued: deque[bytes] = deque()
-        self._sending = False
-        self._ended = False  # a send failed: the call is over
         self._room: asyncio.Future[Any] | None = None
         self._idle: asyncio.Future[Any] | None = None
         # Set when the queue is down to half after being full, for threads held by ``room``.
@@ -378,10 +379,10 @@ class StreamWriter:
 
     def over(self) -> bool:
         """Whether nothing more will be sent (a send failed, or the client went away)."""
-        return self._ended or self._call.cancelled
+        return self.queue.over or self._call.cancelled
 
     def full(self) -> bool:
-        return len(self._queued) >= _STREAM_AHEAD
+        return self.queue.full()
 
     def hold_with(self, freed: Callable[[], None]) -> None:
         """``freed()`` is called (on the completion-queue thread) whenever a full queue is
@@ -392,34 +393,21 @@ class StreamWriter:
         """Queue ``payload`` from any thread; False when the call is over (dropped)."""
         if self._call.cancelled:
             return False
-        with self._lock:
-            if self._ended:
-                return False
-            if self._sending:
-                self._queued.append(payload)
-                return True
-            self._sending = True
-        self._start(payload)
+        idle = self.queue.push(payload)
+        if idle is None:
+            return False
+        if idle:
+            self.kick()
         return True
 
-    def write(self, payload: bytes) -> asyncio.Future[Any] | None:  # on the loop
-        """Queue ``payload``; a future to wait on when the queue is full (see wait_room)."""
-        self.send(payload)
-        return self.wait_room()
-
-    def wait_room(self) -> asyncio.Future[Any] | None:  # on the loop
-        """A future resolved once a full queue is down to half; None when it is not full."""
-        with self._lock:
-            if self._ended or len(self._queued) < _STREAM_AHEAD:
-                return None
-            return self._room_future()
-
-    def _room_future(self) -> asyncio.Future[Any]:  # (the lock held)
-        if self._room is None:
-            self._room = self._call.server.loop.create_future()
-        return self._room
-
-    def _start(self, payload: bytes) -> None:
+    def kick(self) -> None:
+        """Start sending: whoever queued a message on an idle call calls this (once). The
+        first message goes without the buffer hint, whatever follows it: it leaves at once
+        (a stream's first response, say), not with the next one."""
+        taken = self.queue.next()
+        if taken is None:
+            return
+        payload, _ = taken
         call = self._call
         message = cygrpc.SendMessageOperation(payload, _NO_FLAGS)
         if call.metadata_sent:
@@ -429,10 +417,24 @@ class StreamWriter:
             operations = (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), message)
             call.call.start_server_batch(operations, self._sent)
 
+    def write(self, payload: bytes) -> asyncio.Future[Any] | None:  # on the loop
+        """Queue ``payload``; a future to wait on when the queue is full (see wait_room)."""
+        self.send(payload)
+        return self.wait_room()
+
+    def wait_room(self) -> asyncio.Future[Any] | None:  # on the loop
+        """A future resolved once a full queue is down to half; None when it is not full."""
+        with self._lock:
+            if self.queue.over or not self.queue.full():
+                return None
+            if self._room is None:
+                self._room = self._call.server.loop.create_future()
+            return self._room
+
     async def drained(self) -> None:
         """Wait until every queued message is sent (or the call ended)."""
         with self._lock:
-            if not self._sending or self._ended:
+            if not self.queue.sending or self.queue.over:
                 return
             self._idle = self._call.server.loop.create_future()
         await self._idle
@@ -440,31 +442,30 @@ class StreamWriter:
     def _sent(self, event: Any) -> None:  # on the completion-queue thread
         wake = []
         freed = None
+        queue = self.queue
         with self._lock:
-            payload = None
             if not event.success:
-                self._ended = True
-                self._queued.clear()
-            elif self._queued:
-                payload = self._queued.popleft()
-            more = bool(self._queued)
-            if payload is None:
-                self._sending = False
-            half = payload is None or len(self._queued) <= _STREAM_AHEAD // 2
+                queue.end()
+                taken = None
+            else:
+                taken = queue.next()
+            left = len(queue)
+            half = taken is None or left <= _STREAM_AHEAD // 2
             if self._room is not None and half:
                 wake.append(self._room)
                 self._room = None
             # (Once per drain: the queue shrinks by one per send.)
-            if payload is None or len(self._queued) == _STREAM_AHEAD // 2:
+            if taken is None or left == _STREAM_AHEAD // 2:
                 freed = self._freed
-            if payload is None and self._idle is not None:
+            if taken is None and self._idle is not None:
                 wake.append(self._idle)
                 self._idle = None
         for future in wake:
             self._call.server.call_soon(_resolve, future, None)
         if freed is not None:
             freed()
-        if payload is not None:
+        if taken is not None:
+            payload, more = taken
             flags = _BUFFER_HINT if more else _NO_FLAGS
             self._call.call.start_server_batch(
                 (cygrpc.SendMessageOperation(payload, flags),), self._sent

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from tritonfast._core import Lane, grpc_model
+from tritonfast._core import Lane, RequestReplies, grpc_model
 from tritonfast.api.dataplane import DataPlane
 from tritonfast.data.types import InferResponse
 from tritonfast.errors import Code, TritonError, error_for
@@ -36,7 +36,7 @@ from tritonfast.runtime.lane import CoreLane, response_of
 from tritonfast.runtime.responses import Room
 
 if TYPE_CHECKING:
-    from tritonfast.frontends.grpc.core import _Call
+    from tritonfast.frontends.grpc.core import StreamWriter, _Call
 
 
 def lane_of(dataplane: DataPlane, data: bytes) -> CoreLane | None:
@@ -93,11 +93,23 @@ class StreamedReplies:
     """Where the core's responses to one request of a stream to a decoupled model go: each
     serialized reply handed to ``put`` as it comes, ``done`` resolved with the final flag.
     ``room``: how far the stream's writer may fall behind before the model's next responses
-    are held back. ``direct``: ``put`` may be called on the core's reader thread (the call's
-    own writer), which writes each reply itself (:meth:`write_here`) and leaves the loop only
-    the end (:meth:`streamed`); otherwise every reply is put on the event loop."""
+    are held back. With the call's ``writer`` (``direct``), the core queues the replies it
+    serializes on the call itself (:attr:`replies`, handed to ``Lane.submit_grpc``) and the
+    core's reader thread hands this sink only the replies the reference encoder writes
+    (:meth:`write_here`), the call to start sending on, and the end (:meth:`streamed`);
+    otherwise every reply is put on the event loop."""
 
-    __slots__ = ("_data", "_done", "_first", "_put", "_started", "direct", "room")
+    __slots__ = (
+        "_data",
+        "_done",
+        "_first",
+        "_put",
+        "_started",
+        "_writer",
+        "direct",
+        "replies",
+        "room",
+    )
 
     def __init__(
         self,
@@ -106,28 +118,36 @@ class StreamedReplies:
         done: asyncio.Future[None],
         data: bytes,
         *,
-        direct: bool = False,
+        writer: StreamWriter | None = None,
     ) -> None:
         self._put = put
         self.room = room
         self._done = done
         self._data = data
-        self.direct = direct
+        self._writer = writer
+        self.direct = writer is not None
+        self.replies = None if writer is None else RequestReplies(writer.queue)
         self._started: int | None = perf_counter_ns()
         self._first: int | None = None  # when a reader thread wrote the first reply
 
     def time_to_first(self, now: int) -> int | None:
         """Nanoseconds from the hand-over to the first response (``now`` unless a reader
-        thread wrote it earlier), the first time it is asked once one came (see the
+        thread queued it earlier), the first time it is asked once one came (see the
         first-response histogram); None after."""
         started, self._started = self._started, None
         if started is None:
             return None
-        return (self._first or now) - started
+        queued = [at for at in (self._first, self.replies and self.replies.first_at) if at]
+        return min(queued, default=now) - started
 
     def write_here(self, described: tuple[Any, ...] | None, final: bool) -> None:
-        """On the core's reader thread (``direct``): the reply to ``described``, written."""
-        if described is None or self._done.done():  # (a bare final flag; or cancelled)
+        """On the core's reader thread (``direct``): the reply to ``described`` queued on the
+        call; with none (not the last), the call's sending started."""
+        if described is None:
+            if not final and self._writer is not None:
+                self._writer.kick()  # (even when cancelled: others' replies wait behind)
+            return
+        if self._done.done():  # cancelled
             return
         if self._first is None:
             self._first = perf_counter_ns()

@@ -193,9 +193,9 @@ class StreamSession:
             return False
         writer, room = direct
         over: asyncio.Future[Any] = self._loop.create_future()
-        sink = StreamedReplies(writer.send, room, over, data, direct=True)
+        sink = StreamedReplies(writer.send, room, over, data, writer=writer)
         try:
-            ticket = lane.submit_grpc(data, sink, True)
+            ticket = lane.submit_grpc(data, sink, True, sink.replies)
         except TritonError:  # (a full queue, say): the loop's path words it
             return False
         if ticket is None:
@@ -246,13 +246,14 @@ class StreamSession:
             # The core's reader thread writes each reply to the call itself; only the end
             # comes to the loop.
             writer, room = self._direct
-            sink = StreamedReplies(writer.send, room, over, data, direct=True)
+            sink = StreamedReplies(writer.send, room, over, data, writer=writer)
         elif lane.decoupled:
             sink = StreamedReplies(self._put, self._room, over, data)
         else:
             sink = StreamReply(over, data)
+        replies = sink.replies if isinstance(sink, StreamedReplies) else None
         try:
-            ticket = lane.submit_grpc(data, sink, True)
+            ticket = lane.submit_grpc(data, sink, True, replies)
         except TritonError:  # (a full queue, say): the session words it
             ticket = None
         if ticket is None:
