@@ -8,7 +8,11 @@
 //! send completes ([`CallReplies::next`]), and is called from a reader thread only to start
 //! sending on a call that was idle ([`Pushed::Idle`]). The server's Python queues the replies
 //! it encodes itself on the same queue, so each call's replies leave in the order queued.
+//!
+//! The queue does not look into its replies: the reader threads queue serialized bytes
+//! (`Vec<u8>`), the server's Python its own objects, each taken out as it was queued.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -19,6 +23,9 @@ use super::monotonic_ns;
 
 /// How long a held thread sleeps before it looks at its `stop` again.
 const HOLD_POLL: Duration = Duration::from_millis(5);
+
+/// A queued reply (see the module's documentation).
+pub type Reply = Box<dyn Any + Send>;
 
 /// What queuing a reply did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +40,7 @@ pub enum Pushed {
 
 #[derive(Debug, Default)]
 struct State {
-    queued: VecDeque<Vec<u8>>,
+    queued: VecDeque<Reply>,
     /// A send is in flight, or about to be started by whoever was told [`Pushed::Idle`].
     sending: bool,
     over: bool,
@@ -60,7 +67,7 @@ impl CallReplies {
     }
 
     /// Queues `reply`.
-    pub fn push(&self, reply: Vec<u8>) -> Pushed {
+    pub fn push(&self, reply: Reply) -> Pushed {
         let mut state = self.state.lock();
         if state.over {
             return Pushed::Over;
@@ -76,7 +83,7 @@ impl CallReplies {
 
     /// The next reply to send and whether more wait behind it; None when the queue is empty
     /// (the call is idle from then on) or the call is over.
-    pub fn next(&self) -> Option<(Vec<u8>, bool)> {
+    pub fn next(&self) -> Option<(Reply, bool)> {
         let mut state = self.state.lock();
         let reply = if state.over {
             None
@@ -156,12 +163,12 @@ impl RequestReplies {
         }
     }
 
-    /// Queues one of the request's replies.
+    /// Queues one of the request's replies, serialized.
     pub fn push(&self, reply: Vec<u8>) -> Pushed {
         if self.first_at.load(Ordering::Relaxed) == 0 {
             self.first_at.store(monotonic_ns(), Ordering::Relaxed);
         }
-        self.call.push(reply)
+        self.call.push(Box::new(reply))
     }
 
     pub fn first_at(&self) -> u64 {
@@ -176,38 +183,48 @@ mod tests {
 
     use super::*;
 
+    fn bytes(reply: &[u8]) -> Reply {
+        Box::new(reply.to_vec())
+    }
+
+    /// The next reply as bytes, and whether more wait.
+    fn next_bytes(call: &CallReplies) -> Option<(Vec<u8>, bool)> {
+        call.next()
+            .map(|(reply, more)| (*reply.downcast::<Vec<u8>>().unwrap(), more))
+    }
+
     #[test]
     fn the_first_reply_on_an_idle_call_asks_for_a_send_and_the_rest_follow_in_order() {
         let call = CallReplies::new(4);
-        assert_eq!(call.push(b"a".to_vec()), Pushed::Idle);
-        assert_eq!(call.push(b"b".to_vec()), Pushed::Queued);
+        assert_eq!(call.push(bytes(b"a")), Pushed::Idle);
+        assert_eq!(call.push(bytes(b"b")), Pushed::Queued);
         assert!(call.is_sending());
-        assert_eq!(call.next(), Some((b"a".to_vec(), true)));
-        assert_eq!(call.push(b"c".to_vec()), Pushed::Queued);
-        assert_eq!(call.next(), Some((b"b".to_vec(), true)));
-        assert_eq!(call.next(), Some((b"c".to_vec(), false)));
-        assert_eq!(call.next(), None);
+        assert_eq!(next_bytes(&call), Some((b"a".to_vec(), true)));
+        assert_eq!(call.push(bytes(b"c")), Pushed::Queued);
+        assert_eq!(next_bytes(&call), Some((b"b".to_vec(), true)));
+        assert_eq!(next_bytes(&call), Some((b"c".to_vec(), false)));
+        assert_eq!(next_bytes(&call), None);
         assert!(!call.is_sending());
-        assert_eq!(call.push(b"d".to_vec()), Pushed::Idle);
+        assert_eq!(call.push(bytes(b"d")), Pushed::Idle);
     }
 
     #[test]
     fn an_ended_call_drops_what_is_queued_and_what_comes() {
         let call = CallReplies::new(4);
-        call.push(b"a".to_vec());
-        call.push(b"b".to_vec());
+        call.push(bytes(b"a"));
+        call.push(bytes(b"b"));
         call.end();
         assert!(call.is_over());
         assert!(call.is_empty());
-        assert_eq!(call.next(), None);
-        assert_eq!(call.push(b"c".to_vec()), Pushed::Over);
+        assert_eq!(next_bytes(&call), None);
+        assert_eq!(call.push(bytes(b"c")), Pushed::Over);
     }
 
     #[test]
     fn a_producer_waits_while_the_queue_is_full_until_half_is_sent() {
         let call = Arc::new(CallReplies::new(4));
         for _ in 0..4 {
-            call.push(vec![0]);
+            call.push(bytes(&[0]));
         }
         assert!(call.is_full());
         let released = Arc::new(AtomicBool::new(false));
@@ -219,21 +236,21 @@ mod tests {
                 call.len()
             })
         };
-        call.next();
+        call.next().unwrap();
         std::thread::sleep(Duration::from_millis(20));
         assert!(
             !released.load(Ordering::SeqCst),
             "three left: still more than half"
         );
-        call.next();
+        call.next().unwrap();
         assert_eq!(holder.join().unwrap(), 2);
     }
 
     #[test]
     fn a_held_producer_is_let_go_when_the_call_ends_or_it_must_stop() {
         let call = Arc::new(CallReplies::new(2));
-        call.push(vec![0]);
-        call.push(vec![1]);
+        call.push(bytes(&[0]));
+        call.push(bytes(&[1]));
         let holder = {
             let call = Arc::clone(&call);
             std::thread::spawn(move || call.hold(&|| false))
@@ -241,8 +258,8 @@ mod tests {
         call.end();
         holder.join().unwrap();
         let call = CallReplies::new(2);
-        call.push(vec![0]);
-        call.push(vec![1]);
+        call.push(bytes(&[0]));
+        call.push(bytes(&[1]));
         call.hold(&|| true); // returns at once
     }
 

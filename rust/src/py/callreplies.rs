@@ -7,7 +7,10 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::lane::callreplies::{CallReplies, Pushed, RequestReplies};
+use crate::lane::callreplies::{CallReplies, Pushed, Reply, RequestReplies};
+
+/// A reply the server's Python queued: handed back as it came, not copied.
+struct PythonReply(Py<PyBytes>);
 
 /// One call's replies, in the order queued; full at `ahead`.
 #[pyclass(name = "CallReplies", module = "tritonfast._core", frozen)]
@@ -22,8 +25,8 @@ impl PyCallReplies {
 
     /// Queues `reply`: True when the call was idle (the caller starts sending, with
     /// `next()`), False when a send in flight takes it on, None when the call is over.
-    fn push(&self, reply: &[u8]) -> Option<bool> {
-        match self.0.push(reply.to_vec()) {
+    fn push(&self, reply: Py<PyBytes>) -> Option<bool> {
+        match self.0.push(Box::new(PythonReply(reply))) {
             Pushed::Idle => Some(true),
             Pushed::Queued => Some(false),
             Pushed::Over => None,
@@ -34,7 +37,7 @@ impl PyCallReplies {
     /// (the call is idle from then on) or the call is over.
     fn next<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyBytes>, bool)> {
         let (reply, more) = self.0.next()?;
-        Some((PyBytes::new(py, &reply), more))
+        Some((python_bytes(py, reply), more))
     }
 
     /// Nothing more is sent: what is queued, and whatever comes, is dropped.
@@ -59,6 +62,17 @@ impl PyCallReplies {
 
     fn __len__(&self) -> usize {
         self.0.len()
+    }
+}
+
+/// `reply` as Python bytes: the object the server's Python queued, or the core's bytes copied.
+fn python_bytes(py: Python<'_>, reply: Reply) -> Bound<'_, PyBytes> {
+    match reply.downcast::<PythonReply>() {
+        Ok(queued) => queued.0.into_bound(py),
+        Err(reply) => match reply.downcast::<Vec<u8>>() {
+            Ok(bytes) => PyBytes::new(py, &bytes),
+            Err(_) => PyBytes::new(py, b""), // (nothing else is queued)
+        },
     }
 }
 
