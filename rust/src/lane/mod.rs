@@ -1335,11 +1335,11 @@ impl<E: Send + Sync> Lane<E> {
             };
             successes.push((entry.timing, failure.is_none()));
             if let Some(error) = failure
-                && let Some((sink, writer)) = self
+                && let Some((sink, direct)) = self
                     .streams
                     .with(token, true, |s| (s.sink.sink(), s.sink.direct()))
             {
-                hand_on(sink, writer, Some(Err(error)), true, &mut ended);
+                hand_on(sink, direct, Some(Err(error)), true, &mut ended);
             }
         }
         if !ended.is_empty() {
