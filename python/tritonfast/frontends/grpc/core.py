@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -466,10 +467,64 @@ class StreamWriter:
             freed()
         if taken is not None:
             payload, more = taken
-            flags = _BUFFER_HINT if more else _NO_FLAGS
+            self._call.server.sender.put(self, payload, _BUFFER_HINT if more else _NO_FLAGS)
+
+    def send_next(self, payload: bytes, flags: int) -> None:  # on the sender thread
+        try:
             self._call.call.start_server_batch(
                 (cygrpc.SendMessageOperation(payload, flags),), self._sent
             )
+        except Exception:  # (the call is gone): nothing more is sent
+            log.debug("a stream's send could not start", exc_info=True)
+            self._sent(_FAILED)
+
+
+class _Failed:
+    """What :meth:`StreamWriter._sent` is told of a send that could not start."""
+
+    success = False
+
+
+_FAILED = _Failed()
+
+
+class _Sender:
+    """The thread that starts a streaming call's sends after the first (see
+    :meth:`StreamWriter._sent`). grpc's core does a send's transport work (framing, the
+    socket's write, and whatever else the connection has queued meanwhile) on the thread that
+    starts it; on the completion-queue thread, under a stream of replies, that kept the
+    arrival of every other message waiting (a new request's first response under full load:
+    2.2 to 2.6 ms with the sends started there, 0.5 to 0.7 ms from here, at two thirds of the
+    responses a second). Started with the first such send, stopped with the server."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[StreamWriter, bytes, int] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def put(self, writer: StreamWriter, payload: bytes, flags: int) -> None:
+        self._queue.put((writer, payload, flags))
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None and not self._stopped:
+                    self._thread = threading.Thread(target=self._run, name="grpc-send", daemon=True)
+                    self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread once what is queued is started."""
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _run(self) -> None:
+        get = self._queue.get
+        while (item := get()) is not None:
+            writer, payload, flags = item
+            writer.send_next(payload, flags)
 
 
 def _resolve(future: asyncio.Future[Any], event: Any) -> None:
@@ -591,6 +646,7 @@ class CoreServer:
         self._server.register_completion_queue(self._queue)
         self._thread = threading.Thread(target=self._serve, name="grpc-core", daemon=True)
         self.helper = _Helper(self)
+        self.sender = _Sender()
         self.stopping = False
         self._stopped: asyncio.Future[None] = loop.create_future()
         # Draining (see stop): new calls are refused while the unary calls received finish.
@@ -647,6 +703,7 @@ class CoreServer:
             await self._stopped
         await asyncio.to_thread(self._thread.join)
         await asyncio.to_thread(self.helper.join)
+        await asyncio.to_thread(self.sender.stop)
         self._server.destroy()
 
     def unary_over(self, call: _Call) -> None:
