@@ -26,8 +26,9 @@ How a call flows:
 - A cancelled call cancels its handler's task. Streams read one message at a time, each step
   an awaited batch. A streaming reply's messages are queued by the loop (or by another
   thread: the core's reader threads queue a decoupled model's responses themselves) and sent
-  one after another from the completion-queue thread (:class:`StreamWriter`): the loop
-  neither waits for each send nor does its transport work.
+  one after another, each started as the previous one completes by a thread of its own
+  (:class:`StreamWriter`, :class:`_Sender`): neither the loop nor the completion-queue thread
+  waits for each send or does its transport work.
 """
 
 from __future__ import annotations
@@ -353,8 +354,8 @@ class _Call:
 
 
 class StreamWriter:
-    """Sends a streaming call's messages in order, each from the completion-queue thread as
-    the previous one completes (grpc allows one send in flight per call). The messages wait
+    """Sends a streaming call's messages in order, each started as the previous one
+    completes (grpc allows one send in flight per call; see :class:`_Sender`). The messages wait
     in :attr:`queue` (the core's ``CallReplies``), where the core's reader threads queue a
     decoupled model's replies without the GIL, and where :meth:`send` queues those of any
     other thread (the loop's, among others). Whoever queues a message on an idle call starts
