@@ -802,9 +802,9 @@ class CallReplies:
         """Queue ``reply``: True when the call was idle (the caller starts sending, with
         ``next()``), False when a send in flight takes it on, None when the call is over."""
 
-    def next(self) -> tuple[bytes, bool] | None:
-        """The next reply to send and whether more wait behind it; None once none is queued
-        (the call is idle from then on) or the call is over."""
+    def next(self) -> tuple[bytes, int] | None:
+        """The next reply to send and how many wait behind it; None once none is queued (the
+        call is idle from then on) or the call is over."""
 
     def end(self) -> None:
         """Nothing more is sent: what is queued, and whatever comes, is dropped."""

@@ -81,9 +81,9 @@ impl CallReplies {
         }
     }
 
-    /// The next reply to send and whether more wait behind it; None when the queue is empty
+    /// The next reply to send and how many wait behind it; None when the queue is empty
     /// (the call is idle from then on) or the call is over.
-    pub fn next(&self) -> Option<(Reply, bool)> {
+    pub fn next(&self) -> Option<(Reply, usize)> {
         let mut state = self.state.lock();
         let reply = if state.over {
             None
@@ -101,7 +101,7 @@ impl CallReplies {
         if left == self.ahead / 2 {
             self.room.notify_all();
         }
-        Some((reply, left > 0))
+        Some((reply, left))
     }
 
     /// Nothing more will be sent (a send failed, the client went away): what is queued is
@@ -190,7 +190,7 @@ mod tests {
     /// The next reply as bytes, and whether more wait.
     fn next_bytes(call: &CallReplies) -> Option<(Vec<u8>, bool)> {
         call.next()
-            .map(|(reply, more)| (*reply.downcast::<Vec<u8>>().unwrap(), more))
+            .map(|(reply, left)| (*reply.downcast::<Vec<u8>>().unwrap(), left > 0))
     }
 
     #[test]

@@ -33,11 +33,11 @@ impl PyCallReplies {
         }
     }
 
-    /// The next reply to send and whether more wait behind it; None once none is queued
-    /// (the call is idle from then on) or the call is over.
-    fn next<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyBytes>, bool)> {
-        let (reply, more) = self.0.next()?;
-        Some((python_bytes(py, reply), more))
+    /// The next reply to send and how many wait behind it; None once none is queued (the
+    /// call is idle from then on) or the call is over.
+    fn next<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyBytes>, usize)> {
+        let (reply, left) = self.0.next()?;
+        Some((python_bytes(py, reply), left))
     }
 
     /// Nothing more is sent: what is queued, and whatever comes, is dropped.

@@ -407,17 +407,23 @@ class StreamWriter:
         first message goes without the buffer hint, whatever follows it: it leaves at once
         (a stream's first response, say), not with the next one."""
         taken = self.queue.next()
-        if taken is None:
-            return
-        payload, _ = taken
+        if taken is not None:
+            self.start(taken[0], _NO_FLAGS)
+
+    def start(self, payload: bytes, flags: int) -> None:
+        """Start one send (the kicking thread's, or the sender thread's)."""
         call = self._call
-        message = cygrpc.SendMessageOperation(payload, _NO_FLAGS)
-        if call.metadata_sent:
-            call.call.start_server_batch((message,), self._sent)
-        else:
-            call.metadata_sent = True
-            operations = (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), message)
-            call.call.start_server_batch(operations, self._sent)
+        message = cygrpc.SendMessageOperation(payload, flags)
+        try:
+            if call.metadata_sent:
+                call.call.start_server_batch((message,), self._sent)
+            else:
+                call.metadata_sent = True
+                operations = (cygrpc.SendInitialMetadataOperation(None, _NO_FLAGS), message)
+                call.call.start_server_batch(operations, self._sent)
+        except Exception:  # (the call is gone): nothing more is sent
+            log.debug("a stream's send could not start", exc_info=True)
+            self._next(sent=False)
 
     def write(self, payload: bytes) -> asyncio.Future[Any] | None:  # on the loop
         """Queue ``payload``; a future to wait on when the queue is full (see wait_room)."""
@@ -442,16 +448,20 @@ class StreamWriter:
         await self._idle
 
     def _sent(self, event: Any) -> None:  # on the completion-queue thread
+        self._next(event.success)
+
+    def _next(self, sent: bool) -> None:
+        """A send completed (``sent``: it went): the next one goes to the sender thread."""
         wake = []
         freed = None
         queue = self.queue
         with self._lock:
-            if not event.success:
+            if not sent:
                 queue.end()
                 taken = None
             else:
                 taken = queue.next()
-            left = len(queue)
+            left = 0 if taken is None else taken[1]
             half = taken is None or left <= _STREAM_AHEAD // 2
             if self._room is not None and half:
                 wake.append(self._room)
@@ -467,26 +477,7 @@ class StreamWriter:
         if freed is not None:
             freed()
         if taken is not None:
-            payload, more = taken
-            self._call.server.sender.put(self, payload, _BUFFER_HINT if more else _NO_FLAGS)
-
-    def send_next(self, payload: bytes, flags: int) -> None:  # on the sender thread
-        try:
-            self._call.call.start_server_batch(
-                (cygrpc.SendMessageOperation(payload, flags),), self._sent
-            )
-        except Exception:  # (the call is gone): nothing more is sent
-            log.debug("a stream's send could not start", exc_info=True)
-            self._sent(_FAILED)
-
-
-class _Failed:
-    """What :meth:`StreamWriter._sent` is told of a send that could not start."""
-
-    success = False
-
-
-_FAILED = _Failed()
+            self._call.server.sender.put(self, taken[0], _BUFFER_HINT if left else _NO_FLAGS)
 
 
 class _Sender:
@@ -525,7 +516,7 @@ class _Sender:
         get = self._queue.get
         while (item := get()) is not None:
             writer, payload, flags = item
-            writer.send_next(payload, flags)
+            writer.start(payload, flags)
 
 
 def _resolve(future: asyncio.Future[Any], event: Any) -> None:
