@@ -314,6 +314,140 @@ fn waiting_consumers_time_out_while_another_forms_a_batch() {
     assert_eq!(got.into_batch(), Some(vec![7]));
 }
 
+#[test]
+fn a_lone_request_goes_to_the_consumer_that_took_the_last_batch() {
+    // Three consumers; requests one at a time, each pushed once all three wait idle: the one
+    // that ran the previous request (its instance's caches the warmest) takes every next one,
+    // not each consumer in turn.
+    let q = queue::<u32>(0, Duration::ZERO, &[]);
+    let (to_test, batches_taken) = mpsc::channel();
+    let consumers: Vec<_> = (0..3)
+        .map(|consumer| {
+            let q = Arc::clone(&q);
+            let to_test = to_test.clone();
+            thread::spawn(move || {
+                while let PopResult::Batch(batch) = q.pop_batch(LONG) {
+                    to_test.send((consumer, batch.items)).unwrap();
+                }
+            })
+        })
+        .collect();
+    let all_idle = |q: &RequestQueue<u32>| {
+        let start = Instant::now();
+        while q.idle_consumers() < 3 {
+            assert!(start.elapsed() < LONG, "the consumers never all went idle");
+            thread::yield_now();
+        }
+    };
+    let mut takers = Vec::new();
+    for item in 0..20 {
+        all_idle(&q);
+        q.push(item, 1).unwrap();
+        let (consumer, items) = batches_taken.recv_timeout(LONG).unwrap();
+        assert_eq!(items, vec![item]);
+        takers.push(consumer);
+    }
+    assert!(
+        takers.iter().all(|&consumer| consumer == takers[0]),
+        "{takers:?}"
+    );
+    q.close();
+    within(Duration::from_secs(10), move || {
+        for consumer in consumers {
+            consumer.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn requests_left_behind_a_batch_wake_an_idle_consumer() {
+    // Two requests pushed together to two idle consumers (no batching): each consumer holds on
+    // to what it took, so the second request needs the other one, which no later push wakes.
+    // Repeated, for the pushes to land at every point of the first consumer's pop.
+    for _ in 0..200 {
+        let q = queue::<u32>(0, Duration::ZERO, &[]);
+        let (to_test, batches_taken) = mpsc::channel();
+        let release = Arc::new(Barrier::new(3));
+        let consumers: Vec<_> = (0..2)
+            .map(|_| {
+                let q = Arc::clone(&q);
+                let to_test = to_test.clone();
+                let release = Arc::clone(&release);
+                thread::spawn(move || {
+                    if let PopResult::Batch(batch) = q.pop_batch(LONG) {
+                        to_test.send(batch.items).unwrap();
+                        release.wait();
+                    }
+                })
+            })
+            .collect();
+        let start = Instant::now();
+        while q.idle_consumers() < 2 {
+            assert!(start.elapsed() < LONG, "the consumers never both went idle");
+            thread::yield_now();
+        }
+        q.push(1, 1).unwrap();
+        q.push(2, 1).unwrap();
+        let mut items: Vec<u32> = (0..2)
+            .flat_map(|_| batches_taken.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        items.sort_unstable();
+        assert_eq!(items, vec![1, 2]);
+        release.wait();
+        within(Duration::from_secs(10), move || {
+            for consumer in consumers {
+                consumer.join().unwrap();
+            }
+        });
+    }
+}
+
+#[test]
+fn a_request_staged_behind_a_full_batch_wakes_an_idle_consumer() {
+    // Batches of two with a delay: the first consumer stages the first request and waits for
+    // its batch; the next two pushes find it holding the former lock and wake no one. It takes
+    // a full batch and leaves the third staged, which the idle consumer must take.
+    let q = queue::<u32>(2, Duration::from_millis(200), &[]);
+    let (to_test, batches_taken) = mpsc::channel();
+    let release = Arc::new(Barrier::new(3));
+    let consumers: Vec<_> = (0..2)
+        .map(|_| {
+            let q = Arc::clone(&q);
+            let to_test = to_test.clone();
+            let release = Arc::clone(&release);
+            thread::spawn(move || {
+                if let PopResult::Batch(batch) = q.pop_batch(LONG) {
+                    to_test.send(batch.items).unwrap();
+                    release.wait();
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    while q.idle_consumers() < 2 {
+        assert!(start.elapsed() < LONG, "the consumers never both went idle");
+        thread::yield_now();
+    }
+    q.push(1, 1).unwrap();
+    while q.idle_consumers() > 1 || !q.is_forming() {
+        assert!(start.elapsed() < LONG, "no consumer took the first request");
+        thread::yield_now();
+    }
+    q.push(2, 1).unwrap();
+    q.push(3, 1).unwrap();
+    let mut batches: Vec<Vec<u32>> = (0..2)
+        .map(|_| batches_taken.recv_timeout(Duration::from_secs(5)).unwrap())
+        .collect();
+    batches.sort();
+    assert_eq!(batches, vec![vec![1, 2], vec![3]]);
+    release.wait();
+    within(Duration::from_secs(10), move || {
+        for consumer in consumers {
+            consumer.join().unwrap();
+        }
+    });
+}
+
 /// Producers push `(producer, seq)` items; consumers collect batches until `Closed`. Checks that
 /// every item arrives exactly once, batches respect the limit, and each producer's items reach
 /// each consumer in order.

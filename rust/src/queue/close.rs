@@ -16,6 +16,7 @@ impl<T> RequestQueue<T> {
     pub fn close(&self) {
         self.state.fetch_or(CLOSED, Ordering::SeqCst);
         self.unparker.unpark();
+        self.idle.wake_all();
     }
 
     pub fn is_closed(&self) -> bool {

@@ -11,10 +11,13 @@
 //! * Batches are formed by one consumer at a time: the consumer that holds the *former* lock
 //!   moves requests from the lock-free queue into the staging area ([`batcher`](crate::batcher):
 //!   one FIFO per priority level), applies queue timeouts, decides the batch, and waits (polls
-//!   for up to 50 µs, then parks) for more requests, the batch deadline or the next queue timeout. Other
-//!   consumers wait for the former lock (with their own timeout), so batches leave in order and
-//!   every request goes to exactly one consumer. This mirrors Triton, where one scheduler thread
-//!   forms batches for all the model's instances.
+//!   for up to 50 µs, then parks) for more requests, the batch deadline or the next queue
+//!   timeout. Other consumers wait for the former lock (with their own timeout), so batches
+//!   leave in order and every request goes to exactly one consumer. This mirrors Triton, where
+//!   one scheduler thread forms batches for all the model's instances.
+//! * A consumer that finds nothing at all to take polls as long, then lets go of the former
+//!   lock and parks among the idle consumers; a request wakes the one of them that took a
+//!   batch last ([`idle`]), so that requests one at a time keep going to the same instance.
 //! * A request never splits across batches, and joins a batch only with requests of the same
 //!   *shape key* (the caller's hash of the non-batch dimensions).
 //! * Cancellation is lock-free: a request pushed with
@@ -47,6 +50,7 @@ mod batch;
 mod cancel;
 mod close;
 mod config;
+mod idle;
 mod pop;
 mod push;
 mod queued;
@@ -119,6 +123,8 @@ pub struct RequestQueue<T> {
     /// batch: both sit on their own cache lines, away from what producers read on every push.
     staged_len: CachePadded<AtomicUsize>,
     former: CachePadded<Mutex<Former<T>>>,
+    /// Consumers waiting for requests without the former lock (see [`idle`]).
+    idle: CachePadded<idle::IdleConsumers>,
     /// Cancelled requests still held (inbound or staged), for `len()`; may dip below zero
     /// briefly when a consumer drops one before the canceller counts it.
     cancelled_held: CachePadded<AtomicIsize>,
@@ -226,6 +232,7 @@ impl<T> RequestQueue<T> {
                 next_seq: 0,
                 spin: wait::consumer_spin(),
             })),
+            idle: CachePadded::new(idle::IdleConsumers::default()),
             rules: config.batch.rules(),
             direct: !config.batch.batching()
                 && config.priority_levels <= 1
@@ -254,6 +261,18 @@ impl<T> RequestQueue<T> {
     /// ([`ModelStats::record_execution`]).
     pub fn stats(&self) -> &Arc<ModelStats> {
         &self.stats
+    }
+
+    /// Consumers waiting for requests with nothing staged, the former lock let go (a
+    /// snapshot).
+    pub fn idle_consumers(&self) -> usize {
+        self.idle.len()
+    }
+
+    /// Whether a consumer holds the former lock: forms a batch, or looks for requests (a
+    /// snapshot).
+    pub fn is_forming(&self) -> bool {
+        self.former.is_locked()
     }
 
     /// Requests queued and not yet handed out, rejected or cancelled (a snapshot; it may be

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 
-use super::{Batch, CLOSED, Former, PUSHER, PopResult, Queued, RequestQueue};
+use super::{Batch, CLOSED, Former, PUSHER, PopResult, Queued, RequestQueue, idle};
 use crate::batcher::{Cursor, Plan, Staged};
 use crate::stats::FailureReason;
 
@@ -21,6 +21,20 @@ use crate::stats::FailureReason;
 /// holds among the requests staged; under a flood of more than this many pushes between two
 /// batches, a later high-priority request may wait for the next refill.
 const REFILL_LIMIT: usize = 4096;
+
+/// How a pop goes on after one look at the queue.
+enum Step<U> {
+    /// It is over: this is what the pop hands back.
+    Done(PopResult<U>),
+    /// Nothing to take: it lets go of the former lock and waits idle (see [`super::idle`]).
+    Idle,
+}
+
+impl<U> From<PopResult<U>> for Step<U> {
+    fn from(result: PopResult<U>) -> Self {
+        Step::Done(result)
+    }
+}
 
 /// How the former proceeds with a plan.
 enum Decision {
@@ -117,34 +131,76 @@ impl<T> RequestQueue<T> {
     ) -> PopResult<U> {
         let mut deadline = LazyDeadline::default();
         let mut noticed = false;
-        let Some(mut former) = self.lock_former(timeout, &mut deadline) else {
-            return PopResult::TimedOut;
-        };
-        let former = &mut *former;
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            let Some(mut former) = self.lock_former(timeout, &mut deadline) else {
+                return PopResult::TimedOut;
+            };
+            if let Some(since) = idle_since.take() {
+                former.spin.learn(since.elapsed());
+            }
+            let step = self.look(
+                &mut former,
+                timeout,
+                &mut deadline,
+                (ahead, &mut noticed, forming),
+                &mut convert,
+            );
+            drop(former);
+            match step {
+                Step::Done(result) => {
+                    match result {
+                        PopResult::Batch(_) => idle::note_batch_taken(),
+                        PopResult::Closed => return result,
+                        PopResult::Rejected(_) | PopResult::TimedOut => {}
+                    }
+                    // (A pop that does not wait may leave requests staged, too.)
+                    self.wake_for_leftovers();
+                    return result;
+                }
+                Step::Idle => {
+                    idle_since = Some(Instant::now());
+                    // (Only a pop that may wait goes idle.)
+                    self.wait_idle(timeout.and_then(|timeout| deadline.for_timeout(timeout)));
+                }
+            }
+        }
+    }
+
+    /// Looks at the queue with the former lock held, as long as it has cause to: until a batch
+    /// (or rejections, or the end) is there to hand back, or nothing is there to take.
+    fn look<U>(
+        &self,
+        former: &mut Former<T>,
+        timeout: Option<Duration>,
+        deadline: &mut LazyDeadline,
+        (ahead, noticed, forming): (Duration, &mut bool, &mut impl FnMut(Instant, usize)),
+        convert: &mut impl FnMut(Queued<T>) -> U,
+    ) -> Step<U> {
         loop {
             // Read the state before refilling: if it says "closed, no push in progress", the
             // refill below sees every request that will ever arrive.
             let state = self.state.load(Ordering::Acquire);
             if self.direct
-                && let Some(batch) = self.pop_direct(former, &mut convert)
+                && let Some(batch) = self.pop_direct(former, convert)
             {
-                return batch;
+                return batch.into();
             }
             self.refill(former, REFILL_LIMIT);
             if self.timed
                 && former.staged.has_expiries()
-                && let Some(rejected) = self.reject_expired(former, &mut convert)
+                && let Some(rejected) = self.reject_expired(former, convert)
             {
-                return rejected;
+                return rejected.into();
             }
             let step = match former.staged.plan(&self.rules) {
-                None => self.wait_for_requests(former, state, timeout, &mut deadline),
+                None => self.wait_for_requests(former, state, timeout, deadline),
                 Some(plan) => match self.decide(&former.staged, &plan, state & CLOSED != 0) {
-                    Decision::Take(end) => self.take_batch(former, end, &mut convert),
-                    Decision::WaitUntil(Some(until)) if !noticed && timeout.is_some() => {
+                    Decision::Take(end) => self.take_batch(former, end, convert),
+                    Decision::WaitUntil(Some(until)) if !*noticed && timeout.is_some() => {
                         let notice_at = until.checked_sub(ahead).unwrap_or(until);
                         if Instant::now() >= notice_at {
-                            noticed = true;
+                            *noticed = true;
                             forming(until, former.staged.len());
                             self.wait_for_batch(former, Some(until), timeout)
                         } else {
@@ -152,10 +208,11 @@ impl<T> RequestQueue<T> {
                         }
                     }
                     Decision::WaitUntil(until) => self.wait_for_batch(former, until, timeout),
-                },
+                }
+                .map_break(Step::Done),
             };
-            if let ControlFlow::Break(result) = step {
-                return result;
+            if let ControlFlow::Break(step) = step {
+                return step;
             }
         }
     }
@@ -228,14 +285,15 @@ impl<T> RequestQueue<T> {
     }
 
     /// Nothing to plan: `Closed` once closed and drained, `TimedOut` once the pop may wait no
-    /// longer, else waits for requests (and the caller looks again).
+    /// longer, else polls for requests (and the caller looks again), or, when none came in the
+    /// spin window, `Idle`.
     fn wait_for_requests<U>(
         &self,
         former: &mut Former<T>,
         state: usize,
         timeout: Option<Duration>,
         deadline: &mut LazyDeadline,
-    ) -> ControlFlow<PopResult<U>> {
+    ) -> ControlFlow<Step<U>> {
         self.sync(former);
         if state & CLOSED != 0 {
             if state >= PUSHER {
@@ -243,17 +301,20 @@ impl<T> RequestQueue<T> {
                 thread::yield_now();
                 return ControlFlow::Continue(());
             }
-            return ControlFlow::Break(PopResult::Closed);
+            return ControlFlow::Break(PopResult::Closed.into());
         }
         let Some(timeout) = timeout else {
-            return ControlFlow::Break(PopResult::TimedOut);
+            return ControlFlow::Break(PopResult::TimedOut.into());
         };
         let deadline = deadline.for_timeout(timeout);
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return ControlFlow::Break(PopResult::TimedOut);
+            return ControlFlow::Break(PopResult::TimedOut.into());
         }
-        self.wait(&mut former.spin, &former.parker, deadline);
-        ControlFlow::Continue(())
+        if self.poll_for_news(&mut former.spin, deadline) {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(Step::Idle)
+        }
     }
 
     /// A batch that may still grow: waits for more requests until it must leave (`until`) or

@@ -100,11 +100,15 @@ impl<T> RequestQueue<T> {
             timeout_ns,
             ticket,
         });
-        // Pairs with the fence in `wait`: either the consumer sees the request before parking,
-        // or we see that it is parked and wake it.
+        // Pairs with the fences in `wait`, `wait_idle` and `wake_for_leftovers`: either the
+        // consumer sees the request before parking, or we see that it is parked and wake it.
+        // An idle consumer is woken only while no one holds the former lock: its holder takes
+        // the request (or wakes one for it as it lets go).
         fence(Ordering::SeqCst);
         if self.consumer_parked.load(Ordering::Relaxed) {
             self.unparker.unpark();
+        } else if self.idle.any() && !self.former.is_locked() {
+            self.idle.wake_one();
         }
         // Release: a consumer that sees the count drop also sees the request.
         self.state.fetch_sub(PUSHER, Ordering::Release);

@@ -32,6 +32,56 @@ impl<T> RequestQueue<T> {
         !self.items.is_empty() || self.state.load(Ordering::Relaxed) & CLOSED != 0
     }
 
+    /// Polls for news for up to the spin window, or until `deadline` if that comes first:
+    /// whether to look again (news came, or the deadline passed); false once the window passed
+    /// without any, when the caller lets go of the former lock and waits idle.
+    pub(super) fn poll_for_news(&self, spin: &mut Spin, deadline: Option<Instant>) -> bool {
+        let start = Instant::now();
+        let poll_end = match deadline {
+            Some(deadline) if deadline <= start + spin.window() => deadline,
+            _ => start + spin.window(),
+        };
+        loop {
+            for _ in 0..SPINS_PER_CLOCK_READ {
+                if self.has_news() {
+                    spin.learn(start.elapsed());
+                    return true;
+                }
+                hint::spin_loop();
+            }
+            let now = Instant::now();
+            if now >= poll_end {
+                return deadline.is_some_and(|deadline| now >= deadline);
+            }
+        }
+    }
+
+    /// Waits among the idle consumers (the former lock let go) until a producer wakes this
+    /// one, the queue closes or `deadline` passes. May return early; callers loop.
+    pub(super) fn wait_idle(&self, deadline: Option<Instant>) {
+        self.idle.enter();
+        // Pairs with the fence in `push` (see there).
+        fence(Ordering::SeqCst);
+        if self.has_news() {
+            self.idle.leave();
+        } else {
+            self.idle.park(deadline);
+        }
+    }
+
+    /// After a batch left (the former lock let go): wakes an idle consumer for what is still
+    /// queued or staged, which no one else may be awake to take (a producer wakes none while
+    /// the former lock is held).
+    pub(super) fn wake_for_leftovers(&self) {
+        // Pairs with the fence in `push`: either the producer saw the lock free (and woke
+        // someone), or this sees its request.
+        fence(Ordering::SeqCst);
+        let left = self.has_news() || self.staged_len.load(Ordering::Relaxed) > 0;
+        if left && self.idle.any() && !self.former.is_locked() {
+            self.idle.wake_one();
+        }
+    }
+
     /// Waits (poll for up to the spin window, then park) until there is news or `deadline`
     /// passes. May return early; callers loop. A deadline within [`SPIN_WINDOW`] is polled
     /// for whatever the window, so short batch delays stay exact.
