@@ -314,6 +314,67 @@ fn waiting_consumers_time_out_while_another_forms_a_batch() {
     assert_eq!(got.into_batch(), Some(vec![7]));
 }
 
+/// Waits until `count` consumers of `q` wait idle.
+fn until_idle(q: &RequestQueue<u32>, count: usize) {
+    let start = Instant::now();
+    while q.idle_consumers() < count {
+        assert!(start.elapsed() < LONG, "the consumers never all went idle");
+        thread::yield_now();
+    }
+}
+
+/// Two consumers that each take one batch, send it to the test, and hold on to it (their
+/// instance busy) until the test releases them.
+struct HoldingConsumers {
+    batches: mpsc::Receiver<Vec<u32>>,
+    release: Arc<Barrier>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl HoldingConsumers {
+    fn start(q: &Arc<RequestQueue<u32>>) -> Self {
+        let (to_test, batches) = mpsc::channel();
+        let release = Arc::new(Barrier::new(3));
+        let threads = (0..2)
+            .map(|_| {
+                let q = Arc::clone(q);
+                let to_test = to_test.clone();
+                let release = Arc::clone(&release);
+                thread::spawn(move || {
+                    if let PopResult::Batch(batch) = q.pop_batch(LONG) {
+                        to_test.send(batch.items).unwrap();
+                        release.wait();
+                    }
+                })
+            })
+            .collect();
+        until_idle(q, 2);
+        HoldingConsumers {
+            batches,
+            release,
+            threads,
+        }
+    }
+
+    /// The two batches taken, in order of their items.
+    fn batches(&self) -> Vec<Vec<u32>> {
+        let mut batches: Vec<Vec<u32>> = (0..2)
+            .map(|_| self.batches.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        batches.sort();
+        batches
+    }
+
+    fn release(self) {
+        self.release.wait();
+        within(Duration::from_secs(10), move || {
+            for consumer in self.threads {
+                consumer.join().unwrap();
+            }
+        });
+    }
+}
+
 #[test]
 fn a_lone_request_goes_to_the_consumer_that_took_the_last_batch() {
     // Three consumers; requests one at a time, each pushed once all three wait idle: the one
@@ -332,16 +393,9 @@ fn a_lone_request_goes_to_the_consumer_that_took_the_last_batch() {
             })
         })
         .collect();
-    let all_idle = |q: &RequestQueue<u32>| {
-        let start = Instant::now();
-        while q.idle_consumers() < 3 {
-            assert!(start.elapsed() < LONG, "the consumers never all went idle");
-            thread::yield_now();
-        }
-    };
     let mut takers = Vec::new();
     for item in 0..20 {
-        all_idle(&q);
+        until_idle(&q, 3);
         q.push(item, 1).unwrap();
         let (consumer, items) = batches_taken.recv_timeout(LONG).unwrap();
         assert_eq!(items, vec![item]);
@@ -366,39 +420,11 @@ fn requests_left_behind_a_batch_wake_an_idle_consumer() {
     // Repeated, for the pushes to land at every point of the first consumer's pop.
     for _ in 0..200 {
         let q = queue::<u32>(0, Duration::ZERO, &[]);
-        let (to_test, batches_taken) = mpsc::channel();
-        let release = Arc::new(Barrier::new(3));
-        let consumers: Vec<_> = (0..2)
-            .map(|_| {
-                let q = Arc::clone(&q);
-                let to_test = to_test.clone();
-                let release = Arc::clone(&release);
-                thread::spawn(move || {
-                    if let PopResult::Batch(batch) = q.pop_batch(LONG) {
-                        to_test.send(batch.items).unwrap();
-                        release.wait();
-                    }
-                })
-            })
-            .collect();
-        let start = Instant::now();
-        while q.idle_consumers() < 2 {
-            assert!(start.elapsed() < LONG, "the consumers never both went idle");
-            thread::yield_now();
-        }
+        let consumers = HoldingConsumers::start(&q);
         q.push(1, 1).unwrap();
         q.push(2, 1).unwrap();
-        let mut items: Vec<u32> = (0..2)
-            .flat_map(|_| batches_taken.recv_timeout(Duration::from_secs(10)).unwrap())
-            .collect();
-        items.sort_unstable();
-        assert_eq!(items, vec![1, 2]);
-        release.wait();
-        within(Duration::from_secs(10), move || {
-            for consumer in consumers {
-                consumer.join().unwrap();
-            }
-        });
+        assert_eq!(consumers.batches(), vec![vec![1], vec![2]]);
+        consumers.release();
     }
 }
 
@@ -408,44 +434,17 @@ fn a_request_staged_behind_a_full_batch_wakes_an_idle_consumer() {
     // its batch; the next two pushes find it holding the former lock and wake no one. It takes
     // a full batch and leaves the third staged, which the idle consumer must take.
     let q = queue::<u32>(2, Duration::from_millis(200), &[]);
-    let (to_test, batches_taken) = mpsc::channel();
-    let release = Arc::new(Barrier::new(3));
-    let consumers: Vec<_> = (0..2)
-        .map(|_| {
-            let q = Arc::clone(&q);
-            let to_test = to_test.clone();
-            let release = Arc::clone(&release);
-            thread::spawn(move || {
-                if let PopResult::Batch(batch) = q.pop_batch(LONG) {
-                    to_test.send(batch.items).unwrap();
-                    release.wait();
-                }
-            })
-        })
-        .collect();
-    let start = Instant::now();
-    while q.idle_consumers() < 2 {
-        assert!(start.elapsed() < LONG, "the consumers never both went idle");
-        thread::yield_now();
-    }
+    let consumers = HoldingConsumers::start(&q);
     q.push(1, 1).unwrap();
+    let start = Instant::now();
     while q.idle_consumers() > 1 || !q.is_forming() {
         assert!(start.elapsed() < LONG, "no consumer took the first request");
         thread::yield_now();
     }
     q.push(2, 1).unwrap();
     q.push(3, 1).unwrap();
-    let mut batches: Vec<Vec<u32>> = (0..2)
-        .map(|_| batches_taken.recv_timeout(Duration::from_secs(5)).unwrap())
-        .collect();
-    batches.sort();
-    assert_eq!(batches, vec![vec![1, 2], vec![3]]);
-    release.wait();
-    within(Duration::from_secs(10), move || {
-        for consumer in consumers {
-            consumer.join().unwrap();
-        }
-    });
+    assert_eq!(consumers.batches(), vec![vec![1, 2], vec![3]]);
+    consumers.release();
 }
 
 /// Producers push `(producer, seq)` items; consumers collect batches until `Closed`. Checks that
