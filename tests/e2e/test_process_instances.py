@@ -89,6 +89,22 @@ def test_two_instances_run_in_parallel_processes(server) -> None:
     assert overlap > 0, f"executions did not overlap: {span_a} {span_b}"
 
 
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_requests_one_at_a_time_keep_to_one_instance(server, module) -> None:
+    """A request wakes the idle instance that ran last: lone requests do not go to each
+    instance in turn (which would find each one's worker gone cold), but all to one."""
+    url = server.http_url if module is httpclient else server.grpc_url
+    client = module.InferenceServerClient(url)
+    try:
+        inputs = _inputs(module, np.zeros((1, 1), np.float32), None)
+        pids = [int(client.infer(MODEL, inputs).as_numpy("PID")[0, 0]) for _ in range(20)]
+    finally:
+        client.close()
+    # (The first may find both instances idle since start-up; after it, one ran last.)
+    most = max(pids[1:].count(pid) for pid in set(pids[1:]))
+    assert most >= 17, pids
+
+
 def test_model_exception_is_reported_and_the_worker_keeps_serving(server) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
     try:
