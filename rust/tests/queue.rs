@@ -447,6 +447,50 @@ fn a_request_staged_behind_a_full_batch_wakes_an_idle_consumer() {
     consumers.release();
 }
 
+#[test]
+fn bursts_left_staged_behind_full_batches_are_all_taken() {
+    // Bursts of three to batches of two: each burst leaves a request staged behind a full
+    // batch while the other consumers come and go idle. None may wait for a later push.
+    let q = queue::<u32>(2, Duration::ZERO, &[]);
+    let (to_test, taken) = mpsc::channel();
+    let consumers: Vec<_> = (0..3)
+        .map(|_| {
+            let q = Arc::clone(&q);
+            let to_test = to_test.clone();
+            thread::spawn(move || {
+                while let PopResult::Batch(batch) = q.pop_batch(LONG) {
+                    for item in batch.items {
+                        to_test.send(item).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for burst in 0..2000 {
+        // (A gap of 0-80 µs: the consumers' polls end, and they go idle, at every point of it.)
+        let gap = Duration::from_micros(u64::from(rng.below(80)));
+        let start = Instant::now();
+        while start.elapsed() < gap {
+            std::hint::spin_loop();
+        }
+        for item in 0..3 {
+            q.push(burst * 3 + item, 1).unwrap();
+        }
+        for _ in 0..3 {
+            taken
+                .recv_timeout(Duration::from_secs(2))
+                .expect("a request was left waiting");
+        }
+    }
+    q.close();
+    within(Duration::from_secs(10), move || {
+        for consumer in consumers {
+            consumer.join().unwrap();
+        }
+    });
+}
+
 /// Producers push `(producer, seq)` items; consumers collect batches until `Closed`. Checks that
 /// every item arrives exactly once, batches respect the limit, and each producer's items reach
 /// each consumer in order.

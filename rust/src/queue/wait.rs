@@ -60,9 +60,12 @@ impl<T> RequestQueue<T> {
     /// one, the queue closes or `deadline` passes. May return early; callers loop.
     pub(super) fn wait_idle(&self, deadline: Option<Instant>) {
         self.idle.enter();
-        // Pairs with the fence in `push` (see there).
+        // Pairs with the fences in `push` and `wake_for_leftovers`: either they see this
+        // consumer idle (and wake it), or it sees their request, queued or left staged by a
+        // batch taken since it looked. (This consumer found nothing staged: had anything live
+        // been, it would have planned a batch.)
         fence(Ordering::SeqCst);
-        if self.has_news() {
+        if self.has_news() || self.staged_len.load(Ordering::Relaxed) > 0 {
             self.idle.leave();
         } else {
             self.idle.park(deadline);
