@@ -816,7 +816,6 @@ class CallReplies:
         """Whether a send is in flight (or about to be started)."""
 
     def full(self) -> bool: ...
-    def __len__(self) -> int: ...
 
 @final
 class RequestReplies:

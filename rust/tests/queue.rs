@@ -375,29 +375,52 @@ impl HoldingConsumers {
     }
 }
 
+/// `count` consumers of `q` that send each batch they take, with their number, to the test
+/// until the queue closes.
+struct LoopingConsumers {
+    batches: mpsc::Receiver<(usize, Vec<u32>)>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl LoopingConsumers {
+    fn start(q: &Arc<RequestQueue<u32>>, count: usize) -> Self {
+        let (to_test, batches) = mpsc::channel();
+        let threads = (0..count)
+            .map(|consumer| {
+                let q = Arc::clone(q);
+                let to_test = to_test.clone();
+                thread::spawn(move || {
+                    while let PopResult::Batch(batch) = q.pop_batch(LONG) {
+                        to_test.send((consumer, batch.items)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        LoopingConsumers { batches, threads }
+    }
+
+    fn close(self, q: &RequestQueue<u32>) {
+        q.close();
+        within(Duration::from_secs(10), move || {
+            for consumer in self.threads {
+                consumer.join().unwrap();
+            }
+        });
+    }
+}
+
 #[test]
 fn a_lone_request_goes_to_the_consumer_that_took_the_last_batch() {
     // Three consumers; requests one at a time, each pushed once all three wait idle: the one
     // that ran the previous request (its instance's caches the warmest) takes every next one,
     // not each consumer in turn.
     let q = queue::<u32>(0, Duration::ZERO, &[]);
-    let (to_test, batches_taken) = mpsc::channel();
-    let consumers: Vec<_> = (0..3)
-        .map(|consumer| {
-            let q = Arc::clone(&q);
-            let to_test = to_test.clone();
-            thread::spawn(move || {
-                while let PopResult::Batch(batch) = q.pop_batch(LONG) {
-                    to_test.send((consumer, batch.items)).unwrap();
-                }
-            })
-        })
-        .collect();
+    let consumers = LoopingConsumers::start(&q, 3);
     let mut takers = Vec::new();
     for item in 0..20 {
         until_idle(&q, 3);
         q.push(item, 1).unwrap();
-        let (consumer, items) = batches_taken.recv_timeout(LONG).unwrap();
+        let (consumer, items) = consumers.batches.recv_timeout(LONG).unwrap();
         assert_eq!(items, vec![item]);
         takers.push(consumer);
     }
@@ -405,12 +428,7 @@ fn a_lone_request_goes_to_the_consumer_that_took_the_last_batch() {
         takers.iter().all(|&consumer| consumer == takers[0]),
         "{takers:?}"
     );
-    q.close();
-    within(Duration::from_secs(10), move || {
-        for consumer in consumers {
-            consumer.join().unwrap();
-        }
-    });
+    consumers.close(&q);
 }
 
 #[test]
@@ -452,20 +470,7 @@ fn bursts_left_staged_behind_full_batches_are_all_taken() {
     // Bursts of three to batches of two: each burst leaves a request staged behind a full
     // batch while the other consumers come and go idle. None may wait for a later push.
     let q = queue::<u32>(2, Duration::ZERO, &[]);
-    let (to_test, taken) = mpsc::channel();
-    let consumers: Vec<_> = (0..3)
-        .map(|_| {
-            let q = Arc::clone(&q);
-            let to_test = to_test.clone();
-            thread::spawn(move || {
-                while let PopResult::Batch(batch) = q.pop_batch(LONG) {
-                    for item in batch.items {
-                        to_test.send(item).unwrap();
-                    }
-                }
-            })
-        })
-        .collect();
+    let consumers = LoopingConsumers::start(&q, 3);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for burst in 0..2000 {
         // (A gap of 0-80 µs: the consumers' polls end, and they go idle, at every point of it.)
@@ -477,18 +482,16 @@ fn bursts_left_staged_behind_full_batches_are_all_taken() {
         for item in 0..3 {
             q.push(burst * 3 + item, 1).unwrap();
         }
-        for _ in 0..3 {
-            taken
+        let mut taken = 0;
+        while taken < 3 {
+            let (_, items) = consumers
+                .batches
                 .recv_timeout(Duration::from_secs(2))
                 .expect("a request was left waiting");
+            taken += items.len();
         }
     }
-    q.close();
-    within(Duration::from_secs(10), move || {
-        for consumer in consumers {
-            consumer.join().unwrap();
-        }
-    });
+    consumers.close(&q);
 }
 
 /// Producers push `(producer, seq)` items; consumers collect batches until `Closed`. Checks that

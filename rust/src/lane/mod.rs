@@ -1907,8 +1907,9 @@ fn queue_reply<E>(
             return Handed::Now;
         }
     };
-    let pushed = replies.push(reply);
-    if pushed == Pushed::Idle {
+    // (A call that was idle: its sending starts from the server's Python, at once.)
+    let idle = replies.push(reply) == Pushed::Idle;
+    if idle {
         parts.push((Arc::clone(&sink), None, false));
     }
     if last {
@@ -1916,11 +1917,7 @@ fn queue_reply<E>(
     } else if replies.call.is_full() {
         return Handed::Hold(Behind::Call(Arc::clone(&replies.call)));
     }
-    if pushed == Pushed::Idle {
-        Handed::Now
-    } else {
-        Handed::Done
-    }
+    if idle { Handed::Now } else { Handed::Done }
 }
 
 /// What a bare final flag sends a gRPC stream's request that asked for an empty final

@@ -59,10 +59,6 @@ impl PyCallReplies {
     fn full(&self) -> bool {
         self.0.is_full()
     }
-
-    fn __len__(&self) -> usize {
-        self.0.len()
-    }
 }
 
 /// `reply` as Python bytes: the object the server's Python queued, or the core's bytes copied.
