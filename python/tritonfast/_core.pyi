@@ -322,11 +322,12 @@ class LaneWorkerLink:
         with when the worker goes away first."""
     @staticmethod
     def in_process(
-        runner: Callable[[tuple[Any, ...]], tuple[str, int, list[tuple[Any, ...]]]], tag: str
+        runner: Callable[[tuple[Any, ...]], tuple[str, int, bytes, list[tuple[Any, ...]]]],
+        tag: str,
     ) -> LaneWorkerLink:
         """An instance in this process: ``runner(batch)`` runs each batch (on the driver
-        thread, with the GIL) and returns ``(segment, segment_len, results)``, as a worker
-        replies; an exception it raises fails the batch with INTERNAL and its text."""
+        thread, with the GIL) and returns ``(segment, segment_len, data, results)``, as a
+        worker replies; an exception it raises fails the batch with INTERNAL and its text."""
 
 @final
 class LaneWorkerChannel:
@@ -382,9 +383,12 @@ class LaneWorkerChannel:
         ``("ok", model_name, model_version, id, parameters_json, [(name, datatype, shape,
         data)])``, ``("error", code, message)`` or None (a bare final flag); from any thread."""
 
-    def reply(self, segment: str, segment_len: int, results: list[Any], extra: bytes) -> None:
+    def reply(
+        self, segment: str, segment_len: int, data: bytes, results: list[Any], extra: bytes
+    ) -> None:
         """Sends a batch's reply: ``("ok", model_name, model_version, id, parameters_json,
-        slots)``, ``("error", code, message)`` or ``("streamed",)`` per request."""
+        slots)``, ``("error", code, message)`` or ``("streamed",)`` per request; the slots'
+        offsets are in ``segment``, or, with none, in ``data``."""
 
 @final
 class LaneTicket:

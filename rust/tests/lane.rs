@@ -83,9 +83,9 @@ fn lane() -> (Arc<Lane<u32>>, Delivered, Arc<Completions>) {
     (Arc::new(lane), delivered, completions)
 }
 
-/// The worker's side: answers each batch with its inputs as outputs named `OUTPUT0`, until
-/// the channel closes or `batches` batches are answered (then it goes away without replying
-/// to the next one).
+/// The worker's side: answers each batch with its inputs as outputs named `OUTPUT0` (in its
+/// segment, and every other batch's in the reply itself), until the channel closes or
+/// `batches` batches are answered (then it goes away without replying to the next one).
 fn worker(end: UnixStream, batches: usize) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let channel = Channel::new(end.into());
@@ -109,6 +109,8 @@ fn worker(end: UnixStream, batches: usize) -> thread::JoinHandle<()> {
             let serial = SERIALS.fetch_add(1, Ordering::Relaxed);
             let name = format!("tritonfast-out-lanetest-{}-{serial}", std::process::id());
             let outputs = OwnedSegment::create(&name, (total as usize).max(64)).unwrap();
+            let inline = answered % 2 == 1;
+            let mut data = Vec::new();
             let mut offset = 0;
             let mut results = Vec::new();
             for request in &batch.requests {
@@ -116,11 +118,19 @@ fn worker(end: UnixStream, batches: usize) -> thread::JoinHandle<()> {
                 for slot in &request.inputs {
                     // SAFETY: both segments are mapped and hold these ranges.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            inputs.start().add(slot.offset as usize),
-                            outputs.start().add(offset),
-                            slot.len as usize,
-                        );
+                        let from = inputs.start().add(slot.offset as usize);
+                        if inline {
+                            data.extend_from_slice(std::slice::from_raw_parts(
+                                from,
+                                slot.len as usize,
+                            ));
+                        } else {
+                            std::ptr::copy_nonoverlapping(
+                                from,
+                                outputs.start().add(offset),
+                                slot.len as usize,
+                            );
+                        }
                     }
                     slots.push(Slot {
                         name: "OUTPUT0".into(),
@@ -137,9 +147,16 @@ fn worker(end: UnixStream, batches: usize) -> thread::JoinHandle<()> {
                     outputs: slots,
                 });
             }
+            let (segment, segment_len) = if inline {
+                (String::new(), 0)
+            } else {
+                let name = outputs.name().trim_start_matches('/').to_owned();
+                (name, outputs.len() as u64)
+            };
             let reply = ReplyMessage {
-                segment: outputs.name().trim_start_matches('/').to_owned(),
-                segment_len: outputs.len() as u64,
+                segment,
+                segment_len,
+                data,
                 results,
                 extra: Vec::new(),
             };
@@ -386,6 +403,7 @@ fn calling_worker(end: UnixStream) -> thread::JoinHandle<()> {
             let reply = ReplyMessage {
                 segment: String::new(),
                 segment_len: 0,
+                data: Vec::new(),
                 results,
                 extra: Vec::new(),
             };

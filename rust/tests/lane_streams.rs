@@ -89,6 +89,7 @@ fn streamed_reply(count: usize) -> Vec<u8> {
     let reply = ReplyMessage {
         segment: String::new(),
         segment_len: 0,
+        data: Vec::new(),
         results: vec![Outcome::Streamed; count],
         extra: Vec::new(),
     };

@@ -29,7 +29,8 @@ _LEN = struct.Struct("<I")
 _U8 = np.dtype(np.uint8)
 _U16 = np.dtype(np.uint16)
 _OBJECT = np.dtype(np.object_)
-_FIXED_SIZE = {name: dtype for name, dtype in NUMPY_DTYPES.items() if name != "BYTES"}
+# The numpy dtype of each fixed-size datatype (all but BYTES).
+FIXED_SIZE_DTYPES = {name: dtype for name, dtype in NUMPY_DTYPES.items() if name != "BYTES"}
 _ONLY_BYTES = frozenset((bytes,))
 
 
@@ -78,7 +79,7 @@ def element_count(shape: tuple[int, ...], name: str, model: str, request_id: str
 
 def numeric_dtype(datatype: str, name: str, model: str) -> np.dtype[Any]:
     """The numpy dtype of a fixed-size datatype (not BYTES)."""
-    dtype = _FIXED_SIZE.get(datatype)
+    dtype = FIXED_SIZE_DTYPES.get(datatype)
     if dtype is None:
         raise InvalidArgumentError(
             f"invalid datatype '{datatype}' for input tensor '{name}' for model '{model}'"

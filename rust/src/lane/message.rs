@@ -3,8 +3,9 @@
 //! length before them), not pickled.
 //!
 //! A [`BatchMessage`] names the segment the batch's inputs lie in and describes each request;
-//! a [`ReplyMessage`] names the segment the worker wrote the outputs into and gives each
-//! request's result. Tensors are described by [`Slot`]s: where in the segment their bytes are.
+//! a [`ReplyMessage`] names the segment the worker wrote the outputs into (or carries small
+//! outputs' bytes itself) and gives each request's result. Tensors are described by [`Slot`]s:
+//! where in the segment their bytes are.
 
 use super::call::REPLY_TAG;
 use crate::error::{Code, CoreError};
@@ -72,9 +73,14 @@ pub enum Outcome {
 /// The worker's answer to a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyMessage {
-    /// The segment the outputs lie in (empty when no result has any).
+    /// The segment the outputs lie in (empty when no result has any, or when they lie in
+    /// `data`).
     pub segment: String,
     pub segment_len: u64,
+    /// With no segment: the outputs' bytes, which the slots' offsets are within. A batch's
+    /// small outputs travel here: copying them in a message costs the worker less than laying
+    /// them out in its segment.
+    pub data: Vec<u8>,
     pub results: Vec<Outcome>,
     /// What the worker has for the server's Python besides (its custom metrics, when they
     /// changed), opaque here; empty for nothing.
@@ -407,6 +413,7 @@ impl ReplyMessage {
         w.u8(REPLY_TAG);
         w.str(&self.segment);
         w.u64(self.segment_len);
+        w.bytes(&self.data);
         w.count(self.results.len());
         for result in &self.results {
             w.outcome(result);
@@ -423,6 +430,7 @@ impl ReplyMessage {
         }
         let segment = r.str()?;
         let segment_len = r.u64()?;
+        let data = r.bytes()?.to_vec();
         let count = r.count(1)?;
         let mut results = Vec::with_capacity(count);
         for _ in 0..count {
@@ -433,6 +441,7 @@ impl ReplyMessage {
         Ok(ReplyMessage {
             segment,
             segment_len,
+            data,
             results,
             extra,
         })
@@ -504,6 +513,7 @@ mod tests {
         let reply = ReplyMessage {
             segment: "out".into(),
             segment_len: 4096,
+            data: vec![],
             results: vec![
                 Outcome::Response {
                     model_name: "m".into(),
@@ -525,6 +535,7 @@ mod tests {
         let reply = ReplyMessage {
             segment: String::new(),
             segment_len: 0,
+            data: vec![9; 5],
             results: vec![],
             extra: vec![],
         };

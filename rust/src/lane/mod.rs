@@ -1064,16 +1064,15 @@ impl<E: Send + Sync> Lane<E> {
                 return Ok(());
             }
         };
-        let segment: &[u8] = if reply.segment.is_empty() {
-            &[]
-        } else {
-            let len = usize::try_from(reply.segment_len).unwrap_or(usize::MAX);
-            match link.outputs.bytes(&reply.segment, len) {
-                Ok(bytes) => bytes,
-                Err(error) => {
-                    self.answer_all(items, &error, true);
-                    return Ok(());
-                }
+        let inline = std::mem::take(&mut reply.data);
+        let segment = match link
+            .outputs
+            .of_reply(&reply.segment, reply.segment_len, &inline)
+        {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                self.answer_all(items, &error, true);
+                return Ok(());
             }
         };
         self.keep_states(instance, &items, &mut reply.results, segment);

@@ -77,6 +77,20 @@ pub struct OutputSegment {
 }
 
 impl OutputSegment {
+    /// The bytes a reply's output slots are within: those of the segment it names (`len`
+    /// bytes), or, when it names none, `inline`, what the reply itself carries.
+    pub fn of_reply<'a>(
+        &'a mut self,
+        name: &str,
+        len: u64,
+        inline: &'a [u8],
+    ) -> Result<&'a [u8], CoreError> {
+        if name.is_empty() {
+            return Ok(inline);
+        }
+        self.bytes(name, usize::try_from(len).unwrap_or(usize::MAX))
+    }
+
     /// The bytes of the segment `name` (`len` bytes), mapped again when the worker replaced it.
     pub fn bytes(&mut self, name: &str, len: usize) -> Result<&[u8], CoreError> {
         if self

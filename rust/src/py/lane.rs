@@ -811,7 +811,7 @@ impl PyLaneWorkerLink {
     }
 
     /// An instance in this process: `runner(batch)` runs each batch (on the driver thread,
-    /// with the GIL) and returns `(segment, segment_len, results)`, as a worker replies; an
+    /// with the GIL) and returns `(segment, segment_len, data, results)`, as a worker replies; an
     /// exception it raises fails the batch with INTERNAL and its text.
     #[staticmethod]
     fn in_process(runner: Py<PyAny>, tag: &str) -> PyResult<Self> {
@@ -966,16 +966,18 @@ impl PyLaneWorkerChannel {
 
     /// Sends a batch's reply: `results` holds `("ok", model_name, model_version, id,
     /// parameters_json, slots)` or `("error", code, message)` per request, slots as
-    /// `(name, datatype, shape, offset, nbytes, ...)`.
+    /// `(name, datatype, shape, offset, nbytes, ...)`; their offsets are in `segment`, or, with
+    /// none, in `data`.
     fn reply(
         &self,
         py: Python<'_>,
         segment: String,
         segment_len: u64,
+        data: &[u8],
         results: &Bound<'_, PyList>,
         extra: &[u8],
     ) -> PyResult<()> {
-        let message = reply_message(segment, segment_len, results, extra)?.encode();
+        let message = reply_message(segment, segment_len, data, results, extra)?.encode();
         let channel = &self.0;
         without_gil(py, || channel.send(&message))
     }
@@ -1028,10 +1030,11 @@ fn batch_tuple(py: Python<'_>, message: BatchMessage) -> PyResult<Bound<'_, PyTu
 /// A batch's reply from the worker's Python: `results` holds `("ok", model_name,
 /// model_version, id, parameters_json, slots)`, `("error", code, message)` or
 /// `("streamed",)` (answered through its stream) per request, slots as `(name, datatype,
-/// shape, offset, nbytes, place)`.
+/// shape, offset, nbytes, place)`; the outputs' bytes in `segment`, or, with none, in `data`.
 fn reply_message(
     segment: String,
     segment_len: u64,
+    data: &[u8],
     results: &Bound<'_, PyList>,
     extra: &[u8],
 ) -> PyResult<ReplyMessage> {
@@ -1077,6 +1080,7 @@ fn reply_message(
     Ok(ReplyMessage {
         segment,
         segment_len,
+        data: data.to_vec(),
         results: outcomes,
         extra: extra.to_vec(),
     })
@@ -1147,7 +1151,7 @@ fn stream_message(items: &Bound<'_, PyList>) -> PyResult<StreamMessage> {
 }
 
 /// An instance in the server's process, run by a Python callable with the GIL: it gets each
-/// batch as [`batch_tuple`] and returns `(segment, segment_len, results)` as
+/// batch as [`batch_tuple`] and returns `(segment, segment_len, data, results)` as
 /// [`reply_message`] reads them.
 struct PyRunner(Py<PyAny>);
 
@@ -1156,9 +1160,13 @@ impl BatchRunner for PyRunner {
         Python::attach(|py| {
             let reply = (|| {
                 let returned = self.0.call1(py, (batch_tuple(py, batch)?,))?;
-                let (segment, segment_len, results): (String, u64, Bound<'_, PyList>) =
-                    returned.extract(py)?;
-                reply_message(segment, segment_len, &results, &[])
+                let (segment, segment_len, data, results): (
+                    String,
+                    u64,
+                    Bound<'_, PyBytes>,
+                    Bound<'_, PyList>,
+                ) = returned.extract(py)?;
+                reply_message(segment, segment_len, data.as_bytes(), &results, &[])
             })();
             reply.map_err(|error| CoreError::internal(error.value(py).to_string()))
         })

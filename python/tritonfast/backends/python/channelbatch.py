@@ -13,14 +13,21 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 import orjson
 
 from tritonfast.backends.base import PhaseClock
 from tritonfast.backends.python import workerbls
-from tritonfast.backends.python.segmentlayout import Laid, raw_bytes, read_tensor, write_tensors
+from tritonfast.backends.python.segmentlayout import (
+    Laid,
+    TensorSlot,
+    inline_tensors,
+    raw_bytes,
+    read_tensor,
+    write_tensors,
+)
 from tritonfast.backends.python.sharedobjects import Place, SharedObjects, is_body_object
 from tritonfast.data.types import (
     RELEASE_RESCHEDULE,
@@ -141,12 +148,13 @@ class Batches:
         batch: tuple[Any, ...],
         calls: Calls | None = None,
         streams: Streams | None = None,
-    ) -> tuple[str, int, list[tuple[Any, ...]]]:
+    ) -> tuple[str, int, bytes, list[tuple[Any, ...]]]:
         """A batch from the core (as ``LaneWorkerChannel.next`` gives it): run, its outputs
-        written; the reply's segment, its size and each request's result, as the core reads
-        them (parameters as JSON text, errors by code name). With ``streams`` (a decoupled
-        model's batch), each request's responses go through the sender made for its stream
-        token instead, and its result says so."""
+        written; the reply's segment, its size, the outputs' bytes when they travel in the
+        reply instead, and each request's result, as the core reads them (parameters as JSON
+        text, errors by code name). With ``streams`` (a decoupled model's batch), each
+        request's responses go through the sender made for its stream token instead, and its
+        result says so."""
         model, version, name, size, flags_name, flags_size, described = batch
         requests, failed = self.requests(
             name,
@@ -170,7 +178,7 @@ class Batches:
             if calls is not None:
                 calls.close()  # (waits for a call still in flight: its answer comes first)
         if streams is not None:
-            return "", 0, self._streamed(requests, answers, failed)
+            return "", 0, b"", self._streamed(requests, answers, failed)
         results: list[Result | None] = [
             no_reschedule(request, self.instance_name)
             if request.release_flags & RELEASE_RESCHEDULE
@@ -179,7 +187,7 @@ class Batches:
         ]
         for index in sorted(failed):
             results.insert(index, failed[index])
-        _, out_name, out_size, laid = describe_results(
+        reply = channel_reply(
             self.outputs,
             results,
             [d[4] for d in described],
@@ -188,7 +196,7 @@ class Batches:
             [_body_places(d[3]) for d in described] if self.objects.maps_bodies() else None,
         )
         self.objects.end_batch()
-        return out_name, out_size, [channel_result(entry) for entry in laid]
+        return reply
 
     def _streamed(
         self,
@@ -293,16 +301,6 @@ def channel_head(
     return ("ok", model_name, str(model_version), response_id or "", text)
 
 
-def channel_result(described: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A result of :func:`describe_results` as the core's channel carries it."""
-    if described[0] == "ok":
-        _, model_name, model_version, response_id, parameters, slots = described
-        return (*channel_head(model_name, model_version, response_id, parameters), slots)
-    if described[0] == "error":
-        return described
-    return ("error", "INTERNAL", "a request that is not decoupled was rescheduled")
-
-
 def release_flags(
     requests: list[BatchRequest], failed: dict[int, TritonError], count: int
 ) -> list[int] | None:
@@ -375,10 +373,47 @@ def describe_results(
     objects: SharedObjects,
     bodies: list[list[Place]] | None = None,
 ) -> tuple[str, str, int, list[tuple[Any, ...]]]:
-    """The reply to a batch: outputs with a place in a client's object written there, those
-    lying in their request's body object (``bodies``: each request's inputs read there)
-    described by their place there, the others written into the writer's segment. None: a
-    rescheduled request (no response yet)."""
+    """The reply to a batch over a worker's pipe: outputs with a place in a client's object
+    written there, those lying in their request's body object (``bodies``: each request's
+    inputs read there) described by their place there, the others written into the writer's
+    segment. None: a rescheduled request (no response yet)."""
+    laid = _laid_results(results, places, objects, bodies)
+    tensors = [tensor for outputs in laid for tensor in outputs]
+    name, size, slots = _written(writer, tensors, results)
+    return "results", name, size, _described(results, slots, _pipe_head, ("none",))
+
+
+def channel_reply(
+    writer: SegmentWriter,
+    results: list[Result | None],
+    places: list[dict[str, Place] | None],
+    objects: SharedObjects,
+    bodies: list[list[Place]] | None = None,
+) -> tuple[str, int, bytes, list[tuple[Any, ...]]]:
+    """The reply to a batch over the core's channel: as :func:`describe_results`, but small
+    outputs travel in the reply itself (:func:`inline_tensors`), and the results are as the
+    channel carries them (:func:`channel_head`)."""
+    laid = _laid_results(results, places, objects, bodies)
+    tensors = [tensor for outputs in laid for tensor in outputs]
+    inline = inline_tensors(tensors)
+    if inline is not None:
+        data, slots = inline
+        name, size = "", 0
+    else:
+        data = b""
+        name, size, slots = _written(writer, tensors, results)
+    unanswered = ("error", "INTERNAL", "a request that is not decoupled was rescheduled")
+    return name, size, data, _described(results, slots, channel_head, unanswered)
+
+
+def _laid_results(
+    results: list[Result | None],
+    places: list[dict[str, Place] | None],
+    objects: SharedObjects,
+    bodies: list[list[Place]] | None,
+) -> list[list[Laid]]:
+    """Each result's outputs to describe (see :func:`laid_output`); a result whose outputs
+    cannot be becomes the error."""
     laid: list[list[Laid]] = []
     for index, (result, placed) in enumerate(zip(results, places, strict=True)):
         if result is None or isinstance(result, TritonError):
@@ -390,34 +425,48 @@ def describe_results(
         except TritonError as error:
             results[index] = error
             laid.append([])
-    tensors = [tensor for outputs in laid for tensor in outputs]
+    return laid
+
+
+def _written(
+    writer: SegmentWriter, tensors: list[Laid], results: list[Result | None]
+) -> tuple[str, int, list[TensorSlot]]:
+    """The tensors written into the writer's segment; when shared memory has no room for
+    them, the batch fails: every result (but a rescheduled request's) becomes the error."""
     try:
-        name, size, slots = write_tensors(writer, tensors) if tensors else ("", 0, [])
-    except UnavailableError as full:  # no shared memory left for the outputs: the batch fails
-        results = [None if result is None else full for result in results]
-        name, size, slots = "", 0, []
+        return write_tensors(writer, tensors) if tensors else ("", 0, [])
+    except UnavailableError as full:
+        results[:] = [None if result is None else full for result in results]
+        return "", 0, []
+
+
+def _pipe_head(
+    model_name: str, model_version: Any, response_id: str | None, parameters: Any
+) -> tuple[Any, ...]:
+    return ("ok", model_name, model_version, response_id, parameters)
+
+
+def _described(
+    results: list[Result | None],
+    slots: list[TensorSlot],
+    head: Callable[[str, Any, str | None, Any], tuple[Any, ...]],
+    unanswered: tuple[Any, ...],
+) -> list[tuple[Any, ...]]:
+    """Each result as a reply describes it: ``(*head, slots)`` (its outputs' slots, in
+    order), ``("error", code, message)``, or ``unanswered`` (None: a rescheduled request)."""
     described: list[tuple[Any, ...]] = []
     position = 0
     for result in results:
         if result is None:
-            described.append(("none",))
-            continue
-        if isinstance(result, TritonError):
+            described.append(unanswered)
+        elif isinstance(result, TritonError):
             described.append(("error", result.code.value, result.message))
-            continue
-        count = len(result.outputs)
-        described.append(
-            (
-                "ok",
-                result.model_name,
-                result.model_version,
-                result.id,
-                result.parameters,
-                slots[position : position + count],
-            )
-        )
-        position += count
-    return "results", name, size, described
+        else:
+            count = len(result.outputs)
+            parts = head(result.model_name, result.model_version, result.id, result.parameters)
+            described.append((*parts, slots[position : position + count]))
+            position += count
+    return described
 
 
 def laid_output(

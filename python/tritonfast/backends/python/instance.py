@@ -286,24 +286,26 @@ class PythonInstance(ModelInstance):
                 "Expected an 'InferenceResponse' object in the execute function return list,"
                 f" found type '{type(response).__name__}'."
             )
-        if response.has_error():
-            error = response.error()
-            assert error is not None
+        # (The fields themselves, not their getters: this runs for every response.)
+        error = response._error
+        if error is not None:
             code = pb_utils.ERROR_CODES.get(
                 error.code(), pb_utils.ERROR_CODES[pb_utils.TritonError.INTERNAL]
             )
             return error_for(code, error.message())
-        wanted = None if request.outputs is None else {o.name for o in request.outputs}
+        declared = self._declared_outputs
+        if request.outputs is not None:
+            declared = declared & {o.name for o in request.outputs}
         outputs = []
-        for tensor in response.output_tensors():
-            name = tensor.name()
-            if (wanted is not None and name not in wanted) or name not in self._declared_outputs:
+        for tensor in response._output_tensors:
+            name = tensor._name
+            if name not in declared:
                 continue
-            array = tensor.as_numpy()
-            datatype = tensor.wire_datatype
-            if datatype == "UINT16" and tensor.name() in self._bf16_outputs:
+            array = tensor._array
+            datatype = tensor._wire_dtype
+            if datatype == "UINT16" and name in self._bf16_outputs:
                 datatype = "BF16"
-            outputs.append(OutputTensor(tensor.name(), datatype, array.shape, array))
+            outputs.append(OutputTensor(name, datatype, array.shape, array))
         return InferResponse(
             model_name=request.model_name,
             model_version=str(request.model_version),

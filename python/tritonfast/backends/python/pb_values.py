@@ -42,6 +42,10 @@ _TRITON_ENUM_TO_NUMPY: dict[int, Any] = {
 _NUMPY_TO_TRITON_ENUM: dict[Any, int] = {
     np.dtype(numpy_type): enum for enum, numpy_type in _TRITON_ENUM_TO_NUMPY.items()
 }
+# The wire datatype of an array of each of these dtypes: a Tensor of one needs no more checks.
+_PLAIN_DTYPE_WIRE: dict[Any, str] = {
+    dtype: _TRITON_ENUM_TO_WIRE[enum] for dtype, enum in _NUMPY_TO_TRITON_ENUM.items()
+}
 
 
 def triton_to_numpy_type(data_type: int) -> Any:
@@ -156,6 +160,13 @@ class Tensor:
     __slots__ = ("_array", "_name", "_wire_dtype")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | str | None = None) -> None:
+        if triton_dtype is None and type(name) is str and type(numpy_array) is np.ndarray:
+            plain = _PLAIN_DTYPE_WIRE.get(numpy_array.dtype)
+            if plain is not None:  # (a model's usual output: the checks below would pass)
+                self._name = name
+                self._array = numpy_array
+                self._wire_dtype = plain
+                return
         _argument("Tensor", "name", name, str)
         if numpy_array is None:
             raise TypeError("Tensor(): 'numpy_array' must be an array, not None")
@@ -271,11 +282,12 @@ class InferenceResponse:
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        _argument("InferenceResponse", "output_tensors", output_tensors, (list, tuple))
         if type(output_tensors) is not list:  # (a model's own list is kept, not copied)
+            _argument("InferenceResponse", "output_tensors", output_tensors, (list, tuple))
             output_tensors = list(output_tensors)
-        if not all(isinstance(tensor, Tensor) for tensor in output_tensors):
-            raise TritonModelException("InferenceResponse: every output must be a Tensor")
+        for tensor in output_tensors:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException("InferenceResponse: every output must be a Tensor")
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(  # refused here, as Triton's binding refuses it
                 f"InferenceResponse(): 'error' must be a TritonError, not {type(error).__name__}"

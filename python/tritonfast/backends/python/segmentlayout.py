@@ -19,6 +19,10 @@ from tritonfast.memory.shmsegment import SegmentWriter, aligned
 # Tensors from this size on are copied into and out of the segments with the GIL released;
 # smaller ones (quicker than handing the GIL to and fro) with it held.
 POOLED_COPY_BYTES = 64 * 1024
+# A reply's outputs up to this many bytes in all travel in the reply message itself
+# (:func:`inline_tensors`): one join of small byte strings costs the worker less than laying
+# each out in its segment.
+INLINE_BYTES = 64 * 1024
 
 # A tensor's place: (name, datatype, shape, offset, nbytes, object place): at ``offset`` of the
 # message's segment, or, with an object place, in a client's shared-memory object there.
@@ -62,6 +66,35 @@ def write_tensors(writer: SegmentWriter, tensors: list[Laid]) -> tuple[str, int,
     return segment.name, segment.size, slots
 
 
+def inline_tensors(tensors: list[Laid]) -> tuple[bytes, list[TensorSlot]] | None:
+    """The bytes of the tensors without an object place, one after another, to travel in a
+    reply message, and the slots that find them there; None when they are more than
+    :data:`INLINE_BYTES` (the segment takes them)."""
+    parts: list[bytes] = []
+    slots: list[TensorSlot] = []
+    end = 0
+    for name, datatype, shape, data, place in tensors:
+        if place is not None:
+            slots.append((name, datatype, tuple(shape), 0, data.nbytes, place))
+            continue
+        dtype = rawtensor.FIXED_SIZE_DTYPES.get(datatype)
+        if dtype is None:  # BYTES: length-prefixed elements
+            raw = rawtensor.serialize_bytes(np.asarray(data, dtype=object))
+        elif data.nbytes + end > INLINE_BYTES:
+            return None
+        elif data.dtype == dtype:
+            raw = data.tobytes()  # (row-major, contiguous or not)
+        else:
+            raw = rawtensor.wire_array(datatype, data).tobytes()
+        size = len(raw)
+        if end + size > INLINE_BYTES:
+            return None
+        slots.append((name, datatype, tuple(shape), end, size, None))
+        parts.append(raw)
+        end += size
+    return b"".join(parts), slots
+
+
 def read_tensor(
     buffer: Any, slot: TensorSlot, model: str, objects: SharedObjects | None, *, copy: bool
 ) -> np.ndarray:
@@ -69,6 +102,15 @@ def read_tensor(
     copy in a recycled pool buffer, made with the GIL released, that outlives the segment's
     next reuse."""
     name, datatype, shape, offset, nbytes, place = slot
+    if place is None and not copy:
+        # The common case, a fixed-size tensor viewed where it lies, in one numpy call; the
+        # checks below word what is wrong with a slot this does not fit.
+        dtype = rawtensor.FIXED_SIZE_DTYPES.get(datatype)
+        if dtype is not None and nbytes % dtype.itemsize == 0:
+            try:
+                return np.frombuffer(buffer, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
+            except ValueError:
+                pass
     if place is not None and objects is not None:
         view = objects.window(place)[:nbytes].toreadonly()  # as the server's own views
     else:
