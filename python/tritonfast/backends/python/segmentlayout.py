@@ -104,14 +104,18 @@ def read_tensor(
     next reuse."""
     name, datatype, shape, offset, nbytes, place = slot
     if place is None and not copy:
-        # The common case, a fixed-size tensor viewed where it lies, in one numpy call; the
-        # checks below word what is wrong with a slot this does not fit.
+        # The common case, a fixed-size tensor viewed where it lies: one numpy object (half
+        # the time of frombuffer and reshape); the checks below word what is wrong with a
+        # slot this does not fit.
         dtype = rawtensor.FIXED_SIZE_DTYPES.get(datatype)
-        if dtype is not None and nbytes % dtype.itemsize == 0:
+        if dtype is not None:
             try:
-                return np.frombuffer(buffer, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
-            except ValueError:
+                array = np.ndarray(shape, dtype, buffer, offset)
+            except (TypeError, ValueError):  # (beyond the buffer; a negative dimension)
                 pass
+            else:
+                if array.nbytes == nbytes:
+                    return array
     if place is not None and objects is not None:
         view = objects.window(place)[:nbytes].toreadonly()  # as the server's own views
     else:
