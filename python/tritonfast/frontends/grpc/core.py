@@ -177,7 +177,9 @@ class _Call:
         self.metadata_sent = False
         self.payload: bytes | None = None
         self.done_callbacks: list[Callable[[], None]] | None = None  # made on first use
-        self.counted = False  # among the server's unary calls in progress
+        # One entry while the call counts among the server's unary calls in progress: the
+        # thread that pops it (one step under the GIL) ends the count, whichever comes first.
+        self.counted: list[None] = []
         self.budgeted = 0  # bytes of its request counted against the body budget
         # (lane, ticket) while the core answers the call whole (Method.whole).
         self.core_ticket: tuple[Any, Any] | None = None
@@ -644,8 +646,8 @@ class CoreServer:
         self._stopped: asyncio.Future[None] = loop.create_future()
         # Draining (see stop): new calls are refused while the unary calls received finish.
         self._refusing = False
-        self._unary_lock = threading.Lock()
-        self._unary_live = 0
+        # One entry per unary call received and not over (a deque, as _running below).
+        self._unary_live: collections.deque[None] = collections.deque()
         self._unary_idle: asyncio.Future[None] | None = None
         # Handlers started and calls handed to the core, not yet finished, one entry each:
         # counted on the loop, on the completion-queue thread (which hands small unary calls
@@ -677,9 +679,10 @@ class CoreServer:
         started = self.loop.time()
         if not self._refusing:
             self._refusing = True
-            with self._unary_lock:
-                if self._unary_live:
-                    self._unary_idle = self.loop.create_future()
+            if self._unary_live:
+                idle = self._unary_idle = self.loop.create_future()
+                if not self._unary_live:  # the last one ended before it could see the future
+                    _resolve(idle, None)
             # Calls already on their way are refused cleanly rather than killed by the
             # shutdown: refusing goes on for DRAIN_GRACE_S at least.
             grace_over = asyncio.ensure_future(asyncio.sleep(DRAIN_GRACE_S))
@@ -704,13 +707,13 @@ class CoreServer:
     def unary_over(self, call: _Call) -> None:
         """Unary call ``call`` ended (once, whichever thread asks first): the drain waits for
         the last one."""
-        with self._unary_lock:
-            if not call.counted:
-                return
-            call.counted = False
-            self._unary_live -= 1
-            idle = self._unary_idle if self._unary_live == 0 else None
-        if idle is not None:
+        try:
+            call.counted.pop()
+        except IndexError:  # another thread ended it first
+            return
+        self._unary_live.pop()
+        idle = self._unary_idle
+        if idle is not None and not self._unary_live:
             self.call_soon(_resolve, idle, None)
 
     @property
@@ -780,9 +783,8 @@ class CoreServer:
             return
         rpc = _Call(self, call, method, event.invocation_metadata)
         if not method.request_streaming:
-            rpc.counted = True
-            with self._unary_lock:
-                self._unary_live += 1
+            rpc.counted.append(None)
+            self._unary_live.append(None)
         call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),), rpc.on_close)
         if method.request_streaming:
             self.call_soon(rpc.start, None)
