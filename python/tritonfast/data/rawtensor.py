@@ -183,6 +183,16 @@ def wire_array(datatype: str, data: np.ndarray) -> np.ndarray:
     return data
 
 
+def wire_bytes(datatype: str, data: np.ndarray) -> bytes:
+    """One tensor's raw data as bytes, a copy: for a small one, quicker than :func:`to_raw`'s
+    view and a copy of that."""
+    if datatype == "BYTES":
+        return serialize_bytes(np.asarray(data, dtype=_OBJECT))
+    if data.dtype == NUMPY_DTYPES[datatype]:
+        return data.tobytes()  # (row-major, contiguous or not)
+    return wire_array(datatype, data).tobytes()
+
+
 def to_raw(datatype: str, data: np.ndarray) -> bytes | np.ndarray:
     """One output tensor's raw data: bytes for BYTES, else a ``uint8`` view (no copy)."""
     if datatype == "BYTES":

@@ -78,15 +78,9 @@ def inline_tensors(tensors: list[Laid]) -> tuple[bytes, list[TensorSlot]] | None
         if place is not None:
             slots.append((name, datatype, tuple(shape), 0, data.nbytes, place))
             continue
-        dtype = rawtensor.FIXED_SIZE_DTYPES.get(datatype)
-        if dtype is None:  # BYTES: length-prefixed elements
-            raw = rawtensor.serialize_bytes(np.asarray(data, dtype=object))
-        elif data.nbytes + end > INLINE_BYTES:
-            return None
-        elif data.dtype == dtype:
-            raw = data.tobytes()  # (row-major, contiguous or not)
-        else:
-            raw = rawtensor.wire_array(datatype, data).tobytes()
+        if datatype != "BYTES" and end + data.nbytes > INLINE_BYTES:
+            return None  # (before copying it)
+        raw = rawtensor.wire_bytes(datatype, data)
         size = len(raw)
         if end + size > INLINE_BYTES:
             return None

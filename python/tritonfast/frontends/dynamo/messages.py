@@ -92,7 +92,7 @@ def _tensor_of(
             raise InvalidArgumentError(
                 f"input '{name}' of model '{model_name}': values that are not {datatype}: {error}"
             ) from None
-        raw = rawtensor.wire_array(datatype, typed).tobytes()
+        raw = rawtensor.wire_bytes(datatype, typed)
     data = rawtensor.from_raw(datatype, shape, raw, name, model_name)
     return name, datatype, shape, data
 
